@@ -1,0 +1,3 @@
+from nkibuild.cli.main import main
+
+raise SystemExit(main())

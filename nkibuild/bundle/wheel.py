@@ -1,0 +1,136 @@
+"""A small, reproducible wheel writer for generated bundles.
+
+Standard backends always deflate, which costs time and gains nothing on
+NEFFs (their payload is already gzip); they also need SOURCE_DATE_EPOCH or VCS
+tweaks to be reproducible. This writer stores a file when deflating does not
+pay, sorts entries, and fixes every timestamp, so equal inputs give a
+byte-identical wheel. Names, versions and tags come from `packaging`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import zipfile
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+
+from packaging.tags import Tag
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from nkibuild import __version__
+from nkibuild.bundle import BundleProject
+from nkibuild.fsutil import atomic_output
+from nkibuild.manifest.model import Package
+
+TAG = Tag("py3", "none", "any")
+DEFAULT_EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can carry
+ENTRY_POINT_GROUP = "nkibuild.bundles"
+# Deflate a file only if its first block shrinks at least this much.
+MIN_DEFLATE_GAIN = 0.05
+SAMPLE_BYTES = 1 << 16
+
+
+def wheel_file_name(package: Package) -> str:
+    distribution = canonicalize_name(package.name).replace("-", "_")
+    return f"{distribution}-{Version(package.version)}-{TAG}.whl"
+
+
+def build_wheel(project: BundleProject, dist_dir: Path) -> Path:
+    package = project.package
+    file_name = wheel_file_name(package)
+    dist_info = file_name.rsplit("-", 3)[0] + ".dist-info"
+    members = [
+        (path, project.directory / path)
+        for path, _ in project.files
+        if path.startswith(f"{package.import_name}/")
+    ]
+    generated = {
+        f"{dist_info}/METADATA": metadata(project).encode(),
+        f"{dist_info}/WHEEL": _wheel_file().encode(),
+        f"{dist_info}/entry_points.txt": _entry_points(package.import_name).encode(),
+    }
+    destination = dist_dir / file_name
+    with atomic_output(destination) as tmp:
+        _write_zip(tmp, members, generated, f"{dist_info}/RECORD")
+    return destination
+
+
+def metadata(project: BundleProject) -> str:
+    package, info = project.package, project.build_info
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {package.name}",
+        f"Version: {Version(package.version)}",
+        f"Summary: {_one_line(package.description)}",
+        f"Requires-Python: {package.requires_python}",
+        "Requires-Dist: numpy",
+    ]
+    if package.license:
+        lines.append(f"License: {_one_line(package.license)}")
+    targets = sorted({t for k in info["kernels"].values() for t in k["neffs"]})
+    lines += [
+        f"Keywords: neuron,nki,trainium,{','.join(targets)}",
+        f"Platform: {', '.join(targets)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _wheel_file() -> str:
+    return (
+        "Wheel-Version: 1.0\n"
+        f"Generator: nkibuild {__version__}\n"
+        "Root-Is-Purelib: true\n"
+        f"Tag: {TAG}\n"
+    )
+
+
+def _entry_points(import_name: str) -> str:
+    return f"[{ENTRY_POINT_GROUP}]\n{import_name} = {import_name}\n"
+
+
+def _date_time() -> tuple[int, int, int, int, int, int]:
+    import time
+
+    epoch = max(int(os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH)), DEFAULT_EPOCH)
+    return time.gmtime(epoch)[:6]
+
+
+def _write_zip(
+    target: Path,
+    members: Iterable[tuple[str, Path]],
+    generated: dict[str, bytes],
+    record_name: str,
+) -> None:
+    entries = sorted([(name, path.read_bytes()) for name, path in members]) + sorted(
+        generated.items()
+    )
+    record = [f"{name},sha256={_digest(data)},{len(data)}" for name, data in entries]
+    record.append(f"{record_name},,")
+    entries.append((record_name, ("\n".join(record) + "\n").encode()))
+    stamp = _date_time()
+    with zipfile.ZipFile(target, "w") as archive:
+        for name, data in entries:
+            info = zipfile.ZipInfo(name, date_time=stamp)
+            info.external_attr = 0o644 << 16
+            info.compress_type = _compression(data)
+            archive.writestr(info, data)
+
+
+def _compression(data: bytes) -> int:
+    sample = data[:SAMPLE_BYTES]
+    if len(sample) < 512:
+        return zipfile.ZIP_DEFLATED
+    gained = 1 - len(zlib.compress(sample, 1)) / len(sample)
+    return zipfile.ZIP_DEFLATED if gained >= MIN_DEFLATE_GAIN else zipfile.ZIP_STORED
+
+
+def _digest(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()

@@ -1,0 +1,1 @@
+"""Command-line interface: parses options once, renders errors and progress."""

@@ -1,0 +1,123 @@
+"""Handlers of the `nkibuild` subcommands; each returns an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nkibuild.graph.tasks import BuildContext
+    from nkibuild.manifest.model import Manifest
+
+EXIT_OK, EXIT_BUILD_FAILED = 0, 1
+
+
+def _context(args: argparse.Namespace, *, use_cache: bool = True) -> BuildContext:
+    from nkibuild.project import load_context
+
+    return load_context(
+        Path(args.manifest),
+        Path(args.build_dir),
+        Path(args.dist_dir),
+        args.toolchain,
+        cache_dir=getattr(args, "cache_dir", None),
+        use_cache=use_cache,
+    )
+
+
+def build(args: argparse.Namespace) -> int:
+    from nkibuild.cli.display import PlainDisplay, RichDisplay, use_rich
+    from nkibuild.graph.run import RunOptions, run_build
+
+    context = _context(args, use_cache=not args.no_cache)
+    if use_rich(sys.stdout) and not args.json_summary:
+        display = RichDisplay()
+    else:  # with --json, stdout carries only the JSON document
+        display = PlainDisplay(sys.stderr if args.json_summary else sys.stdout)
+    options = RunOptions(
+        selection=tuple(args.tasks), jobs=max(1, args.jobs), keep_going=args.keep_going
+    )
+    summary = run_build(context, options, display)
+    for failure in summary.failures:
+        print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
+    for error in summary.runtime_errors:
+        print(error.rstrip(), file=sys.stderr)
+    if args.json_summary:
+        print(json.dumps(summary.to_json(), indent=2))
+    return EXIT_OK if summary.ok else EXIT_BUILD_FAILED
+
+
+def plan(args: argparse.Namespace) -> int:
+    from nkibuild.plan import resolve
+
+    manifest = _load(args)
+    units = resolve(manifest)
+    if args.json:
+        print(json.dumps([unit.to_json() for unit in units], indent=2, default=str))
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"{manifest.package.name} {manifest.package.version}: {len(units)} build units"
+    )
+    for column in ("unit", "frontend", "inputs", "neuronx-cc arguments"):
+        table.add_column(column)
+    for unit in units:
+        inputs = ", ".join(f"{t.dtype}[{','.join(map(str, t.shape))}]" for t in unit.extract.inputs)
+        table.add_row(unit.name, unit.extract.frontend, inputs, " ".join(unit.compile_args()))
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    return EXIT_OK
+
+
+def validate(args: argparse.Namespace) -> int:
+    manifest = _load(args)
+    from nkibuild.plan import resolve
+
+    units = resolve(manifest)
+    print(f"{args.manifest}: ok ({len(manifest.kernels)} kernels, {len(units)} build units)")
+    return EXIT_OK
+
+
+def list_tasks(args: argparse.Namespace) -> int:
+    from nkibuild.graph.tasks import task_dicts
+
+    for task in task_dicts(_context(args, use_cache=False)):
+        name = f"{task['basename']}:{task['name']}" if "name" in task else task["basename"]
+        print(f"{name:<48} {task.get('doc', '')}")
+    return EXIT_OK
+
+
+def clean(args: argparse.Namespace) -> int:
+    for directory in [Path(args.build_dir)] + ([Path(args.dist_dir)] if args.all else []):
+        if directory.exists():
+            shutil.rmtree(directory)
+            print(f"removed {directory}")
+    return EXIT_OK
+
+
+def doctor(args: argparse.Namespace) -> int:
+    from nkibuild.toolchain.doctor import diagnose
+
+    for line in diagnose():
+        print(line)
+    return EXIT_OK
+
+
+def init(args: argparse.Namespace) -> int:
+    from nkibuild.cli.scaffold import scaffold
+
+    for path in scaffold(Path(args.path)):
+        print(f"created {path}")
+    print("next: nkibuild build --toolchain fake")
+    return EXIT_OK
+
+
+def _load(args: argparse.Namespace) -> Manifest:
+    from nkibuild.manifest import load_manifest
+
+    return load_manifest(Path(args.manifest))

@@ -1,0 +1,120 @@
+"""`nkibuild` command line. Exit codes: 0 ok, 1 build failure, 2 usage or manifest error."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from nkibuild import __version__
+from nkibuild.errors import NkibuildError
+
+EXIT_USAGE = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.directory:
+        try:
+            os.chdir(args.directory)
+        except OSError as error:
+            parser.error(f"-C {args.directory}: {error.strerror}")
+    try:
+        return int(args.handler(args))
+    except NkibuildError as error:
+        print(error.render(), file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nkibuild",
+        description="Declarative builds of AWS Neuron kernels: nkibuild.yaml -> NEFFs -> wheels.",
+        epilog="Exit codes: 0 ok, 1 build failure, 2 usage or manifest error.",
+    )
+    parser.add_argument("--version", action="version", version=f"nkibuild {__version__}")
+    parser.add_argument("-C", dest="directory", metavar="DIR", help="run as if started in DIR")
+    parser.set_defaults(handler=lambda _args: parser.print_help() or EXIT_USAGE)
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    project = _project_options()
+    from nkibuild.cli import commands as cmd
+
+    _add(
+        commands,
+        "build",
+        cmd.build,
+        "build NEFFs and the wheel (incremental)",
+        project,
+        _build_options(),
+    )
+    plan = _add(commands, "plan", cmd.plan, "show the resolved build matrix", project)
+    plan.add_argument("--json", action="store_true", help="print the units as JSON")
+    _add(commands, "validate", cmd.validate, "check the manifest and report every problem", project)
+    _add(commands, "list", cmd.list_tasks, "list the build's tasks", project, _toolchain_option())
+    clean = _add(commands, "clean", cmd.clean, "remove the build directory", project)
+    clean.add_argument("--all", action="store_true", help="also remove the dist directory")
+    _add(commands, "doctor", cmd.doctor, "show which toolchain pieces are found", project)
+    init = _add(commands, "init", cmd.init, "scaffold a manifest and an example kernel")
+    init.add_argument("path", nargs="?", default=".", help="directory to create the project in")
+    return parser
+
+
+def _add(
+    commands: argparse._SubParsersAction,
+    name: str,
+    handler: object,
+    help_text: str,
+    *parents: argparse.ArgumentParser,
+) -> argparse.ArgumentParser:
+    sub = commands.add_parser(name, help=help_text, description=help_text, parents=list(parents))
+    sub.set_defaults(handler=handler)
+    return sub
+
+
+def _project_options() -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
+        "-f", "--file", dest="manifest", default="nkibuild.yaml", metavar="MANIFEST",
+        help="manifest path [default: nkibuild.yaml]",
+    )  # fmt: skip
+    options.add_argument(
+        "--build-dir", default="build", help="intermediate outputs [default: build]"
+    )
+    options.add_argument("--dist-dir", default="dist", help="finished wheels [default: dist]")
+    return options
+
+
+def _toolchain_option() -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
+        "--toolchain",
+        choices=("auto", "neuron", "fake"),
+        default=os.environ.get("NKIBUILD_TOOLCHAIN", "auto"),
+        help="auto: the real Neuron toolchain, error if absent; fake: nkibuild's toolchain double "
+        "(placeholder NEFFs) [default: auto, env NKIBUILD_TOOLCHAIN]",
+    )
+    return options
+
+
+def _build_options() -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False, parents=[_toolchain_option()])
+    options.add_argument("tasks", nargs="*", metavar="TASK", help="tasks or globs (default: all)")
+    options.add_argument("-j", "--jobs", type=int, default=1, help="parallel tasks [default: 1]")
+    options.add_argument("-k", "--keep-going", action="store_true", help="continue after failures")
+    options.add_argument(
+        "--cache-dir", type=Path, help="shared NEFF cache [default: user cache dir]"
+    )
+    options.add_argument("--no-cache", action="store_true", help="do not use the shared NEFF cache")
+    options.add_argument("--json", dest="json_summary", action="store_true",
+                         help="print the build summary as JSON")  # fmt: skip
+    return options
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""`nkibuild init`: a minimal project that builds as it is (JAX kernel + NumPy reference)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nkibuild.errors import UsageError
+from nkibuild.fsutil import atomic_write_text
+
+MANIFEST = """\
+# nkibuild manifest: see docs/manifest.md for every key.
+format-version: 1
+
+package:
+  name: {name}
+  version: 0.1.0
+  description: Neuron kernels built with nkibuild
+
+defaults:
+  targets: [trn1, trn2]
+
+kernels:
+  scaled_add:
+    frontend: jax
+    source: kernels/kernels.py:scaled_add
+    reference: kernels/reference.py:scaled_add
+    inputs:
+      x: {{shape: [128, 512], dtype: float32}}
+      y: {{shape: [128, 512], dtype: float32}}
+    constants:
+      alpha: 2.0
+    variants:
+      small: {{x: [128, 512], y: [128, 512]}}
+      large: {{x: [1024, 512], y: [1024, 512]}}
+"""
+
+KERNEL = '''\
+"""Kernels traced by nkibuild (JAX on CPU at build time)."""
+
+import jax.numpy as jnp
+
+
+def scaled_add(x, y, alpha):
+    return jnp.asarray(alpha, x.dtype) * x + y
+'''
+
+REFERENCE = '''\
+"""NumPy references: what the bundle runs on hosts without a Neuron device."""
+
+
+def scaled_add(x, y, alpha):
+    return (alpha * x + y).astype(x.dtype)
+'''
+
+
+def scaffold(directory: Path) -> list[Path]:
+    """Create the files; refuses to overwrite an existing manifest or kernel file."""
+    name = _project_name(directory)
+    files = {
+        directory / "nkibuild.yaml": MANIFEST.format(name=name),
+        directory / "kernels" / "kernels.py": KERNEL,
+        directory / "kernels" / "reference.py": REFERENCE,
+    }
+    existing = [str(path) for path in files if path.exists()]
+    if existing:
+        raise UsageError(f"nkibuild init: would overwrite {', '.join(existing)}")
+    for path, text in files.items():
+        atomic_write_text(path, text)
+    return list(files)
+
+
+def _project_name(directory: Path) -> str:
+    name = "".join(c if c.isalnum() else "-" for c in directory.resolve().name.lower()).strip("-")
+    if not name or not name[0].isalpha():
+        name = f"kernels-{name}".rstrip("-")
+    return name

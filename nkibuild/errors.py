@@ -1,0 +1,131 @@
+"""Errors are values with a location; the CLI renders them once.
+
+No stage prints: each raises one of these and `nkibuild.cli` turns it into
+readable output and an exit code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Location:
+    """A position in a source file, 1-based like editors show it."""
+
+    file: str
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One problem found in user input."""
+
+    message: str
+    location: Location | None = None
+    json_path: str | None = None
+    expected: str | None = None
+    hint: str | None = None
+
+    def render(self) -> str:
+        where = f"{self.location}: " if self.location else ""
+        lines = [f"{where}error: {self.message}"]
+        if self.json_path:
+            lines.append(f"  at: {self.json_path}")
+        if self.expected:
+            lines.append(f"  expected: {self.expected}")
+        if self.hint:
+            lines.append(f"  hint: {self.hint}")
+        return "\n".join(lines)
+
+
+class NkibuildError(Exception):
+    """Base of every error nkibuild reports without a traceback."""
+
+    exit_code = 1
+
+    def render(self) -> str:
+        return str(self)
+
+
+class UsageError(NkibuildError):
+    """Bad command line or project layout (exit code 2)."""
+
+    exit_code = 2
+
+
+class ManifestError(NkibuildError):
+    """The manifest is invalid; carries every diagnostic found, not only the first."""
+
+    exit_code = 2
+
+    def __init__(self, diagnostics: Sequence[Diagnostic]) -> None:
+        self.diagnostics = tuple(diagnostics)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        count = len(self.diagnostics)
+        head = f"{count} problem{'s' if count != 1 else ''} in the manifest"
+        return "\n".join([head, *(d.render() for d in self.diagnostics)])
+
+
+class ToolchainError(NkibuildError):
+    """A toolchain piece is missing or unusable (exit code 2: nothing was built)."""
+
+    exit_code = 2
+
+
+class BuildError(NkibuildError):
+    """A build step failed; names the unit, the command and the tail of its log."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        unit: str | None = None,
+        command: Sequence[str] | None = None,
+        returncode: int | None = None,
+        log_tail: str | None = None,
+        log_path: str | None = None,
+    ) -> None:
+        self.message = message
+        self.unit = unit
+        self.command = tuple(command) if command else None
+        self.returncode = returncode
+        self.log_tail = log_tail
+        self.log_path = log_path
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        import shlex
+
+        lines = [f"{self.unit}: {self.message}" if self.unit else self.message]
+        if self.command:
+            lines.append(f"  command: {shlex.join(self.command)}")
+        if self.returncode is not None:
+            lines.append(f"  exit status: {describe_returncode(self.returncode)}")
+        if self.log_path:
+            lines.append(f"  full log: {self.log_path}")
+        if self.log_tail:
+            lines.append("  log tail:")
+            lines.extend(f"    {line}" for line in self.log_tail.rstrip("\n").splitlines())
+        return "\n".join(lines)
+
+
+def describe_returncode(returncode: int) -> str:
+    """Say what a subprocess return code means, naming signals."""
+    if returncode >= 0:
+        return str(returncode)
+    import signal
+
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    hint = " (likely the out-of-memory killer)" if name == "SIGKILL" else ""
+    return f"killed by {name}{hint}"

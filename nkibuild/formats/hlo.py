@@ -1,0 +1,300 @@
+"""Read the signature and custom-calls of a serialized XLA `HloModuleProto`.
+
+The schema is a hand-declared subset of openxla's hlo.proto / xla_data.proto, built at
+runtime so nkibuild needs neither protoc nor XLA's generated modules. Only the fields
+nkibuild reads are declared; everything else is kept as unknown fields by protobuf.
+
+The subset is declared as proto3 on purpose: proto3 enums are open, so an element type
+this table does not list (for example a new f8 variant) reads back as its number instead
+of silently turning into 0 as a closed proto2 enum would.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from nkibuild.dtypes import BY_HLO_TYPE, hlo_type_name
+from nkibuild.errors import NkibuildError
+
+TUPLE_TYPE = 13  # xla PrimitiveType.TUPLE
+
+
+class HloFormatError(NkibuildError):
+    """The bytes are not a usable HloModuleProto."""
+
+
+@dataclass(frozen=True)
+class HloShape:
+    """An array shape (element type + dimensions) or a tuple of shapes."""
+
+    element_type: int
+    dims: tuple[int, ...]
+    tuple_shapes: tuple[HloShape, ...] = ()
+
+    @property
+    def dtype(self) -> str:
+        """Manifest dtype name (`float32`, `bfloat16`, ...), or `tuple`."""
+        return "tuple" if self.is_tuple else hlo_type_name(self.element_type)
+
+    @property
+    def is_tuple(self) -> bool:
+        return self.element_type == TUPLE_TYPE
+
+    def leaves(self) -> tuple[HloShape, ...]:
+        """The non-tuple shapes, depth first, in order."""
+        if not self.is_tuple:
+            return (self,)
+        return tuple(leaf for child in self.tuple_shapes for leaf in child.leaves())
+
+    def __str__(self) -> str:
+        if self.is_tuple:
+            return "(" + ", ".join(str(child) for child in self.tuple_shapes) + ")"
+        return f"{self.dtype}[{','.join(str(d) for d in self.dims)}]"
+
+
+@dataclass(frozen=True)
+class HloParameter:
+    index: int
+    name: str
+    shape: HloShape
+
+
+@dataclass(frozen=True)
+class HloCustomCall:
+    computation: str
+    instruction: str
+    target: str
+    backend_config: bytes
+
+
+@dataclass(frozen=True)
+class HloModuleInfo:
+    name: str
+    entry_computation_name: str
+    parameters: tuple[HloParameter, ...]
+    result: HloShape
+    custom_calls: tuple[HloCustomCall, ...]
+
+    def outputs(self) -> tuple[HloShape, ...]:
+        """The module's outputs: the leaves of the (possibly tuple) result."""
+        return self.result.leaves()
+
+
+def read_hlo(data: bytes) -> HloModuleInfo:
+    """Parse a serialized HloModuleProto; raise HloFormatError if it is not one."""
+    return _read(data, "HLO module")
+
+
+def read_hlo_file(path: str | os.PathLike[str]) -> HloModuleInfo:
+    """Parse an HloModuleProto file; errors name the file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise HloFormatError(f"cannot read HLO module {os.fspath(path)}: {exc.strerror}") from None
+    return _read(data, os.fspath(path))
+
+
+# --- schema -------------------------------------------------------------------------
+
+_PACKAGE = "nkibuild.hlo"
+_F = descriptor_pb2.FieldDescriptorProto
+
+# (field name, number, type, label, message/enum type name or None) per message.
+_MESSAGES: dict[str, tuple[tuple[str, int, int, int, str | None], ...]] = {
+    "ShapeProto": (
+        ("element_type", 2, _F.TYPE_ENUM, _F.LABEL_OPTIONAL, "PrimitiveType"),
+        ("dimensions", 3, _F.TYPE_INT64, _F.LABEL_REPEATED, None),
+        ("tuple_shapes", 4, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, "ShapeProto"),
+    ),
+    "ProgramShapeProto": (
+        ("parameters", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, "ShapeProto"),
+        ("result", 2, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "ShapeProto"),
+        ("parameter_names", 3, _F.TYPE_STRING, _F.LABEL_REPEATED, None),
+    ),
+    "HloInstructionProto": (
+        ("name", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+        ("opcode", 2, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+        ("shape", 3, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "ShapeProto"),
+        ("parameter_number", 9, _F.TYPE_INT64, _F.LABEL_OPTIONAL, None),
+        ("custom_call_target", 28, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+        ("id", 35, _F.TYPE_INT64, _F.LABEL_OPTIONAL, None),
+        # bytes, not string: some custom-calls carry non-UTF-8 configs.
+        ("backend_config", 43, _F.TYPE_BYTES, _F.LABEL_OPTIONAL, None),
+    ),
+    "HloComputationProto": (
+        ("name", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+        ("instructions", 2, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, "HloInstructionProto"),
+        ("id", 5, _F.TYPE_INT64, _F.LABEL_OPTIONAL, None),
+        ("root_id", 6, _F.TYPE_INT64, _F.LABEL_OPTIONAL, None),
+    ),
+    "HloModuleProto": (
+        ("name", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+        ("entry_computation_name", 2, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+        ("computations", 3, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, "HloComputationProto"),
+        ("host_program_shape", 4, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "ProgramShapeProto"),
+        ("id", 5, _F.TYPE_INT64, _F.LABEL_OPTIONAL, None),
+        ("entry_computation_id", 6, _F.TYPE_INT64, _F.LABEL_OPTIONAL, None),
+    ),
+}
+
+
+def _schema() -> descriptor_pb2.FileDescriptorProto:
+    schema = descriptor_pb2.FileDescriptorProto(
+        name="nkibuild/hlo_subset.proto", package=_PACKAGE, syntax="proto3"
+    )
+    enum = schema.enum_type.add(name="PrimitiveType")
+    # proto3 requires the first value to be 0; xla calls it PRIMITIVE_TYPE_INVALID.
+    enum.value.add(name="PRIMITIVE_TYPE_INVALID", number=0)
+    known = {d.hlo_type: d.name.upper() for d in BY_HLO_TYPE.values()} | {TUPLE_TYPE: "TUPLE"}
+    for number, name in sorted(known.items()):
+        enum.value.add(name=name, number=number)
+    for message_name, fields in _MESSAGES.items():
+        message = schema.message_type.add(name=message_name)
+        for field_name, number, type_, label, type_name in fields:
+            field = message.field.add(name=field_name, number=number, type=type_, label=label)
+            if type_name:
+                field.type_name = f".{_PACKAGE}.{type_name}"
+    return schema
+
+
+@functools.cache
+def _module_class() -> Any:
+    # A private pool: the default one may already hold XLA's real hlo.proto (jax, nkipy).
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(_schema())
+    descriptor = pool.FindMessageTypeByName(f"{_PACKAGE}.HloModuleProto")
+    get_message_class = getattr(message_factory, "GetMessageClass", None)
+    if get_message_class is not None:
+        return get_message_class(descriptor)
+    return message_factory.MessageFactory(pool).GetPrototype(descriptor)  # protobuf 4.21
+
+
+# --- conversion -----------------------------------------------------------------------
+
+
+def _read(data: bytes, origin: str) -> HloModuleInfo:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"read_hlo expects bytes, not {type(data).__name__}")
+    if not data:
+        raise HloFormatError(f"{origin}: empty file, expected a serialized HloModuleProto")
+    module = _module_class()()
+    try:
+        module.ParseFromString(bytes(data))
+    except Exception as exc:  # any parse failure of untrusted bytes is a format error
+        raise HloFormatError(
+            f"{origin}: not a serialized HloModuleProto (truncated or corrupt?): {exc}"
+        ) from None
+    try:
+        return _module_info(module)
+    except HloFormatError as exc:
+        raise HloFormatError(f"{origin}: {exc}") from None
+
+
+def _module_info(module: Any) -> HloModuleInfo:
+    if not module.computations:
+        raise HloFormatError("the module has no computations (not an HloModuleProto?)")
+    entry = _entry_computation(module)
+    parameter_instructions = _parameter_instructions(entry)
+    if module.HasField("host_program_shape"):
+        program = module.host_program_shape
+        shapes = [_shape(p) for p in program.parameters]
+        if len(shapes) != len(parameter_instructions):
+            raise HloFormatError(
+                f"host_program_shape lists {len(shapes)} parameters but the entry "
+                f"computation {entry.name!r} has {len(parameter_instructions)}"
+            )
+        result = _shape(program.result)
+        declared_names: Sequence[str] = program.parameter_names
+    else:
+        shapes = [_shape(p.shape) for p in parameter_instructions]
+        result = _shape(_root_instruction(entry).shape)
+        declared_names = ()
+    names = _parameter_names(declared_names, parameter_instructions, len(shapes))
+    return HloModuleInfo(
+        name=module.name,
+        entry_computation_name=entry.name,
+        parameters=tuple(
+            HloParameter(i, n, s) for i, (n, s) in enumerate(zip(names, shapes, strict=True))
+        ),
+        result=result,
+        custom_calls=tuple(_custom_calls(module.computations)),
+    )
+
+
+def _entry_computation(module: Any) -> Any:
+    computations = module.computations
+    if module.entry_computation_name:
+        # The name is field 2, serialized before the computations: if it is set but its
+        # computation is missing, the module was cut short.
+        for computation in computations:
+            if computation.name == module.entry_computation_name:
+                return computation
+        raise HloFormatError(
+            f"entry computation {module.entry_computation_name!r} is missing (truncated file?)"
+        )
+    for computation in computations:
+        if computation.id == module.entry_computation_id:
+            return computation
+    if len(computations) == 1:
+        return computations[0]
+    raise HloFormatError("cannot tell which computation is the entry computation")
+
+
+def _parameter_instructions(computation: Any) -> list[Any]:
+    parameters = sorted(
+        (i for i in computation.instructions if i.opcode == "parameter"),
+        key=lambda i: i.parameter_number,
+    )
+    numbers = [p.parameter_number for p in parameters]
+    if numbers != list(range(len(parameters))):
+        raise HloFormatError(
+            f"entry computation {computation.name!r} has parameter numbers {numbers}, "
+            f"expected 0..{len(parameters) - 1}"
+        )
+    return parameters
+
+
+def _root_instruction(computation: Any) -> Any:
+    for instruction in computation.instructions:
+        if instruction.id == computation.root_id:
+            return instruction
+    raise HloFormatError(
+        f"entry computation {computation.name!r} has no root instruction (id {computation.root_id})"
+    )
+
+
+def _parameter_names(declared: Sequence[str], instructions: Sequence[Any], count: int) -> list[str]:
+    """Per parameter: the declared name, else the instruction's name, else `input{i}`."""
+    names = []
+    for i in range(count):
+        declared_name = declared[i] if i < len(declared) else ""
+        instruction_name = instructions[i].name if i < len(instructions) else ""
+        names.append(declared_name or instruction_name or f"input{i}")
+    return names
+
+
+def _shape(proto: Any) -> HloShape:
+    return HloShape(
+        element_type=int(proto.element_type),
+        dims=tuple(int(d) for d in proto.dimensions),
+        tuple_shapes=tuple(_shape(child) for child in proto.tuple_shapes),
+    )
+
+
+def _custom_calls(computations: Iterable[Any]) -> Iterable[HloCustomCall]:
+    for computation in computations:
+        for instruction in computation.instructions:
+            if instruction.custom_call_target:
+                yield HloCustomCall(
+                    computation=computation.name,
+                    instruction=instruction.name,
+                    target=instruction.custom_call_target,
+                    backend_config=bytes(instruction.backend_config),
+                )

@@ -1,0 +1,88 @@
+"""doit TaskLoader2 for nkibuild projects: the same tasks for the CLI and for `doit` itself.
+
+As a doit plugin (pyproject.toml):
+    [tool.doit.plugins.loader]
+    nkibuild = "nkibuild.graph.loader:NkibuildLoader"
+    [tool.doit]
+    loader = "nkibuild"
+then `doit list`, `doit`, `doit compile:*` work in the project directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from doit.cmd_base import TaskLoader2
+from doit.exceptions import InvalidCommand, InvalidDodoFile
+from doit.loader import generate_tasks
+from doit.task import Task
+
+from nkibuild.errors import NkibuildError
+from nkibuild.graph.tasks import BuildContext, task_dicts
+
+DEP_FILE = "doit.db"
+# sqlite3 keeps the no-op build fast (doit's default dbm is dbm.dumb here) and,
+# unlike the json backend, cannot be truncated by a bad value.
+BACKEND = "sqlite3"
+DEFAULT_TASKS = ["wheel"]
+
+
+def doit_config(context: BuildContext) -> dict[str, Any]:
+    return {
+        "dep_file": str(context.layout.state_dir / DEP_FILE),
+        "backend": BACKEND,
+        "default_tasks": DEFAULT_TASKS,
+    }
+
+
+def to_tasks(dicts: list[dict[str, Any]], command_names: list[str]) -> list[Task]:
+    tasks = generate_tasks("nkibuild", (dict(d) for d in dicts))
+    clash = {task.name for task in tasks} & set(command_names)
+    if clash:
+        raise InvalidCommand(f"task names clash with doit commands: {', '.join(sorted(clash))}")
+    return list(tasks)
+
+
+class NkibuildLoader(TaskLoader2):
+    """Loads nkibuild.yaml from the current dir (or --manifest), or takes a ready context."""
+
+    cmd_options = (
+        {"name": "nkibuild_manifest", "long": "manifest", "type": str, "default": "nkibuild.yaml",
+         "help": "nkibuild manifest [default: %(default)s]"},
+        {"name": "nkibuild_toolchain", "long": "toolchain", "type": str,
+         "default": os.environ.get("NKIBUILD_TOOLCHAIN", "auto"),
+         "help": "auto | neuron | fake [default: %(default)s, env NKIBUILD_TOOLCHAIN]"},
+    )  # fmt: skip
+
+    def __init__(
+        self, context: BuildContext | None = None, extra_config: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__()
+        self.context = context
+        self.extra_config = extra_config or {}
+
+    def setup(self, opt_values: dict[str, Any]) -> None:
+        if self.context is not None:
+            return
+        from nkibuild.project import load_context
+
+        try:
+            self.context = load_context(
+                Path(opt_values.get("nkibuild_manifest", "nkibuild.yaml")),
+                Path("build"),
+                Path("dist"),
+                opt_values.get("nkibuild_toolchain", "auto"),
+            )
+        except NkibuildError as error:
+            # doit prints a loader's InvalidDodoFile as a plain error, not a traceback.
+            raise InvalidDodoFile(error.render()) from None
+
+    def load_doit_config(self) -> dict[str, Any]:
+        assert self.context is not None
+        return {**doit_config(self.context), **self.extra_config}
+
+    def load_tasks(self, cmd: Any, pos_args: list[str]) -> list[Task]:
+        assert self.context is not None
+        return to_tasks(task_dicts(self.context), self.cmd_names)

@@ -1,0 +1,129 @@
+"""A doit reporter that turns doit's callbacks into a BuildSummary and display events.
+
+It never prints: rendering belongs to the `display` the CLI passes in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class TaskOutcome:
+    name: str
+    status: str  # "done", "up-to-date", "failed", "skipped"
+    seconds: float = 0.0
+    detail: str = ""  # e.g. the cache origin of a compile, or the failure message
+
+
+@dataclass
+class BuildSummary:
+    outcomes: list[TaskOutcome] = field(default_factory=list)
+    runtime_errors: list[str] = field(default_factory=list)
+    selected: int = 0
+
+    def names(self, status: str) -> list[str]:
+        return [o.name for o in self.outcomes if o.status == status]
+
+    @property
+    def executed(self) -> list[str]:
+        return self.names("done")
+
+    @property
+    def up_to_date(self) -> list[str]:
+        return self.names("up-to-date")
+
+    @property
+    def failures(self) -> list[TaskOutcome]:
+        return [o for o in self.outcomes if o.status == "failed"]
+
+    @property
+    def origins(self) -> Counter[str]:
+        """How compiles were satisfied: compiled, cache, build-dir."""
+        return Counter(
+            o.detail for o in self.outcomes if o.name.startswith("compile:") and o.status == "done"
+        )
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.runtime_errors
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "executed": self.executed,
+            "up_to_date": self.up_to_date,
+            "failed": {o.name: o.detail for o in self.failures},
+            "compile_origins": dict(self.origins),
+            "runtime_errors": self.runtime_errors,
+        }
+
+
+class Display(Protocol):
+    def start(self, tasks: int) -> None: ...
+    def task_started(self, name: str) -> None: ...
+    def task_finished(self, outcome: TaskOutcome) -> None: ...
+    def finish(self, summary: BuildSummary) -> None: ...
+
+
+class BuildReporter:
+    """doit reporter API (see doit.reporter.ConsoleReporter); group tasks are not reported."""
+
+    desc = "nkibuild progress reporter"
+
+    def __init__(self, display: Display) -> None:
+        self.display = display
+        self.summary = BuildSummary()
+        self._started: dict[str, float] = {}
+
+    def initialize(self, tasks: dict[str, Any], selected_tasks: list[str]) -> None:
+        self.summary.selected = sum(1 for task in tasks.values() if task.actions)
+        self.display.start(self.summary.selected)
+
+    def get_status(self, task: Any) -> None:
+        pass
+
+    def execute_task(self, task: Any) -> None:
+        if task.actions:
+            self._started[task.name] = time.monotonic()
+            self.display.task_started(task.name)
+
+    def add_success(self, task: Any) -> None:
+        if task.actions:
+            detail = str(task.values.get("origin", "")) if isinstance(task.values, dict) else ""
+            self._record(TaskOutcome(task.name, "done", self._elapsed(task), detail))
+
+    def add_failure(self, task: Any, fail: Any) -> None:
+        message = fail.get_msg() if getattr(fail, "traceback", None) else fail.message
+        self._record(TaskOutcome(task.name, "failed", self._elapsed(task), str(message).rstrip()))
+
+    def skip_uptodate(self, task: Any) -> None:
+        if task.actions:
+            self._record(TaskOutcome(task.name, "up-to-date"))
+
+    def skip_ignore(self, task: Any) -> None:
+        if task.actions:
+            self._record(TaskOutcome(task.name, "skipped"))
+
+    def cleanup_error(self, exception: Any) -> None:
+        self.summary.runtime_errors.append(exception.get_msg())
+
+    def runtime_error(self, msg: str) -> None:
+        self.summary.runtime_errors.append(msg)
+
+    def teardown_task(self, task: Any) -> None:
+        pass
+
+    def complete_run(self) -> None:
+        self.display.finish(self.summary)
+
+    def _elapsed(self, task: Any) -> float:
+        started = self._started.pop(task.name, None)
+        return time.monotonic() - started if started is not None else 0.0
+
+    def _record(self, outcome: TaskOutcome) -> None:
+        self.summary.outcomes.append(outcome)
+        self.display.task_finished(outcome)

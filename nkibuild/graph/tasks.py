@@ -1,0 +1,281 @@
+"""Build units -> doit task dicts, following doit's own task-dict conventions.
+
+Every path is absolute and normalised once here, because doit links a
+`file_dep` to the task whose `targets` produce it by exact string.
+Each setting that changes a task's output enters that task's `uptodate`
+through `config_changed`, so an edit reruns exactly the tasks it affects.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from doit.exceptions import TaskFailed
+from doit.tools import config_changed
+
+from nkibuild import __version__
+from nkibuild.errors import NkibuildError
+from nkibuild.manifest.model import Kernel, Manifest
+from nkibuild.plan import BuildUnit, ExtractSpec, extract_specs
+from nkibuild.toolchain import Toolchain
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where every stage writes, under the build and dist directories."""
+
+    build_dir: Path
+    dist_dir: Path
+
+    @property
+    def state_dir(self) -> Path:
+        return self.build_dir / "state"
+
+    def extract_dir(self, spec: ExtractSpec) -> Path:
+        return self.build_dir / "extract" / spec.name
+
+    def compile_dir(self, unit: BuildUnit) -> Path:
+        return self.build_dir / "compile" / unit.name
+
+    def bundle_dir(self, manifest: Manifest) -> Path:
+        return self.build_dir / "bundle" / manifest.package.name
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """Everything task creation needs, resolved once per invocation."""
+
+    manifest: Manifest
+    units: tuple[BuildUnit, ...]
+    toolchain: Toolchain
+    layout: Layout
+    cache_dir: Path | None = None  # None: no shared NEFF cache
+    cache_read_only: bool = False
+    frontend_versions: dict[str, dict[str, str]] = field(default_factory=dict, compare=False)
+
+
+def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
+    """All tasks of a build as doit task dicts (each with `basename` and, for subtasks, `name`)."""
+    return [
+        *(_extract_task(context, spec) for spec in extract_specs(context.units)),
+        *(_compile_task(context, unit) for unit in context.units),
+        _bundle_task(context),
+        _wheel_task(context),
+    ]
+
+
+def doit_tasks(
+    manifest: str | os.PathLike = "nkibuild.yaml",
+    *,
+    toolchain: str = "auto",
+    build_dir: str | os.PathLike = "build",
+    dist_dir: str | os.PathLike = "dist",
+) -> Iterator[dict[str, Any]]:
+    """For a user's dodo.py: `def task_nkibuild(): yield from doit_tasks("nkibuild.yaml")`.
+
+    Yields the same tasks the `nkibuild` CLI runs (extract:*, compile:*, bundle, wheel).
+    """
+    from nkibuild.project import load_context
+
+    context = load_context(Path(manifest), Path(build_dir), Path(dist_dir), toolchain)
+    yield from task_dicts(context)
+
+
+def _path(path: Path) -> str:
+    return os.path.abspath(path)
+
+
+def _guarded(action: Callable[..., Any]) -> Callable[..., Any]:
+    """Report nkibuild's own errors as clean task failures; let real bugs keep their traceback."""
+
+    @functools.wraps(action)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return action(*args, **kwargs)
+        except NkibuildError as error:
+            return TaskFailed(error.render())
+
+    return run
+
+
+def _frontend_versions(context: BuildContext, frontend: str) -> dict[str, str]:
+    versions = context.frontend_versions
+    if frontend not in versions:
+        from nkibuild.frontends import frontend_versions
+
+        versions[frontend] = frontend_versions(frontend)
+    return versions[frontend]
+
+
+def _extract_config(spec: ExtractSpec, versions: dict[str, str]) -> dict[str, Any]:
+    # Source positions are left out on purpose: moving a kernel within the
+    # manifest must not re-extract it.
+    return {
+        "frontend": spec.frontend,
+        "source": str(spec.source),
+        "inputs": [t.to_json() for t in spec.inputs],
+        "constants": [[name, value] for name, value in spec.constants],
+        "target": spec.target,
+        "versions": versions,
+        "nkibuild": __version__,
+    }
+
+
+def _expand_deps(root: Path, patterns: Sequence[str]) -> list[str]:
+    found = {
+        _path(Path(match))
+        for pattern in patterns
+        for match in glob.glob(str(root / pattern), recursive=True)
+        if os.path.isfile(match)
+    }
+    return sorted(found)
+
+
+@_guarded
+def run_extract(spec: ExtractSpec, root: Path, out_dir: Path, python: str) -> dict[str, str]:
+    from nkibuild.frontends import extract
+
+    artifact = extract(spec, root, out_dir, python)
+    return {"content_hash": artifact.content_hash}
+
+
+def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
+    from nkibuild.frontends import ARTIFACT_FILES
+
+    root = context.manifest.root
+    out_dir = context.layout.extract_dir(spec)
+    return {
+        "basename": "extract",
+        "name": spec.name,
+        "doc": f"extract HLO from {spec.source} ({spec.frontend})",
+        "actions": [(run_extract, (spec, root, out_dir, context.toolchain.python))],
+        "file_dep": [_path(root / spec.source.path), *_expand_deps(root, spec.deps)],
+        "targets": [_path(out_dir / name) for name in ARTIFACT_FILES],
+        "uptodate": [
+            config_changed(_extract_config(spec, _frontend_versions(context, spec.frontend)))
+        ],
+        "clean": True,
+    }
+
+
+@_guarded
+def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, str]:
+    from nkibuild.cache import NeffCache
+    from nkibuild.compiler import compile_unit
+    from nkibuild.frontends import load_artifact
+
+    layout = context.layout
+    artifact = load_artifact(layout.extract_dir(unit.extract))
+    cache = (
+        NeffCache(context.cache_dir, read_only=context.cache_read_only)
+        if context.cache_dir
+        else None
+    )
+    result = compile_unit(unit, artifact, context.toolchain, layout.compile_dir(unit), cache)
+    return {"origin": result.origin}
+
+
+def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
+    from nkibuild.compiler import COMPILE_OUTPUTS
+    from nkibuild.frontends import ARTIFACT_FILES
+
+    extract_dir = context.layout.extract_dir(unit.extract)
+    out_dir = context.layout.compile_dir(unit)
+    toolchain = context.toolchain
+    config = {
+        "compile_args": unit.compile_args(),
+        "compiler_version": toolchain.compiler_version,
+        "neuron_cc_flags": toolchain.neuron_cc_flags,
+    }
+    return {
+        "basename": "compile",
+        "name": unit.name,
+        "doc": f"compile {unit.name} with neuronx-cc",
+        "actions": [(run_compile, (context, unit))],
+        "file_dep": [_path(extract_dir / name) for name in ARTIFACT_FILES],
+        "targets": [_path(out_dir / name) for name in COMPILE_OUTPUTS],
+        "uptodate": [config_changed(config)],
+        "clean": True,
+    }
+
+
+@_guarded
+def run_bundle(context: BuildContext) -> None:
+    from nkibuild.bundle import generate_bundle
+    from nkibuild.compiler import load_result
+
+    compiled = [load_result(context.layout.compile_dir(unit)) for unit in context.units]
+    generate_bundle(context.manifest, compiled, context.layout.bundle_dir(context.manifest))
+
+
+def _bundle_config(manifest: Manifest) -> dict[str, Any]:
+    return {
+        "package": vars(manifest.package),
+        "kernels": [_kernel_config(kernel) for kernel in manifest.kernels],
+        "nkibuild": __version__,
+    }
+
+
+def _kernel_config(kernel: Kernel) -> dict[str, Any]:
+    return {
+        "name": kernel.name,
+        "frontend": kernel.frontend,
+        "inputs": [t.to_json() for t in kernel.inputs],
+        "constants": [[name, value] for name, value in kernel.constants],
+        "variants": {v.name: [t.to_json() for t in v.inputs] for v in kernel.variants},
+        "reference": str(kernel.reference) if kernel.reference else None,
+    }
+
+
+def _bundle_task(context: BuildContext) -> dict[str, Any]:
+    from nkibuild.bundle import STAMP_FILE
+    from nkibuild.compiler import COMPILE_OUTPUTS
+
+    manifest = context.manifest
+    compiled = [
+        _path(context.layout.compile_dir(unit) / name)
+        for unit in context.units
+        for name in COMPILE_OUTPUTS
+    ]
+    references = sorted(
+        {_path(manifest.root / k.reference.path) for k in manifest.kernels if k.reference}
+    )
+    return {
+        "basename": "bundle",
+        "doc": f"generate the {manifest.package.name} package with its loaders",
+        "actions": [(run_bundle, (context,))],
+        "file_dep": [*compiled, *references],
+        "targets": [_path(context.layout.bundle_dir(manifest) / STAMP_FILE)],
+        "uptodate": [config_changed(_bundle_config(manifest))],
+        "clean": True,
+    }
+
+
+@_guarded
+def run_wheel(bundle_dir: Path, dist_dir: Path) -> dict[str, str]:
+    from nkibuild.bundle import load_bundle
+    from nkibuild.bundle.wheel import build_wheel
+
+    return {"wheel": str(build_wheel(load_bundle(bundle_dir), dist_dir))}
+
+
+def _wheel_task(context: BuildContext) -> dict[str, Any]:
+    from nkibuild.bundle import STAMP_FILE
+    from nkibuild.bundle.wheel import wheel_file_name
+
+    manifest = context.manifest
+    bundle_dir = context.layout.bundle_dir(manifest)
+    return {
+        "basename": "wheel",
+        "doc": f"pack {manifest.package.name} into a wheel in {context.layout.dist_dir}",
+        "actions": [(run_wheel, (bundle_dir, context.layout.dist_dir))],
+        "file_dep": [_path(bundle_dir / STAMP_FILE)],
+        "targets": [_path(context.layout.dist_dir / wheel_file_name(manifest.package))],
+        "clean": True,
+    }

@@ -1,0 +1,151 @@
+"""Resolve a manifest into build units: kernel × variant × target, every setting final."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
+from typing import TypeVar
+
+from nkibuild.manifest.model import (
+    CompileSettings,
+    Constant,
+    Kernel,
+    Manifest,
+    SourceRef,
+    TensorSpec,
+    Variant,
+)
+
+T = TypeVar("T")
+
+# lnc "auto": trn1 has one physical core per logical core; trn2/trn3 default to 2.
+AUTO_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}
+
+
+@dataclass(frozen=True)
+class ExtractSpec:
+    """What one extraction needs: the kernel, one shape variant and (if it matters) a target."""
+
+    kernel: str
+    variant: str
+    frontend: str
+    source: SourceRef
+    inputs: tuple[TensorSpec, ...]
+    constants: tuple[tuple[str, Constant], ...]
+    deps: tuple[str, ...]
+    target: str | None  # None: the frontend's output does not depend on the target
+
+    @property
+    def name(self) -> str:
+        parts = [self.kernel, self.variant] + ([self.target] if self.target else [])
+        return "/".join(parts)
+
+
+@dataclass(frozen=True)
+class BuildUnit:
+    """One NEFF to build: fully resolved compile settings for kernel/variant/target."""
+
+    extract: ExtractSpec
+    target: str
+    lnc: int
+    optlevel: int
+    auto_cast: str
+    auto_cast_type: str
+    fast_loading: bool
+    compiler_args: tuple[str, ...]
+
+    @property
+    def kernel(self) -> str:
+        return self.extract.kernel
+
+    @property
+    def variant(self) -> str:
+        return self.extract.variant
+
+    @property
+    def name(self) -> str:
+        return f"{self.kernel}/{self.variant}/{self.target}"
+
+    def compile_args(self) -> list[str]:
+        """neuronx-cc flags for this unit (input, output and log paths are added by the adapter)."""
+        args = [
+            "--target", self.target,
+            "--lnc", str(self.lnc),
+            "--optlevel", str(self.optlevel),
+            "--auto-cast", self.auto_cast,
+        ]  # fmt: skip
+        if self.auto_cast != "none":
+            args += ["--auto-cast-type", self.auto_cast_type]
+        if self.fast_loading:
+            args.append("--enable-fast-loading-neuron-binaries")
+        return args + list(self.compiler_args)
+
+    def to_json(self) -> dict[str, object]:
+        data = asdict(self)
+        data["name"] = self.name
+        data["compile_args"] = self.compile_args()
+        return data
+
+
+# Frontends whose HLO changes with the target (NKI lowers through a target override).
+TARGET_DEPENDENT_FRONTENDS = frozenset({"nki"})
+
+
+def resolve(manifest: Manifest) -> tuple[BuildUnit, ...]:
+    """All build units of a manifest, in manifest order (kernel, variant, target)."""
+    return tuple(unit for kernel in manifest.kernels for unit in _kernel_units(manifest, kernel))
+
+
+def extract_specs(units: Iterable[BuildUnit]) -> tuple[ExtractSpec, ...]:
+    """The distinct extractions the units need, first-seen order."""
+    return tuple(dict.fromkeys(unit.extract for unit in units))
+
+
+def _kernel_units(manifest: Manifest, kernel: Kernel) -> Iterable[BuildUnit]:
+    targets = kernel.targets or manifest.default_targets
+    for variant in kernel.variants:
+        for target in targets:
+            settings = layer_settings(manifest.defaults, kernel.settings, _override(kernel, target))
+            yield _unit(kernel, variant, target, settings)
+
+
+def _override(kernel: Kernel, target: str) -> CompileSettings:
+    return dict(kernel.overrides).get(target, CompileSettings())
+
+
+def layer_settings(*layers: CompileSettings) -> CompileSettings:
+    """Later layers win wherever they set a value."""
+    merged = layers[0]
+    for layer in layers[1:]:
+        updates = {key: value for key, value in vars(layer).items() if value is not None}
+        merged = replace(merged, **updates)
+    return merged
+
+
+def _unit(kernel: Kernel, variant: Variant, target: str, settings: CompileSettings) -> BuildUnit:
+    extract = ExtractSpec(
+        kernel=kernel.name,
+        variant=variant.name,
+        frontend=kernel.frontend,
+        source=kernel.source,
+        inputs=variant.inputs,
+        constants=kernel.constants,
+        deps=kernel.deps,
+        target=target if kernel.frontend in TARGET_DEPENDENT_FRONTENDS else None,
+    )
+    return BuildUnit(
+        extract=extract,
+        target=target,
+        lnc=settings.lnc if settings.lnc is not None else AUTO_LNC[target],
+        optlevel=_required(settings.optlevel),
+        auto_cast=_required(settings.auto_cast),
+        auto_cast_type=_required(settings.auto_cast_type),
+        fast_loading=bool(settings.fast_loading),
+        compiler_args=settings.compiler_args or (),
+    )
+
+
+def _required(value: T | None) -> T:
+    # The manifest loader fills every default; a None here is a loader bug, not user error.
+    assert value is not None, "manifest defaults must be complete"
+    return value

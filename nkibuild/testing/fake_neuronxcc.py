@@ -1,0 +1,323 @@
+"""A fake `neuronx-cc` for machines without the Neuron SDK: nkibuild's toolchain double.
+
+Run as `python -m nkibuild.testing.fake_neuronxcc ARGS`. It accepts the real compiler's
+command line (`--version`, `compile <in.pb> --framework XLA --target T --output OUT ...`),
+appends `NEURON_CC_FLAGS` to it as the real compiler does, applies the same option rules
+(lnc 2 only on trn2/trn3, error NCC_EARG001; default lnc 1 on trn1/trn1n/inf2, 2 on
+trn2/trn3), reads the HLO module and writes a *placeholder* NEFF whose inputs are the HLO
+parameters and whose outputs `output0`, `output1`, ... are the result's leaves. The NEFF
+member `nkibuild_fake_compile.json` records the argv and the input's SHA-256, so the
+output depends deterministically on the input and the flags. A log (default
+`log-neuron-cc.txt` in the current directory) says what happened.
+
+Exit codes: 0 success, 1 bad options or a failed compile, 70 unreadable HLO (as the real
+compiler), 2 a misconfigured fault variable below.
+
+Environment variables that make it misbehave on purpose, for tests:
+
+- `NKIBUILD_FAKE_CC_FAULT`: one of
+    - `exit1`, `exit70`: log an error and exit with that status;
+    - `kill9`: SIGKILL itself (what the out-of-memory killer does);
+    - `hang`: sleep forever (tests use a timeout);
+    - `empty`: write a 0-byte output and exit 0;
+    - `garbage`: write non-NEFF bytes to the output and exit 0;
+    - `hugelog`: write a ~5 MB log, then exit 1.
+- `NKIBUILD_FAKE_CC_FAULT_MATCH`: apply the fault only if this substring occurs in the
+  input or output path (to fail one unit of a build).
+- `NKIBUILD_FAKE_CC_CPU_SECONDS`: busy-loop this many (wall-clock) seconds first.
+- `NKIBUILD_FAKE_CC_MEMORY_MB`: allocate and touch this many MB for the whole compile.
+- `NKIBUILD_FAKE_CC_COUNTER`: append one line (the argv) to this file per compile
+  invocation, before anything else, so tests can count compiler runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+from typing import TextIO
+
+FAKE_COMPILER_VERSION = "2.23.0.0+nkibuild.fake"
+VERSION_LINE = f"NeuronX Compiler version {FAKE_COMPILER_VERSION}"
+DEFAULT_LNC = {"inf2": 1, "trn1": 1, "trn1n": 1, "trn2": 2, "trn3": 2}
+LNC2_TARGETS = frozenset({"trn2", "trn3"})
+FAULTS = ("exit1", "exit70", "kill9", "hang", "empty", "garbage", "hugelog")
+EXIT_HLO_ERROR = 70
+HUGE_LOG_BYTES = 5 * 2**20
+RECORD_MEMBER = "nkibuild_fake_compile.json"
+
+
+class _UsageError(Exception):
+    """A command-line error (exit 1, as the real compiler's argument errors)."""
+
+
+class _CompileError(Exception):
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # Raise instead of exiting so main() returns an int like the rest of its paths.
+        raise _UsageError(message)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = [*(sys.argv[1:] if argv is None else argv)]
+    argv += shlex.split(os.environ.get("NEURON_CC_FLAGS", ""))
+    if "compile" in argv:
+        _count_invocation(argv)
+    try:
+        args = _parse(argv)
+    except _UsageError as exc:
+        print(f"neuronx-cc: error: {exc}", file=sys.stderr)
+        return 1
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    if args.version:
+        print(VERSION_LINE)
+        return 0
+    if args.command != "compile":
+        print("neuronx-cc: error: expected --version or the compile command", file=sys.stderr)
+        return 1
+    return _compile(args, argv)
+
+
+def _count_invocation(argv: list[str]) -> None:
+    path = os.environ.get("NKIBUILD_FAKE_CC_COUNTER")
+    if not path:
+        return
+    # One O_APPEND write per line: concurrent compiles never interleave their lines.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (shlex.join(argv) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+# --- command line ----------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="neuronx-cc", description="nkibuild's fake neuronx-cc")
+    parser.add_argument("--version", action="store_true")
+    commands = parser.add_subparsers(dest="command")
+    compile_ = commands.add_parser("compile")
+    compile_.add_argument("input")
+    compile_.add_argument("--framework", required=True)
+    compile_.add_argument("--target", required=True, choices=tuple(DEFAULT_LNC))
+    compile_.add_argument("--output", "-o", default="file.neff")
+    compile_.add_argument("--lnc", "--logical-nc-config", dest="lnc", type=int, choices=(1, 2))
+    compile_.add_argument("-O", "--optlevel", type=int, choices=(1, 2, 3), default=2)
+    compile_.add_argument("--auto-cast", choices=("none", "matmult", "all"), default="none")
+    compile_.add_argument(
+        "--auto-cast-type", choices=("bf16", "fp16", "tf32", "fp8_e4m3"), default="bf16"
+    )
+    compile_.add_argument("--enable-fast-loading-neuron-binaries", action="store_true")
+    compile_.add_argument("--model-type")
+    compile_.add_argument("--pipeline", nargs="+")
+    compile_.add_argument("--logfile", default="log-neuron-cc.txt")
+    compile_.add_argument("--verbose", action="store_true")
+    compile_.add_argument("--internal-tensorizer-opt-level", type=int)
+    return parser
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    args, unknown = _parser().parse_known_args(argv)
+    _check_unknown(unknown)
+    return args
+
+
+def _check_unknown(unknown: list[str]) -> None:
+    """Tolerate unknown `--internal-*` flags (`--internal-x=v`, or `--internal-x v` at the end)."""
+    flag_may_take_value = False
+    for arg in unknown:
+        if arg.startswith("--internal-"):
+            flag_may_take_value = "=" not in arg
+        elif flag_may_take_value and not arg.startswith("-"):
+            flag_may_take_value = False
+        else:
+            raise _UsageError(f"unrecognized arguments: {arg}")
+
+
+# --- compile ---------------------------------------------------------------------------
+
+
+class _Log:
+    """The compile log; errors also go to stderr, as the real compiler prints them."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file: TextIO = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed by close)
+
+    def info(self, message: str) -> None:
+        self._file.write(f"INFO: {message}\n")
+
+    def error(self, message: str) -> None:
+        self._file.write(f"ERROR: {message}\n")
+        self._file.flush()
+        print(f"ERROR: {message}", file=sys.stderr)
+
+    def write_filler(self, size: int) -> None:
+        line = "INFO: fake tensorizer pass: nothing to see here, padding the log on purpose\n"
+        self._file.write(line * (size // len(line) + 1))
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _compile(args: argparse.Namespace, argv: list[str]) -> int:
+    try:
+        log = _Log(args.logfile)
+    except OSError as exc:
+        print(f"ERROR: cannot write log file {args.logfile}: {exc.strerror}", file=sys.stderr)
+        return 1
+    log.info(f"{VERSION_LINE}: this is nkibuild's toolchain double, not the real neuronx-cc")
+    log.info(f"command: {shlex.join(['neuronx-cc', *argv])}")
+    try:
+        lnc = _check_options(args)
+        ballast = _use_resources()
+        fault = _fault(args)
+        if fault:
+            return _inject(fault, args, log)
+        _write_placeholder(args, argv, lnc, log)
+        del ballast  # held until here: the memory must stay in use for the whole compile
+        log.info("Compiler status PASS")
+    except _CompileError as exc:
+        log.error(str(exc))
+        return exc.exit_code
+    finally:
+        log.close()
+    print("Compiler status PASS")
+    return 0
+
+
+def _check_options(args: argparse.Namespace) -> int:
+    """Apply the real compiler's option rules; return the logical NeuronCore count."""
+    if args.framework != "XLA":
+        raise _CompileError(f"--framework {args.framework} is not supported (expected XLA)")
+    lnc = DEFAULT_LNC[args.target] if args.lnc is None else args.lnc
+    if lnc == 2 and args.target not in LNC2_TARGETS:
+        raise _CompileError(
+            f"[NCC_EARG001] --logical-nc-config 2 is not supported on target {args.target}; "
+            f"{args.target} supports only logical NeuronCore config 1"
+        )
+    return lnc
+
+
+def _env_number(name: str) -> float:
+    raw = os.environ.get(name, "").strip()
+    try:
+        return float(raw) if raw else 0.0
+    except ValueError:
+        raise _CompileError(f"{name}={raw!r} is not a number", exit_code=2) from None
+
+
+def _use_resources() -> bytearray:
+    """Burn CPU and hold memory as the environment asks; return the memory to keep."""
+    deadline = time.perf_counter() + _env_number("NKIBUILD_FAKE_CC_CPU_SECONDS")
+    while time.perf_counter() < deadline:
+        pass
+    ballast = bytearray(int(_env_number("NKIBUILD_FAKE_CC_MEMORY_MB") * 2**20))
+    # bytearray() memory may be lazily mapped zero pages: write one byte per page.
+    ballast[::4096] = b"\1" * len(range(0, len(ballast), 4096))
+    return ballast
+
+
+def _fault(args: argparse.Namespace) -> str | None:
+    fault = os.environ.get("NKIBUILD_FAKE_CC_FAULT", "")
+    if not fault:
+        return None
+    if fault not in FAULTS:
+        raise _CompileError(
+            f"NKIBUILD_FAKE_CC_FAULT={fault!r} is not one of {', '.join(FAULTS)}", exit_code=2
+        )
+    match = os.environ.get("NKIBUILD_FAKE_CC_FAULT_MATCH", "")
+    if match and match not in args.input and match not in args.output:
+        return None
+    return fault
+
+
+def _inject(fault: str, args: argparse.Namespace, log: _Log) -> int:
+    log.info(f"NKIBUILD_FAKE_CC_FAULT={fault}: failing on purpose")
+    if fault in ("exit1", "exit70"):
+        log.error(f"injected fault {fault}")
+        return int(fault[4:])
+    if fault == "kill9":
+        log.close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "hang":
+        log.close()
+        while True:
+            time.sleep(3600)
+    if fault == "hugelog":
+        log.write_filler(HUGE_LOG_BYTES)
+        log.error("injected fault hugelog")
+        return 1
+    with open(args.output, "wb") as f:
+        f.write(_garbage() if fault == "garbage" else b"")
+    print("Compiler status PASS")
+    return 0
+
+
+def _garbage() -> bytes:
+    """Deterministic noise, long enough to look like a NEFF header but not parse as one."""
+    blocks = [hashlib.sha256(f"nkibuild fake garbage {i}".encode()).digest() for i in range(128)]
+    return b"".join(blocks)
+
+
+def _portable(argv: list[str], args: argparse.Namespace) -> list[str]:
+    """argv with file paths cut to their names: the NEFF must not depend on where it was built."""
+    paths = {str(p) for p in (args.input, args.output, args.logfile) if p}
+    return [os.path.basename(item) if item in paths else item for item in argv]
+
+
+def _write_placeholder(args: argparse.Namespace, argv: list[str], lnc: int, log: _Log) -> None:
+    # Imported here so `--version` and argument errors stay fast (no protobuf import).
+    from nkibuild.formats.hlo import HloFormatError, read_hlo_file
+    from nkibuild.formats.neff import NeffTensor, write_neff
+
+    try:
+        module = read_hlo_file(args.input)
+        with open(args.input, "rb") as f:
+            input_sha256 = hashlib.sha256(f.read()).hexdigest()
+    except (HloFormatError, OSError) as exc:
+        raise _CompileError(f"cannot read the HLO module: {exc}", EXIT_HLO_ERROR) from None
+    log.info(
+        f"HLO module {module.name}: {len(module.parameters)} parameters, "
+        f"{len(module.outputs())} outputs; target {args.target}, lnc {lnc}, -O{args.optlevel}"
+    )
+    inputs = [NeffTensor(p.name, p.shape.dtype, p.shape.dims) for p in module.parameters]
+    outputs = [NeffTensor(f"output{i}", s.dtype, s.dims) for i, s in enumerate(module.outputs())]
+    record = {
+        "argv": _portable(argv, args),
+        "input_sha256": input_sha256,
+        "target": args.target,
+        "lnc": lnc,
+    }
+    try:
+        write_neff(
+            args.output,
+            compiler_version=FAKE_COMPILER_VERSION,
+            inputs=inputs,
+            outputs=outputs,
+            num_tpb=lnc,
+            placeholder=True,
+            extra_members={RECORD_MEMBER: json.dumps(record, indent=2, sort_keys=True).encode()},
+            compress=not args.enable_fast_loading_neuron_binaries,
+        )
+    except ValueError as exc:  # e.g. a dtype NEFFs cannot carry
+        raise _CompileError(f"cannot compile {args.input}: {exc}") from None
+    except OSError as exc:
+        raise _CompileError(f"cannot write {args.output}: {exc.strerror}") from None
+    log.info(f"wrote placeholder NEFF {args.output} (no executable code)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

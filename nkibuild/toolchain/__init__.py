@@ -1,0 +1,136 @@
+"""The toolchain boundary: the only code that runs neuronx-cc or imports a frontend.
+
+`resolve_toolchain` decides once per build which compiler runs and which
+version it is; every later stage receives the resulting `Toolchain` value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from nkibuild.errors import ToolchainError, UsageError
+from nkibuild.fsutil import atomic_write_text
+
+TOOLCHAIN_MODES = ("auto", "neuron", "fake")
+COMPILER_NAME = "neuronx-cc"
+VERSION_PREFIX = "NeuronX Compiler version "
+FAKE_COMPILER_MODULE = "nkibuild.testing.fake_neuronxcc"
+
+NO_COMPILER_HELP = (
+    "neuronx-cc was not found on PATH or next to this Python interpreter.\n"
+    "  To build real NEFFs, install the Neuron compiler into this environment, e.g.\n"
+    "    python -m pip install neuronx-cc \\\n"
+    "      --extra-index-url https://pip.repos.neuron.amazonaws.com\n"
+    "  or activate the Neuron SDK virtualenv. To try nkibuild without it, pass\n"
+    "  --toolchain fake: nkibuild's toolchain double writes placeholder NEFFs\n"
+    "  (labelled as such, never loadable on a device)."
+)
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """The compiler chosen for a build, resolved once."""
+
+    mode: str  # "neuron" or "fake"
+    compiler_command: tuple[str, ...]  # argv prefix that runs neuronx-cc
+    compiler_version: str
+    python: str  # interpreter that runs frontend workers
+    neuron_cc_flags: str  # NEURON_CC_FLAGS: neuronx-cc appends it, so it changes output
+
+    @property
+    def is_fake(self) -> bool:
+        return self.mode == "fake"
+
+    def describe(self) -> str:
+        label = " (nkibuild toolchain double: placeholder NEFFs)" if self.is_fake else ""
+        return f"neuronx-cc {self.compiler_version}{label}"
+
+
+def find_compiler() -> Path | None:
+    """The real neuronx-cc: PATH first, then the running interpreter's bin dir (a venv)."""
+    found = shutil.which(COMPILER_NAME)
+    if found:
+        return Path(found)
+    beside = Path(sys.executable).parent / COMPILER_NAME
+    return beside if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
+def resolve_toolchain(mode: str, state_dir: Path) -> Toolchain:
+    """Pick the compiler for `mode`; never falls back from auto/neuron to the double."""
+    if mode not in TOOLCHAIN_MODES:
+        raise UsageError(f"unknown toolchain {mode!r}; choose one of {', '.join(TOOLCHAIN_MODES)}")
+    if mode == "fake":
+        command: tuple[str, ...] = (sys.executable, "-m", FAKE_COMPILER_MODULE)
+        identity = Path(__file__).resolve().parents[1] / "testing"
+    else:
+        compiler = find_compiler()
+        if compiler is None:
+            raise ToolchainError(f"toolchain {mode!r}: {NO_COMPILER_HELP}")
+        command, identity = (str(compiler),), compiler
+    version = _cached_version(command, identity, state_dir)
+    return Toolchain(
+        mode="fake" if mode == "fake" else "neuron",
+        compiler_command=command,
+        compiler_version=version,
+        python=sys.executable,
+        neuron_cc_flags=os.environ.get("NEURON_CC_FLAGS", ""),
+    )
+
+
+def _cached_version(command: tuple[str, ...], identity: Path, state_dir: Path) -> str:
+    """`neuronx-cc --version`, re-run only when the compiler's files change.
+
+    A no-op build must not pay for starting the compiler, so the answer is
+    cached under the build's state dir, keyed by the compiler's stat.
+    """
+    stamp = _stat_stamp(identity)
+    cache_file = state_dir / "toolchain.json"
+    cached = _read_json(cache_file).get(" ".join(command))
+    if cached and cached.get("stamp") == stamp:
+        return str(cached["version"])
+    version = read_compiler_version(command)
+    entries = _read_json(cache_file)
+    entries[" ".join(command)] = {"stamp": stamp, "version": version}
+    atomic_write_text(cache_file, json.dumps(entries, indent=2, sort_keys=True))
+    return version
+
+
+def read_compiler_version(command: tuple[str, ...]) -> str:
+    """Parse `NeuronX Compiler version <X>` from `neuronx-cc --version`."""
+    try:
+        proc = subprocess.run(
+            [*command, "--version"], capture_output=True, text=True, timeout=120, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ToolchainError(f"could not run {command[-1]} --version: {error}") from error
+    for line in (proc.stdout + proc.stderr).splitlines():
+        if line.startswith(VERSION_PREFIX):
+            return line[len(VERSION_PREFIX) :].strip()
+    raise ToolchainError(
+        f"{' '.join(command)} --version printed no '{VERSION_PREFIX}<X>' line "
+        f"(exit {proc.returncode}): {(proc.stdout + proc.stderr).strip()[-500:]}"
+    )
+
+
+def _stat_stamp(path: Path) -> list[int]:
+    # A directory (the double's package) changes when any file in it does.
+    paths = sorted(path.glob("*.py")) if path.is_dir() else [path]
+    stamp: list[int] = []
+    for item in paths:
+        info = item.stat()
+        stamp += [info.st_mtime_ns, info.st_size]
+    return stamp
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,49 @@
+"""Shared fixtures: example projects in temp dirs, an isolated NEFF cache, CLI runners."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Never touch the developer's real NEFF cache; never inherit their compiler flags."""
+    cache = tmp_path_factory.mktemp("neff-cache")
+    monkeypatch.setenv("NKIBUILD_CACHE_DIR", str(cache))
+    monkeypatch.delenv("NEURON_CC_FLAGS", raising=False)
+    monkeypatch.delenv("NKIBUILD_TOOLCHAIN", raising=False)
+    monkeypatch.delenv("NKIBUILD_MODE", raising=False)
+    return cache
+
+
+@pytest.fixture
+def example_project(tmp_path: Path) -> Path:
+    """A private copy of examples/ (without build outputs)."""
+    project = tmp_path / "project"
+    shutil.copytree(EXAMPLES, project, ignore=shutil.ignore_patterns("build", "dist", "__pycache__"))
+    return project
+
+
+def run_nkibuild(
+    args: Sequence[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess, as users run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "nkibuild", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "CI": "true", **(env or {})},
+        check=False,
+    )

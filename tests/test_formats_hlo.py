@@ -1,0 +1,276 @@
+"""nkibuild.formats.hlo on real HLO modules lowered by JAX, and on broken bytes."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nkibuild.dtypes import BY_NAME
+from nkibuild.formats.hlo import (
+    HloFormatError,
+    HloModuleInfo,
+    HloShape,
+    read_hlo,
+    read_hlo_file,
+)
+
+F32, S32, PRED, TUPLE = 11, 4, 1, 13
+
+
+def lower(
+    fn: Callable[..., Any], *specs: Any, static_argnames: tuple[str, ...] = (), **static: Any
+) -> bytes:
+    """Serialized HloModuleProto of `fn` as JAX lowers it for CPU."""
+    jax = pytest.importorskip("jax")
+    lowered = jax.jit(fn, static_argnames=static_argnames).lower(*specs, **static)
+    return lowered.compiler_ir("hlo").as_serialized_hlo_module_proto()
+
+
+def spec(shape: tuple[int, ...], dtype: str) -> Any:
+    jax = pytest.importorskip("jax")
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def top_level_fields(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(field number, start, end) of each top-level field, by a wire walker of our own."""
+
+    def varint(pos: int) -> tuple[int, int]:
+        value = shift = 0
+        while True:
+            byte = data[pos]
+            value |= (byte & 0x7F) << shift
+            pos, shift = pos + 1, shift + 7
+            if byte < 0x80:
+                return value, pos
+
+    pos = 0
+    while pos < len(data):
+        start = pos
+        tag, pos = varint(pos)
+        if tag & 7 == 0:
+            _, pos = varint(pos)
+        elif tag & 7 == 2:
+            length, pos = varint(pos)
+            pos += length
+        else:
+            raise AssertionError(f"unexpected wire type {tag & 7}")
+        yield tag >> 3, start, pos
+
+
+def without_field(data: bytes, number: int) -> bytes:
+    return b"".join(data[s:e] for n, s, e in top_level_fields(data) if n != number)
+
+
+@pytest.fixture(scope="module")
+def matmul_pb() -> bytes:
+    def matmul(x: Any, y: Any) -> Any:
+        return x @ y
+
+    return lower(matmul, spec((128, 256), "float32"), spec((256, 128), "float32"))
+
+
+def test_reads_f32_matmul_signature(matmul_pb: bytes) -> None:
+    info = read_hlo(matmul_pb)
+    assert info.name == "jit_matmul"
+    assert info.entry_computation_name.startswith("main")
+    assert [(p.index, p.name, p.shape.dtype, p.shape.dims) for p in info.parameters] == [
+        (0, "p0", "float32", (128, 256)),
+        (1, "p1", "float32", (256, 128)),
+    ]
+    assert info.result == HloShape(F32, (128, 128))
+    assert not info.result.is_tuple
+    assert info.outputs() == (info.result,)
+    assert str(info.result) == "float32[128,128]"
+    assert info.custom_calls == ()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "int32", "bool", "float32"])
+def test_element_types(dtype: str) -> None:
+    info = read_hlo(lower(lambda x: x[::-1], spec((8, 3), dtype)))
+    (param,) = info.parameters
+    assert param.shape.dtype == dtype
+    assert param.shape.element_type == BY_NAME[dtype].hlo_type
+    assert info.result == HloShape(BY_NAME[dtype].hlo_type, (8, 3))
+
+
+def test_tuple_result_flattens_in_order() -> None:
+    def several(x: Any) -> Any:
+        return x + 1, (x.astype("int32"), x.sum())
+
+    info = read_hlo(lower(several, spec((3, 4), "float32")))
+    assert info.result.is_tuple
+    assert info.result.dtype == "tuple"
+    assert info.outputs() == (HloShape(F32, (3, 4)), HloShape(S32, (3, 4)), HloShape(F32, ()))
+    # JAX flattens nested Python tuples into one result tuple.
+    assert str(info.result) == "(float32[3,4], int32[3,4], float32[])"
+
+
+def test_static_arguments_are_not_parameters() -> None:
+    def head(x: Any, *, n: int) -> Any:
+        return x[:n] * 2
+
+    for n in (2, 5):
+        info = read_hlo(lower(head, spec((8, 4), "float32"), static_argnames=("n",), n=n))
+        assert [p.shape for p in info.parameters] == [HloShape(F32, (8, 4))]
+        assert info.result == HloShape(F32, (n, 4))
+
+
+def test_parameter_names_fall_back_to_instructions(matmul_pb: bytes) -> None:
+    info = read_hlo(matmul_pb)
+    derived = read_hlo(without_field(matmul_pb, 4))  # drop host_program_shape
+    assert [p.shape for p in derived.parameters] == [p.shape for p in info.parameters]
+    assert derived.result == info.result
+    # JAX names the parameter instructions after the Python arguments (x.1, y.1).
+    assert [p.name.split(".")[0] for p in derived.parameters] == ["x", "y"]
+
+
+def test_custom_calls_in_nested_computations() -> None:
+    jnp = pytest.importorskip("jax.numpy")
+    pb = lower(lambda x: jnp.linalg.cholesky(x), spec((4, 4), "float32"))
+    info = read_hlo(pb)
+    (call,) = info.custom_calls
+    assert "potrf" in call.target
+    assert call.computation != info.entry_computation_name
+    assert call.instruction
+    assert isinstance(call.backend_config, bytes)
+    assert info.result == HloShape(F32, (4, 4))
+
+
+# --- hand-encoded modules: shapes JAX does not produce -----------------------------------
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _field(number: int, value: int | bytes | str) -> bytes:
+    if isinstance(value, int):
+        return _varint(number << 3) + _varint(value)
+    raw = value.encode() if isinstance(value, str) else value
+    return _varint(number << 3 | 2) + _varint(len(raw)) + raw
+
+
+def _shape(element_type: int, *dims: int, tuple_shapes: tuple[bytes, ...] = ()) -> bytes:
+    packed = b"".join(_varint(d) for d in dims)
+    return (
+        _field(2, element_type)
+        + (_field(3, packed) if dims else b"")
+        + b"".join(_field(4, t) for t in tuple_shapes)
+    )
+
+
+def _instruction(iid: int, opcode: str, shape: bytes, name: str = "", **extra: Any) -> bytes:
+    out = _field(1, name) + _field(2, opcode) + _field(3, shape) + _field(35, iid)
+    if "parameter_number" in extra:
+        out += _field(9, extra["parameter_number"])
+    if "target" in extra:
+        out += _field(28, extra["target"]) + _field(43, extra["config"])
+    return out
+
+
+def _module(*instructions: bytes, root_id: int, entry_name: str = "entry") -> bytes:
+    computation = (
+        _field(1, "entry") + b"".join(_field(2, i) for i in instructions) + _field(6, root_id)
+    )
+    return _field(1, "handmade") + _field(2, entry_name) + _field(3, computation)
+
+
+def test_hand_encoded_module_without_host_program_shape() -> None:
+    f8 = 99  # not in our enum table: an open proto3 enum keeps the number
+    pb = _module(
+        _instruction(1, "parameter", _shape(f8, 16), parameter_number=1),
+        _instruction(2, "parameter", _shape(F32, 2, 3), name="weights", parameter_number=0),
+        _instruction(
+            3, "custom-call", _shape(PRED), target="AwsNeuronCustomNativeKernel", config=b"\xff\x00"
+        ),
+        _instruction(4, "tuple", _shape(TUPLE, tuple_shapes=(_shape(PRED), _shape(F32, 2)))),
+        root_id=4,
+    )
+    info = read_hlo(pb)
+    assert [(p.name, p.shape) for p in info.parameters] == [
+        ("weights", HloShape(F32, (2, 3))),
+        ("input1", HloShape(f8, (16,))),
+    ]
+    assert info.parameters[1].shape.dtype == "hlo-type-99"
+    assert info.outputs() == (HloShape(PRED, ()), HloShape(F32, (2,)))
+    assert [(c.target, c.backend_config) for c in info.custom_calls] == [
+        ("AwsNeuronCustomNativeKernel", b"\xff\x00")
+    ]
+
+
+def test_hand_encoded_module_errors() -> None:
+    param = _instruction(1, "parameter", _shape(F32, 2), parameter_number=0)
+    with pytest.raises(HloFormatError, match="no computations"):
+        read_hlo(_field(1, "empty module"))
+    with pytest.raises(HloFormatError, match="'main' is missing"):
+        read_hlo(_module(param, root_id=1, entry_name="main"))
+    with pytest.raises(HloFormatError, match="no root instruction"):
+        read_hlo(_module(param, root_id=7))
+    gap = _instruction(1, "parameter", _shape(F32, 2), parameter_number=1)
+    with pytest.raises(HloFormatError, match="parameter numbers"):
+        read_hlo(_module(gap, root_id=1))
+
+
+def test_shape_helpers() -> None:
+    nested = HloShape(TUPLE, (), (HloShape(F32, (2,)), HloShape(TUPLE, (), (HloShape(S32, ()),))))
+    assert nested.leaves() == (HloShape(F32, (2,)), HloShape(S32, ()))
+    assert str(nested) == "(float32[2], (int32[]))"
+    assert HloShape(TUPLE, ()).leaves() == ()
+
+
+# --- broken input -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\x00",
+        b"\xff" * 64,
+        b"hello, this is not a protobuf",
+        bytes(random.Random(1).getrandbits(8) for _ in range(4096)),
+        b"\x1f\x8b\x08\x00" + bytes(200),  # a gzip header
+    ],
+    ids=["empty", "nul", "ff", "text", "random", "gzip"],
+)
+def test_garbage_is_a_format_error(data: bytes) -> None:
+    with pytest.raises(HloFormatError):
+        read_hlo(data)
+
+
+def test_truncation_never_passes_silently(matmul_pb: bytes) -> None:
+    full = read_hlo(matmul_pb)
+    boundaries = {end for _, _, end in top_level_fields(matmul_pb)}
+    for cut in range(len(matmul_pb)):
+        try:
+            info = read_hlo(matmul_pb[:cut])
+        except HloFormatError:
+            continue
+        # Only a cut between top-level fields can parse; the signature must then be intact.
+        assert cut in boundaries, cut
+        assert _signature(info) == _signature(full), cut
+
+
+def _signature(info: HloModuleInfo) -> tuple[object, ...]:
+    return tuple(p.shape for p in info.parameters), info.result
+
+
+def test_file_errors_name_the_file(tmp_path: Path, matmul_pb: bytes) -> None:
+    good = tmp_path / "model.hlo_module.pb"
+    good.write_bytes(matmul_pb)
+    assert read_hlo_file(good) == read_hlo(matmul_pb)
+    bad = tmp_path / "broken.pb"
+    bad.write_bytes(matmul_pb[:100])
+    with pytest.raises(HloFormatError, match=r"broken\.pb"):
+        read_hlo_file(bad)
+    with pytest.raises(HloFormatError, match=r"missing\.pb"):
+        read_hlo_file(tmp_path / "missing.pb")

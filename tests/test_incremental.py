@@ -1,0 +1,133 @@
+"""Incremental builds, asserted through what doit executed (its own state), not timing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import build
+
+pytest.importorskip("jax")
+
+ALL_COMPILES = {
+    "compile:scaled_add/small/trn1",
+    "compile:scaled_add/small/trn2",
+    "compile:scaled_add/large/trn1",
+    "compile:scaled_add/large/trn2",
+    "compile:matmul_rowsum/default/trn1",
+    "compile:matmul_rowsum/default/trn2",
+    "compile:softmax/default/trn2",
+}
+
+
+def ran(summary, prefix: str) -> set[str]:  # noqa: ANN001
+    return {name for name in summary.executed if name.startswith(prefix)}
+
+
+@pytest.fixture
+def built(example_project: Path) -> Path:
+    first = build(example_project)
+    assert first.ok, first.to_json()
+    assert ran(first, "compile:") == ALL_COMPILES
+    assert {"bundle", "wheel"} <= set(first.executed)
+    return example_project
+
+
+def test_no_change_runs_nothing(built: Path) -> None:
+    summary = build(built)
+    assert summary.ok
+    assert summary.executed == []
+    assert len(summary.up_to_date) == len(ALL_COMPILES) + 4 + 2  # 4 extractions, bundle, wheel
+
+
+def test_editing_one_kernel_file_reruns_only_its_tasks(built: Path) -> None:
+    source = built / "kernels" / "jax_kernels.py"
+    source.write_text(source.read_text().replace("return alpha * x + y", "return alpha * x - y"))
+    summary = build(built)
+    assert summary.ok
+    # Both kernels in the edited file are re-traced; only the changed HLO is recompiled.
+    assert ran(summary, "extract:") == {
+        "extract:scaled_add/small",
+        "extract:scaled_add/large",
+        "extract:matmul_rowsum/default",
+    }
+    assert ran(summary, "compile:") == {u for u in ALL_COMPILES if "scaled_add" in u}
+    assert {"bundle", "wheel"} <= set(summary.executed)
+
+
+def test_replacing_a_prebuilt_hlo_reruns_only_that_kernel(built: Path) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    def log_softmax(logits):  # noqa: ANN001, ANN202
+        return jax.nn.log_softmax(logits, axis=-1)
+
+    sample = jax.ShapeDtypeStruct((64, 1024), jnp.float32)
+    proto = jax.jit(log_softmax).lower(sample).compiler_ir("hlo").as_serialized_hlo_module_proto()
+    (built / "kernels" / "softmax.hlo.pb").write_bytes(proto)
+    summary = build(built)
+    assert ran(summary, "extract:") == {"extract:softmax/default"}
+    assert ran(summary, "compile:") == {"compile:softmax/default/trn2"}
+
+
+def test_changing_one_targets_flag_reruns_only_those_compiles(built: Path) -> None:
+    manifest = built / "nkibuild.yaml"
+    text = manifest.read_text()
+    assert "trn1: {optlevel: 1}" in text
+    manifest.write_text(text.replace("trn1: {optlevel: 1}", "trn1: {optlevel: 3}"))
+    summary = build(built)
+    assert ran(summary, "extract:") == set()
+    assert ran(summary, "compile:") == {
+        "compile:scaled_add/small/trn1",
+        "compile:scaled_add/large/trn1",
+    }
+
+
+def test_changing_a_constant_retraces_that_kernel_only(built: Path) -> None:
+    manifest = built / "nkibuild.yaml"
+    manifest.write_text(manifest.read_text().replace("alpha: 0.5", "alpha: 0.25"))
+    summary = build(built)
+    assert ran(summary, "extract:") == {"extract:scaled_add/small", "extract:scaled_add/large"}
+    assert ran(summary, "compile:") == {u for u in ALL_COMPILES if "scaled_add" in u}
+
+
+def test_changing_a_shape_rebuilds_that_variant_only(built: Path) -> None:
+    manifest = built / "nkibuild.yaml"
+    text = manifest.read_text()
+    manifest.write_text(text.replace("large: {x: [1024, 512], y: [1024, 512]}", "large: {x: [2048, 512], y: [2048, 512]}"))
+    summary = build(built)
+    assert ran(summary, "extract:") == {"extract:scaled_add/large"}
+    assert ran(summary, "compile:") == {
+        "compile:scaled_add/large/trn1",
+        "compile:scaled_add/large/trn2",
+    }
+
+
+def test_moving_a_kernel_within_the_manifest_rebuilds_nothing(built: Path) -> None:
+    manifest = built / "nkibuild.yaml"
+    manifest.write_text("# a comment shifts every line\n\n" + manifest.read_text())
+    summary = build(built)
+    assert summary.executed == []
+
+
+def test_compiler_version_change_recompiles_everything(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    state = built / "build" / "state" / "toolchain.json"
+    entries = json.loads(state.read_text())
+    for entry in entries.values():
+        entry["version"] = "2.99.0.0+other"  # as if a new compiler were installed
+    state.write_text(json.dumps(entries))
+    summary = build(built)
+    assert ran(summary, "extract:") == set()
+    assert ran(summary, "compile:") == ALL_COMPILES
+
+
+def test_rerun_after_lost_doit_state_compiles_nothing(built: Path, isolated_cache: Path) -> None:
+    # doit saves its state only at the end of a run; a killed build loses it.
+    for path in (built / "build" / "state").glob("doit.db*"):
+        path.unlink()
+    summary = build(built)
+    assert summary.ok
+    assert summary.origins.get("compiled", 0) == 0
+    assert summary.origins.get("build-dir", 0) == len(ALL_COMPILES)
