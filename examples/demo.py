@@ -4,10 +4,9 @@ On a host without a Neuron device (or with placeholder NEFFs from
 `--toolchain fake`) each kernel runs its reference on the CPU and says so.
 """
 
+import acme_kernels
 import ml_dtypes  # bfloat16 arrays for NumPy
 import numpy as np
-
-import acme_kernels
 from acme_kernels import matmul_rowsum, scaled_add, softmax
 
 rng = np.random.default_rng(0)

@@ -16,7 +16,9 @@ EXAMPLES = REPO / "examples"
 
 
 @pytest.fixture(autouse=True)
-def isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+def isolated_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
     """Never touch the developer's real NEFF cache; never inherit their compiler flags."""
     cache = tmp_path_factory.mktemp("neff-cache")
     monkeypatch.setenv("NKIBUILD_CACHE_DIR", str(cache))
@@ -30,7 +32,9 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 def example_project(tmp_path: Path) -> Path:
     """A private copy of examples/ (without build outputs)."""
     project = tmp_path / "project"
-    shutil.copytree(EXAMPLES, project, ignore=shutil.ignore_patterns("build", "dist", "__pycache__"))
+    shutil.copytree(
+        EXAMPLES, project, ignore=shutil.ignore_patterns("build", "dist", "__pycache__")
+    )
     return project
 
 

@@ -25,9 +25,7 @@ class QuietDisplay:
 
 def build(project: Path, *selection: str, keep_going: bool = False, jobs: int = 1) -> BuildSummary:
     """Build a project with the toolchain double; returns what doit reported."""
-    context = load_context(
-        project / "nkibuild.yaml", project / "build", project / "dist", "fake"
-    )
+    context = load_context(project / "nkibuild.yaml", project / "build", project / "dist", "fake")
     options = RunOptions(selection=selection, keep_going=keep_going, jobs=jobs)
     return run_build(context, options, QuietDisplay())
 

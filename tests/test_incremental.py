@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from helpers import build
 
+from nkibuild.graph.report import BuildSummary
+
 pytest.importorskip("jax")
 
 ALL_COMPILES = {
@@ -20,7 +22,7 @@ ALL_COMPILES = {
 }
 
 
-def ran(summary, prefix: str) -> set[str]:  # noqa: ANN001
+def ran(summary: BuildSummary, prefix: str) -> set[str]:
     return {name for name in summary.executed if name.startswith(prefix)}
 
 
@@ -59,7 +61,7 @@ def test_replacing_a_prebuilt_hlo_reruns_only_that_kernel(built: Path) -> None:
     import jax
     import jax.numpy as jnp
 
-    def log_softmax(logits):  # noqa: ANN001, ANN202
+    def log_softmax(logits: jax.Array) -> jax.Array:
         return jax.nn.log_softmax(logits, axis=-1)
 
     sample = jax.ShapeDtypeStruct((64, 1024), jnp.float32)
@@ -94,7 +96,11 @@ def test_changing_a_constant_retraces_that_kernel_only(built: Path) -> None:
 def test_changing_a_shape_rebuilds_that_variant_only(built: Path) -> None:
     manifest = built / "nkibuild.yaml"
     text = manifest.read_text()
-    manifest.write_text(text.replace("large: {x: [1024, 512], y: [1024, 512]}", "large: {x: [2048, 512], y: [2048, 512]}"))
+    manifest.write_text(
+        text.replace(
+            "large: {x: [1024, 512], y: [1024, 512]}", "large: {x: [2048, 512], y: [2048, 512]}"
+        )
+    )
     summary = build(built)
     assert ran(summary, "extract:") == {"extract:scaled_add/large"}
     assert ran(summary, "compile:") == {
@@ -110,7 +116,9 @@ def test_moving_a_kernel_within_the_manifest_rebuilds_nothing(built: Path) -> No
     assert summary.executed == []
 
 
-def test_compiler_version_change_recompiles_everything(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compiler_version_change_recompiles_everything(
+    built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import json
 
     state = built / "build" / "state" / "toolchain.json"

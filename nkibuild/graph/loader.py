@@ -20,19 +20,17 @@ from doit.loader import generate_tasks
 from doit.task import Task
 
 from nkibuild.errors import NkibuildError
+from nkibuild.graph.state import BACKEND_NAME
 from nkibuild.graph.tasks import BuildContext, task_dicts
 
-DEP_FILE = "doit.db"
-# sqlite3 keeps the no-op build fast (doit's default dbm is dbm.dumb here) and,
-# unlike the json backend, cannot be truncated by a bad value.
-BACKEND = "sqlite3"
+DEP_FILE = "doit-state.json"
 DEFAULT_TASKS = ["wheel"]
 
 
 def doit_config(context: BuildContext) -> dict[str, Any]:
     return {
         "dep_file": str(context.layout.state_dir / DEP_FILE),
-        "backend": BACKEND,
+        "backend": BACKEND_NAME,
         "default_tasks": DEFAULT_TASKS,
     }
 

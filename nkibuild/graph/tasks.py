@@ -28,20 +28,33 @@ from nkibuild.toolchain import Toolchain
 
 @dataclass(frozen=True)
 class Layout:
-    """Where every stage writes, under the build and dist directories."""
+    """Where every stage writes, under the build and dist directories (absolute paths)."""
 
     build_dir: Path
     dist_dir: Path
+
+    def __post_init__(self) -> None:
+        # doit matches file_dep to targets by exact string: one spelling per file.
+        if not (self.build_dir.is_absolute() and self.dist_dir.is_absolute()):
+            raise ValueError("Layout needs absolute directories")
 
     @property
     def state_dir(self) -> Path:
         return self.build_dir / "state"
 
     def extract_dir(self, spec: ExtractSpec) -> Path:
-        return self.build_dir / "extract" / spec.name
+        return Path(self.extract_path(spec))
 
     def compile_dir(self, unit: BuildUnit) -> Path:
-        return self.build_dir / "compile" / unit.name
+        return Path(self.compile_path(unit))
+
+    # String forms for task dicts: a no-op build creates thousands of these, and
+    # os.path string joins cost a fraction of pathlib's.
+    def extract_path(self, spec: ExtractSpec) -> str:
+        return os.path.join(self.build_dir, "extract", spec.name)
+
+    def compile_path(self, unit: BuildUnit) -> str:
+        return os.path.join(self.build_dir, "compile", unit.name)
 
     def bundle_dir(self, manifest: Manifest) -> Path:
         return self.build_dir / "bundle" / manifest.package.name
@@ -87,7 +100,7 @@ def doit_tasks(
     yield from task_dicts(context)
 
 
-def _path(path: Path) -> str:
+def _path(path: Path | str) -> str:
     return os.path.abspath(path)
 
 
@@ -149,14 +162,14 @@ def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
     from nkibuild.frontends import ARTIFACT_FILES
 
     root = context.manifest.root
-    out_dir = context.layout.extract_dir(spec)
+    out_dir = context.layout.extract_path(spec)
     return {
         "basename": "extract",
         "name": spec.name,
         "doc": f"extract HLO from {spec.source} ({spec.frontend})",
-        "actions": [(run_extract, (spec, root, out_dir, context.toolchain.python))],
+        "actions": [(run_extract, (spec, root, Path(out_dir), context.toolchain.python))],
         "file_dep": [_path(root / spec.source.path), *_expand_deps(root, spec.deps)],
-        "targets": [_path(out_dir / name) for name in ARTIFACT_FILES],
+        "targets": [os.path.join(out_dir, name) for name in ARTIFACT_FILES],
         "uptodate": [
             config_changed(_extract_config(spec, _frontend_versions(context, spec.frontend)))
         ],
@@ -185,8 +198,8 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
     from nkibuild.compiler import COMPILE_OUTPUTS
     from nkibuild.frontends import ARTIFACT_FILES
 
-    extract_dir = context.layout.extract_dir(unit.extract)
-    out_dir = context.layout.compile_dir(unit)
+    extract_dir = context.layout.extract_path(unit.extract)
+    out_dir = context.layout.compile_path(unit)
     toolchain = context.toolchain
     config = {
         "compile_args": unit.compile_args(),
@@ -198,8 +211,8 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
         "name": unit.name,
         "doc": f"compile {unit.name} with neuronx-cc",
         "actions": [(run_compile, (context, unit))],
-        "file_dep": [_path(extract_dir / name) for name in ARTIFACT_FILES],
-        "targets": [_path(out_dir / name) for name in COMPILE_OUTPUTS],
+        "file_dep": [os.path.join(extract_dir, name) for name in ARTIFACT_FILES],
+        "targets": [os.path.join(out_dir, name) for name in COMPILE_OUTPUTS],
         "uptodate": [config_changed(config)],
         "clean": True,
     }
@@ -239,7 +252,7 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
 
     manifest = context.manifest
     compiled = [
-        _path(context.layout.compile_dir(unit) / name)
+        os.path.join(context.layout.compile_path(unit), name)
         for unit in context.units
         for name in COMPILE_OUTPUTS
     ]

@@ -139,7 +139,9 @@ def _kernel(name: str, data: Mapping[str, Any], doc: YamlDocument) -> Kernel:
         frontend=data["frontend"],
         source=_source(data["source"], doc.location((*base, "source"))),
         inputs=inputs,
-        constants=tuple((key, _constant(value)) for key, value in data.get("constants", {}).items()),
+        constants=tuple(
+            (key, _constant(value)) for key, value in data.get("constants", {}).items()
+        ),
         variants=_variants(data.get("variants"), inputs, doc, base),
         targets=tuple(data["targets"]) if "targets" in data else None,
         settings=_settings(data),

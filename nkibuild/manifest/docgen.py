@@ -78,9 +78,7 @@ def _shared_defs(schema: Mapping[str, Any]) -> list[str]:
         ref.removeprefix("#/$defs/") for ref in _refs(schema) if ref.startswith("#/$defs/")
     )
     return [
-        name
-        for name, count in uses.items()
-        if count > 1 and "properties" in schema["$defs"][name]
+        name for name, count in uses.items() if count > 1 and "properties" in schema["$defs"][name]
     ]
 
 
@@ -116,14 +114,20 @@ def _entry_and_children(
 ) -> Iterator[Entry]:
     mixin = _shared_ref(schema, shared)
     yield Entry(path, schema, required, mixin)
-    if mixin is None or "properties" in schema:
+    # A shared definition is documented in its own section, not under every user.
+    if mixin is None or _target(schema) is not load_schema()["$defs"][mixin]:
         yield from _entries(schema, path, shared)
 
 
 def _shared_ref(schema: Mapping[str, Any], shared: Sequence[str]) -> str | None:
-    ref = schema.get("$ref", "")
+    """The shared definition `schema` is (a bare $ref) or mixes in ($ref beside properties)."""
+    ref = schema.get("$ref")
+    if not isinstance(ref, str):
+        return None
     name = ref.removeprefix("#/$defs/")
-    return name if name in shared else None
+    if name in shared:
+        return name
+    return None if "properties" in schema else _shared_ref(resolve_ref(ref), shared)
 
 
 def _target(schema: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -136,14 +140,15 @@ def _target(schema: Mapping[str, Any]) -> Mapping[str, Any]:
 def _entry(entry: Entry, shared: Sequence[str]) -> str:
     schema = _merged(entry.schema)
     facts = [f"**Type:** {_type_name(schema)}", f"**Required:** {_yes_no(entry.required)}"]
-    if entry.shared is None:
-        facts.append(f"**Accepts:** {describe(schema)}")
+    accepts = describe(schema, code=_code)
+    if accepts != "a mapping":  # the type says as much
+        facts.append(f"**Accepts:** {accepts}")
     if "default" in schema:
-        facts.append(f"**Default:** `{_inline(schema['default'])}`")
+        facts.append(f"**Default:** {_code(_inline(schema['default']))}")
     text = schema.get("description", "")
     if entry.shared is not None:
         title = _title(load_schema()["$defs"][entry.shared])
-        text += f" Also takes the [{title.lower()}](#{_anchor(title)})."
+        text += f" Takes the keys of [{title.lower()}](#{_anchor(title)})."
     return f"### `{entry.path}`\n\n{text.strip()}\n\n" + "  \n".join(facts) + "\n"
 
 
@@ -181,7 +186,11 @@ def _yes_no(value: bool) -> str:
 
 
 def _inline(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
+    return value if isinstance(value, str) and value else json.dumps(value)
+
+
+def _code(text: str) -> str:
+    return f"`{text}`"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -293,23 +293,29 @@ def _resolved(schema: Mapping[str, Any] | bool) -> Mapping[str, Any]:
 # ------------------------------------------------------------ human phrases
 
 
-def describe(schema: Mapping[str, Any] | bool, depth: int = 0) -> str:
-    """What a schema accepts, in words: "one of trn1, trn2, trn3", "an integer >= 1"."""
+def describe(
+    schema: Mapping[str, Any] | bool, depth: int = 0, code: Callable[[str], str] = str
+) -> str:
+    """What a schema accepts, in words: "one of trn1, trn2, trn3", "an integer >= 1".
+
+    `code` formats literal values and patterns (the docs put them in backticks).
+    """
     schema = _resolved(schema)
     if "const" in schema:
-        return f"exactly {_show(schema['const'])}"
+        return f"exactly {code(_plain(schema['const']))}"
     if "enum" in schema:
-        return "one of " + ", ".join(_plain(v) for v in schema["enum"])
+        return "one of " + ", ".join(code(_plain(v)) for v in schema["enum"])
     for key in ("anyOf", "oneOf"):
         if key in schema:
-            return _join_or([_titled(sub, depth + 1) for sub in schema[key]])
-    phrases = [_type_phrase(t, schema, depth) for t in _types(schema)]
+            return _join_or([_titled(sub, depth + 1, code) for sub in schema[key]])
+    phrases = [_type_phrase(t, schema, depth, code) for t in _types(schema)]
     return _join_or(phrases) if phrases else "any value"
 
 
-def _titled(schema: Mapping[str, Any], depth: int) -> str:
+def _titled(schema: Mapping[str, Any], depth: int, code: Callable[[str], str]) -> str:
     title = _resolved(schema).get("title")
-    return f"{describe(schema, depth)} ({title})" if title else describe(schema, depth)
+    phrase = describe(schema, depth, code)
+    return f"{phrase} ({title})" if title else phrase
 
 
 def _types(schema: Mapping[str, Any]) -> list[str]:
@@ -317,36 +323,38 @@ def _types(schema: Mapping[str, Any]) -> list[str]:
     return [types] if isinstance(types, str) else list(types)
 
 
-def _type_phrase(type_name: str, schema: Mapping[str, Any], depth: int) -> str:
+def _type_phrase(
+    type_name: str, schema: Mapping[str, Any], depth: int, code: Callable[[str], str]
+) -> str:
     if type_name == "integer":
         return "an integer" + (f" >= {schema['minimum']}" if "minimum" in schema else "")
     if type_name == "string":
-        return _string_phrase(schema)
+        return _string_phrase(schema, code)
     if type_name == "array":
-        return _array_phrase(schema, depth)
+        return _array_phrase(schema, depth, code)
     return {"number": "a number", "boolean": "a boolean", "object": "a mapping"}.get(
         type_name, type_name
     )
 
 
-def _string_phrase(schema: Mapping[str, Any]) -> str:
+def _string_phrase(schema: Mapping[str, Any], code: Callable[[str], str]) -> str:
     phrase = "a non-empty string" if schema.get("minLength", 0) >= 1 else "a string"
     if "pattern" in schema:
-        phrase = f"a string matching {schema['pattern']}"
+        phrase = f"a string matching {code(schema['pattern'])}"
     if "maxLength" in schema:
         phrase += f" of at most {schema['maxLength']} characters"
     return phrase
 
 
-def _array_phrase(schema: Mapping[str, Any], depth: int) -> str:
+def _array_phrase(schema: Mapping[str, Any], depth: int, code: Callable[[str], str]) -> str:
     phrase = "a non-empty list" if schema.get("minItems", 0) >= 1 else "a list"
     if schema.get("uniqueItems"):
         phrase += " of unique items"
     items = _resolved(schema.get("items", {}))
-    if items.get("title") is not None and items.get("title") == schema.get("title"):  # a constant is a list of constants
-        phrase += " of such values"
+    if items.get("title") is not None and items.get("title") == schema.get("title"):
+        phrase += " of such values"  # a constant is a list of constants
     elif items and depth == 0:
-        phrase += f", each {describe(items, depth + 1)}"
+        phrase += f", each {describe(items, depth + 1, code)}"
     return phrase
 
 
@@ -478,33 +486,33 @@ class _Checks:
                     yield (*base, section, name)
 
     def package(self) -> Iterator[Diagnostic]:
-        from packaging.specifiers import InvalidSpecifier, SpecifierSet
-        from packaging.version import InvalidVersion, Version
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
 
         package = self.data["package"]
-        base = ("package",)
-        # JSON Schema's "$" also matches before a final newline; a name must not end in one.
-        name_pattern = load_schema()["$defs"]["package"]["properties"]["name"]["pattern"]
-        if not re.fullmatch(name_pattern, package["name"]):
-            yield self.at(f"invalid distribution name {_show(package['name'])}", (*base, "name"))
-        try:
-            Version(package["version"])
-        except InvalidVersion:
+        name_ok = _is_distribution_name(package["name"])
+        if not name_ok:
             yield self.at(
-                f"invalid version {_show(package['version'])}",
-                (*base, "version"),
-                expected="a PEP 440 version such as 1.0, 0.2.1 or 1.0rc1",
+                f"invalid distribution name {_show(package['name'])}", ("package", "name")
             )
-        if "requires-python" in package:
-            try:
-                SpecifierSet(package["requires-python"])
-            except InvalidSpecifier:
-                yield self.at(
-                    f"invalid version specifier {_show(package['requires-python'])}",
-                    (*base, "requires-python"),
-                    expected="a PEP 440 specifier set such as >=3.10",
-                )
-        yield from self._import_name(package)
+        yield from self._parses(Version, "version", "a PEP 440 version such as 1.0 or 0.2.1rc1")
+        yield from self._parses(
+            SpecifierSet, "requires-python", "a PEP 440 specifier set such as >=3.10"
+        )
+        if name_ok or "import-name" in package:  # else the name's problem is reported already
+            yield from self._import_name(package)
+
+    def _parses(
+        self, parse: Callable[[str], object], key: str, expected: str
+    ) -> Iterator[Diagnostic]:
+        value = self.data["package"].get(key)
+        if value is None:
+            return
+        try:
+            parse(value)
+        except ValueError:  # packaging's InvalidVersion and InvalidSpecifier
+            what = "version" if key == "version" else "version specifier"
+            yield self.at(f"invalid {what} {_show(value)}", ("package", key), expected=expected)
 
     def _import_name(self, package: dict[str, Any]) -> Iterator[Diagnostic]:
         if "import-name" in package:
@@ -580,7 +588,7 @@ class _Checks:
                 for input_name in entries:
                     if input_name not in inputs:
                         yield self.at(
-                            f"variant {variant!r} changes {_show(input_name)}, which is not an input",
+                            f"variant {variant!r} names {_show(input_name)}, not an input",
                             ("kernels", name, "variants", variant, input_name),
                             key=True,
                             expected="one of " + ", ".join(inputs),
@@ -654,6 +662,12 @@ class _Checks:
                         ("kernels", name, "deps", index),
                         expected="a glob pattern relative to the manifest's directory",
                     )
+
+
+def _is_distribution_name(name: str) -> bool:
+    # JSON Schema's "$" also matches before a final newline; a name must not end in one.
+    pattern = load_schema()["$defs"]["package"]["properties"]["name"]["pattern"]
+    return re.fullmatch(pattern, name) is not None
 
 
 def _kernels_phrase(names: Sequence[str]) -> str:

@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from yaml.composer import ComposerError
@@ -67,7 +67,7 @@ class YamlDocument:
 class _Loader(yaml.SafeLoader):
     """SafeLoader with a nesting limit that records where aliases are used."""
 
-    yaml_implicit_resolvers = {
+    yaml_implicit_resolvers: ClassVar[dict[str, list[tuple[str, re.Pattern[str]]]]] = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag not in _UNRESOLVED_TAGS]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
@@ -271,9 +271,7 @@ class _Converter:
             )
         if id(node) in self.active:
             raise _BudgetExceeded(
-                Diagnostic(
-                    "an alias refers to a value that contains it", where, json_path(path)
-                )
+                Diagnostic("an alias refers to a value that contains it", where, json_path(path))
             )
         if len(path) > MAX_DEPTH:
             raise _BudgetExceeded(
@@ -373,7 +371,7 @@ class _Converter:
     def _duplicate(self, key: str, path: JsonPath, first: Location, again: Location) -> None:
         self.diagnostics.append(
             Diagnostic(
-                f"duplicate key {key!r} (first defined at line {first.line}, column {first.column})",
+                f"duplicate key {key!r} (first at line {first.line}, column {first.column})",
                 again,
                 json_path(path),
                 hint="each key may appear once in a mapping; remove or rename one of them",

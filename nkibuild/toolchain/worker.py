@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -44,10 +45,23 @@ def freeze(value: Any) -> Any:
     return tuple(freeze(item) for item in value) if isinstance(value, list) else value
 
 
+def portable_source_paths(root: str) -> str:
+    """Regex JAX deletes from HLO source paths: the project root, or any other directory.
+
+    Without it the HLO embeds absolute paths of the checkout and of site-packages,
+    so the same kernel hashes (and caches) differently in every directory.
+    """
+    return f"^{re.escape(root.rstrip('/'))}/|^.*/"
+
+
 def trace_jax(job: Job) -> tuple[bytes, dict[str, str]]:
     import jax
     import jax.numpy as jnp
     import jaxlib
+
+    jax.config.update(
+        "jax_hlo_source_file_canonicalization_regex", portable_source_paths(job["root"])
+    )
 
     function = load_function(job["root"], job["path"], job["function"])
     constants = {name: freeze(value) for name, value in job["constants"]}

@@ -1,0 +1,65 @@
+"""`nkibuild --help` and a no-op build stay light: no frontend, no protobuf, no YAML parsing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HEAVY = ("jax", "jaxlib", "torch", "torch_xla", "nki", "nkipy", "spike", "google.protobuf")
+NOT_ON_NOOP = (*HEAVY, "yaml", "jsonschema", "rich.live", "rich.progress")
+
+PROBE = """\
+import json, sys
+from nkibuild.cli.main import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exit:
+    code = exit.code
+print("MODULES=" + json.dumps(sorted(sys.modules)))
+sys.exit(code)
+"""
+
+
+def imported_modules(args: list[str], cwd: Path) -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CI": "true"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("MODULES="))
+    return set(json.loads(line.removeprefix("MODULES=")))
+
+
+def loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return [name for name in names if name in modules]
+
+
+def test_help_imports_nothing_heavy(tmp_path: Path) -> None:
+    modules = imported_modules(["--help"], tmp_path)
+    assert loaded(modules, (*NOT_ON_NOOP, "doit")) == []
+
+
+def test_noop_build_imports_no_frontend_nor_parser(example_project: Path) -> None:
+    pytest.importorskip("jax")
+    first = subprocess.run(
+        [sys.executable, "-m", "nkibuild", "build", "--toolchain", "fake"],
+        cwd=example_project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert first.returncode == 0, first.stderr
+    modules = imported_modules(["build", "--toolchain", "fake"], example_project)
+    assert "doit" in modules  # the probe really ran a build
+    assert loaded(modules, NOT_ON_NOOP) == []
