@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 from helpers import build
 
+from nkibuild.graph.loader import DEP_FILE
 from nkibuild.graph.report import BuildSummary
+from nkibuild.graph.uptodate import STAMP_FILE
 
 pytest.importorskip("jax")
 
@@ -133,9 +135,34 @@ def test_compiler_version_change_recompiles_everything(
 
 def test_rerun_after_lost_doit_state_compiles_nothing(built: Path, isolated_cache: Path) -> None:
     # doit saves its state only at the end of a run; a killed build loses it.
-    for path in (built / "build" / "state").glob("doit.db*"):
-        path.unlink()
+    (built / "build" / "state" / DEP_FILE).unlink()
     summary = build(built)
     assert summary.ok
     assert summary.origins.get("compiled", 0) == 0
     assert summary.origins.get("build-dir", 0) == len(ALL_COMPILES)
+
+
+def test_touching_a_source_without_changing_it_runs_nothing(built: Path) -> None:
+    source = built / "kernels" / "jax_kernels.py"
+    source.write_text(source.read_text())  # new mtime, same content
+    summary = build(built)
+    # The up-to-date proof no longer holds, so doit decides, by content: nothing to do.
+    assert summary.executed == []
+    assert (built / "build" / "state" / STAMP_FILE).exists()
+
+
+def test_deleting_an_output_rebuilds_just_that_output(built: Path) -> None:
+    wheel = next((built / "dist").glob("*.whl"))
+    wheel.unlink()
+    summary = build(built)
+    assert summary.executed == ["wheel"]
+    assert wheel.exists()
+
+
+def test_selected_tasks_never_use_or_write_the_proof(built: Path) -> None:
+    stamp = built / "build" / "state" / STAMP_FILE
+    assert stamp.exists()
+    summary = build(built, "compile:softmax/*")
+    assert summary.executed == []
+    assert summary.up_to_date == ["extract:softmax/default", "compile:softmax/default/trn2"]
+    assert not stamp.exists()

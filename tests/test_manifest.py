@@ -24,13 +24,13 @@ from nkibuild.manifest import (
     FRONTENDS,
     TARGETS,
     CompileSettings,
-    Manifest,
     SourceRef,
     TensorSpec,
+    docgen,
     load_manifest,
+    yamlsource,
 )
-from nkibuild.manifest import docgen, yamlsource
-from nkibuild.manifest.validate import load_schema
+from nkibuild.manifest.validate import inline_ref, load_schema
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_FILE = REPO / "schemas" / "nkibuild.schema.json"
@@ -427,7 +427,8 @@ SCHEMA_CASES = [
     ),
     pytest.param(
         kernel_doc("    optlvl: 1\n"),
-        (11, 5), "unknown key 'optlvl'", "$.kernels.k.optlvl", "optlevel", "did you mean 'optlevel'?",
+        (11, 5), "unknown key 'optlvl'", "$.kernels.k.optlvl", "optlevel",
+        "did you mean 'optlevel'?",
         id="unknown-kernel-key",
     ),
     pytest.param(
@@ -726,7 +727,9 @@ SEMANTIC_CASES = [
         id="lnc2-override",
     ),
     pytest.param(
-        kernel_doc("    lnc: 2\n    overrides:\n      trn1: {lnc: auto}\ndefaults:\n  targets: [trn1]\n"),
+        kernel_doc(
+            "    lnc: 2\n    overrides:\n      trn1: {lnc: auto}\ndefaults:\n  targets: [trn1]\n"
+        ),
         (11, 10), "lnc 2 on trn1", "trn1 supports only lnc 1",
         id="lnc-auto-override-inherits",
     ),
@@ -1070,7 +1073,7 @@ def test_docs_cover_every_key_with_a_description() -> None:
         "kernels.<kernel>.deps",
     } <= paths
     for entry in entries:
-        assert docgen._merged(entry.schema).get("description"), entry.path
+        assert inline_ref(entry.schema).get("description"), entry.path
     text = (REPO / "docs" / "manifest.md").read_text(encoding="utf-8")
     for key in load_schema()["$defs"]["compileSettings"]["properties"]:
         assert f"### `{key}`" in text

@@ -116,6 +116,7 @@ def _known_keys() -> list[str]:
 
 
 KNOWN_KEYS = _known_keys()
+# Copies: a sampled list must not end up in two places (or inside itself) after mutations.
 interesting = st.one_of(
     json_values,
     st.sampled_from(
@@ -126,7 +127,7 @@ interesting = st.one_of(
             "kernels/jax_kernels.py:class", "kernels:f", "**/*.py", "../*.py",
         ]
     ),
-)  # fmt: skip
+).map(copy.deepcopy)  # fmt: skip
 
 
 def dump(data: object) -> str:

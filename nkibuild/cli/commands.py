@@ -84,11 +84,11 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def list_tasks(args: argparse.Namespace) -> int:
+    from nkibuild.graph.run import task_name
     from nkibuild.graph.tasks import task_dicts
 
     for task in task_dicts(_context(args, use_cache=False)):
-        name = f"{task['basename']}:{task['name']}" if "name" in task else task["basename"]
-        print(f"{name:<48} {task.get('doc', '')}")
+        print(f"{task_name(task):<48} {task.get('doc', '')}")
     return EXIT_OK
 
 

@@ -55,11 +55,15 @@ class NkibuildLoader(TaskLoader2):
     )  # fmt: skip
 
     def __init__(
-        self, context: BuildContext | None = None, extra_config: dict[str, Any] | None = None
+        self,
+        context: BuildContext | None = None,
+        extra_config: dict[str, Any] | None = None,
+        tasks: list[dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
         self.context = context
         self.extra_config = extra_config or {}
+        self.tasks = tasks  # task dicts the caller already built from `context`
 
     def setup(self, opt_values: dict[str, Any]) -> None:
         if self.context is not None:
@@ -83,4 +87,4 @@ class NkibuildLoader(TaskLoader2):
 
     def load_tasks(self, cmd: Any, pos_args: list[str]) -> list[Task]:
         assert self.context is not None
-        return to_tasks(task_dicts(self.context), self.cmd_names)
+        return to_tasks(self.tasks or task_dicts(self.context), self.cmd_names)

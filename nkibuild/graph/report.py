@@ -80,8 +80,14 @@ class BuildReporter:
         self._started: dict[str, float] = {}
 
     def initialize(self, tasks: dict[str, Any], selected_tasks: list[str]) -> None:
-        self.summary.selected = sum(1 for task in tasks.values() if task.actions)
-        self.display.start(self.summary.selected)
+        self.start(sum(1 for task in tasks.values() if task.actions))
+
+    def start(self, tasks: int) -> None:
+        self.summary.selected = tasks
+        self.display.start(tasks)
+
+    def up_to_date(self, name: str) -> None:
+        self._record(TaskOutcome(name, "up-to-date"))
 
     def get_status(self, task: Any) -> None:
         pass
@@ -102,7 +108,7 @@ class BuildReporter:
 
     def skip_uptodate(self, task: Any) -> None:
         if task.actions:
-            self._record(TaskOutcome(task.name, "up-to-date"))
+            self.up_to_date(task.name)
 
     def skip_ignore(self, task: Any) -> None:
         if task.actions:

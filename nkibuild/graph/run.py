@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from nkibuild.errors import UsageError
 from nkibuild.fsutil import atomic_write_text
-from nkibuild.graph.loader import NkibuildLoader, to_tasks
+from nkibuild.graph import uptodate
+from nkibuild.graph.loader import DEP_FILE, NkibuildLoader, to_tasks
 from nkibuild.graph.report import BuildReporter, BuildSummary, Display
 from nkibuild.graph.tasks import BuildContext, task_dicts
 
@@ -48,9 +49,40 @@ def run_build(context: BuildContext, options: RunOptions, display: Display) -> B
 
 
 def _run_locked(context: BuildContext, options: RunOptions, display: Display) -> BuildSummary:
-    check_selection(context, options.selection)
+    dicts = task_dicts(context)
+    check_selection(dicts, options.selection)
+    state_dir = context.layout.state_dir
+    whole_graph = not options.selection
+    if whole_graph:
+        key = uptodate.fingerprint(dicts)
+        proof_files = [*uptodate.files_of(dicts), str(state_dir / DEP_FILE)]
+        if uptodate.is_proven(state_dir, key, proof_files):
+            return _report_all_up_to_date(dicts, display)
+    uptodate.forget(state_dir)
+    sources_before = uptodate.stats(uptodate.sources_of(dicts))
+    summary = _run_doit(context, dicts, options, display)
+    if whole_graph and summary.ok and uptodate.stats(uptodate.sources_of(dicts)) == sources_before:
+        # No input changed while doit ran, so what it saved describes the files now.
+        uptodate.record(state_dir, key, proof_files)
+    atomic_write_text(state_dir / LAST_RUN_FILE, json.dumps(summary.to_json(), indent=2))
+    return summary
+
+
+def _report_all_up_to_date(dicts: list[dict], display: Display) -> BuildSummary:
     reporter = BuildReporter(display)
-    loader = NkibuildLoader(context, extra_config={"reporter": reporter})
+    names = [task_name(task) for task in dicts]
+    reporter.start(len(names))
+    for name in names:
+        reporter.up_to_date(name)
+    reporter.complete_run()
+    return reporter.summary
+
+
+def _run_doit(
+    context: BuildContext, dicts: list[dict], options: RunOptions, display: Display
+) -> BuildSummary:
+    reporter = BuildReporter(display)
+    loader = NkibuildLoader(context, extra_config={"reporter": reporter}, tasks=dicts)
     from doit.doit_cmd import DoitMain
 
     argv = ["run"]
@@ -60,17 +92,18 @@ def _run_locked(context: BuildContext, options: RunOptions, display: Display) ->
     if options.keep_going:
         argv.append("--continue")
     DoitMain(loader, config_filenames=()).run([*argv, *options.selection])
-    summary = reporter.summary
-    last_run = context.layout.state_dir / LAST_RUN_FILE
-    atomic_write_text(last_run, json.dumps(summary.to_json(), indent=2))
-    return summary
+    return reporter.summary
 
 
-def check_selection(context: BuildContext, selection: Sequence[str]) -> None:
+def task_name(task: dict) -> str:
+    return f"{task['basename']}:{task['name']}" if "name" in task else task["basename"]
+
+
+def check_selection(dicts: list[dict], selection: Sequence[str]) -> None:
     """Unknown task names are a usage error with suggestions, before doit runs."""
     if not selection:
         return
-    names = [task.name for task in to_tasks(task_dicts(context), [])]
+    names = [task.name for task in to_tasks(dicts, [])]
     for pattern in selection:
         if not fnmatch.filter(names, pattern):
             import difflib

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nkibuild.manifest.validate import describe, load_schema, resolve_ref
+from nkibuild.manifest.validate import describe, inline_ref, load_schema, resolve_ref
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "nkibuild.yaml"
 
@@ -138,7 +138,7 @@ def _target(schema: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _entry(entry: Entry, shared: Sequence[str]) -> str:
-    schema = _merged(entry.schema)
+    schema = inline_ref(entry.schema)
     facts = [f"**Type:** {_type_name(schema)}", f"**Required:** {_yes_no(entry.required)}"]
     accepts = describe(schema, code=_code)
     if accepts != "a mapping":  # the type says as much
@@ -152,21 +152,12 @@ def _entry(entry: Entry, shared: Sequence[str]) -> str:
     return f"### `{entry.path}`\n\n{text.strip()}\n\n" + "  \n".join(facts) + "\n"
 
 
-def _merged(schema: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The site's keywords over those of the definition it refers to."""
-    if "$ref" not in schema:
-        return schema
-    merged = dict(_merged(resolve_ref(schema["$ref"])))
-    merged.update((k, v) for k, v in schema.items() if k != "$ref")
-    return merged
-
-
 _TYPE_NAMES = {"array": "list", "object": "mapping"}
 
 
 def _type_name(schema: Mapping[str, Any]) -> str:
     if "anyOf" in schema:
-        return " or ".join(_type_name(_merged(branch)) for branch in schema["anyOf"])
+        return " or ".join(_type_name(inline_ref(branch)) for branch in schema["anyOf"])
     types = schema.get("type", [])
     types = [types] if isinstance(types, str) else types
     return " or ".join(_TYPE_NAMES.get(t, t) for t in types) or "any"

@@ -103,7 +103,7 @@ def _diagnose(error: ValidationError, doc: YamlDocument) -> list[_Found]:
 
 def _missing(error: ValidationError, doc: YamlDocument) -> list[_Found]:
     path = tuple(error.absolute_path)
-    properties = _resolved(error.schema).get("properties", {})
+    properties = properties_of(error.schema)
     return [
         _Found(
             Diagnostic(
@@ -120,7 +120,7 @@ def _missing(error: ValidationError, doc: YamlDocument) -> list[_Found]:
 
 def _unknown_keys(error: ValidationError, doc: YamlDocument) -> list[_Found]:
     path = tuple(error.absolute_path)
-    allowed = allowed_keys(error.schema)
+    allowed = list(properties_of(error.schema))
     return [
         _Found(
             Diagnostic(
@@ -225,7 +225,7 @@ _HANDLERS: dict[str, Callable[[ValidationError, YamlDocument], list[_Found]]] = 
 
 
 def _value_hint(validator: str, instance: object, schema: Mapping[str, Any]) -> str | None:
-    schema = _resolved(schema)
+    schema = inline_ref(schema)
     if validator == "type" and "string" in _types(schema) and _is_scalar(instance):
         return f"quote it: unquoted, YAML reads {_show(instance)} as a {_kind_name(instance)}"
     if validator == "enum":
@@ -253,12 +253,13 @@ def _fold(word: str) -> str:
     return word.lower().replace("_", "").replace("-", "")
 
 
-def allowed_keys(schema: Mapping[str, Any]) -> list[str]:
-    """Keys an object schema declares, including those of the schemas it $refs."""
-    keys: list[str] = []
+def properties_of(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Keys an object schema declares, with those of the schemas it $refs, in order."""
+    properties: dict[str, Any] = {}
     for part in _schema_parts(schema):
-        keys.extend(k for k in part.get("properties", {}) if k not in keys)
-    return keys
+        for key, value in part.get("properties", {}).items():
+            properties.setdefault(key, value)
+    return properties
 
 
 def _schema_parts(schema: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
@@ -278,14 +279,17 @@ def resolve_ref(ref: str) -> Mapping[str, Any]:
     return node
 
 
-def _resolved(schema: Mapping[str, Any] | bool) -> Mapping[str, Any]:
-    """The schema with its $ref inlined; the referencing site's own keywords win."""
+def inline_ref(schema: Mapping[str, Any] | bool) -> Mapping[str, Any]:
+    """The schema with its $ref inlined; the referencing site's own keywords win.
+
+    (Keywords are replaced, not merged: enough for describing a value.)
+    """
     if not isinstance(schema, Mapping):
         return {}
     ref = schema.get("$ref")
     if not isinstance(ref, str):
         return schema
-    merged = dict(_resolved(resolve_ref(ref)))
+    merged = dict(inline_ref(resolve_ref(ref)))
     merged.update((k, v) for k, v in schema.items() if k != "$ref")
     return merged
 
@@ -300,7 +304,7 @@ def describe(
 
     `code` formats literal values and patterns (the docs put them in backticks).
     """
-    schema = _resolved(schema)
+    schema = inline_ref(schema)
     if "const" in schema:
         return f"exactly {code(_plain(schema['const']))}"
     if "enum" in schema:
@@ -313,7 +317,7 @@ def describe(
 
 
 def _titled(schema: Mapping[str, Any], depth: int, code: Callable[[str], str]) -> str:
-    title = _resolved(schema).get("title")
+    title = inline_ref(schema).get("title")
     phrase = describe(schema, depth, code)
     return f"{phrase} ({title})" if title else phrase
 
@@ -350,7 +354,7 @@ def _array_phrase(schema: Mapping[str, Any], depth: int, code: Callable[[str], s
     phrase = "a non-empty list" if schema.get("minItems", 0) >= 1 else "a list"
     if schema.get("uniqueItems"):
         phrase += " of unique items"
-    items = _resolved(schema.get("items", {}))
+    items = inline_ref(schema.get("items", {}))
     if items.get("title") is not None and items.get("title") == schema.get("title"):
         phrase += " of such values"  # a constant is a list of constants
     elif items and depth == 0:

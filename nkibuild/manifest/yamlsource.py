@@ -75,13 +75,13 @@ class _Loader(yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self.depth = 0
-        # (id(parent node), index or id(key node)) -> mark of the alias there:
-        # the node itself only knows where its anchor is.
-        self.alias_marks: dict[tuple[int, int | None], yaml.Mark] = {}
+        # (id(parent node), item index or id(key node)) -> mark of the alias used
+        # as that value: the node itself only knows where its anchor is.
+        self.alias_marks: dict[tuple[int, int], yaml.Mark] = {}
 
     def compose_node(self, parent: Node | None, index: Any) -> Node:
         event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent) and parent is not None:
+        if isinstance(event, yaml.AliasEvent) and parent is not None and index is not None:
             self.alias_marks[_child_key(parent, index)] = event.start_mark
         self.depth += 1
         try:
@@ -94,7 +94,7 @@ class _Loader(yaml.SafeLoader):
             self.depth -= 1
 
 
-def _child_key(parent: Node, index: Any) -> tuple[int, int | None]:
+def _child_key(parent: Node, index: Any) -> tuple[int, int]:
     # Mapping values are composed with their key node as index, sequence items with an int.
     if isinstance(index, Node):
         return (id(parent), id(index))
