@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from nkibuild.manifest.model import (
@@ -81,10 +81,25 @@ class BuildUnit:
         return args + list(self.compiler_args)
 
     def to_json(self) -> dict[str, object]:
-        data = asdict(self)
-        data["name"] = self.name
-        data["compile_args"] = self.compile_args()
-        return data
+        spec = self.extract
+        return {
+            "name": self.name,
+            "kernel": self.kernel,
+            "variant": self.variant,
+            "target": self.target,
+            "frontend": spec.frontend,
+            "source": str(spec.source),
+            "inputs": [t.to_json() for t in spec.inputs],
+            "constants": dict(spec.constants),
+            "extract": spec.name,
+            "lnc": self.lnc,
+            "optlevel": self.optlevel,
+            "auto_cast": self.auto_cast,
+            "auto_cast_type": self.auto_cast_type,
+            "fast_loading": self.fast_loading,
+            "compiler_args": list(self.compiler_args),
+            "compile_args": self.compile_args(),
+        }
 
 
 # Frontends whose HLO changes with the target (NKI lowers through a target override).

@@ -61,7 +61,7 @@ class SourceRef:
 
     path: str
     function: str | None
-    location: Location | None = None
+    location: Location | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"{self.path}:{self.function}" if self.function else self.path
@@ -73,7 +73,7 @@ class Variant:
 
     name: str
     inputs: tuple[TensorSpec, ...]
-    location: Location | None = None
+    location: Location | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class Kernel:
     overrides: tuple[tuple[str, CompileSettings], ...]
     reference: SourceRef | None
     deps: tuple[str, ...]
-    location: Location | None = None
+    location: Location | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
