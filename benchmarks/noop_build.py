@@ -16,7 +16,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from nkibuild.graph.uptodate import STAMP_FILE
 
 KERNELS = 500
 TARGETS = ("trn1", "trn2")
@@ -124,13 +127,20 @@ def timed(command: list[str], cwd: Path, env: dict[str, str]) -> float:
     return elapsed
 
 
-def interleaved_medians(commands: list[list[str]], cwd: Path, env: dict[str, str]) -> list[float]:
+def interleaved_medians(
+    commands: list[tuple[list[str], Callable[[], None]]], cwd: Path, env: dict[str, str]
+) -> list[float]:
     """Alternate the commands run by run, so background load hits every side alike."""
     samples: list[list[float]] = [[] for _ in commands]
     for _ in range(RUNS):
-        for command, times in zip(commands, samples, strict=True):
+        for (command, prepare), times in zip(commands, samples, strict=True):
+            prepare()
             times.append(timed(command, cwd, env))
     return [statistics.median(times) for times in samples]
+
+
+def nothing() -> None:
+    pass
 
 
 def main() -> None:
@@ -144,11 +154,26 @@ def main() -> None:
         full_build = timed([*nkibuild, "-j", "2"], root, env)
         timed(plain, root, env)
         timed(plain_sqlite, root, env)
-        noop_nkibuild, noop_plain, noop_plain_sqlite = interleaved_medians(
-            [nkibuild, plain, plain_sqlite], root, env
+        stamp = root / "build" / "state" / STAMP_FILE
+
+        def drop_proof() -> None:
+            stamp.unlink(missing_ok=True)
+
+        noop_nkibuild, noop_doit_path, noop_plain, noop_plain_sqlite = interleaved_medians(
+            [
+                (nkibuild, nothing),
+                (nkibuild, drop_proof),
+                (plain, nothing),
+                (plain_sqlite, nothing),
+            ],
+            root,
+            env,
         )
     print(f"full build (1,000 units, -j2, fake compiler + cache): {full_build:.2f} s")
     print(f"no-op nkibuild build:                 {noop_nkibuild:.3f} s (median of {RUNS})")
+    print(
+        f"no-op nkibuild build, doit deciding:  {noop_doit_path:.3f} s (up-to-date proof removed)"
+    )
     print(f"no-op plain doit (default backend):   {noop_plain:.3f} s")
     print(f"no-op plain doit (sqlite3 backend):   {noop_plain_sqlite:.3f} s")
     result = {
@@ -160,6 +185,7 @@ def main() -> None:
         "nkibuild_noop_s": round(noop_nkibuild, 3),
         "plain_doit_noop_s": round(noop_plain, 3),
         "ratio_vs_plain_doit_sqlite3": round(noop_nkibuild / noop_plain_sqlite, 3),
+        "ratio_without_uptodate_proof": round(noop_doit_path / noop_plain, 3),
     }
     print(json.dumps(result))
 

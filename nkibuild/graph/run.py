@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import gc
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,9 +43,14 @@ def run_build(context: BuildContext, options: RunOptions, display: Display) -> B
             f"another nkibuild build is running in {context.layout.build_dir} "
             f"(lock {state_dir / LOCK_FILE}); wait for it or use another --build-dir"
         ) from None
+    # Building and checking thousands of tasks allocates millions of objects and few
+    # cycles; CPython's default GC threshold would scan them dozens of times.
+    thresholds = gc.get_threshold()
+    gc.set_threshold(50_000, 20, 20)
     try:
         return _run_locked(context, options, display)
     finally:
+        gc.set_threshold(*thresholds)
         lock.release()
 
 
