@@ -17,6 +17,7 @@ from pathlib import Path
 from nkibuild import __version__
 from nkibuild.bundle import codegen
 from nkibuild.compiler import CompiledNeff
+from nkibuild.errors import BuildError
 from nkibuild.fsutil import staging_dir
 from nkibuild.manifest.model import Kernel, Manifest, Package, SourceRef
 
@@ -125,6 +126,14 @@ def _copy_references(manifest: Manifest, pkg: Path) -> None:
     references = {k.reference.path: k.reference for k in manifest.kernels if k.reference}
     if not references:
         return
+    modules: dict[str, str] = {}
+    for path, reference in references.items():
+        other = modules.setdefault(reference_module(reference), path)
+        if other != path:
+            raise BuildError(
+                f"reference files {other!r} and {path!r} would both become module "
+                f"{reference_module(reference)!r} in the bundle; rename one of them"
+            )
     (pkg / "reference").mkdir()
     (pkg / "reference" / "__init__.py").write_text('"""Reference implementations (CPU)."""\n')
     for reference in references.values():

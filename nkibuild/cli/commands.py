@@ -93,10 +93,19 @@ def list_tasks(args: argparse.Namespace) -> int:
 
 
 def clean(args: argparse.Namespace) -> int:
-    for directory in [Path(args.build_dir)] + ([Path(args.dist_dir)] if args.all else []):
-        if directory.exists():
-            shutil.rmtree(directory)
-            print(f"removed {directory}")
+    from nkibuild.graph.run import acquire_build_lock
+
+    build_dir = Path(args.build_dir)
+    if not build_dir.exists() and not args.all:
+        return EXIT_OK
+    lock = acquire_build_lock(build_dir)  # refuses while a build is running
+    try:
+        for directory in [build_dir] + ([Path(args.dist_dir)] if args.all else []):
+            if directory.exists():
+                shutil.rmtree(directory)
+                print(f"removed {directory}")
+    finally:
+        lock.release()
     return EXIT_OK
 
 

@@ -7,6 +7,8 @@ import gc
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nkibuild.errors import UsageError
 from nkibuild.fsutil import atomic_write_text
@@ -14,6 +16,9 @@ from nkibuild.graph import uptodate
 from nkibuild.graph.loader import DEP_FILE, NkibuildLoader, to_tasks
 from nkibuild.graph.report import BuildReporter, BuildSummary, Display
 from nkibuild.graph.tasks import BuildContext, task_dicts
+
+if TYPE_CHECKING:
+    from filelock import BaseFileLock
 
 LOCK_FILE = "build.lock"
 LAST_RUN_FILE = "last-run.json"
@@ -29,20 +34,7 @@ class RunOptions:
 
 def run_build(context: BuildContext, options: RunOptions, display: Display) -> BuildSummary:
     """Execute the selected tasks (default: everything up to the wheel)."""
-    from filelock import FileLock, Timeout
-
-    state_dir = context.layout.state_dir
-    state_dir.mkdir(parents=True, exist_ok=True)
-    # doit neither locks its state file nor saves it before the end of a run:
-    # two concurrent runs would both execute everything, and the last writer wins.
-    lock = FileLock(str(state_dir / LOCK_FILE))
-    try:
-        lock.acquire(timeout=options.lock_timeout)
-    except Timeout:
-        raise UsageError(
-            f"another nkibuild build is running in {context.layout.build_dir} "
-            f"(lock {state_dir / LOCK_FILE}); wait for it or use another --build-dir"
-        ) from None
+    lock = acquire_build_lock(context.layout.build_dir, options.lock_timeout)
     # Building and checking thousands of tasks allocates millions of objects and few
     # cycles; CPython's default GC threshold would scan them dozens of times.
     thresholds = gc.get_threshold()
@@ -52,6 +44,24 @@ def run_build(context: BuildContext, options: RunOptions, display: Display) -> B
     finally:
         gc.set_threshold(*thresholds)
         lock.release()
+
+
+def acquire_build_lock(build_dir: Path, timeout: float = 0.0) -> BaseFileLock:
+    """The build dir's lock: doit neither locks its state file nor saves it before the
+    end of a run, so two concurrent runs would both execute everything."""
+    from filelock import FileLock, Timeout
+
+    state_dir = build_dir / "state"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(state_dir / LOCK_FILE))
+    try:
+        lock.acquire(timeout=timeout)
+    except Timeout:
+        raise UsageError(
+            f"another nkibuild build is running in {build_dir} "
+            f"(lock {state_dir / LOCK_FILE}); wait for it or use another --build-dir"
+        ) from None
+    return lock
 
 
 def _run_locked(context: BuildContext, options: RunOptions, display: Display) -> BuildSummary:

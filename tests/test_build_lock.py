@@ -1,0 +1,34 @@
+"""One build at a time per build dir: doit itself would let two runs interleave."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import run_nkibuild
+
+from nkibuild.errors import UsageError
+from nkibuild.graph.run import acquire_build_lock
+
+
+def test_second_build_in_the_same_dir_fails_clearly(example_project: Path) -> None:
+    lock = acquire_build_lock(example_project / "build")
+    try:
+        result = run_nkibuild(["build", "--toolchain", "fake"], example_project)
+        assert result.returncode == 2
+        assert "another nkibuild build is running" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert not (example_project / "build" / "compile").exists()
+        cleaned = run_nkibuild(["clean"], example_project)
+        assert cleaned.returncode == 2
+        assert (example_project / "build").exists()
+    finally:
+        lock.release()
+
+
+def test_lock_is_released_after_a_build(tmp_path: Path) -> None:
+    lock = acquire_build_lock(tmp_path / "build")
+    with pytest.raises(UsageError):
+        acquire_build_lock(tmp_path / "build")
+    lock.release()
+    acquire_build_lock(tmp_path / "build").release()
