@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,7 +112,7 @@ class Built:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     """The example, built once with the toolchain double; tests using it only read."""
     if importlib.util.find_spec("jax") is None:
         pytest.skip("the example's JAX kernels need jax")
@@ -127,7 +126,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
         for name in ("NEURON_CC_FLAGS", "NKIBUILD_TOOLCHAIN", "NKIBUILD_MODE"):
             env.delenv(name, raising=False)
         first = ok(run_nkibuild(["build", "--toolchain", "fake"], project))
-        yield Built(project, first)
+    return Built(project, first)
 
 
 # --- version, help ---------------------------------------------------------------------
@@ -329,6 +328,24 @@ def test_unknown_task_is_a_usage_error(example_project: Path, task: str, hint: s
     assert not (example_project / "build" / "extract").exists()
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG nkibuild/graph/run.py: check_selection accepts any fnmatch glob, but doit "
+    "expands only patterns containing '*' and rejects 'trn?' as an invalid parameter; "
+    "_run_doit ignores DoitMain.run()'s return code, so the build exits 0 having built nothing",
+)
+def test_a_glob_without_a_star_never_claims_success_without_building(
+    example_project: Path,
+) -> None:
+    pattern = "compile:softmax/default/trn?"
+    result = run_nkibuild(["build", "--toolchain", "fake", pattern], example_project)
+    assert "Traceback" not in result.stderr
+    if result.returncode == 0:
+        assert (example_project / "build/compile/softmax/default/trn2/model.neff").is_file()
+    else:
+        assert result.returncode == 2, result.stderr
+
+
 def test_neuron_cc_flags_are_part_of_the_cache_key(hlo_project: Path) -> None:
     def build(env: dict[str, str] | None = None) -> dict:
         command = ["build", "--json", "--toolchain", "fake"]
@@ -402,7 +419,23 @@ def test_clean_all_also_removes_dist(hlo_project: Path) -> None:
     assert result.stdout.splitlines() == ["removed build", "removed dist"]
     assert not (hlo_project / "build").exists()
     assert not (hlo_project / "dist").exists()
-    assert ok(run_nkibuild(["clean", "--all"], hlo_project)).stdout == ""
+
+
+def test_clean_with_nothing_to_remove_says_nothing(hlo_project: Path) -> None:
+    assert ok(run_nkibuild(["clean"], hlo_project)).stdout == ""
+    assert not (hlo_project / "build").exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG nkibuild/cli/commands.py:101 clean --all takes the build lock, which creates "
+    "build/state when build/ is absent, then removes it and prints 'removed build'",
+)
+def test_clean_all_reports_only_what_existed(hlo_project: Path) -> None:
+    (hlo_project / "dist").mkdir()
+    result = ok(run_nkibuild(["clean", "--all"], hlo_project))
+    assert result.stdout.splitlines() == ["removed dist"]
+    assert not (hlo_project / "build").exists()
 
 
 # --- doctor ----------------------------------------------------------------------------

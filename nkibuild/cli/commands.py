@@ -96,16 +96,16 @@ def clean(args: argparse.Namespace) -> int:
     from nkibuild.graph.run import acquire_build_lock
 
     build_dir = Path(args.build_dir)
-    if not build_dir.exists() and not args.all:
-        return EXIT_OK
-    lock = acquire_build_lock(build_dir)  # refuses while a build is running
+    doomed = [d for d in [build_dir, Path(args.dist_dir)][: 2 if args.all else 1] if d.exists()]
+    # Refuse while a build is running; holding the lock keeps one from starting.
+    lock = acquire_build_lock(build_dir) if build_dir.exists() else None
     try:
-        for directory in [build_dir] + ([Path(args.dist_dir)] if args.all else []):
-            if directory.exists():
-                shutil.rmtree(directory)
-                print(f"removed {directory}")
+        for directory in doomed:
+            shutil.rmtree(directory)
+            print(f"removed {directory}")
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
     return EXIT_OK
 
 

@@ -26,6 +26,9 @@ def summary_line(summary: BuildSummary) -> str:
     ]
     if summary.failures:
         parts.append(f"{len(summary.failures)} failed")
+    blocked = summary.names("blocked")
+    if blocked:
+        parts.append(f"{len(blocked)} not run (a dependency failed)")
     return ", ".join(parts)
 
 

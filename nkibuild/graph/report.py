@@ -14,7 +14,7 @@ from typing import Any, Protocol
 @dataclass
 class TaskOutcome:
     name: str
-    status: str  # "done", "up-to-date", "failed", "skipped"
+    status: str  # "done", "up-to-date", "failed", "blocked" (a dependency failed), "skipped"
     seconds: float = 0.0
     detail: str = ""  # e.g. the cache origin of a compile, or the failure message
 
@@ -49,7 +49,7 @@ class BuildSummary:
 
     @property
     def ok(self) -> bool:
-        return not self.failures and not self.runtime_errors
+        return not self.failures and not self.names("blocked") and not self.runtime_errors
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,6 +57,7 @@ class BuildSummary:
             "executed": self.executed,
             "up_to_date": self.up_to_date,
             "failed": {o.name: o.detail for o in self.failures},
+            "blocked": self.names("blocked"),
             "compile_origins": dict(self.origins),
             "runtime_errors": self.runtime_errors,
         }
@@ -103,6 +104,12 @@ class BuildReporter:
             self._record(TaskOutcome(task.name, "done", self._elapsed(task), detail))
 
     def add_failure(self, task: Any, fail: Any) -> None:
+        from doit.exceptions import UnmetDependency
+
+        if isinstance(fail, UnmetDependency):
+            # Under --keep-going doit reports tasks downstream of a failure this way.
+            self._record(TaskOutcome(task.name, "blocked", 0.0, f"needs {fail.message}"))
+            return
         message = fail.get_msg() if getattr(fail, "traceback", None) else fail.message
         self._record(TaskOutcome(task.name, "failed", self._elapsed(task), str(message).rstrip()))
 
