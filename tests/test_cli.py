@@ -426,11 +426,6 @@ def test_clean_with_nothing_to_remove_says_nothing(hlo_project: Path) -> None:
     assert not (hlo_project / "build").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG nkibuild/cli/commands.py:101 clean --all takes the build lock, which creates "
-    "build/state when build/ is absent, then removes it and prints 'removed build'",
-)
 def test_clean_all_reports_only_what_existed(hlo_project: Path) -> None:
     (hlo_project / "dist").mkdir()
     result = ok(run_nkibuild(["clean", "--all"], hlo_project))
@@ -521,12 +516,22 @@ def test_without_keep_going_a_failure_stops_the_build(example_project: Path) -> 
 
 @needs_jax
 def test_keep_going_finishes_the_other_compiles_and_still_exits_1(example_project: Path) -> None:
-    command = ["build", "--keep-going", "--toolchain", "fake", SOFTMAX, "wheel"]
+    command = ["build", "--keep-going", "--json", "--toolchain", "fake", SOFTMAX, "wheel"]
     result = failed(run_nkibuild(command, example_project, env=FAULT_ENV), 1)
     others = [unit for unit in EXAMPLE_UNITS if not unit.startswith("softmax/")]
     neffs = built_files(example_project, "build/compile/*/*/*/model.neff")
     assert neffs == sorted(f"build/compile/{unit}/model.neff" for unit in others)
     assert len(built_files(example_project, "build/compile/scaled_add/*/*/model.neff")) == 4
-    assert "6 compiled" in result.stdout
-    assert "3 failed" in result.stdout  # the compile, then bundle and wheel that need it
     assert not (example_project / "dist").exists()
+    summary = json.loads(result.stdout)
+    assert summary["ok"] is False
+    assert list(summary["failed"]) == [SOFTMAX]
+    assert "exit status: 70" in summary["failed"][SOFTMAX]
+    assert summary["blocked"] == ["bundle", "wheel"]  # not run: not failures of their own
+    assert summary["compile_origins"] == {"compiled": 6}
+    assert (
+        "10 ran, 0 up to date, 6 compiled, 0 compile cache hits, "
+        "1 failed, 2 not run (a dependency failed)\n"
+    ) in result.stderr
+    assert f"{SOFTMAX} failed:" in result.stderr
+    assert "bundle failed" not in result.stderr
