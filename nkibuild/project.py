@@ -40,7 +40,7 @@ def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[Bui
         cached = _read_plan(cache_file, key)
         if cached is not None:
             return cached
-    manifest = load_manifest(path)
+    manifest = load_manifest(manifest_path)  # errors show the path as the user typed it
     units = resolve(manifest)
     if key is not None:
         state_dir.mkdir(parents=True, exist_ok=True)

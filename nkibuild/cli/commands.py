@@ -79,7 +79,11 @@ def validate(args: argparse.Namespace) -> int:
     from nkibuild.plan import resolve
 
     units = resolve(manifest)
-    print(f"{args.manifest}: ok ({len(manifest.kernels)} kernels, {len(units)} build units)")
+    kernels, units_count = len(manifest.kernels), len(units)
+    print(
+        f"{args.manifest}: ok ({kernels} kernel{'s' * (kernels != 1)}, "
+        f"{units_count} build unit{'s' * (units_count != 1)})"
+    )
     return EXIT_OK
 
 

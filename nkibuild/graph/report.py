@@ -81,7 +81,7 @@ class BuildReporter:
         self._started: dict[str, float] = {}
 
     def initialize(self, tasks: dict[str, Any], selected_tasks: list[str]) -> None:
-        self.start(sum(1 for task in tasks.values() if task.actions))
+        self.start(sum(1 for name in _closure(tasks, selected_tasks) if tasks[name].actions))
 
     def start(self, tasks: int) -> None:
         self.summary.selected = tasks
@@ -140,3 +140,16 @@ class BuildReporter:
     def _record(self, outcome: TaskOutcome) -> None:
         self.summary.outcomes.append(outcome)
         self.display.task_finished(outcome)
+
+
+def _closure(tasks: dict[str, Any], selected: list[str]) -> set[str]:
+    """The selected tasks and everything they depend on (what doit may run)."""
+    seen: set[str] = set()
+    pending = [name for name in selected if name in tasks]
+    while pending:
+        name = pending.pop()
+        if name not in seen:
+            seen.add(name)
+            task = tasks[name]
+            pending += [dep for dep in (*task.task_dep, *task.setup_tasks) if dep in tasks]
+    return seen

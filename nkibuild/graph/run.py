@@ -107,8 +107,11 @@ def _run_doit(
         argv += ["-n", str(options.jobs), "-P", "thread"]
     if options.keep_going:
         argv.append("--continue")
-    DoitMain(loader, config_filenames=()).run([*argv, *options.selection])
-    return reporter.summary
+    code = DoitMain(loader, config_filenames=()).run([*argv, *options.selection])
+    summary = reporter.summary
+    if code not in (0, 1) and summary.ok:
+        summary.runtime_errors.append(f"doit stopped before running the tasks (exit {code})")
+    return summary
 
 
 def task_name(task: dict) -> str:
@@ -121,7 +124,9 @@ def check_selection(dicts: list[dict], selection: Sequence[str]) -> None:
         return
     names = [task.name for task in to_tasks(dicts, [])]
     for pattern in selection:
-        if not fnmatch.filter(names, pattern):
+        # As doit: only "*" makes a pattern; anything else names one task (or group).
+        matches = fnmatch.filter(names, pattern) if "*" in pattern else pattern in names
+        if not matches:
             import difflib
 
             close = difflib.get_close_matches(pattern, names, n=3)
