@@ -129,3 +129,11 @@ def describe_returncode(returncode: int) -> str:
         name = f"signal {-returncode}"
     hint = " (likely the out-of-memory killer)" if name == "SIGKILL" else ""
     return f"killed by {name}{hint}"
+
+
+LOG_TAIL_LINES = 30
+
+
+def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a log: what a failure message shows."""
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])

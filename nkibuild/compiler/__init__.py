@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nkibuild.cache import CacheKey, NeffCache, file_sha256
-from nkibuild.errors import BuildError
+from nkibuild.errors import BuildError, tail
 from nkibuild.frontends import HloArtifact
 from nkibuild.fsutil import atomic_copy, atomic_write_text
 from nkibuild.manifest.model import TensorSpec
 from nkibuild.plan import BuildUnit
 from nkibuild.toolchain import Toolchain
-from nkibuild.toolchain.frontend_worker import tail
 
 if TYPE_CHECKING:
     from nkibuild.formats.neff import NeffTensor

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nkibuild.errors import BuildError
+from nkibuild.errors import BuildError, tail
 from nkibuild.fsutil import atomic_output, atomic_write_text
 from nkibuild.manifest.model import TensorSpec
 from nkibuild.plan import ExtractSpec
+from nkibuild.toolchain import Toolchain
 
 if TYPE_CHECKING:
     from nkibuild.formats.hlo import HloModuleInfo
@@ -44,12 +45,12 @@ class HloArtifact:
         return self.directory / HLO_FILE
 
 
-def extract(spec: ExtractSpec, root: Path, out_dir: Path, python: str) -> HloArtifact:
+def extract(spec: ExtractSpec, root: Path, out_dir: Path, toolchain: Toolchain) -> HloArtifact:
     """Produce the HLO artifact for one kernel variant (and target, where it matters)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / METADATA_FILE).unlink(missing_ok=True)
     with atomic_output(out_dir / HLO_FILE) as tmp_hlo:
-        versions = _produce_hlo(spec, root, tmp_hlo, python)
+        versions = _produce_hlo(spec, root, tmp_hlo, toolchain)
         from nkibuild.formats.hlo import HloFormatError, read_hlo
 
         data = tmp_hlo.read_bytes()
@@ -101,15 +102,18 @@ def frontend_versions(frontend: str) -> dict[str, str]:
     return versions
 
 
-def _produce_hlo(spec: ExtractSpec, root: Path, output: Path, python: str) -> dict[str, str]:
+def _produce_hlo(
+    spec: ExtractSpec, root: Path, output: Path, toolchain: Toolchain
+) -> dict[str, str]:
     source = root / spec.source.path
     if spec.frontend == "hlo":
         shutil.copyfile(source, output)
         return {}
     if spec.frontend not in WORKER_FRONTENDS:
         raise BuildError(f"the {spec.frontend!r} frontend is not available yet", unit=spec.name)
-    from nkibuild.toolchain.frontend_worker import run_worker
+    from nkibuild.toolchain.worker_pool import POOL, WorkerKey
 
+    key = WorkerKey(toolchain.python, spec.frontend, spec.target, toolchain.is_fake)
     job = {
         "frontend": spec.frontend,
         "root": str(root),
@@ -119,12 +123,12 @@ def _produce_hlo(spec: ExtractSpec, root: Path, output: Path, python: str) -> di
         "constants": [[name, value] for name, value in spec.constants],
         "output": str(output),
     }
-    (result,) = run_worker(python, [job], timeout=DEFAULT_TIMEOUT_S, unit=spec.name)
+    result = POOL.run(key, job, timeout=DEFAULT_TIMEOUT_S, unit=spec.name)
     if not result["ok"]:
         raise BuildError(
             f"tracing {spec.source} failed: {result['error']}",
             unit=spec.name,
-            log_tail=result["traceback"],
+            log_tail=tail(result["log"] + result["traceback"]),
         )
     return result["versions"]
 

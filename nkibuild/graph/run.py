@@ -43,6 +43,9 @@ def run_build(context: BuildContext, options: RunOptions, display: Display) -> B
         return _run_locked(context, options, display)
     finally:
         gc.set_threshold(*thresholds)
+        from nkibuild.toolchain.worker_pool import POOL
+
+        POOL.close()  # workers live for one build: the next may see changed user code
         lock.release()
 
 

@@ -151,10 +151,12 @@ def _expand_deps(root: Path, patterns: Sequence[str]) -> list[str]:
 
 
 @_guarded
-def run_extract(spec: ExtractSpec, root: Path, out_dir: Path, python: str) -> dict[str, str]:
+def run_extract(
+    spec: ExtractSpec, root: Path, out_dir: Path, toolchain: Toolchain
+) -> dict[str, str]:
     from nkibuild.frontends import extract
 
-    artifact = extract(spec, root, out_dir, python)
+    artifact = extract(spec, root, out_dir, toolchain)
     return {"content_hash": artifact.content_hash}
 
 
@@ -167,7 +169,7 @@ def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
         "basename": "extract",
         "name": spec.name,
         "doc": f"extract HLO from {spec.source} ({spec.frontend})",
-        "actions": [(run_extract, (spec, root, Path(out_dir), context.toolchain.python))],
+        "actions": [(run_extract, (spec, root, Path(out_dir), context.toolchain))],
         "file_dep": [_path(root / spec.source.path), *_expand_deps(root, spec.deps)],
         "targets": [os.path.join(out_dir, name) for name in ARTIFACT_FILES],
         "uptodate": [
