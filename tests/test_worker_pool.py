@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ pytest.importorskip("jax")
 KERNELS = """\
 import os
 import sys
+from collections.abc import Iterator
 import time
 
 import jax.numpy as jnp
@@ -60,7 +62,7 @@ def job(root: Path, function: str, output: Path) -> dict:
 
 
 @pytest.fixture
-def pool(tmp_path: Path):  # noqa: ANN201
+def pool(tmp_path: Path) -> Iterator[WorkerPool]:
     (tmp_path / "k.py").write_text(KERNELS)
     workers = WorkerPool()
     yield workers
@@ -107,7 +109,9 @@ def test_a_hanging_kernel_is_killed_after_the_timeout(pool: WorkerPool, tmp_path
     assert after["ok"]
 
 
-def test_worker_environment_is_clean(pool: WorkerPool, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_worker_environment_is_clean(
+    pool: WorkerPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SECRET_TOKEN", "do-not-leak")
     monkeypatch.setenv("NEURON_RT_LOG_LEVEL", "INFO")
     (tmp_path / "k.py").write_text(
