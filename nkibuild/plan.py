@@ -34,6 +34,7 @@ class ExtractSpec:
     constants: tuple[tuple[str, Constant], ...]
     deps: tuple[str, ...]
     target: str | None  # None: the frontend's output does not depend on the target
+    lnc: int | None = None  # the launch grid, for frontends whose trace depends on it (nki)
 
     @property
     def name(self) -> str:
@@ -138,6 +139,8 @@ def layer_settings(*layers: CompileSettings) -> CompileSettings:
 
 
 def _unit(kernel: Kernel, variant: Variant, target: str, settings: CompileSettings) -> BuildUnit:
+    lnc = settings.lnc if settings.lnc is not None else AUTO_LNC[target]
+    per_target = kernel.frontend in TARGET_DEPENDENT_FRONTENDS
     extract = ExtractSpec(
         kernel=kernel.name,
         variant=variant.name,
@@ -146,12 +149,13 @@ def _unit(kernel: Kernel, variant: Variant, target: str, settings: CompileSettin
         inputs=variant.inputs,
         constants=kernel.constants,
         deps=kernel.deps,
-        target=target if kernel.frontend in TARGET_DEPENDENT_FRONTENDS else None,
+        target=target if per_target else None,
+        lnc=lnc if per_target else None,
     )
     return BuildUnit(
         extract=extract,
         target=target,
-        lnc=settings.lnc if settings.lnc is not None else AUTO_LNC[target],
+        lnc=lnc,
         optlevel=_required(settings.optlevel),
         auto_cast=_required(settings.auto_cast),
         auto_cast_type=_required(settings.auto_cast_type),

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 NEFF_FILE = "model.neff"
 LOG_FILE = "compile.log"
+HLO_INPUT = "model.hlo_module.pb"
 RESULT_FILE = "result.json"
 COMPILE_OUTPUTS = (NEFF_FILE, RESULT_FILE)
 
@@ -143,8 +144,10 @@ def _run_compiler(
     # neuronx-cc has no work-dir flag: the cwd is its work dir, so each compile gets its own.
     work = Path(tempfile.mkdtemp(prefix=".work-", dir=out_dir))
     try:
-        output, log = work / NEFF_FILE, work / LOG_FILE
-        command = compiler_command(unit, toolchain, artifact.hlo_path.resolve(), output, log)
+        output, log, hlo = work / NEFF_FILE, work / LOG_FILE, work / HLO_INPUT
+        # The artifact may have been built elsewhere: point its references here first.
+        hlo.write_bytes(artifact.compilable_hlo())
+        command = compiler_command(unit, toolchain, hlo, output, log)
         returncode = _execute(command, work, timeout, unit.name)
         if log.exists():
             atomic_copy(log, out_dir / LOG_FILE)

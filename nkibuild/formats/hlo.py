@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from nkibuild.dtypes import BY_HLO_TYPE, hlo_type_name
+from nkibuild.dtypes import BY_HLO_TYPE, BY_NAME, hlo_type_name
 from nkibuild.errors import NkibuildError
 
 TUPLE_TYPE = 13  # xla PrimitiveType.TUPLE
@@ -125,6 +125,7 @@ _MESSAGES: dict[str, tuple[tuple[str, int, int, int, str | None], ...]] = {
         ("parameter_number", 9, _F.TYPE_INT64, _F.LABEL_OPTIONAL, None),
         ("custom_call_target", 28, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
         ("id", 35, _F.TYPE_INT64, _F.LABEL_OPTIONAL, None),
+        ("operand_ids", 36, _F.TYPE_INT64, _F.LABEL_REPEATED, None),
         # bytes, not string: some custom-calls carry non-UTF-8 configs.
         ("backend_config", 43, _F.TYPE_BYTES, _F.LABEL_OPTIONAL, None),
     ),
@@ -165,11 +166,21 @@ def _schema() -> descriptor_pb2.FileDescriptorProto:
 
 
 @functools.cache
-def _module_class() -> Any:
+def _pool() -> descriptor_pool.DescriptorPool:
     # A private pool: the default one may already hold XLA's real hlo.proto (jax, nkipy).
     pool = descriptor_pool.DescriptorPool()
     pool.Add(_schema())
-    descriptor = pool.FindMessageTypeByName(f"{_PACKAGE}.HloModuleProto")
+    return pool
+
+
+def _module_class() -> Any:
+    return _message_class("HloModuleProto")
+
+
+@functools.cache
+def _message_class(name: str) -> Any:
+    pool = _pool()
+    descriptor = pool.FindMessageTypeByName(f"{_PACKAGE}.{name}")
     get_message_class = getattr(message_factory, "GetMessageClass", None)
     if get_message_class is not None:
         return get_message_class(descriptor)
@@ -298,3 +309,96 @@ def _custom_calls(computations: Iterable[Any]) -> Iterable[HloCustomCall]:
                     target=instruction.custom_call_target,
                     backend_config=bytes(instruction.backend_config),
                 )
+
+
+# --- writing ---------------------------------------------------------------------------
+
+
+def rewrite_backend_configs(data: bytes, rewrite: Callable[[str, bytes], bytes | None]) -> bytes:
+    """Apply `rewrite(target, backend_config)` to every custom-call; None keeps a config.
+
+    Returns `data` itself when nothing changed: re-serializing may reorder the
+    fields this subset does not declare, so bytes are rewritten only when needed.
+    """
+    module = _module_class()()
+    module.ParseFromString(bytes(data))
+    changed = False
+    for computation in module.computations:
+        for instruction in computation.instructions:
+            if not instruction.custom_call_target:
+                continue
+            new = rewrite(instruction.custom_call_target, bytes(instruction.backend_config))
+            if new is not None and new != instruction.backend_config:
+                instruction.backend_config = new
+                changed = True
+    return module.SerializeToString() if changed else data
+
+
+def without_module_id(data: bytes) -> bytes:
+    """The module with its `id` cleared.
+
+    Tracers number modules per process (JAX counts lowerings), so a worker that
+    traces several kernels would give the same kernel different bytes depending
+    on what it traced before. The id means nothing to the compiler.
+    """
+    module = _module_class()()
+    module.ParseFromString(bytes(data))
+    if not module.id:
+        return data
+    module.id = 0
+    return module.SerializeToString()
+
+
+def build_hlo_module(
+    name: str,
+    parameters: Sequence[tuple[str, str, Sequence[int]]],
+    results: Sequence[tuple[str, Sequence[int]]],
+    custom_call: tuple[str, bytes] | None = None,
+) -> bytes:
+    """A minimal valid module: parameters, one custom-call (or a copy) as the root.
+
+    Used by nkibuild's toolchain double to stand in for what torch-xla and nkipy dump.
+    """
+    module = _module_class()()
+    module.name = name
+    module.id = 1
+    entry = module.computations.add(name=f"{name}.entry", id=1)
+    module.entry_computation_name = entry.name
+    module.entry_computation_id = entry.id
+    program = module.host_program_shape
+    for number, (param_name, dtype, dims) in enumerate(parameters):
+        shape = _array_shape(dtype, dims)
+        entry.instructions.add(
+            name=param_name, opcode="parameter", parameter_number=number, id=number + 1
+        ).shape.CopyFrom(shape)
+        program.parameters.add().CopyFrom(shape)
+        program.parameter_names.append(param_name)
+    result = _result_shape(results)
+    root = entry.instructions.add(name="root", id=len(parameters) + 1)
+    root.operand_ids.extend(range(1, len(parameters) + 1))
+    if custom_call is not None:
+        root.opcode, root.custom_call_target = "custom-call", custom_call[0]
+        root.backend_config = custom_call[1]
+    else:
+        root.opcode = "copy" if parameters else "constant"
+    root.shape.CopyFrom(result)
+    entry.root_id = root.id
+    program.result.CopyFrom(result)
+    return module.SerializeToString()
+
+
+def _array_shape(dtype: str, dims: Sequence[int]) -> Any:
+    shape = _message_class("ShapeProto")()
+    shape.element_type = BY_NAME[dtype].hlo_type
+    shape.dimensions.extend(int(d) for d in dims)
+    return shape
+
+
+def _result_shape(results: Sequence[tuple[str, Sequence[int]]]) -> Any:
+    if len(results) == 1:
+        return _array_shape(*results[0])
+    shape = _message_class("ShapeProto")()
+    shape.element_type = TUPLE_TYPE
+    for dtype, dims in results:
+        shape.tuple_shapes.add().CopyFrom(_array_shape(dtype, dims))
+    return shape

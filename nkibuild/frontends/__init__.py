@@ -7,7 +7,6 @@ written metadata-last so a present `artifact.json` means a complete artifact.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 HLO_FILE = "model.hlo_module.pb"
 METADATA_FILE = "artifact.json"
 ARTIFACT_FILES = (HLO_FILE, METADATA_FILE)
-WORKER_FRONTENDS = frozenset({"jax"})
+WORKER_FRONTENDS = frozenset({"jax", "nkipy", "nki"})
 DEFAULT_TIMEOUT_S = 900.0
 
 
@@ -39,10 +38,21 @@ class HloArtifact:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     toolchain: tuple[tuple[str, str], ...]
+    sidecars: tuple[str, ...] = ()  # files the module refers to, relative to `directory`
 
     @property
     def hlo_path(self) -> Path:
         return self.directory / HLO_FILE
+
+    def portable_hlo(self) -> bytes:
+        """The module as stored: references to sidecars are artifact-relative."""
+        return self.hlo_path.read_bytes()
+
+    def compilable_hlo(self) -> bytes:
+        """The module with sidecar references pointing at this artifact's absolute paths."""
+        from nkibuild.frontends.relocation import materialize
+
+        return materialize(self.portable_hlo(), self.directory)
 
 
 def extract(spec: ExtractSpec, root: Path, out_dir: Path, toolchain: Toolchain) -> HloArtifact:
@@ -51,18 +61,16 @@ def extract(spec: ExtractSpec, root: Path, out_dir: Path, toolchain: Toolchain) 
     (out_dir / METADATA_FILE).unlink(missing_ok=True)
     with atomic_output(out_dir / HLO_FILE) as tmp_hlo:
         versions = _produce_hlo(spec, root, tmp_hlo, toolchain)
-        from nkibuild.formats.hlo import HloFormatError, read_hlo
-
-        data = tmp_hlo.read_bytes()
-        try:
-            module = read_hlo(data)
-        except HloFormatError as error:
-            raise BuildError(f"the HLO module is not valid: {error}", unit=spec.name) from None
+        module = _read(tmp_hlo.read_bytes(), spec)  # validates before anything else parses it
+        data, sidecars = _relocated(_canonical(tmp_hlo.read_bytes()), out_dir, spec)
+        tmp_hlo.write_bytes(data)
     inputs = _check_signature(spec, module)
+    from nkibuild.frontends.relocation import normalized_hash
+
     artifact = HloArtifact(
         directory=out_dir,
         frontend=spec.frontend,
-        content_hash=hashlib.sha256(data).hexdigest(),
+        content_hash=normalized_hash(data, out_dir, sidecars),
         module_name=module.name,
         inputs=inputs,
         outputs=tuple(
@@ -70,9 +78,36 @@ def extract(spec: ExtractSpec, root: Path, out_dir: Path, toolchain: Toolchain) 
             for index, shape in enumerate(module.outputs())
         ),
         toolchain=tuple(sorted(versions.items())),
+        sidecars=tuple(sidecars),
     )
     atomic_write_text(out_dir / METADATA_FILE, json.dumps(_to_json(artifact), indent=2))
     return artifact
+
+
+def _relocated(data: bytes, out_dir: Path, spec: ExtractSpec) -> tuple[bytes, list[str]]:
+    """Copy files the module names by absolute path into the artifact (NKI's BIR files)."""
+    from nkibuild.frontends.relocation import SIDECAR_DIR, relocate
+
+    shutil.rmtree(out_dir / SIDECAR_DIR, ignore_errors=True)  # no stale sidecars
+    try:
+        return relocate(data, out_dir)
+    except BuildError as error:
+        raise BuildError(error.message, unit=spec.name, log_tail=error.log_tail) from None
+
+
+def _canonical(data: bytes) -> bytes:
+    from nkibuild.formats.hlo import without_module_id
+
+    return without_module_id(data)
+
+
+def _read(data: bytes, spec: ExtractSpec) -> HloModuleInfo:
+    from nkibuild.formats.hlo import HloFormatError, read_hlo
+
+    try:
+        return read_hlo(data)
+    except HloFormatError as error:
+        raise BuildError(f"the HLO module is not valid: {error}", unit=spec.name) from None
 
 
 def load_artifact(directory: Path) -> HloArtifact:
@@ -85,6 +120,7 @@ def load_artifact(directory: Path) -> HloArtifact:
         inputs=_specs(data["inputs"]),
         outputs=_specs(data["outputs"]),
         toolchain=tuple((name, version) for name, version in data["toolchain"].items()),
+        sidecars=tuple(data.get("sidecars", ())),
     )
 
 
@@ -121,6 +157,7 @@ def _produce_hlo(
         "function": spec.source.function,
         "inputs": [t.to_json() for t in spec.inputs],
         "constants": [[name, value] for name, value in spec.constants],
+        "lnc": spec.lnc,
         "output": str(output),
     }
     result = POOL.run(key, job, timeout=DEFAULT_TIMEOUT_S, unit=spec.name)
@@ -167,6 +204,7 @@ def _to_json(artifact: HloArtifact) -> dict[str, object]:
         "inputs": [t.to_json() for t in artifact.inputs],
         "outputs": [t.to_json() for t in artifact.outputs],
         "toolchain": dict(artifact.toolchain),
+        "sidecars": list(artifact.sidecars),
     }
 
 

@@ -135,6 +135,7 @@ def _extract_config(spec: ExtractSpec, versions: dict[str, str]) -> dict[str, An
         "inputs": [t.to_json() for t in spec.inputs],
         "constants": [[name, value] for name, value in spec.constants],
         "target": spec.target,
+        "lnc": spec.lnc,
         "versions": versions,
         "nkibuild": __version__,
     }

@@ -1,0 +1,128 @@
+"""Make HLO modules relocatable: files they name by absolute path travel with the artifact.
+
+An NKI kernel's module holds a custom-call (`AwsNeuronCustomNativeKernel`) whose
+backend_config is base64 JSON naming the kernel's compiled BIR file by absolute
+local path. Such a module compiles only on the machine, and in the directory,
+where it was extracted. `relocate` copies every referenced file into the artifact
+(content-addressed names) and rewrites the reference to an artifact-relative
+marker; `materialize` turns markers back into absolute paths just before
+compiling, wherever the artifact now lives.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from nkibuild.errors import BuildError
+from nkibuild.formats.hlo import read_hlo, rewrite_backend_configs
+
+NKI_CUSTOM_CALL = "AwsNeuronCustomNativeKernel"
+SIDECAR_DIR = "sidecars"
+MARKER = "nkibuild-artifact:"
+
+
+def relocate(data: bytes, artifact_dir: Path) -> tuple[bytes, list[str]]:
+    """Copy referenced files into `artifact_dir/sidecars/`; return the rewritten module."""
+    sidecars: set[str] = set()
+
+    def to_marker(path: str) -> str:
+        source = Path(path)
+        if not source.is_file():
+            raise BuildError(
+                f"the HLO module's {NKI_CUSTOM_CALL} custom-call refers to {path}, "
+                "which does not exist: the kernel's compiled file cannot be carried along"
+            )
+        content = source.read_bytes()
+        relative = f"{SIDECAR_DIR}/{hashlib.sha256(content).hexdigest()[:16]}-{source.name}"
+        target = artifact_dir / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        sidecars.add(relative)
+        return MARKER + relative
+
+    rewritten = _rewrite_paths(data, lambda value: os.path.isabs(value), to_marker)
+    return rewritten, sorted(sidecars)
+
+
+def materialize(data: bytes, artifact_dir: Path) -> bytes:
+    """Markers back to absolute paths under `artifact_dir` (for the compiler)."""
+    base = artifact_dir.resolve()
+    return _rewrite_paths(
+        data,
+        lambda value: value.startswith(MARKER),
+        lambda value: str(base / value[len(MARKER) :]),
+    )
+
+
+def normalized_hash(data: bytes, artifact_dir: Path, sidecars: Sequence[str]) -> str:
+    """Hash of the relocated module and its sidecars: equal for equal kernels anywhere."""
+    digest = hashlib.sha256(data)
+    for relative in sorted(sidecars):
+        digest.update(b"\0" + relative.encode() + b"\0")
+        digest.update((artifact_dir / relative).read_bytes())
+    return digest.hexdigest()
+
+
+def local_references(data: bytes) -> list[tuple[str, str]]:
+    """(instruction, absolute path) pairs still present in NKI custom-calls."""
+    found: list[tuple[str, str]] = []
+    for call in read_hlo(data).custom_calls:
+        config = _decode(call.backend_config) if call.target == NKI_CUSTOM_CALL else None
+        if config is not None:
+            found += [
+                (call.instruction, value) for value in _strings(config[0]) if os.path.isabs(value)
+            ]
+    return found
+
+
+def _rewrite_paths(
+    data: bytes, wanted: Callable[[str], bool], replace: Callable[[str], str]
+) -> bytes:
+    def rewrite(target: str, backend_config: bytes) -> bytes | None:
+        if target != NKI_CUSTOM_CALL:
+            return None
+        decoded = _decode(backend_config)
+        if decoded is None:
+            return None  # not base64 JSON: nothing nkibuild knows how to relocate
+        config, altchars = decoded
+        new = _map_strings(config, lambda value: replace(value) if wanted(value) else value)
+        if new == config:
+            return None
+        text = json.dumps(new, sort_keys=True, separators=(",", ":")).encode()
+        return base64.b64encode(text, altchars=altchars)
+
+    return rewrite_backend_configs(data, rewrite)
+
+
+def _decode(backend_config: bytes) -> tuple[Any, bytes | None] | None:
+    """(JSON value, base64 altchars) or None when the config is not base64 JSON."""
+    altchars = b"-_" if (b"-" in backend_config or b"_" in backend_config) else None
+    try:
+        text = base64.b64decode(backend_config, altchars=altchars, validate=True)
+        return json.loads(text), altchars
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _strings(value: Any) -> list[str]:
+    found: list[str] = []
+    _map_strings(value, lambda text: found.append(text) or text)
+    return found
+
+
+def _map_strings(value: Any, function: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return function(value)
+    if isinstance(value, list):
+        return [_map_strings(item, function) for item in value]
+    if isinstance(value, dict):
+        return {key: _map_strings(item, function) for key, item in value.items()}
+    return value
