@@ -334,17 +334,16 @@ def rewrite_backend_configs(data: bytes, rewrite: Callable[[str, bytes], bytes |
     return module.SerializeToString() if changed else data
 
 
-def without_module_id(data: bytes) -> bytes:
-    """The module with its `id` cleared.
+def canonical_module(data: bytes) -> bytes:
+    """The module with its `id` cleared, in one serialization.
 
     Tracers number modules per process (JAX counts lowerings), so a worker that
     traces several kernels would give the same kernel different bytes depending
-    on what it traced before. The id means nothing to the compiler.
+    on what it traced before; the id means nothing to the compiler. Always
+    re-serializing (not only when the id was set) makes equal modules equal bytes.
     """
     module = _module_class()()
     module.ParseFromString(bytes(data))
-    if not module.id:
-        return data
     module.id = 0
     return module.SerializeToString()
 

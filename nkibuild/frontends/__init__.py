@@ -96,9 +96,9 @@ def _relocated(data: bytes, out_dir: Path, spec: ExtractSpec) -> tuple[bytes, li
 
 
 def _canonical(data: bytes) -> bytes:
-    from nkibuild.formats.hlo import without_module_id
+    from nkibuild.formats.hlo import canonical_module
 
-    return without_module_id(data)
+    return canonical_module(data)
 
 
 def _read(data: bytes, spec: ExtractSpec) -> HloModuleInfo:
@@ -128,7 +128,11 @@ def frontend_versions(frontend: str) -> dict[str, str]:
     """Installed versions of a frontend's packages, without importing them."""
     from importlib import metadata
 
-    packages = {"jax": ("jax", "jaxlib"), "hlo": ()}.get(frontend, ())
+    packages = {
+        "jax": ("jax", "jaxlib"),
+        "nki": ("nki", "torch-xla", "torch-neuronx"),
+        "nkipy": ("nkipy",),
+    }.get(frontend, ())
     versions = {}
     for package in packages:
         try:

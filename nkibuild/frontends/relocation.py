@@ -48,14 +48,14 @@ def relocate(data: bytes, artifact_dir: Path) -> tuple[bytes, list[str]]:
         sidecars.add(relative)
         return MARKER + relative
 
-    rewritten = _rewrite_paths(data, lambda value: os.path.isabs(value), to_marker)
+    rewritten = rewrite_paths(data, lambda value: os.path.isabs(value), to_marker)
     return rewritten, sorted(sidecars)
 
 
 def materialize(data: bytes, artifact_dir: Path) -> bytes:
     """Markers back to absolute paths under `artifact_dir` (for the compiler)."""
     base = artifact_dir.resolve()
-    return _rewrite_paths(
+    return rewrite_paths(
         data,
         lambda value: value.startswith(MARKER),
         lambda value: str(base / value[len(MARKER) :]),
@@ -83,7 +83,7 @@ def local_references(data: bytes) -> list[tuple[str, str]]:
     return found
 
 
-def _rewrite_paths(
+def rewrite_paths(
     data: bytes, wanted: Callable[[str], bool], replace: Callable[[str], str]
 ) -> bytes:
     def rewrite(target: str, backend_config: bytes) -> bytes | None:

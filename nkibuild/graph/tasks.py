@@ -126,7 +126,7 @@ def _frontend_versions(context: BuildContext, frontend: str) -> dict[str, str]:
     return versions[frontend]
 
 
-def _extract_config(spec: ExtractSpec, versions: dict[str, str]) -> dict[str, Any]:
+def _extract_config(spec: ExtractSpec, versions: dict[str, str], toolchain: str) -> dict[str, Any]:
     # Source positions are left out on purpose: moving a kernel within the
     # manifest must not re-extract it.
     return {
@@ -137,6 +137,7 @@ def _extract_config(spec: ExtractSpec, versions: dict[str, str]) -> dict[str, An
         "target": spec.target,
         "lnc": spec.lnc,
         "versions": versions,
+        "toolchain": toolchain,  # the double's fake frontends trace differently
         "nkibuild": __version__,
     }
 
@@ -166,6 +167,7 @@ def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
 
     root = context.manifest.root
     out_dir = context.layout.extract_path(spec)
+    versions = _frontend_versions(context, spec.frontend)
     return {
         "basename": "extract",
         "name": spec.name,
@@ -173,9 +175,7 @@ def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
         "actions": [(run_extract, (spec, root, Path(out_dir), context.toolchain))],
         "file_dep": [_path(root / spec.source.path), *_expand_deps(root, spec.deps)],
         "targets": [os.path.join(out_dir, name) for name in ARTIFACT_FILES],
-        "uptodate": [
-            config_changed(_extract_config(spec, _frontend_versions(context, spec.frontend)))
-        ],
+        "uptodate": [config_changed(_extract_config(spec, versions, context.toolchain.mode))],
         "clean": True,
     }
 

@@ -272,6 +272,25 @@ def _garbage() -> bytes:
     return b"".join(blocks)
 
 
+def _content_identity(path: str) -> str:
+    """sha256 of the HLO with each file it names replaced by that file's own sha256.
+
+    Like a compiler that reads the kernel's compiled BIR file rather than
+    recording where it was, so the NEFF depends on what is compiled, not on the
+    directory the artifact sits in.
+    """
+    from nkibuild.frontends.relocation import rewrite_paths
+
+    with open(path, "rb") as f:
+        data = f.read()
+
+    def file_digest(reference: str) -> str:
+        with open(reference, "rb") as referenced:
+            return "sha256:" + hashlib.sha256(referenced.read()).hexdigest()
+
+    return hashlib.sha256(rewrite_paths(data, os.path.isfile, file_digest)).hexdigest()
+
+
 def _portable(argv: list[str], args: argparse.Namespace) -> list[str]:
     """argv with file paths cut to their names: the NEFF must not depend on where it was built."""
     paths = {str(p) for p in (args.input, args.output, args.logfile) if p}
@@ -285,8 +304,7 @@ def _write_placeholder(args: argparse.Namespace, argv: list[str], lnc: int, log:
 
     try:
         module = read_hlo_file(args.input)
-        with open(args.input, "rb") as f:
-            input_sha256 = hashlib.sha256(f.read()).hexdigest()
+        input_sha256 = _content_identity(args.input)
     except (HloFormatError, OSError) as exc:
         raise _CompileError(f"cannot read the HLO module: {exc}", EXIT_HLO_ERROR) from None
     log.info(

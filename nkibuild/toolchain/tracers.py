@@ -73,3 +73,76 @@ def trace_jax(job: Job) -> tuple[bytes, dict[str, str]]:
 
 
 TRACERS: dict[str, Tracer] = {"jax": trace_jax}
+
+
+def sample_arrays(job: Job) -> list[Any]:
+    """Zero-filled NumPy arrays of the job's input shapes and dtypes."""
+    import ml_dtypes
+    import numpy as np
+
+    def dtype(name: str) -> Any:
+        return ml_dtypes.bfloat16 if name == "bfloat16" else np.dtype(name)
+
+    return [np.zeros(tuple(t["shape"]), dtype(t["dtype"])) for t in job["inputs"]]
+
+
+def package_version(module: Any, distribution: str) -> str:
+    """Installed version; the toolchain double's modules say so instead."""
+    from importlib import metadata
+
+    if "/nkibuild/testing/fakes/" in (getattr(module, "__file__", "") or ""):
+        return f"fake ({getattr(module, '__version__', 'nkibuild toolchain double')})"
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return str(getattr(module, "__version__", "unknown"))
+
+
+def trace_nkipy(job: Job) -> tuple[bytes, dict[str, str]]:
+    import nkipy
+    from nkipy.core.trace import NKIPyKernel
+
+    function = load_function(job["root"], job["path"], job["function"])
+    constants = {name: freeze(value) for name, value in job["constants"]}
+    kernel = NKIPyKernel.trace(function)
+    kernel.specialize(*sample_arrays(job), **constants)
+    proto = kernel._code.to_proto().SerializeToString()
+    return proto, {"nkipy": package_version(nkipy, "nkipy")}
+
+
+def trace_nki(job: Job) -> tuple[bytes, dict[str, str]]:
+    """Run the kernel on XLA tensors with graph extraction on, then harvest its module.
+
+    The worker was started with NEURON_EXTRACT_GRAPHS_ONLY=1,
+    NEURON_COMPILE_CACHE_URL=job["cache_dir"] and NEURON_PLATFORM_TARGET_OVERRIDE.
+    """
+    import nki
+    import torch
+    import torch_xla.core.xla_model as xm
+    from nki._torch_xla import PyTorchXLAKernel
+
+    from nkibuild.frontends.harvest import choose_kernel_module, find_modules, module_dirs
+
+    cache_dir = Path(job["cache_dir"])
+    seen = module_dirs(cache_dir)
+    kernel = load_function(job["root"], job["path"], job["function"])
+    constants = {name: freeze(value) for name, value in job["constants"]}
+    device = xm.xla_device()
+    tensors = [
+        torch.zeros(tuple(t["shape"]), dtype=getattr(torch, t["dtype"])).to(device)
+        for t in job["inputs"]
+    ]
+    if job.get("lnc") and hasattr(kernel, "__getitem__"):
+        kernel = kernel[job["lnc"]]  # nki.jit kernels take the launch grid as kernel[lnc]
+    PyTorchXLAKernel(func=kernel)(*tensors, **constants)
+    xm.mark_step()
+    module = choose_kernel_module(find_modules(cache_dir, since=seen), job["function"])
+    return module.hlo, {
+        "nki": package_version(nki, "nki"),
+        "torch_xla": package_version(sys.modules["torch_xla"], "torch-xla"),
+        "compile_flags": " ".join(module.flags),
+    }
+
+
+TRACERS["nkipy"] = trace_nkipy
+TRACERS["nki"] = trace_nki

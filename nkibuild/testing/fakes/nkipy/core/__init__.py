@@ -1,0 +1,1 @@
+"""nkibuild toolchain double: fake `nkipy.core`."""

@@ -1,0 +1,1 @@
+"""nkibuild toolchain double: fake torch_xla (graph extraction only, no device)."""

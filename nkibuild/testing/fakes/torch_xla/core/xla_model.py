@@ -1,0 +1,93 @@
+"""nkibuild toolchain double: fake `torch_xla.core.xla_model`.
+
+Like the real one under `NEURON_EXTRACT_GRAPHS_ONLY=1`, `mark_step()` dumps each
+pending graph to `$NEURON_COMPILE_CACHE_URL/neuronxcc-<version>/MODULE_<hash>+<hash>/`
+as `model.hlo_module.pb` + `compile_flags.json`, one module per graph, including
+runtime glue next to the kernel's module. It cannot execute anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nkibuild.formats.hlo import build_hlo_module
+
+COMPILER_DIR = "neuronxcc-2.23.0.0+nkibuild.fake"
+
+
+@dataclass(frozen=True)
+class Device:
+    index: int = 0
+
+    def __str__(self) -> str:
+        return f"xla:{self.index}"
+
+
+@dataclass
+class Graph:
+    """What one traced step contains: tensors in, tensors out, optional custom-call."""
+
+    name: str
+    inputs: list[tuple[str, str, tuple[int, ...]]]
+    outputs: list[tuple[str, tuple[int, ...]]]
+    custom_call: tuple[str, bytes] | None = None
+
+
+@dataclass
+class _Pending:
+    graphs: list[Graph] = field(default_factory=list)
+
+
+PENDING = _Pending()
+
+
+def xla_device() -> Device:
+    return Device()
+
+
+def record(graph: Graph) -> None:
+    PENDING.graphs.append(graph)
+
+
+def mark_step() -> None:
+    if os.environ.get("NEURON_EXTRACT_GRAPHS_ONLY") != "1":
+        raise RuntimeError(
+            "nkibuild's toolchain double cannot execute on a device: "
+            "set NEURON_EXTRACT_GRAPHS_ONLY=1 to dump graphs instead"
+        )
+    cache = Path(os.environ["NEURON_COMPILE_CACHE_URL"]) / COMPILER_DIR
+    flags = [
+        "--framework=XLA",
+        f"--target={os.environ.get('NEURON_PLATFORM_TARGET_OVERRIDE', 'trn2')}",
+    ]
+    graphs, PENDING.graphs = PENDING.graphs, []
+    for graph in graphs:
+        for module in (_glue(graph), _kernel_module(graph)):
+            _dump(cache, module, flags)
+
+
+def _glue(graph: Graph) -> bytes:
+    # Parameter loading: touches every input several times, so it is often the
+    # largest module of the step although it holds no kernel.
+    results = [(dtype, dims) for _, dtype, dims in graph.inputs] * 4
+    return build_hlo_module(f"SyncTensorsGraph.{graph.name}.params", graph.inputs, results)
+
+
+def _kernel_module(graph: Graph) -> bytes:
+    return build_hlo_module(
+        f"SyncTensorsGraph.{graph.name}", graph.inputs, graph.outputs, graph.custom_call
+    )
+
+
+def _dump(cache: Path, module: bytes, flags: list[str]) -> None:
+    flag_text = json.dumps(flags)
+    graph_hash = hashlib.sha256(module).hexdigest()[:20]
+    flags_hash = hashlib.sha256(flag_text.encode()).hexdigest()[:8]
+    directory = cache / f"MODULE_{graph_hash}+{flags_hash}"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "model.hlo_module.pb").write_bytes(module)
+    (directory / "compile_flags.json").write_text(flag_text)
