@@ -235,3 +235,35 @@ def test_retracing_in_one_worker_gives_identical_artifacts(tmp_path: Path) -> No
     assert build(project).ok
     first = (artifact_dir(project, "twice/a") / "model.hlo_module.pb").read_bytes()
     assert first == (artifact_dir(project, "twice/c") / "model.hlo_module.pb").read_bytes()
+
+
+def test_fake_nki_simulate_runs_the_example_matmul(tmp_path: Path) -> None:
+    example = Path(__file__).parents[1] / "examples" / "nki-nkipy" / "kernels" / "nki_kernels.py"
+    script = (
+        "import importlib.util, numpy as np\n"
+        f"spec = importlib.util.spec_from_file_location('k', {str(example)!r})\n"
+        "k = importlib.util.module_from_spec(spec); spec.loader.exec_module(k)\n"
+        "import nki\n"
+        "rng = np.random.default_rng(1)\n"
+        "lhsT = rng.standard_normal((256, 128), dtype=np.float32)\n"
+        "rhs = rng.standard_normal((256, 512), dtype=np.float32)\n"
+        "out = nki.simulate(k.matmul_tiled)(lhsT, rhs)\n"
+        "np.testing.assert_allclose(out, lhsT.T @ rhs, rtol=1e-4, atol=1e-4)\n"
+        "print('ok', out.shape)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(FAKES_DIR)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok (128, 512)"
+
+
+def test_workers_remove_their_temp_dirs(project: Path) -> None:
+    from nkibuild.toolchain.worker_pool import Worker, WorkerKey
+
+    worker = Worker(WorkerKey(sys.executable, "nki", "trn2", fake=True))
+    scratch = worker.scratch
+    assert worker.cache_dir.is_dir()
+    worker.close()
+    assert not scratch.exists()
