@@ -166,3 +166,16 @@ def test_selected_tasks_never_use_or_write_the_proof(built: Path) -> None:
     assert summary.executed == []
     assert summary.up_to_date == ["extract:softmax/default", "compile:softmax/default/trn2"]
     assert not stamp.exists()
+
+
+def test_a_passed_variable_reruns_extraction_only(
+    built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NKIBUILD_PASS_ENV", "KERNEL_TUNING")
+    monkeypatch.setenv("KERNEL_TUNING", "1")
+    first = build(built)
+    assert len(ran(first, "extract:")) == 4  # the variable entered every extraction's check
+    monkeypatch.setenv("KERNEL_TUNING", "2")
+    second = build(built)
+    assert len(ran(second, "extract:")) == 4
+    assert ran(second, "compile:") == set()  # same HLO: nothing to recompile

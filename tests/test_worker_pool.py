@@ -122,6 +122,15 @@ def test_worker_environment_is_clean(
     )
     result = pool.run(KEY, job(tmp_path, "env_probe", tmp_path / "e.pb"), timeout=120, unit="e")
     assert "SECRET=absent" in result["log"] and "NEURON=INFO" in result["log"]
+    monkeypatch.setenv("NKIBUILD_PASS_ENV", "SECRET_TOKEN")  # the user asks for it
+    other = WorkerPool()
+    try:
+        passed = other.run(
+            KEY, job(tmp_path, "env_probe", tmp_path / "f.pb"), timeout=120, unit="f"
+        )
+    finally:
+        other.close()
+    assert "SECRET=do-not-leak" in passed["log"]
 
 
 def test_misbehaving_kernels_fail_alone_under_keep_going(tmp_path: Path) -> None:

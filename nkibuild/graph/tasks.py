@@ -24,6 +24,7 @@ from nkibuild.errors import NkibuildError
 from nkibuild.manifest.model import Kernel, Manifest
 from nkibuild.plan import BuildUnit, ExtractSpec, extract_specs
 from nkibuild.toolchain import Toolchain
+from nkibuild.toolchain.worker_pool import user_variables
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ def _extract_config(spec: ExtractSpec, versions: dict[str, str], toolchain: str)
         "lnc": spec.lnc,
         "versions": versions,
         "toolchain": toolchain,  # the double's fake frontends trace differently
+        "passed_env": user_variables(),
         "nkibuild": __version__,
     }
 

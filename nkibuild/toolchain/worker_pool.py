@@ -49,11 +49,21 @@ class WorkerKey:
         return f"{self.frontend} worker{target}{' (toolchain double)' if self.fake else ''}"
 
 
+PASS_ENV = "NKIBUILD_PASS_ENV"  # comma-separated names of more variables for the workers
+
+
+def user_variables() -> dict[str, str | None]:
+    """The variables the user passes to workers with NKIBUILD_PASS_ENV, and their values."""
+    names = {name.strip() for name in os.environ.get(PASS_ENV, "").split(",") if name.strip()}
+    return {name: os.environ.get(name) for name in sorted(names)}
+
+
 def worker_environment(key: WorkerKey, cache_dir: Path) -> dict[str, str]:
+    extra = user_variables()
     env = {
         name: value
         for name, value in os.environ.items()
-        if name in PASSED_VARIABLES or name.startswith(PASSED_PREFIXES)
+        if name in PASSED_VARIABLES or name.startswith(PASSED_PREFIXES) or name in extra
     }
     # Keep JAX on the CPU and quiet: extraction only traces, it never runs kernels.
     env.setdefault("JAX_PLATFORMS", "cpu")
@@ -93,7 +103,6 @@ class Worker:
             start_new_session=True,  # so a timeout can kill the worker's children too
         )
         self._buffer = b""
-        self.jobs_served = 0
 
     def run(self, job: dict[str, Any], *, timeout: float, unit: str) -> dict[str, Any]:
         log_start = self._log.tell()
@@ -105,7 +114,6 @@ class Worker:
         except (BrokenPipeError, OSError):
             raise self._died(unit, log_start) from None
         line = self._read_line(timeout, unit, log_start)
-        self.jobs_served += 1
         result: dict[str, Any] = json.loads(line)
         result["log"] = self._output_since(log_start)
         return result
