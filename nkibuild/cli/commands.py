@@ -121,6 +121,38 @@ def doctor(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def inspect(args: argparse.Namespace) -> int:
+    """Header fields, checksum, compiler, cores and I/O of a NEFF; exit 1 if corrupt."""
+    from nkibuild.formats.neff import read_neff
+
+    info = read_neff(args.neff, verify_checksum=False)
+    if args.json:
+        print(json.dumps(info.to_json(), indent=2))
+        return EXIT_OK if info.checksum_ok else EXIT_BUILD_FAILED
+    kind = (
+        "PLACEHOLDER from nkibuild's toolchain double (no executable code)"
+        if info.placeholder
+        else "compiled"
+    )
+    version = ".".join(map(str, info.format_version))
+    cores = f"{info.num_tpb} ({len(info.subgraphs)} subgraphs: {', '.join(info.subgraphs)})"
+    lines = [
+        f"{args.neff}: NEFF, {kind}",
+        f"  compiler:   neuronx-cc {info.compiler_version}",
+        f"  format:     packaging {info.packaging_version}, version {version}",
+        f"  build:      {info.build}",
+        f"  cores:      {cores}",
+        f"  checksum:   {'ok' if info.checksum_ok else 'MISMATCH (payload corrupt)'}",
+        f"  payload:    {info.payload_size} bytes",
+        "  inputs:",
+        *(f"    {t.name}: {t.dtype}[{','.join(map(str, t.shape))}]" for t in info.inputs),
+        "  outputs:",
+        *(f"    {t.name}: {t.dtype}[{','.join(map(str, t.shape))}]" for t in info.outputs),
+    ]
+    print("\n".join(lines))
+    return EXIT_OK if info.checksum_ok else EXIT_BUILD_FAILED
+
+
 def init(args: argparse.Namespace) -> int:
     from nkibuild.cli.scaffold import scaffold
 

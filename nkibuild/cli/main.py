@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     clean = _add(commands, "clean", cmd.clean, "remove the build directory", project)
     clean.add_argument("--all", action="store_true", help="also remove the dist directory")
     _add(commands, "doctor", cmd.doctor, "show which toolchain pieces are found", project)
+    inspect = _add(commands, "inspect", cmd.inspect, "show what a NEFF file holds")
+    inspect.add_argument("neff", type=Path, help="a .neff file")
+    inspect.add_argument("--json", action="store_true", help="print the fields as JSON")
     init = _add(commands, "init", cmd.init, "scaffold a manifest and an example kernel")
     init.add_argument("path", nargs="?", default=".", help="directory to create the project in")
     return parser
