@@ -1,4 +1,4 @@
-"""`nkibuild inspect`: NEFF fields for people and scripts; corrupt files are errors, not tracebacks."""
+"""`nkibuild inspect`: NEFF fields for people and scripts; corrupt files are clear errors."""
 
 from __future__ import annotations
 

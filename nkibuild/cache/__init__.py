@@ -61,6 +61,13 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("nkibuild"))
 
 
+@dataclass(frozen=True)
+class CacheEntry:
+    directory: Path
+    size: int
+    last_used: float  # seconds since the epoch
+
+
 class NeffCache:
     """A local directory of NEFF entries keyed by `CacheKey.digest`."""
 
@@ -78,6 +85,8 @@ class NeffCache:
         try:
             meta = json.loads((entry / ENTRY_FILE).read_text())
             if file_sha256(entry / NEFF_FILE) == meta["sha256"]:
+                if not self.read_only:
+                    os.utime(entry / ENTRY_FILE)  # last use, for `nkibuild cache prune`
                 return entry / NEFF_FILE, meta
         except (OSError, ValueError, KeyError):
             if not entry.exists():
@@ -104,6 +113,44 @@ class NeffCache:
                 raise
         finally:
             shutil.rmtree(stage, ignore_errors=True)
+
+    def entries(self) -> list[CacheEntry]:
+        """Every complete entry (a published entry.json), oldest use first."""
+        found = []
+        for meta_file in self.root.glob(f"neff/??/*/{ENTRY_FILE}"):
+            entry = meta_file.parent
+            if entry.name.startswith("."):
+                continue  # a publish or discard in progress
+            try:
+                size = sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
+                used = meta_file.stat().st_mtime  # touched on every hit
+            except OSError:
+                continue
+            found.append(CacheEntry(entry, size, used))
+        return sorted(found, key=lambda e: e.last_used)
+
+    def prune(
+        self, *, max_bytes: int | None = None, max_age_s: float | None = None
+    ) -> list[CacheEntry]:
+        """Drop entries older than `max_age_s`, then the least recently used beyond `max_bytes`."""
+        import time
+
+        entries = self.entries()
+        now = time.time()
+        doomed = [e for e in entries if max_age_s is not None and now - e.last_used > max_age_s]
+        kept = [e for e in entries if e not in doomed]
+        total = sum(e.size for e in kept)
+        for entry in kept:
+            if max_bytes is None or total <= max_bytes:
+                break
+            doomed.append(entry)
+            total -= entry.size
+        for entry in doomed:
+            self._discard(entry.directory)
+        return doomed
+
+    def clear(self) -> list[CacheEntry]:
+        return self.prune(max_bytes=0)
 
     def _discard(self, entry: Path) -> None:
         if self.read_only:

@@ -121,6 +121,54 @@ def doctor(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """`20G`, `500M`, `1.5T` or a byte count."""
+    from nkibuild.errors import UsageError
+
+    number, unit = text.strip().upper().rstrip("B"), ""
+    if number and number[-1] in SIZE_UNITS:
+        number, unit = number[:-1], number[-1]
+    try:
+        return int(float(number) * SIZE_UNITS[unit])
+    except ValueError:
+        raise UsageError(
+            f"--max-size {text!r}: expected a size such as 20G, 500M or 1000000"
+        ) from None
+
+
+def cache(args: argparse.Namespace) -> int:
+    from nkibuild.cache import NeffCache, default_cache_dir
+    from nkibuild.errors import UsageError
+
+    store = NeffCache(args.cache_dir or default_cache_dir())
+    if args.action == "prune" and args.max_size is None and args.max_age is None:
+        raise UsageError("cache prune needs --max-size and/or --max-age")
+    if args.action == "clear":
+        removed = store.clear()
+    elif args.action == "prune":
+        max_bytes = parse_size(args.max_size) if args.max_size is not None else None
+        max_age = args.max_age * 86400 if args.max_age is not None else None
+        removed = store.prune(max_bytes=max_bytes, max_age_s=max_age)
+    else:
+        removed = []
+    if removed:
+        print(f"removed {len(removed)} entries ({_size(sum(e.size for e in removed))})")
+    entries = store.entries()
+    print(f"{store.root}: {len(entries)} entries, {_size(sum(e.size for e in entries))}")
+    return EXIT_OK
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if count < 1024:
+            return f"{count:.0f} B" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} GiB"
+
+
 def inspect(args: argparse.Namespace) -> int:
     """Header fields, checksum, compiler, cores and I/O of a NEFF; exit 1 if corrupt."""
     from nkibuild.formats.neff import read_neff

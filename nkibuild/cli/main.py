@@ -60,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     clean = _add(commands, "clean", cmd.clean, "remove the build directory", project)
     clean.add_argument("--all", action="store_true", help="also remove the dist directory")
     _add(commands, "doctor", cmd.doctor, "show which toolchain pieces are found", project)
+    cache = _add(commands, "cache", cmd.cache, "show or trim the shared NEFF cache")
+    cache.add_argument("action", choices=("stats", "prune", "clear"))
+    cache.add_argument("--cache-dir", type=Path, help="[default: NKIBUILD_CACHE_DIR or user cache]")
+    cache.add_argument("--max-size", help="prune: keep at most this much, e.g. 20G, 500M")
+    cache.add_argument(
+        "--max-age", type=float, metavar="DAYS", help="prune: drop entries unused this long"
+    )
     inspect = _add(commands, "inspect", cmd.inspect, "show what a NEFF file holds")
     inspect.add_argument("neff", type=Path, help="a .neff file")
     inspect.add_argument("--json", action="store_true", help="print the fields as JSON")
