@@ -1077,3 +1077,22 @@ def test_docs_cover_every_key_with_a_description() -> None:
     text = (REPO / "docs" / "manifest.md").read_text(encoding="utf-8")
     for key in load_schema()["$defs"]["compileSettings"]["properties"]:
         assert f"### `{key}`" in text
+
+
+@pytest.mark.parametrize(
+    ("kernel", "inputs", "message", "position"),
+    [
+        ("build_info", "x: {shape: [4], dtype: float32}", "name 'build_info' is reserved", (6, 3)),
+        ("reference", "x: {shape: [4], dtype: float32}", "name 'reference' is reserved", (6, 3)),
+        ("_hidden", "x: {shape: [4], dtype: float32}", "name '_hidden' is reserved", (6, 3)),
+        ("k", "mode: {shape: [4], dtype: float32}", "'mode' is reserved", (10, 7)),
+    ],
+)
+def test_names_the_generated_bundle_uses_are_refused(
+    example_project: Path, kernel: str, inputs: str, message: str, position: tuple[int, int]
+) -> None:
+    text = kernel_doc(inputs=inputs).replace("\n  k:\n", f"\n  {kernel}:\n")
+    (diagnostic,) = problems(write(example_project, text))
+    assert message in diagnostic.message
+    assert diagnostic.location is not None
+    assert (diagnostic.location.line, diagnostic.location.column) == position

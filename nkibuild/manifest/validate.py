@@ -434,6 +434,21 @@ def name_problem(name: str) -> str | None:
     return None
 
 
+# Names the generated bundle uses itself: a kernel or argument by these names would
+# shadow them (or, for `mode`, repeat the generated keyword-only parameter).
+RESERVED_KERNEL_NAMES = frozenset({"build_info", "KERNELS", "reference", "neff"})
+RESERVED_ARGUMENT_NAMES = frozenset({"mode"})
+
+
+def _reserved_problem(path: JsonPath) -> str | None:
+    name = str(path[-1])
+    if len(path) == 2 and (name in RESERVED_KERNEL_NAMES or name.startswith("_")):
+        return f"kernel name {name!r} is reserved by the generated bundle (or private)"
+    if len(path) == 4 and path[2] == "inputs" and name in RESERVED_ARGUMENT_NAMES:
+        return f"{name!r} is reserved: generated kernels take a `mode` keyword argument"
+    return None
+
+
 def derived_import_name(distribution: str) -> str:
     """The import name a distribution name maps to when none is given."""
     return re.sub(r"[-_.]+", "_", distribution).lower()
@@ -476,7 +491,7 @@ class _Checks:
 
     def names(self) -> Iterator[Diagnostic]:
         for path in self._named_entries():
-            problem = name_problem(str(path[-1]))
+            problem = name_problem(str(path[-1])) or _reserved_problem(path)
             if problem:
                 yield self.at(problem, path, key=True, expected="a Python identifier")
 
