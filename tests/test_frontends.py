@@ -21,7 +21,7 @@ from nkibuild.frontends import load_artifact
 from nkibuild.frontends.harvest import DumpedModule, choose_kernel_module, find_modules
 from nkibuild.frontends.relocation import (
     MARKER,
-    NKI_CUSTOM_CALL,
+    NKI_CUSTOM_CALLS,
     local_references,
     materialize,
     normalized_hash,
@@ -103,7 +103,7 @@ def test_nki_kernel_is_extracted_per_target_and_made_relocatable(project: Path) 
     assert (artifact.directory / sidecar).read_bytes().startswith(b"nkibuild toolchain double")
     stored = artifact.portable_hlo()
     assert local_references(stored) == []  # no absolute path left in the artifact
-    (call,) = [c for c in read_hlo(stored).custom_calls if c.target == NKI_CUSTOM_CALL]
+    (call,) = [c for c in read_hlo(stored).custom_calls if c.target in NKI_CUSTOM_CALLS]
     config = json.loads(base64.b64decode(call.backend_config))
     assert config["bir_path"] == MARKER + sidecar
     assert dict(artifact.toolchain)["nki"].startswith("fake")
@@ -159,21 +159,20 @@ def test_signature_mismatch_names_the_input(tmp_path: Path) -> None:
     )
 
 
-def bir_module(bir: Path, name: str = "k") -> bytes:
+def bir_module(bir: Path, name: str = "k", target: str = "AwsNeuronCustomNativeKernel") -> bytes:
     config = base64.b64encode(json.dumps({"bir_path": str(bir), "grid": 1}).encode())
-    return build_hlo_module(
-        name, [("p0", "float32", (4,))], [("float32", (4,))], (NKI_CUSTOM_CALL, config)
-    )
+    return build_hlo_module(name, [("p0", "float32", (4,))], [("float32", (4,))], (target, config))
 
 
-def test_relocation_hash_depends_on_content_not_location(tmp_path: Path) -> None:
+@pytest.mark.parametrize("target", sorted(NKI_CUSTOM_CALLS))
+def test_relocation_hash_depends_on_content_not_location(tmp_path: Path, target: str) -> None:
     hashes = []
     for place, content in (("one", b"same"), ("two", b"same"), ("three", b"different")):
         bir = tmp_path / place / "kernel.klir"
         bir.parent.mkdir()
         bir.write_bytes(content)
         artifact = tmp_path / place / "artifact"
-        data, sidecars = relocate(bir_module(bir), artifact)
+        data, sidecars = relocate(bir_module(bir, target=target), artifact)
         hashes.append(normalized_hash(data, artifact, sidecars))
     assert hashes[0] == hashes[1] != hashes[2]
 
@@ -182,7 +181,10 @@ def test_relocation_refuses_a_missing_file_and_leaves_other_configs(tmp_path: Pa
     with pytest.raises(BuildError, match="does not exist"):
         relocate(bir_module(tmp_path / "gone.klir"), tmp_path / "artifact")
     opaque = build_hlo_module(
-        "m", [("p0", "float32", (4,))], [("float32", (4,))], (NKI_CUSTOM_CALL, b"{not base64")
+        "m",
+        [("p0", "float32", (4,))],
+        [("float32", (4,))],
+        ("AwsNeuronCustomNativeKernel", b"{not base64"),
     )
     assert relocate(opaque, tmp_path / "artifact") == (opaque, [])
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nkibuild.errors import BuildError
 from nkibuild.formats.hlo import HloFormatError, read_hlo
-from nkibuild.frontends.relocation import NKI_CUSTOM_CALL
+from nkibuild.frontends.relocation import NKI_CUSTOM_CALLS
 
 HLO_FILE = "model.hlo_module.pb"
 FLAGS_FILE = "compile_flags.json"
@@ -54,10 +54,10 @@ def choose_kernel_module(modules: Sequence[DumpedModule], kernel: str) -> Dumped
     )
     if not candidates:
         raise BuildError(
-            f"none of the dumped modules of {kernel} holds an {NKI_CUSTOM_CALL} call: {listing}"
+            f"none of the dumped modules of {kernel} holds an NKI kernel custom-call: {listing}"
         )
     raise BuildError(
-        f"several dumped modules of {kernel} hold an {NKI_CUSTOM_CALL} call, so which one is "
+        f"several dumped modules of {kernel} hold an NKI kernel custom-call, so which one is "
         f"the kernel is ambiguous: {listing}; extract one kernel call per kernel"
     )
 
@@ -65,7 +65,7 @@ def choose_kernel_module(modules: Sequence[DumpedModule], kernel: str) -> Dumped
 def _dumped(directory: Path) -> DumpedModule:
     hlo = (directory / HLO_FILE).read_bytes()
     try:
-        calls = sum(1 for call in read_hlo(hlo).custom_calls if call.target == NKI_CUSTOM_CALL)
+        calls = sum(1 for call in read_hlo(hlo).custom_calls if call.target in NKI_CUSTOM_CALLS)
     except HloFormatError:
         calls = 0
     return DumpedModule(directory, hlo, _flags(directory / FLAGS_FILE), calls, len(hlo))

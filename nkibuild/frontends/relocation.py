@@ -24,7 +24,9 @@ from typing import Any
 from nkibuild.errors import BuildError
 from nkibuild.formats.hlo import read_hlo, rewrite_backend_configs
 
-NKI_CUSTOM_CALL = "AwsNeuronCustomNativeKernel"
+# The documented target, and the name some torch-neuronx releases reportedly use for
+# NKI kernels: both carry the same base64-JSON backend_config.
+NKI_CUSTOM_CALLS = frozenset({"AwsNeuronCustomNativeKernel", "AwsNeuronNkiKernel"})
 SIDECAR_DIR = "sidecars"
 MARKER = "nkibuild-artifact:"
 
@@ -37,7 +39,7 @@ def relocate(data: bytes, artifact_dir: Path) -> tuple[bytes, list[str]]:
         source = Path(path)
         if not source.is_file():
             raise BuildError(
-                f"the HLO module's {NKI_CUSTOM_CALL} custom-call refers to {path}, "
+                f"the HLO module's NKI kernel custom-call refers to {path}, "
                 "which does not exist: the kernel's compiled file cannot be carried along"
             )
         content = source.read_bytes()
@@ -75,7 +77,7 @@ def local_references(data: bytes) -> list[tuple[str, str]]:
     """(instruction, absolute path) pairs still present in NKI custom-calls."""
     found: list[tuple[str, str]] = []
     for call in read_hlo(data).custom_calls:
-        config = _decode(call.backend_config) if call.target == NKI_CUSTOM_CALL else None
+        config = _decode(call.backend_config) if call.target in NKI_CUSTOM_CALLS else None
         if config is not None:
             found += [
                 (call.instruction, value) for value in _strings(config[0]) if os.path.isabs(value)
@@ -87,7 +89,7 @@ def rewrite_paths(
     data: bytes, wanted: Callable[[str], bool], replace: Callable[[str], str]
 ) -> bytes:
     def rewrite(target: str, backend_config: bytes) -> bytes | None:
-        if target != NKI_CUSTOM_CALL:
+        if target not in NKI_CUSTOM_CALLS:
             return None
         decoded = _decode(backend_config)
         if decoded is None:

@@ -8,7 +8,10 @@ or nkipy. Each returns the module bytes and the versions of the packages it used
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import json
 import re
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -119,7 +122,6 @@ def trace_nki(job: Job) -> tuple[bytes, dict[str, str]]:
     import nki
     import torch
     import torch_xla.core.xla_model as xm
-    from nki._torch_xla import PyTorchXLAKernel
 
     from nkibuild.frontends.harvest import choose_kernel_module, find_modules, module_dirs
 
@@ -132,16 +134,34 @@ def trace_nki(job: Job) -> tuple[bytes, dict[str, str]]:
         torch.zeros(tuple(t["shape"]), dtype=getattr(torch, t["dtype"])).to(device)
         for t in job["inputs"]
     ]
-    if job.get("lnc") and hasattr(kernel, "__getitem__"):
-        kernel = kernel[job["lnc"]]  # nki.jit kernels take the launch grid as kernel[lnc]
-    PyTorchXLAKernel(func=kernel)(*tensors, **constants)
+    nki_launcher(kernel, job.get("lnc"))(*tensors, **constants)
     xm.mark_step()
-    module = choose_kernel_module(find_modules(cache_dir, since=seen), job["function"])
+    dumped = find_modules(cache_dir, since=seen)
+    module = choose_kernel_module(dumped, job["function"])
+    # The dump dir is this worker's own: clear it, or tracing the same kernel again
+    # lands in the same MODULE_<hash> directory and looks like nothing was dumped.
+    for each in dumped:
+        shutil.rmtree(each.directory, ignore_errors=True)
     return module.hlo, {
         "nki": package_version(nki, "nki"),
         "torch_xla": package_version(sys.modules["torch_xla"], "torch-xla"),
-        "compile_flags": " ".join(module.flags),
+        "compile_flags": json.dumps(list(module.flags)),
     }
+
+
+def nki_launcher(kernel: Any, lnc: int | None) -> Callable[..., Any]:
+    """What to call on XLA tensors: the kernel, on a launch grid of `lnc` if above 1.
+
+    A plain function is wrapped as the NKI docs do (`PyTorchXLAKernel(func=f)`,
+    whose grid is a constructor argument); an `nki.jit` kernel dispatches to
+    PyTorchXLAKernel by itself on torch tensors and takes its grid as `kernel[lnc]`.
+    """
+    grid = lnc if lnc is not None and lnc > 1 else None
+    if inspect.isfunction(kernel):
+        from nki._torch_xla import PyTorchXLAKernel
+
+        return PyTorchXLAKernel(func=kernel, **({"grid": grid} if grid else {}))
+    return kernel[grid] if grid else kernel
 
 
 TRACERS["nkipy"] = trace_nkipy

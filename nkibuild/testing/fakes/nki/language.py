@@ -1,7 +1,9 @@
 """nkibuild toolchain double: a NumPy-backed subset of `nki.language`.
 
-Tensors are NumPy arrays, slices of them are views, so `load`/`store` on slices
-behave like NKI's HBM <-> SBUF moves for the purpose of simulation.
+Tensors are NumPy arrays and slices of them are views, so `load`/`store` on slices
+behave like NKI's HBM <-> SBUF moves for the purpose of simulation. Memory spaces
+are accepted and ignored: everything lives in host RAM. Only what classic tiled
+kernels (matmul, elementwise) use is here; it imitates NKI, it does not reimplement it.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ float16 = np.float16
 bfloat16 = ml_dtypes.bfloat16
 int32 = np.int32
 int8 = np.int8
+uint8 = np.uint8
 
-# Memory spaces: only meaningful on hardware; the simulation keeps everything in RAM.
+# Memory spaces: only meaningful on hardware.
 shared_hbm = "shared_hbm"
 hbm = "hbm"
 private_hbm = "private_hbm"
@@ -26,48 +29,65 @@ psum = "psum"
 
 
 class tile_size:
-    pmax = 128
-    gemm_stationary_fmax = 128
-    gemm_moving_fmax = 512
+    pmax = 128  # partitions of SBUF/PSUM: the largest contraction (K) tile
+    gemm_stationary_fmax = 128  # free size of the stationary matmul operand (M tile)
+    gemm_moving_fmax = 512  # free size of the moving matmul operand (N tile)
 
 
-def ndarray(shape: tuple[int, ...], dtype: Any, buffer: Any = None) -> np.ndarray:
-    return np.zeros(shape, dtype=dtype)
+def numpy_dtype(dtype: Any) -> np.dtype:
+    """NKI accepts dtypes as objects or strings; NumPy does not know "bfloat16" by name."""
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
 
 
-zeros = ndarray
+def _as(value: Any, dtype: Any) -> np.ndarray:
+    """A fresh array (never a view: loads copy out of HBM), in `dtype` if given."""
+    array = np.asarray(value)
+    return np.array(array, dtype=numpy_dtype(dtype) if dtype is not None else array.dtype)
 
 
-def load(source: np.ndarray, dtype: Any = None) -> np.ndarray:
-    return np.array(source, dtype=dtype or source.dtype)
+def ndarray(shape: tuple[int, ...], dtype: Any, buffer: Any = None, **_: Any) -> np.ndarray:
+    # Uninitialized on hardware; zeros keep simulation deterministic.
+    return np.zeros(tuple(shape), dtype=numpy_dtype(dtype))
 
 
-def store(destination: np.ndarray, value: Any) -> None:
-    destination[...] = value
+def zeros(shape: tuple[int, ...], dtype: Any, buffer: Any = None, **_: Any) -> np.ndarray:
+    return np.zeros(tuple(shape), dtype=numpy_dtype(dtype))
 
 
-def matmul(x: np.ndarray, y: np.ndarray, transpose_x: bool = False) -> np.ndarray:
+def load(source: np.ndarray, dtype: Any = None, **_: Any) -> np.ndarray:
+    return _as(source, dtype)
+
+
+def store(destination: np.ndarray, value: Any, **_: Any) -> None:
+    destination[...] = value  # `destination` is a view into the output tensor
+
+
+def copy(x: Any, dtype: Any = None, **_: Any) -> np.ndarray:
+    return _as(x, dtype)
+
+
+def matmul(x: np.ndarray, y: np.ndarray, transpose_x: bool = False, **_: Any) -> np.ndarray:
+    # The tensor engine accumulates in fp32 PSUM whatever the operand dtype.
     left = x.T if transpose_x else x
     return np.matmul(left.astype(np.float32), y.astype(np.float32))
 
 
-def copy(x: np.ndarray, dtype: Any = None) -> np.ndarray:
-    return np.array(x, dtype=dtype or x.dtype)
+def add(x: Any, y: Any, dtype: Any = None, **_: Any) -> np.ndarray:
+    return _as(np.add(x, y), dtype)
 
 
-def add(x: Any, y: Any, dtype: Any = None) -> np.ndarray:
-    return np.asarray(np.add(x, y), dtype=dtype)
+def multiply(x: Any, y: Any, dtype: Any = None, **_: Any) -> np.ndarray:
+    return _as(np.multiply(x, y), dtype)
 
 
-def multiply(x: Any, y: Any, dtype: Any = None) -> np.ndarray:
-    return np.asarray(np.multiply(x, y), dtype=dtype)
-
-
-def exp(x: np.ndarray, dtype: Any = None) -> np.ndarray:
-    return np.asarray(np.exp(x), dtype=dtype)
+def exp(x: Any, dtype: Any = None, **_: Any) -> np.ndarray:
+    return _as(np.exp(x), dtype)
 
 
 def affine_range(*args: int) -> range:
+    # Iterations are independent on hardware (may run in parallel); in order here.
     return range(*args)
 
 

@@ -36,10 +36,15 @@ class Tensor:
         self.device = device
 
     def to(self, device: object) -> Tensor:
+        # Only `.to(device)`: a dtype conversion would need data the fake never has.
         return Tensor(self.shape, self.dtype, device)
 
     def __repr__(self) -> str:
         return f"Tensor(shape={self.shape}, dtype={self.dtype!r}, device={self.device})"
+
+
+def is_tensor(value: object) -> bool:
+    return isinstance(value, Tensor)
 
 
 def zeros(*shape: int | Sequence[int], dtype: dtype = float32) -> Tensor:

@@ -43,14 +43,15 @@ class NKIPyKernel:
         return cls(fn, backend)
 
     def specialize(self, *args: Any, **kwargs: Any) -> NKIPyKernel:
-        names = list(inspect.signature(self.fn).parameters)
+        bound = inspect.signature(self.fn).bind(*args, **kwargs)
         parameters = [
-            (name, str(value.dtype), value.shape)
-            for name, value in zip(names, args, strict=False)
+            (name, np.dtype(value.dtype).name, value.shape)
+            for name, value in bound.arguments.items()
             if isinstance(value, np.ndarray)  # non-array arguments pass through
         ]
         result = self.fn(*args, **kwargs)
         outputs = result if isinstance(result, tuple) else (result,)
-        results = [(str(np.asarray(o).dtype), np.asarray(o).shape) for o in outputs]
+        arrays = [np.asarray(output) for output in outputs]
+        results = [(array.dtype.name, array.shape) for array in arrays]
         self._code = _Code(build_hlo_module(self.fn.__name__, parameters, results))
         return self

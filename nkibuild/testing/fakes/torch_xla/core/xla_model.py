@@ -1,9 +1,10 @@
 """nkibuild toolchain double: fake `torch_xla.core.xla_model`.
 
-Like the real one under `NEURON_EXTRACT_GRAPHS_ONLY=1`, `mark_step()` dumps each
-pending graph to `$NEURON_COMPILE_CACHE_URL/neuronxcc-<version>/MODULE_<hash>+<hash>/`
-as `model.hlo_module.pb` + `compile_flags.json`, one module per graph, including
-runtime glue next to the kernel's module. It cannot execute anything.
+Like the real one under `NEURON_EXTRACT_GRAPHS_ONLY=1`, `mark_step()` dumps the
+pending graphs to `$NEURON_COMPILE_CACHE_URL/neuronxcc-<version>/MODULE_<hash>+<hash>/`
+as `model.hlo_module.pb` + `compile_flags.json`, several modules per step: runtime
+glue (parameter loading, often the largest) next to the kernel's module. Hashes are
+deterministic. It cannot execute anything on a device.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from nkibuild.formats.hlo import build_hlo_module
 
 COMPILER_DIR = "neuronxcc-2.23.0.0+nkibuild.fake"
+GLUE_REPEATS = 8  # enough for the glue module to outweigh a small kernel module
 
 
 @dataclass(frozen=True)
@@ -29,12 +31,17 @@ class Device:
 
 @dataclass
 class Graph:
-    """What one traced step contains: tensors in, tensors out, optional custom-call."""
+    """What one traced step contains: tensors in, tensors out, optional custom-call.
+
+    `identity` stands for the graph in its MODULE hash; without it the module bytes
+    do. The kernel's module embeds a random temp path, so it needs one to hash stably.
+    """
 
     name: str
     inputs: list[tuple[str, str, tuple[int, ...]]]
     outputs: list[tuple[str, tuple[int, ...]]]
     custom_call: tuple[str, bytes] | None = None
+    identity: str | None = None
 
 
 @dataclass
@@ -49,6 +56,10 @@ def xla_device() -> Device:
     return Device()
 
 
+def target() -> str:
+    return os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+
+
 def record(graph: Graph) -> None:
     PENDING.graphs.append(graph)
 
@@ -60,20 +71,17 @@ def mark_step() -> None:
             "set NEURON_EXTRACT_GRAPHS_ONLY=1 to dump graphs instead"
         )
     cache = Path(os.environ["NEURON_COMPILE_CACHE_URL"]) / COMPILER_DIR
-    flags = [
-        "--framework=XLA",
-        f"--target={os.environ.get('NEURON_PLATFORM_TARGET_OVERRIDE', 'trn2')}",
-    ]
+    flags = json.dumps([f"--target={target()}", "--framework=XLA"])
     graphs, PENDING.graphs = PENDING.graphs, []
     for graph in graphs:
-        for module in (_glue(graph), _kernel_module(graph)):
-            _dump(cache, module, flags)
+        _dump(cache, _glue(graph), None, flags)
+        _dump(cache, _kernel_module(graph), graph.identity, flags)
 
 
 def _glue(graph: Graph) -> bytes:
     # Parameter loading: touches every input several times, so it is often the
     # largest module of the step although it holds no kernel.
-    results = [(dtype, dims) for _, dtype, dims in graph.inputs] * 4
+    results = [(dtype, dims) for _, dtype, dims in graph.inputs] * GLUE_REPEATS
     return build_hlo_module(f"SyncTensorsGraph.{graph.name}.params", graph.inputs, results)
 
 
@@ -83,11 +91,13 @@ def _kernel_module(graph: Graph) -> bytes:
     )
 
 
-def _dump(cache: Path, module: bytes, flags: list[str]) -> None:
-    flag_text = json.dumps(flags)
-    graph_hash = hashlib.sha256(module).hexdigest()[:20]
-    flags_hash = hashlib.sha256(flag_text.encode()).hexdigest()[:8]
-    directory = cache / f"MODULE_{graph_hash}+{flags_hash}"
+def _dump(cache: Path, module: bytes, identity: str | None, flags: str) -> None:
+    graph_hash = _digest(identity.encode() if identity else module)[:20]
+    directory = cache / f"MODULE_{graph_hash}+{_digest(flags.encode())[:8]}"
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "model.hlo_module.pb").write_bytes(module)
-    (directory / "compile_flags.json").write_text(flag_text)
+    (directory / "compile_flags.json").write_text(flags)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
