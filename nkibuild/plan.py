@@ -54,6 +54,9 @@ class BuildUnit:
     auto_cast_type: str
     fast_loading: bool
     compiler_args: tuple[str, ...]
+    # How the compile runs, not what it produces: neither enters the cache key.
+    compile_memory: int | None = None  # bytes, the manifest's hint
+    compile_timeout: float | None = None  # seconds
 
     @property
     def kernel(self) -> str:
@@ -100,6 +103,8 @@ class BuildUnit:
             "fast_loading": self.fast_loading,
             "compiler_args": list(self.compiler_args),
             "compile_args": self.compile_args(),
+            "compile_memory": self.compile_memory,
+            "compile_timeout": self.compile_timeout,
         }
 
 
@@ -161,6 +166,8 @@ def _unit(kernel: Kernel, variant: Variant, target: str, settings: CompileSettin
         auto_cast_type=_required(settings.auto_cast_type),
         fast_loading=bool(settings.fast_loading),
         compiler_args=settings.compiler_args or (),
+        compile_memory=settings.compile_memory,
+        compile_timeout=settings.compile_timeout,
     )
 
 

@@ -15,6 +15,7 @@ from nkibuild.fsutil import atomic_write_bytes
 from nkibuild.graph.tasks import BuildContext, Layout
 from nkibuild.manifest.model import Manifest
 from nkibuild.plan import BuildUnit, resolve
+from nkibuild.settings import BuildOptions, resolve_settings
 
 PLAN_CACHE_FILE = "plan.pickle"
 _PLAN_CODE = (
@@ -52,25 +53,16 @@ def load_context(
     manifest_path: Path,
     build_dir: Path,
     dist_dir: Path,
-    toolchain_mode: str,
-    *,
-    cache_dir: Path | None = None,
-    use_cache: bool = True,
-    cache_read_only: bool = False,
+    options: BuildOptions,
 ) -> BuildContext:
-    from nkibuild.cache import default_cache_dir
     from nkibuild.toolchain import resolve_toolchain
 
     layout = Layout(build_dir.resolve(), dist_dir.resolve())
     manifest, units = load_plan(manifest_path, layout.state_dir)
-    toolchain = resolve_toolchain(toolchain_mode, layout.state_dir)
+    settings = resolve_settings(options, manifest)
+    toolchain = resolve_toolchain(settings.toolchain, layout.state_dir, settings.compiler)
     return BuildContext(
-        manifest=manifest,
-        units=units,
-        toolchain=toolchain,
-        layout=layout,
-        cache_dir=(cache_dir or default_cache_dir()) if use_cache else None,
-        cache_read_only=cache_read_only,
+        manifest=manifest, units=units, toolchain=toolchain, layout=layout, settings=settings
     )
 
 

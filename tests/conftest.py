@@ -25,6 +25,14 @@ def isolated_cache(
     monkeypatch.delenv("NEURON_CC_FLAGS", raising=False)
     monkeypatch.delenv("NKIBUILD_TOOLCHAIN", raising=False)
     monkeypatch.delenv("NKIBUILD_MODE", raising=False)
+    for variable in (
+        "NKIBUILD_REMOTE_CACHE",
+        "NKIBUILD_CACHE_READ_ONLY",
+        "NKIBUILD_NEURONX_CC",
+        "NKIBUILD_MAX_COMPILE_MEMORY",
+        "NKIBUILD_COMPILE_TIMEOUT",
+    ):
+        monkeypatch.delenv(variable, raising=False)
     return cache
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from nkibuild.graph.report import BuildSummary, TaskOutcome
 from nkibuild.graph.run import RunOptions, run_build
 from nkibuild.project import load_context
+from nkibuild.settings import BuildOptions
 
 
 class QuietDisplay:
@@ -25,7 +26,12 @@ class QuietDisplay:
 
 def build(project: Path, *selection: str, keep_going: bool = False, jobs: int = 1) -> BuildSummary:
     """Build a project with the toolchain double; returns what doit reported."""
-    context = load_context(project / "nkibuild.yaml", project / "build", project / "dist", "fake")
+    context = load_context(
+        project / "nkibuild.yaml",
+        project / "build",
+        project / "dist",
+        BuildOptions(toolchain="fake"),
+    )
     options = RunOptions(selection=selection, keep_going=keep_going, jobs=jobs)
     return run_build(context, options, QuietDisplay())
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import build, write_project
 
-from nkibuild.compiler import compile_unit
+from nkibuild.compiler import CompileOptions, compile_unit
 from nkibuild.errors import BuildError
 from nkibuild.formats.hlo import build_hlo_module, read_hlo
 from nkibuild.frontends import load_artifact
@@ -130,7 +130,7 @@ def test_moved_artifact_still_compiles(project: Path, tmp_path: Path) -> None:
     manifest = load_manifest(project / "nkibuild.yaml")
     unit = next(u for u in resolve(manifest) if u.name == "add_kernel/default/trn2")
     toolchain = resolve_toolchain("fake", tmp_path / "state")
-    result = compile_unit(unit, artifact, toolchain, tmp_path / "out", cache=None)
+    result = compile_unit(unit, artifact, toolchain, tmp_path / "out", CompileOptions())
     assert result.origin == "compiled" and result.placeholder
 
 

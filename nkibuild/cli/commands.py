@@ -16,24 +16,28 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_BUILD_FAILED = 0, 1
 
 
-def _context(args: argparse.Namespace, *, use_cache: bool = True) -> BuildContext:
+def _context(args: argparse.Namespace) -> BuildContext:
     from nkibuild.project import load_context
+    from nkibuild.settings import BuildOptions
 
-    return load_context(
-        Path(args.manifest),
-        Path(args.build_dir),
-        Path(args.dist_dir),
-        args.toolchain,
+    options = BuildOptions(
+        toolchain=args.toolchain,
+        compiler=args.compiler,
+        use_cache=not getattr(args, "no_cache", False),
         cache_dir=getattr(args, "cache_dir", None),
-        use_cache=use_cache,
+        remote_cache=getattr(args, "remote_cache", None),
+        cache_read_only=getattr(args, "cache_read_only", False),
+        max_compile_memory=getattr(args, "max_compile_memory", None),
+        compile_timeout=getattr(args, "compile_timeout", None),
     )
+    return load_context(Path(args.manifest), Path(args.build_dir), Path(args.dist_dir), options)
 
 
 def build(args: argparse.Namespace) -> int:
     from nkibuild.cli.display import PlainDisplay, RichDisplay, use_rich
     from nkibuild.graph.run import RunOptions, run_build
 
-    context = _context(args, use_cache=not args.no_cache)
+    context = _context(args)
     if use_rich(sys.stdout) and not args.json_summary:
         display = RichDisplay()
     else:  # with --json, stdout carries only the JSON document
@@ -91,7 +95,7 @@ def list_tasks(args: argparse.Namespace) -> int:
     from nkibuild.graph.run import task_name
     from nkibuild.graph.tasks import task_dicts
 
-    for task in task_dicts(_context(args, use_cache=False)):
+    for task in task_dicts(_context(args)):
         print(f"{task_name(task):<48} {task.get('doc', '')}")
     return EXIT_OK
 
@@ -121,52 +125,35 @@ def doctor(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """`20G`, `500M`, `1.5T` or a byte count."""
-    from nkibuild.errors import UsageError
-
-    number, unit = text.strip().upper().rstrip("B"), ""
-    if number and number[-1] in SIZE_UNITS:
-        number, unit = number[:-1], number[-1]
-    try:
-        return int(float(number) * SIZE_UNITS[unit])
-    except ValueError:
-        raise UsageError(
-            f"--max-size {text!r}: expected a size such as 20G, 500M or 1000000"
-        ) from None
-
-
 def cache(args: argparse.Namespace) -> int:
-    from nkibuild.cache import NeffCache, default_cache_dir
+    from nkibuild.cache import LocalCache
     from nkibuild.errors import UsageError
+    from nkibuild.quantities import format_size, parse_size
+    from nkibuild.settings import default_cache_dir
 
-    store = NeffCache(args.cache_dir or default_cache_dir())
+    store = LocalCache(args.cache_dir or default_cache_dir())
     if args.action == "prune" and args.max_size is None and args.max_age is None:
         raise UsageError("cache prune needs --max-size and/or --max-age")
-    if args.action == "clear":
+    problems: list[str] = []
+    removed = []
+    if args.action == "verify":
+        problems = store.verify()
+        for problem in problems:
+            print(f"corrupt, discarded: {problem}")
+    elif args.action == "clear":
         removed = store.clear()
     elif args.action == "prune":
-        max_bytes = parse_size(args.max_size) if args.max_size is not None else None
+        try:
+            max_bytes = parse_size(args.max_size) if args.max_size is not None else None
+        except ValueError as error:
+            raise UsageError(f"--max-size: {error}") from None
         max_age = args.max_age * 86400 if args.max_age is not None else None
         removed = store.prune(max_bytes=max_bytes, max_age_s=max_age)
-    else:
-        removed = []
     if removed:
-        print(f"removed {len(removed)} entries ({_size(sum(e.size for e in removed))})")
+        print(f"removed {len(removed)} entries ({format_size(sum(e.size for e in removed))})")
     entries = store.entries()
-    print(f"{store.root}: {len(entries)} entries, {_size(sum(e.size for e in entries))}")
-    return EXIT_OK
-
-
-def _size(count: float) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if count < 1024:
-            return f"{count:.0f} B" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count:.1f} GiB"
+    print(f"{store.root}: {len(entries)} entries, {format_size(sum(e.size for e in entries))}")
+    return EXIT_BUILD_FAILED if problems else EXIT_OK
 
 
 def inspect(args: argparse.Namespace) -> int:

@@ -56,6 +56,8 @@ class PlainDisplay:
             f"[{self.finished:>{width}}/{self.total}] {outcome.status:<6} {outcome.name}"
             f" {outcome.seconds:.1f}s{detail}\n"
         )
+        for notice in outcome.notices:
+            self.stream.write(f"    warning: {notice}\n")
         self.stream.flush()
 
     def finish(self, summary: BuildSummary) -> None:
@@ -99,9 +101,13 @@ class RichDisplay:
         self.running.pop(outcome.name, None)
         self.progress.advance(self.bar)
         self._describe()
+        from rich.markup import escape
+
         if outcome.status == "done":
             detail = f" [dim]({outcome.detail})[/]" if outcome.detail else ""
             self.console.print(f"[green]✓[/] {outcome.name} [dim]{outcome.seconds:.1f}s[/]{detail}")
+            for notice in outcome.notices:
+                self.console.print(f"  [yellow]warning:[/] {escape(notice)}", highlight=False)
         elif outcome.status == "failed":
             self.console.print(f"[red]✗ {outcome.name}[/]")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from nkibuild import __version__
 from nkibuild.errors import NkibuildError
+from nkibuild.quantities import parse_duration, parse_size
 
 EXIT_USAGE = 2
 
@@ -60,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     clean = _add(commands, "clean", cmd.clean, "remove the build directory", project)
     clean.add_argument("--all", action="store_true", help="also remove the dist directory")
     _add(commands, "doctor", cmd.doctor, "show which toolchain pieces are found", project)
-    cache = _add(commands, "cache", cmd.cache, "show or trim the shared NEFF cache")
-    cache.add_argument("action", choices=("stats", "prune", "clear"))
+    cache = _add(commands, "cache", cmd.cache, "show, verify or trim the local NEFF cache")
+    cache.add_argument("action", choices=("stats", "verify", "prune", "clear"))
     cache.add_argument("--cache-dir", type=Path, help="[default: NKIBUILD_CACHE_DIR or user cache]")
     cache.add_argument("--max-size", help="prune: keep at most this much, e.g. 20G, 500M")
     cache.add_argument(
@@ -105,11 +106,29 @@ def _toolchain_option() -> argparse.ArgumentParser:
     options.add_argument(
         "--toolchain",
         choices=("auto", "neuron", "fake"),
-        default=os.environ.get("NKIBUILD_TOOLCHAIN", "auto"),
         help="auto: the real Neuron toolchain, error if absent; fake: nkibuild's toolchain double "
-        "(placeholder NEFFs) [default: auto, env NKIBUILD_TOOLCHAIN]",
+        "(placeholder NEFFs) [default: env NKIBUILD_TOOLCHAIN, else auto]",
     )
+    options.add_argument(
+        "--compiler", type=Path, metavar="PATH",
+        help="the neuronx-cc to run [default: env NKIBUILD_NEURONX_CC, manifest `compiler: "
+        "path:`, PATH, this virtualenv, /opt/aws_neuronx_venv_*]",
+    )  # fmt: skip
     return options
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _build_options() -> argparse.ArgumentParser:
@@ -118,9 +137,28 @@ def _build_options() -> argparse.ArgumentParser:
     options.add_argument("-j", "--jobs", type=int, default=1, help="parallel tasks [default: 1]")
     options.add_argument("-k", "--keep-going", action="store_true", help="continue after failures")
     options.add_argument(
-        "--cache-dir", type=Path, help="shared NEFF cache [default: user cache dir]"
-    )
-    options.add_argument("--no-cache", action="store_true", help="do not use the shared NEFF cache")
+        "--max-compile-memory", type=_size, metavar="SIZE",
+        help="memory budget of concurrent compiles, e.g. 64G [default: env "
+        "NKIBUILD_MAX_COMPILE_MEMORY, else only -j limits them]",
+    )  # fmt: skip
+    options.add_argument(
+        "--compile-timeout", type=_duration, metavar="DURATION",
+        help="stop a compile after this long, e.g. 2h, unless its kernel sets "
+        "compile-timeout [default: env NKIBUILD_COMPILE_TIMEOUT, else none]",
+    )  # fmt: skip
+    options.add_argument(
+        "--cache-dir", type=Path, help="local NEFF cache [default: env NKIBUILD_CACHE_DIR, "
+        "else the user cache dir]",
+    )  # fmt: skip
+    options.add_argument(
+        "--remote-cache", metavar="URL", help="shared remote cache, e.g. s3://bucket/prefix "
+        "[default: env NKIBUILD_REMOTE_CACHE, manifest `cache: remote:`]",
+    )  # fmt: skip
+    options.add_argument(
+        "--cache-read-only", action="store_true",
+        help="use the caches but never write to them (CI consumers)",
+    )  # fmt: skip
+    options.add_argument("--no-cache", action="store_true", help="do not use the NEFF caches")
     options.add_argument("--json", dest="json_summary", action="store_true",
                          help="print the build summary as JSON")  # fmt: skip
     return options

@@ -10,19 +10,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
+import signal
 import tempfile
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nkibuild.cache import CacheKey, NeffCache, file_sha256
+from nkibuild.cache import CacheChain, CacheKey, file_sha256
+from nkibuild.compiler.budget import COMPILE_BUDGET, MemoryBudget
+from nkibuild.compiler.process import ProcessOutcome, run_process
 from nkibuild.errors import BuildError, tail
 from nkibuild.frontends import HloArtifact
 from nkibuild.fsutil import atomic_copy, atomic_write_text
 from nkibuild.manifest.model import TensorSpec
 from nkibuild.plan import BuildUnit
+from nkibuild.quantities import format_size
 from nkibuild.toolchain import Toolchain
 
 if TYPE_CHECKING:
@@ -32,6 +34,10 @@ NEFF_FILE = "model.neff"
 LOG_FILE = "compile.log"
 HLO_INPUT = "model.hlo_module.pb"
 RESULT_FILE = "result.json"
+KEY_FILE = "key.json"  # the cache key's inputs, for `nkibuild explain`
+PEAK_FILE = "peak-memory.json"  # measured at the last compile, for scheduling the next
+STDOUT_FILE = "stdout.log"
+WORK_PREFIX = ".work-"
 COMPILE_OUTPUTS = (NEFF_FILE, RESULT_FILE)
 
 
@@ -53,12 +59,15 @@ class CompiledNeff:
     outputs: tuple[TensorSpec, ...]
     origin: str  # "compiled", "cache" or "build-dir"
     compile_seconds: float
+    peak_memory: int = 0  # bytes, of the compile that made the NEFF (0: unknown)
+    notices: tuple[str, ...] = ()  # e.g. a corrupt cache entry that was discarded
 
     def to_json(self) -> dict[str, object]:
         data = dict(vars(self))
         data["neff_path"] = NEFF_FILE
         data["inputs"] = [t.to_json() for t in self.inputs]
         data["outputs"] = [t.to_json() for t in self.outputs]
+        data["notices"] = list(self.notices)
         return data
 
 
@@ -73,30 +82,50 @@ def cache_key(unit: BuildUnit, artifact: HloArtifact, toolchain: Toolchain) -> C
     )
 
 
+@dataclass(frozen=True)
+class CompileOptions:
+    """How compiles run in this build (not what they produce)."""
+
+    cache: CacheChain | None = None
+    timeout: float | None = None  # for units whose manifest sets none
+    budget: MemoryBudget = field(default_factory=lambda: COMPILE_BUDGET)
+
+
 def compile_unit(
     unit: BuildUnit,
     artifact: HloArtifact,
     toolchain: Toolchain,
     out_dir: Path,
-    cache: NeffCache | None,
-    timeout: float | None = None,
+    options: CompileOptions,
 ) -> CompiledNeff:
     key = cache_key(unit, artifact, toolchain)
     previous = _reusable_result(out_dir, key.digest)
     if previous is not None:
         return replace(previous, origin="build-dir")
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / RESULT_FILE).unlink(missing_ok=True)
-    started = time.monotonic()
-    hit = cache.get(key) if cache else None
+    atomic_write_text(out_dir / KEY_FILE, json.dumps(key.to_json(), indent=2, sort_keys=True))
+    cache = options.cache
+    hit = cache.fetch(key, out_dir / NEFF_FILE) if cache else None
     if hit is not None:
-        atomic_copy(hit[0], out_dir / NEFF_FILE)
-        origin, seconds = "cache", float(hit[1].get("compile_seconds", 0.0))
+        origin, seconds = "cache", float(hit.meta.get("compile_seconds", 0.0))
+        peak = int(hit.meta.get("peak_memory", 0))
     else:
-        _run_compiler(unit, artifact, toolchain, out_dir, timeout)
-        origin, seconds = "compiled", time.monotonic() - started
+        timeout = unit.compile_timeout or options.timeout
+        outcome = _compile(unit, artifact, toolchain, out_dir, timeout, options.budget)
+        origin, seconds, peak = "compiled", outcome.seconds, outcome.peak_memory
     result = _verified_result(unit, artifact, toolchain, out_dir, key.digest, origin, seconds)
+    result = replace(result, peak_memory=peak)
     if origin == "compiled" and cache is not None:
-        cache.put(key, out_dir / NEFF_FILE, {"compile_seconds": seconds, "unit": unit.name})
+        meta = {
+            "unit": unit.name,
+            "compile_seconds": round(seconds, 3),
+            "peak_memory": peak,
+            "compiler_version": result.compiler_version,
+        }
+        cache.publish(key, out_dir / NEFF_FILE, meta, out_dir / LOG_FILE)
+    if cache is not None:
+        result = replace(result, notices=tuple(cache.notices))
     atomic_write_text(out_dir / RESULT_FILE, json.dumps(result.to_json(), indent=2))
     return result
 
@@ -106,6 +135,7 @@ def load_result(out_dir: Path) -> CompiledNeff:
     data["neff_path"] = out_dir / NEFF_FILE
     data["inputs"] = tuple(TensorSpec.from_json(t) for t in data["inputs"])
     data["outputs"] = tuple(TensorSpec.from_json(t) for t in data["outputs"])
+    data["notices"] = tuple(data.get("notices", ()))
     return CompiledNeff(**data)
 
 
@@ -133,58 +163,133 @@ def _reusable_result(out_dir: Path, digest: str) -> CompiledNeff | None:
     return None
 
 
+def _compile(
+    unit: BuildUnit,
+    artifact: HloArtifact,
+    toolchain: Toolchain,
+    out_dir: Path,
+    timeout: float | None,
+    budget: MemoryBudget,
+) -> ProcessOutcome:
+    """Compile within the memory budget; a compile the OOM killer took is retried once alone."""
+    estimate = memory_estimate(unit, out_dir)
+    with budget.reserve(estimate):
+        outcome = _run_compiler(unit, artifact, toolchain, out_dir, timeout)
+    if outcome.killed:
+        _record_peak(out_dir, outcome)
+        with budget.reserve(max(estimate or 0, outcome.peak_memory), alone=True):
+            outcome = _run_compiler(unit, artifact, toolchain, out_dir, timeout, retry=True)
+    _record_peak(out_dir, outcome)
+    return outcome
+
+
+def memory_estimate(unit: BuildUnit, out_dir: Path) -> int | None:
+    """The larger of the manifest's hint and the peak measured at the unit's last compile."""
+    known = [m for m in (unit.compile_memory, _last_peak(out_dir)) if m]
+    return max(known) if known else None
+
+
+def _last_peak(out_dir: Path) -> int | None:
+    try:
+        return int(json.loads((out_dir / PEAK_FILE).read_text())["peak_memory"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _record_peak(out_dir: Path, outcome: ProcessOutcome) -> None:
+    record = {"peak_memory": outcome.peak_memory, "returncode": outcome.returncode}
+    atomic_write_text(out_dir / PEAK_FILE, json.dumps(record))
+
+
 def _run_compiler(
     unit: BuildUnit,
     artifact: HloArtifact,
     toolchain: Toolchain,
     out_dir: Path,
     timeout: float | None,
-) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    *,
+    retry: bool = False,
+) -> ProcessOutcome:
+    """One neuronx-cc run; a verified NEFF lands in out_dir or a BuildError is raised.
+
+    A compile killed by SIGKILL is returned, not raised, the first time: the
+    caller retries it alone, since the OOM killer may have picked it for the
+    memory of its neighbours.
+    """
+    _remove_stale_work_dirs(out_dir)
     # neuronx-cc has no work-dir flag: the cwd is its work dir, so each compile gets its own.
-    work = Path(tempfile.mkdtemp(prefix=".work-", dir=out_dir))
+    work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=out_dir))
     try:
         output, log, hlo = work / NEFF_FILE, work / LOG_FILE, work / HLO_INPUT
         # The artifact may have been built elsewhere: point its references here first.
         hlo.write_bytes(artifact.compilable_hlo())
         command = compiler_command(unit, toolchain, hlo, output, log)
-        returncode = _execute(command, work, timeout, unit.name)
-        if log.exists():
-            atomic_copy(log, out_dir / LOG_FILE)
-        if returncode != 0:
-            raise _failure(unit, command, out_dir, "neuronx-cc failed", returncode)
+        try:
+            outcome = run_process(command, work, work / STDOUT_FILE, timeout)
+        except OSError as error:
+            raise BuildError(
+                f"could not start neuronx-cc: {error}", unit=unit.name, command=command
+            ) from None
+        _keep_log(work, out_dir)
+        if outcome.killed and not retry:
+            return outcome
+        _check_outcome(unit, command, out_dir, outcome, timeout, retry)
         if not output.exists() or output.stat().st_size == 0:
             raise _failure(unit, command, out_dir, "neuronx-cc exited 0 but wrote no NEFF")
         _check_neff(unit, artifact, output, command, out_dir)
         os.replace(output, out_dir / NEFF_FILE)
+        return outcome
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _execute(command: list[str], work: Path, timeout: float | None, unit: str) -> int:
-    with open(work / "stdout.log", "wb") as stdout:
-        try:
-            proc = subprocess.run(
-                command, cwd=work, stdout=stdout, stderr=subprocess.STDOUT, timeout=timeout
-            )
-        except subprocess.TimeoutExpired:
-            raise BuildError(
-                f"neuronx-cc did not finish within {timeout:g} s", unit=unit, command=command
-            ) from None
-        except OSError as error:
-            raise BuildError(
-                f"could not start neuronx-cc: {error}", unit=unit, command=command
-            ) from None
-    _append(work / "stdout.log", work / LOG_FILE)
-    return proc.returncode
+def _check_outcome(
+    unit: BuildUnit,
+    command: list[str],
+    out_dir: Path,
+    outcome: ProcessOutcome,
+    timeout: float | None,
+    retry: bool,
+) -> None:
+    if outcome.timed_out:
+        message = f"neuronx-cc did not finish within {timeout:g} s and was stopped"
+    elif outcome.killed:
+        message = (
+            "neuronx-cc was killed (SIGKILL) twice, the second time running alone; "
+            f"peak memory {format_size(outcome.peak_memory)}: most likely out of memory. "
+            "Set compile-memory for this kernel or lower --max-compile-memory / -j"
+        )
+    elif outcome.returncode < 0:
+        message = f"neuronx-cc was killed by {_signal_name(-outcome.returncode)}"
+    elif outcome.returncode != 0:
+        message = "neuronx-cc failed"
+    else:
+        return
+    raise _failure(unit, command, out_dir, message, outcome.returncode)
 
 
-def _append(source: Path, log: Path) -> None:
-    """Keep what the compiler printed together with its log file."""
-    text = source.read_bytes()
-    if text:
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _remove_stale_work_dirs(out_dir: Path) -> None:
+    # Left by a killed build; the build lock guarantees no live compile uses them.
+    for stale in out_dir.glob(WORK_PREFIX + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _keep_log(work: Path, out_dir: Path) -> None:
+    """The compiler's log file followed by what it printed, kept under the build dir."""
+    log = work / LOG_FILE
+    printed = (work / STDOUT_FILE).read_bytes() if (work / STDOUT_FILE).exists() else b""
+    if printed:
         with open(log, "ab") as handle:
-            handle.write(b"\n--- neuronx-cc stdout/stderr ---\n" + text)
+            handle.write(b"\n--- neuronx-cc stdout/stderr ---\n" + printed)
+    if log.exists():
+        atomic_copy(log, out_dir / LOG_FILE)
 
 
 def _failure(

@@ -69,13 +69,14 @@ class NkibuildLoader(TaskLoader2):
         if self.context is not None:
             return
         from nkibuild.project import load_context
+        from nkibuild.settings import BuildOptions
 
         try:
             self.context = load_context(
                 Path(opt_values.get("nkibuild_manifest", "nkibuild.yaml")),
                 Path("build"),
                 Path("dist"),
-                opt_values.get("nkibuild_toolchain", "auto"),
+                BuildOptions(toolchain=opt_values.get("nkibuild_toolchain", "auto")),
             )
         except NkibuildError as error:
             # doit prints a loader's InvalidDodoFile as a plain error, not a traceback.

@@ -17,6 +17,7 @@ class TaskOutcome:
     status: str  # "done", "up-to-date", "failed", "blocked" (a dependency failed), "skipped"
     seconds: float = 0.0
     detail: str = ""  # e.g. the cache origin of a compile, or the failure message
+    notices: tuple[str, ...] = ()  # warnings that did not fail the task
 
 
 @dataclass
@@ -48,6 +49,10 @@ class BuildSummary:
         )
 
     @property
+    def notices(self) -> list[str]:
+        return [f"{o.name}: {notice}" for o in self.outcomes for notice in o.notices]
+
+    @property
     def ok(self) -> bool:
         return not self.failures and not self.names("blocked") and not self.runtime_errors
 
@@ -59,6 +64,7 @@ class BuildSummary:
             "failed": {o.name: o.detail for o in self.failures},
             "blocked": self.names("blocked"),
             "compile_origins": dict(self.origins),
+            "notices": self.notices,
             "runtime_errors": self.runtime_errors,
         }
 
@@ -100,8 +106,10 @@ class BuildReporter:
 
     def add_success(self, task: Any) -> None:
         if task.actions:
-            detail = str(task.values.get("origin", "")) if isinstance(task.values, dict) else ""
-            self._record(TaskOutcome(task.name, "done", self._elapsed(task), detail))
+            values = task.values if isinstance(task.values, dict) else {}
+            detail = str(values.get("origin", ""))
+            notices = tuple(map(str, values.get("notices", ())))
+            self._record(TaskOutcome(task.name, "done", self._elapsed(task), detail, notices))
 
     def add_failure(self, task: Any, fail: Any) -> None:
         from doit.exceptions import UnmetDependency

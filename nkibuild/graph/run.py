@@ -34,7 +34,10 @@ class RunOptions:
 
 def run_build(context: BuildContext, options: RunOptions, display: Display) -> BuildSummary:
     """Execute the selected tasks (default: everything up to the wheel)."""
+    from nkibuild.compiler.budget import COMPILE_BUDGET
+
     lock = acquire_build_lock(context.layout.build_dir, options.lock_timeout)
+    COMPILE_BUDGET.configure(context.settings.max_compile_memory, options.jobs)
     # Building and checking thousands of tasks allocates millions of objects and few
     # cycles; CPython's default GC threshold would scan them dozens of times.
     thresholds = gc.get_threshold()

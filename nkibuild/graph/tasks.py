@@ -23,6 +23,7 @@ from nkibuild import __version__
 from nkibuild.errors import NkibuildError
 from nkibuild.manifest.model import Kernel, Manifest
 from nkibuild.plan import BuildUnit, ExtractSpec, extract_specs
+from nkibuild.settings import BuildOptions, BuildSettings
 from nkibuild.toolchain import Toolchain
 from nkibuild.toolchain.worker_pool import user_variables
 
@@ -69,8 +70,7 @@ class BuildContext:
     units: tuple[BuildUnit, ...]
     toolchain: Toolchain
     layout: Layout
-    cache_dir: Path | None = None  # None: no shared NEFF cache
-    cache_read_only: bool = False
+    settings: BuildSettings
     frontend_versions: dict[str, dict[str, str]] = field(default_factory=dict, compare=False)
 
 
@@ -97,7 +97,8 @@ def doit_tasks(
     """
     from nkibuild.project import load_context
 
-    context = load_context(Path(manifest), Path(build_dir), Path(dist_dir), toolchain)
+    options = BuildOptions(toolchain=toolchain)
+    context = load_context(Path(manifest), Path(build_dir), Path(dist_dir), options)
     yield from task_dicts(context)
 
 
@@ -183,20 +184,20 @@ def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
 
 
 @_guarded
-def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, str]:
-    from nkibuild.cache import NeffCache
-    from nkibuild.compiler import compile_unit
+def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
+    from nkibuild.cache import open_cache_chain
+    from nkibuild.compiler import CompileOptions, compile_unit
     from nkibuild.frontends import load_artifact
 
     layout = context.layout
     artifact = load_artifact(layout.extract_dir(unit.extract))
-    cache = (
-        NeffCache(context.cache_dir, read_only=context.cache_read_only)
-        if context.cache_dir
-        else None
+    cache = context.settings.cache
+    options = CompileOptions(
+        cache=open_cache_chain(cache.local_dir, cache.remote_url, read_only=cache.read_only),
+        timeout=context.settings.compile_timeout,
     )
-    result = compile_unit(unit, artifact, context.toolchain, layout.compile_dir(unit), cache)
-    return {"origin": result.origin}
+    result = compile_unit(unit, artifact, context.toolchain, layout.compile_dir(unit), options)
+    return {"origin": result.origin, "notices": list(result.notices)}
 
 
 def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:

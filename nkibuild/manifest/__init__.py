@@ -21,6 +21,7 @@ from nkibuild.manifest.model import (
     DEFAULT_VARIANT,
     FRONTENDS,
     TARGETS,
+    CacheSettings,
     CompileSettings,
     Constant,
     Kernel,
@@ -30,6 +31,7 @@ from nkibuild.manifest.model import (
     TensorSpec,
     Variant,
 )
+from nkibuild.quantities import parse_duration, parse_size
 
 if TYPE_CHECKING:
     from nkibuild.manifest.yamlsource import JsonPath, YamlDocument
@@ -42,6 +44,7 @@ __all__ = [
     "DEFAULT_VARIANT",
     "FRONTENDS",
     "TARGETS",
+    "CacheSettings",
     "CompileSettings",
     "Constant",
     "Kernel",
@@ -92,6 +95,11 @@ def _manifest(doc: YamlDocument, path: Path, sha256: str) -> Manifest:
         default_targets=tuple(defaults.get("targets", DEFAULT_TARGETS)),
         defaults=layer_settings(DEFAULT_SETTINGS, _settings(defaults)),
         kernels=tuple(_kernel(name, kernel, doc) for name, kernel in data["kernels"].items()),
+        compiler_path=_compiler_path(data.get("compiler", {}), path.parent),
+        cache=CacheSettings(
+            remote=data.get("cache", {}).get("remote"),
+            read_only=data.get("cache", {}).get("read-only", False),
+        ),
         sha256=sha256,
     )
 
@@ -119,7 +127,17 @@ def _settings(data: Mapping[str, Any]) -> CompileSettings:
     return CompileSettings(**values)
 
 
+def _compiler_path(data: Mapping[str, Any], root: Path) -> Path | None:
+    if "path" not in data:
+        return None
+    return root / Path(data["path"]).expanduser()  # an absolute path replaces root
+
+
 def _setting_value(key: str, value: Any) -> Any:
+    if key == "compile-memory":
+        return parse_size(value)
+    if key == "compile-timeout":
+        return parse_duration(value)
     if key == "lnc":
         return None if value == "auto" else value
     if key == "compiler-args":

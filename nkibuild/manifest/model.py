@@ -50,6 +50,8 @@ class CompileSettings:
     lnc: int | None = None  # None also stands for "auto"
     fast_loading: bool | None = None
     compiler_args: tuple[str, ...] | None = None
+    compile_memory: int | None = None  # bytes; a scheduling hint, not a compiler flag
+    compile_timeout: float | None = None  # seconds
 
 
 @dataclass(frozen=True)
@@ -103,12 +105,20 @@ class Package:
 
 
 @dataclass(frozen=True)
+class CacheSettings:
+    remote: str | None = None  # fsspec URL
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
 class Manifest:
     path: Path  # absolute path of nkibuild.yaml
     package: Package
     default_targets: tuple[str, ...]
     defaults: CompileSettings
     kernels: tuple[Kernel, ...]
+    compiler_path: Path | None = None  # absolute; None: search for neuronx-cc
+    cache: CacheSettings = CacheSettings()
     sha256: str = field(default="", compare=False)  # of the manifest bytes
 
     @property

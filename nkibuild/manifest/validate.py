@@ -343,7 +343,9 @@ def _type_phrase(
 
 def _string_phrase(schema: Mapping[str, Any], code: Callable[[str], str]) -> str:
     phrase = "a non-empty string" if schema.get("minLength", 0) >= 1 else "a string"
-    if "pattern" in schema:
+    if "examples" in schema:  # friendlier than the pattern that checks them
+        phrase = "a string such as " + ", ".join(code(str(e)) for e in schema["examples"])
+    elif "pattern" in schema:
         phrase = f"a string matching {code(schema['pattern'])}"
     if "maxLength" in schema:
         phrase += f" of at most {schema['maxLength']} characters"

@@ -6,6 +6,7 @@ version it is; every later stage receives the resulting `Toolchain` value.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -23,7 +24,8 @@ VERSION_PREFIX = "NeuronX Compiler version "
 FAKE_COMPILER_MODULE = "nkibuild.testing.fake_neuronxcc"
 
 NO_COMPILER_HELP = (
-    "neuronx-cc was not found on PATH or next to this Python interpreter.\n"
+    "neuronx-cc was not found on PATH, in this Python's virtualenv or in a Neuron SDK\n"
+    "  virtualenv (/opt/aws_neuronx_venv_*).\n"
     "  To build real NEFFs, install the Neuron compiler into this environment, e.g.\n"
     "    python -m pip install neuronx-cc \\\n"
     "      --extra-index-url https://pip.repos.neuron.amazonaws.com\n"
@@ -52,16 +54,38 @@ class Toolchain:
         return f"neuronx-cc {self.compiler_version}{label}"
 
 
-def find_compiler() -> Path | None:
-    """The real neuronx-cc: PATH first, then the running interpreter's bin dir (a venv)."""
+# The Deep Learning AMIs put the Neuron SDK in virtualenvs such as
+# /opt/aws_neuronx_venv_pytorch_2_9; newest-looking name first.
+SDK_VENV_GLOB = "/opt/aws_neuronx_venv_*/bin"
+
+
+def find_compiler(configured: Path | None = None) -> Path | None:
+    """The real neuronx-cc: as configured, else PATH, this Python's virtualenv, the SDK's."""
+    if configured is not None:
+        if not (configured.is_file() and os.access(configured, os.X_OK)):
+            raise ToolchainError(
+                f"the configured neuronx-cc {configured} is not an executable file "
+                "(set by --compiler, NKIBUILD_NEURONX_CC or `compiler: path:` in the manifest)"
+            )
+        return configured
     found = shutil.which(COMPILER_NAME)
     if found:
         return Path(found)
-    beside = Path(sys.executable).parent / COMPILER_NAME
-    return beside if beside.is_file() and os.access(beside, os.X_OK) else None
+    for directory in _venv_bin_dirs():
+        candidate = directory / COMPILER_NAME
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
 
 
-def resolve_toolchain(mode: str, state_dir: Path) -> Toolchain:
+def _venv_bin_dirs() -> list[Path]:
+    dirs = [Path(sys.executable).parent]
+    if os.environ.get("VIRTUAL_ENV"):
+        dirs.append(Path(os.environ["VIRTUAL_ENV"]) / "bin")
+    return dirs + sorted(map(Path, glob.glob(SDK_VENV_GLOB)), reverse=True)
+
+
+def resolve_toolchain(mode: str, state_dir: Path, compiler: Path | None = None) -> Toolchain:
     """Pick the compiler for `mode`; never falls back from auto/neuron to the double."""
     if mode not in TOOLCHAIN_MODES:
         raise UsageError(f"unknown toolchain {mode!r}; choose one of {', '.join(TOOLCHAIN_MODES)}")
@@ -69,10 +93,10 @@ def resolve_toolchain(mode: str, state_dir: Path) -> Toolchain:
         command: tuple[str, ...] = (sys.executable, "-m", FAKE_COMPILER_MODULE)
         identity = Path(__file__).resolve().parents[1] / "testing"
     else:
-        compiler = find_compiler()
-        if compiler is None:
+        found = find_compiler(compiler)
+        if found is None:
             raise ToolchainError(f"toolchain {mode!r}: {NO_COMPILER_HELP}")
-        command, identity = (str(compiler),), compiler
+        command, identity = (str(found),), found
     version = _cached_version(command, identity, state_dir)
     return Toolchain(
         mode="fake" if mode == "fake" else "neuron",

@@ -1,0 +1,78 @@
+"""Cache tiers in lookup order: the machine's directory first, then the shared remote."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nkibuild.cache.key import CacheKey
+from nkibuild.cache.store import NeffStore
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    meta: dict[str, Any]
+    location: str  # which tier served it
+
+
+class CacheChain:
+    """Fetch from the first tier that has the entry; publish to every writable tier.
+
+    A hit in a later tier is copied into the earlier ones, so the next build on
+    this machine does not download it again. A remote that fails (network, auth)
+    degrades to a miss or a skipped upload with a notice: a cache never fails a build.
+    """
+
+    def __init__(self, tiers: Sequence[NeffStore]) -> None:
+        self.tiers = tuple(tiers)
+        self._errors: list[str] = []
+
+    @property
+    def notices(self) -> list[str]:
+        return [*self._errors, *(n for tier in self.tiers for n in tier.notices)]
+
+    def fetch(self, key: CacheKey, destination: Path) -> CacheHit | None:
+        for index, tier in enumerate(self.tiers):
+            meta = self._guard(tier, "read from", lambda t=tier: t.fetch(key, destination))
+            if meta is not None:
+                self._backfill(self.tiers[:index], key, destination, meta)
+                return CacheHit(meta, tier.location)
+        return None
+
+    def publish(
+        self, key: CacheKey, neff: Path, meta: dict[str, Any], log: Path | None = None
+    ) -> None:
+        for tier in self.tiers:
+            self._guard(tier, "publish to", lambda t=tier: t.publish(key, neff, meta, log))
+
+    def _backfill(
+        self, tiers: Sequence[NeffStore], key: CacheKey, neff: Path, meta: dict[str, Any]
+    ) -> None:
+        for tier in tiers:
+            self._guard(tier, "publish to", lambda t=tier: t.publish(key, neff, meta))
+
+    def _guard(self, tier: NeffStore, doing: str, call: Any) -> Any:
+        try:
+            return call()
+        # Remote filesystems raise their own exception types (botocore, aiohttp, ...).
+        except Exception as error:
+            self._errors.append(f"could not {doing} the cache at {tier.location}: {error}")
+            return None
+
+
+def open_cache_chain(
+    local_dir: Path | None, remote_url: str | None, *, read_only: bool = False
+) -> CacheChain | None:
+    """The configured tiers, or None when caching is off."""
+    tiers: list[NeffStore] = []
+    if local_dir is not None:
+        from nkibuild.cache.local import LocalCache
+
+        tiers.append(LocalCache(local_dir, read_only=read_only))
+    if remote_url:
+        from nkibuild.cache.remote import RemoteCache
+
+        tiers.append(RemoteCache(remote_url, read_only=read_only))
+    return CacheChain(tiers) if tiers else None

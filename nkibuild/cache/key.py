@@ -1,0 +1,39 @@
+"""The cache key: the inputs that determine a NEFF, and their digest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+KEY_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """Only content enters: no paths, user names, hosts or timestamps, so the
+    same kernel hits the same entry from any checkout on any machine."""
+
+    inputs: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, **inputs: Any) -> CacheKey:
+        return cls(tuple(sorted({"key_schema": KEY_SCHEMA_VERSION, **inputs}.items())))
+
+    @property
+    def digest(self) -> str:
+        canonical = json.dumps(dict(self.inputs), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.inputs)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

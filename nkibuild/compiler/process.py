@@ -1,0 +1,85 @@
+"""Run one compiler process: own process group, timeout, peak memory.
+
+neuronx-cc starts helper processes of its own, so a timeout or an interrupt
+kills the whole process group, and nothing it started outlives the compile.
+The peak resident memory comes from `os.wait4`, which reports the largest of
+the process and its waited-for descendants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ProcessOutcome:
+    returncode: int  # negative: killed by that signal
+    peak_memory: int  # bytes
+    seconds: float
+    timed_out: bool
+
+    @property
+    def killed(self) -> bool:
+        """Died of SIGKILL from outside: the Linux OOM killer's signal."""
+        return self.returncode == -signal.SIGKILL and not self.timed_out
+
+
+def run_process(
+    command: list[str], cwd: Path, output: Path, timeout: float | None
+) -> ProcessOutcome:
+    """Run `command` in `cwd` with stdout and stderr to `output`; OSError if it cannot start."""
+    started = time.monotonic()
+    with open(output, "wb") as sink:
+        process = subprocess.Popen(
+            command, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    expired = threading.Event()
+    timer = _kill_after(process.pid, timeout, expired)
+    try:
+        # Wait without reaping: while the compiler is a zombie its process group id
+        # cannot be reused, so killing the group cannot hit an unrelated process.
+        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
+    except BaseException:
+        _kill_group(process.pid)  # interrupted: take the compiler down with us
+        process.wait()
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+    _kill_group(process.pid)  # helpers the compiler left behind
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return ProcessOutcome(
+        returncode=process.returncode,
+        peak_memory=usage.ru_maxrss * 1024,  # Linux reports KiB
+        seconds=time.monotonic() - started,
+        timed_out=expired.is_set(),
+    )
+
+
+def _kill_after(
+    pid: int, timeout: float | None, expired: threading.Event
+) -> threading.Timer | None:
+    if timeout is None:
+        return None
+
+    def expire() -> None:
+        expired.set()
+        _kill_group(pid)
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
