@@ -24,13 +24,19 @@ class QuietDisplay:
         pass
 
 
-def build(project: Path, *selection: str, keep_going: bool = False, jobs: int = 1) -> BuildSummary:
+def build(
+    project: Path,
+    *selection: str,
+    keep_going: bool = False,
+    jobs: int = 1,
+    options: BuildOptions | None = None,
+) -> BuildSummary:
     """Build a project with the toolchain double; returns what doit reported."""
     context = load_context(
         project / "nkibuild.yaml",
         project / "build",
         project / "dist",
-        BuildOptions(toolchain="fake"),
+        options or BuildOptions(toolchain="fake"),
     )
     options = RunOptions(selection=selection, keep_going=keep_going, jobs=jobs)
     return run_build(context, options, QuietDisplay())

@@ -107,12 +107,13 @@ def compile_unit(
     atomic_write_text(out_dir / KEY_FILE, json.dumps(key.to_json(), indent=2, sort_keys=True))
     cache = options.cache
     hit = cache.fetch(key, out_dir / NEFF_FILE) if cache else None
+    notices: list[str] = []
     if hit is not None:
         origin, seconds = "cache", float(hit.meta.get("compile_seconds", 0.0))
         peak = int(hit.meta.get("peak_memory", 0))
     else:
         timeout = unit.compile_timeout or options.timeout
-        outcome = _compile(unit, artifact, toolchain, out_dir, timeout, options.budget)
+        outcome = _compile(unit, artifact, toolchain, out_dir, timeout, options.budget, notices)
         origin, seconds, peak = "compiled", outcome.seconds, outcome.peak_memory
     result = _verified_result(unit, artifact, toolchain, out_dir, key.digest, origin, seconds)
     result = replace(result, peak_memory=peak)
@@ -124,8 +125,7 @@ def compile_unit(
             "compiler_version": result.compiler_version,
         }
         cache.publish(key, out_dir / NEFF_FILE, meta, out_dir / LOG_FILE)
-    if cache is not None:
-        result = replace(result, notices=tuple(cache.notices))
+    result = replace(result, notices=(*notices, *(cache.notices if cache else ())))
     atomic_write_text(out_dir / RESULT_FILE, json.dumps(result.to_json(), indent=2))
     return result
 
@@ -170,6 +170,7 @@ def _compile(
     out_dir: Path,
     timeout: float | None,
     budget: MemoryBudget,
+    notices: list[str],
 ) -> ProcessOutcome:
     """Compile within the memory budget; a compile the OOM killer took is retried once alone."""
     estimate = memory_estimate(unit, out_dir)
@@ -177,8 +178,13 @@ def _compile(
         outcome = _run_compiler(unit, artifact, toolchain, out_dir, timeout)
     if outcome.killed:
         _record_peak(out_dir, outcome)
+        killed_at = format_size(outcome.peak_memory)
         with budget.reserve(max(estimate or 0, outcome.peak_memory), alone=True):
             outcome = _run_compiler(unit, artifact, toolchain, out_dir, timeout, retry=True)
+        notices.append(
+            f"neuronx-cc was killed by SIGKILL at {killed_at} (out of memory?); it succeeded "
+            "when retried alone. Set compile-memory for this kernel to schedule it safely"
+        )
     _record_peak(out_dir, outcome)
     return outcome
 

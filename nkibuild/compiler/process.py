@@ -17,6 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+# Process groups of compilers running now, in any thread.
+_RUNNING: set[int] = set()
+_LOCK = threading.Lock()
+
 
 @dataclass(frozen=True)
 class ProcessOutcome:
@@ -42,6 +46,8 @@ def run_process(
         )
     expired = threading.Event()
     timer = _kill_after(process.pid, timeout, expired)
+    with _LOCK:
+        _RUNNING.add(process.pid)
     try:
         # Wait without reaping: while the compiler is a zombie its process group id
         # cannot be reused, so killing the group cannot hit an unrelated process.
@@ -53,6 +59,8 @@ def run_process(
     finally:
         if timer is not None:
             timer.cancel()
+        with _LOCK:
+            _RUNNING.discard(process.pid)
     _kill_group(process.pid)  # helpers the compiler left behind
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
@@ -62,6 +70,15 @@ def run_process(
         seconds=time.monotonic() - started,
         timed_out=expired.is_set(),
     )
+
+
+def kill_running() -> None:
+    """Stop every compile still running: the build was interrupted while other threads
+    waited on compilers (only the main thread sees KeyboardInterrupt)."""
+    with _LOCK:
+        groups = list(_RUNNING)
+    for pid in groups:
+        _kill_group(pid)
 
 
 def _kill_after(

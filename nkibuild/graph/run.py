@@ -44,6 +44,11 @@ def run_build(context: BuildContext, options: RunOptions, display: Display) -> B
     gc.set_threshold(50_000, 20, 20)
     try:
         return _run_locked(context, options, display)
+    except BaseException:
+        from nkibuild.compiler.process import kill_running
+
+        kill_running()  # e.g. Ctrl-C: no compiler may outlive the build
+        raise
     finally:
         gc.set_threshold(*thresholds)
         from nkibuild.toolchain.worker_pool import POOL

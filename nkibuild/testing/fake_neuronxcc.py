@@ -24,10 +24,14 @@ Environment variables that make it misbehave on purpose, for tests:
     - `hugelog`: write a ~5 MB log, then exit 1.
 - `NKIBUILD_FAKE_CC_FAULT_MATCH`: apply the fault only if this substring occurs in the
   input or output path (to fail one unit of a build).
+- `NKIBUILD_FAKE_CC_FAULT_ONCE`: a file path; the fault fires only for the compile that
+  creates it (the first), so a retry succeeds.
 - `NKIBUILD_FAKE_CC_CPU_SECONDS`: busy-loop this many (wall-clock) seconds first.
 - `NKIBUILD_FAKE_CC_MEMORY_MB`: allocate and touch this many MB for the whole compile.
 - `NKIBUILD_FAKE_CC_COUNTER`: append one line (the argv) to this file per compile
   invocation, before anything else, so tests can count compiler runs.
+- `NKIBUILD_FAKE_CC_TIMES`: append `start end` (time.time()) of every successful compile,
+  so tests and benchmarks can see which compiles overlapped.
 """
 
 from __future__ import annotations
@@ -90,13 +94,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _count_invocation(argv: list[str]) -> None:
-    path = os.environ.get("NKIBUILD_FAKE_CC_COUNTER")
+    _append_line("NKIBUILD_FAKE_CC_COUNTER", shlex.join(argv))
+
+
+def _append_line(variable: str, line: str) -> None:
+    path = os.environ.get(variable)
     if not path:
         return
     # One O_APPEND write per line: concurrent compiles never interleave their lines.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(fd, (shlex.join(argv) + "\n").encode())
+        os.write(fd, (line + "\n").encode())
     finally:
         os.close(fd)
 
@@ -180,6 +188,7 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
         return 1
     log.info(f"{VERSION_LINE}: this is nkibuild's toolchain double, not the real neuronx-cc")
     log.info(f"command: {shlex.join(['neuronx-cc', *argv])}")
+    started = time.time()
     try:
         lnc = _check_options(args)
         ballast = _use_resources()
@@ -189,6 +198,7 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
         _write_placeholder(args, argv, lnc, log)
         del ballast  # held until here: the memory must stay in use for the whole compile
         log.info("Compiler status PASS")
+        _append_line("NKIBUILD_FAKE_CC_TIMES", f"{started:.6f} {time.time():.6f}")
     except _CompileError as exc:
         log.error(str(exc))
         return exc.exit_code
@@ -241,6 +251,12 @@ def _fault(args: argparse.Namespace) -> str | None:
     match = os.environ.get("NKIBUILD_FAKE_CC_FAULT_MATCH", "")
     if match and match not in args.input and match not in args.output:
         return None
+    once = os.environ.get("NKIBUILD_FAKE_CC_FAULT_ONCE")
+    if once:
+        try:
+            os.close(os.open(once, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            return None  # it fired before
     return fault
 
 
