@@ -52,8 +52,10 @@ def test_a_read_only_cache_reports_but_keeps_a_corrupt_entry(tmp_path: Path) -> 
 def test_verify_finds_and_discards_corrupt_entries(tmp_path: Path) -> None:
     cache = LocalCache(tmp_path / "cache")
     good, bad = publish(cache, tmp_path, "good", 100), publish(cache, tmp_path, "bad", 100)
-    with open(cache.entry_dir(bad) / "model.neff", "r+b") as handle:
-        handle.write(b"\x00")  # one flipped byte
+    neff = cache.entry_dir(bad) / "model.neff"
+    data = bytearray(neff.read_bytes())
+    data[0] ^= 0xFF  # one flipped byte
+    neff.write_bytes(bytes(data))
     (problem,) = cache.verify()
     assert str(cache.entry_dir(bad)) in problem
     assert [e.directory for e in cache.entries()] == [cache.entry_dir(good)]
@@ -66,6 +68,9 @@ class FailingTier:
 
     def __init__(self) -> None:
         self.notices: list[str] = []
+
+    def contains(self, key: CacheKey) -> bool:
+        raise ConnectionError("connection refused")
 
     def fetch(self, key: CacheKey, destination: Path) -> None:
         raise ConnectionError("connection refused")
@@ -82,6 +87,7 @@ def test_chain_backfills_earlier_tiers_and_survives_a_failing_one(tmp_path: Path
     assert hit is not None and hit.location == str(tmp_path / "far")
     assert near.fetch(key, tmp_path / "near.neff") is not None  # copied to the first tier
     assert any("could not read from the cache at s3://unreachable" in n for n in chain.notices)
+    assert chain.locate(key) == str(tmp_path / "near")
     missing = CacheKey.of(hlo="missing")
     assert chain.fetch(missing, tmp_path / "none.neff") is None
     chain.publish(missing, tmp_path / "k.neff", {"unit": "m"})

@@ -41,6 +41,13 @@ class CacheChain:
                 return CacheHit(meta, tier.location)
         return None
 
+    def locate(self, key: CacheKey) -> str | None:
+        """The first tier holding an entry for `key`, without fetching it."""
+        for tier in self.tiers:
+            if self._guard(tier, "read from", lambda t=tier: t.contains(key)):
+                return tier.location
+        return None
+
     def publish(
         self, key: CacheKey, neff: Path, meta: dict[str, Any], log: Path | None = None
     ) -> None:

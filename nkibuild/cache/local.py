@@ -51,6 +51,9 @@ class LocalCache:
         digest = key if isinstance(key, str) else key.digest
         return self.root / "neff" / digest[:2] / digest
 
+    def contains(self, key: CacheKey) -> bool:
+        return (self.entry_dir(key) / ENTRY_FILE).is_file()
+
     def fetch(self, key: CacheKey, destination: Path) -> dict[str, Any] | None:
         entry = self.entry_dir(key)
         try:

@@ -27,6 +27,10 @@ class NeffStore(Protocol):
     read_only: bool
     notices: list[str]
 
+    def contains(self, key: CacheKey) -> bool:
+        """Whether a complete entry exists (unverified: for reports, not for use)."""
+        ...
+
     def fetch(self, key: CacheKey, destination: Path) -> dict[str, Any] | None:
         """Copy the entry's NEFF to `destination` (atomically); its metadata, or None."""
         ...

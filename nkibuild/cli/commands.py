@@ -55,6 +55,18 @@ def build(args: argparse.Namespace) -> int:
     return EXIT_OK if summary.ok else EXIT_BUILD_FAILED
 
 
+def explain(args: argparse.Namespace) -> int:
+    """Exit 0 whether or not units would be rebuilt: it is a report, not a check."""
+    from nkibuild.graph.explain import explain as explain_units
+
+    explanations = explain_units(_context(args), args.units)
+    if args.json:
+        print(json.dumps([e.to_json() for e in explanations], indent=2))
+    else:
+        print("\n".join(e.render() for e in explanations))
+    return EXIT_OK
+
+
 def plan(args: argparse.Namespace) -> int:
     from nkibuild.plan import resolve
 

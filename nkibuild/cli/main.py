@@ -56,6 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan = _add(commands, "plan", cmd.plan, "show the resolved build matrix", project)
     plan.add_argument("--json", action="store_true", help="print the units as JSON")
+    explain = _add(
+        commands,
+        "explain",
+        cmd.explain,
+        "say why build units would be rebuilt (which input of their key changed)",
+        project,
+        _toolchain_option(),
+        _cache_options(),
+    )
+    explain.add_argument("units", nargs="*", metavar="UNIT", help="units or kernels (default: all)")
+    explain.add_argument("--json", action="store_true", help="print the explanations as JSON")
     _add(commands, "validate", cmd.validate, "check the manifest and report every problem", project)
     _add(commands, "list", cmd.list_tasks, "list the build's tasks", project, _toolchain_option())
     clean = _add(commands, "clean", cmd.clean, "remove the build directory", project)
@@ -131,8 +142,27 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _cache_options() -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
+        "--cache-dir", type=Path, help="local NEFF cache [default: env NKIBUILD_CACHE_DIR, "
+        "else the user cache dir]",
+    )  # fmt: skip
+    options.add_argument(
+        "--remote-cache", metavar="URL", help="shared remote cache, e.g. s3://bucket/prefix "
+        "[default: env NKIBUILD_REMOTE_CACHE, manifest `cache: remote:`]",
+    )  # fmt: skip
+    options.add_argument(
+        "--cache-read-only", action="store_true",
+        help="use the caches but never write to them (CI consumers)",
+    )  # fmt: skip
+    return options
+
+
 def _build_options() -> argparse.ArgumentParser:
-    options = argparse.ArgumentParser(add_help=False, parents=[_toolchain_option()])
+    options = argparse.ArgumentParser(
+        add_help=False, parents=[_toolchain_option(), _cache_options()]
+    )
     options.add_argument("tasks", nargs="*", metavar="TASK", help="tasks or globs (default: all)")
     options.add_argument("-j", "--jobs", type=int, default=1, help="parallel tasks [default: 1]")
     options.add_argument("-k", "--keep-going", action="store_true", help="continue after failures")
@@ -145,18 +175,6 @@ def _build_options() -> argparse.ArgumentParser:
         "--compile-timeout", type=_duration, metavar="DURATION",
         help="stop a compile after this long, e.g. 2h, unless its kernel sets "
         "compile-timeout [default: env NKIBUILD_COMPILE_TIMEOUT, else none]",
-    )  # fmt: skip
-    options.add_argument(
-        "--cache-dir", type=Path, help="local NEFF cache [default: env NKIBUILD_CACHE_DIR, "
-        "else the user cache dir]",
-    )  # fmt: skip
-    options.add_argument(
-        "--remote-cache", metavar="URL", help="shared remote cache, e.g. s3://bucket/prefix "
-        "[default: env NKIBUILD_REMOTE_CACHE, manifest `cache: remote:`]",
-    )  # fmt: skip
-    options.add_argument(
-        "--cache-read-only", action="store_true",
-        help="use the caches but never write to them (CI consumers)",
     )  # fmt: skip
     options.add_argument("--no-cache", action="store_true", help="do not use the NEFF caches")
     options.add_argument("--json", dest="json_summary", action="store_true",

@@ -71,9 +71,11 @@ class CompiledNeff:
         return data
 
 
-def cache_key(unit: BuildUnit, artifact: HloArtifact, toolchain: Toolchain) -> CacheKey:
+def cache_key(unit: BuildUnit, hlo_hash: str, toolchain: Toolchain) -> CacheKey:
+    """Everything that determines the NEFF: the normalized HLO (with its sidecars) and how
+    it is compiled. Nothing about where or when enters."""
     return CacheKey.of(
-        hlo=artifact.content_hash,
+        hlo=hlo_hash,
         compile_args=unit.compile_args(),
         compiler_version=toolchain.compiler_version,
         target=unit.target,
@@ -98,8 +100,8 @@ def compile_unit(
     out_dir: Path,
     options: CompileOptions,
 ) -> CompiledNeff:
-    key = cache_key(unit, artifact, toolchain)
-    previous = _reusable_result(out_dir, key.digest)
+    key = cache_key(unit, artifact.content_hash, toolchain)
+    previous = finished_result(out_dir, key.digest)
     if previous is not None:
         return replace(previous, origin="build-dir")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -152,8 +154,9 @@ def compiler_command(
     ]  # fmt: skip
 
 
-def _reusable_result(out_dir: Path, digest: str) -> CompiledNeff | None:
-    """A finished NEFF from an earlier run whose doit state was lost (e.g. killed)."""
+def finished_result(out_dir: Path, digest: str) -> CompiledNeff | None:
+    """The finished, intact NEFF in `out_dir` for the key `digest`, if there is one
+    (e.g. from an earlier run whose doit state was lost when it was killed)."""
     try:
         result = load_result(out_dir)
         if result.cache_key == digest and file_sha256(result.neff_path) == result.sha256:

@@ -128,7 +128,8 @@ def _frontend_versions(context: BuildContext, frontend: str) -> dict[str, str]:
     return versions[frontend]
 
 
-def _extract_config(spec: ExtractSpec, versions: dict[str, str], toolchain: str) -> dict[str, Any]:
+def extract_config(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
+    """Everything besides files that decides an extraction's output (its doit `uptodate`)."""
     # Source positions are left out on purpose: moving a kernel within the
     # manifest must not re-extract it.
     return {
@@ -138,11 +139,17 @@ def _extract_config(spec: ExtractSpec, versions: dict[str, str], toolchain: str)
         "constants": [[name, value] for name, value in spec.constants],
         "target": spec.target,
         "lnc": spec.lnc,
-        "versions": versions,
-        "toolchain": toolchain,  # the double's fake frontends trace differently
+        "versions": _frontend_versions(context, spec.frontend),
+        "toolchain": context.toolchain.mode,  # the double's fake frontends trace differently
         "passed_env": user_variables(),
         "nkibuild": __version__,
     }
+
+
+def extract_files(context: BuildContext, spec: ExtractSpec) -> list[str]:
+    """The files an extraction reads (its doit `file_dep`), as absolute paths."""
+    root = context.manifest.root
+    return [_path(root / spec.source.path), *_expand_deps(root, spec.deps)]
 
 
 def _expand_deps(root: Path, patterns: Sequence[str]) -> list[str]:
@@ -157,28 +164,31 @@ def _expand_deps(root: Path, patterns: Sequence[str]) -> list[str]:
 
 @_guarded
 def run_extract(
-    spec: ExtractSpec, root: Path, out_dir: Path, toolchain: Toolchain
+    context: BuildContext, spec: ExtractSpec, config: dict[str, Any], files: list[str]
 ) -> dict[str, str]:
     from nkibuild.frontends import extract
+    from nkibuild.graph.records import write_extract_record
 
-    artifact = extract(spec, root, out_dir, toolchain)
+    root = context.manifest.root
+    out_dir = context.layout.extract_dir(spec)
+    artifact = extract(spec, root, out_dir, context.toolchain)
+    write_extract_record(context.layout.state_dir, spec.name, config, root, files)
     return {"content_hash": artifact.content_hash}
 
 
 def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
     from nkibuild.frontends import ARTIFACT_FILES
 
-    root = context.manifest.root
     out_dir = context.layout.extract_path(spec)
-    versions = _frontend_versions(context, spec.frontend)
+    config, files = extract_config(context, spec), extract_files(context, spec)
     return {
         "basename": "extract",
         "name": spec.name,
         "doc": f"extract HLO from {spec.source} ({spec.frontend})",
-        "actions": [(run_extract, (spec, root, Path(out_dir), context.toolchain))],
-        "file_dep": [_path(root / spec.source.path), *_expand_deps(root, spec.deps)],
+        "actions": [(run_extract, (context, spec, config, files))],
+        "file_dep": files,
         "targets": [os.path.join(out_dir, name) for name in ARTIFACT_FILES],
-        "uptodate": [config_changed(_extract_config(spec, versions, context.toolchain.mode))],
+        "uptodate": [config_changed(config)],
         "clean": True,
     }
 

@@ -1,0 +1,223 @@
+"""`nkibuild explain`: why a build unit is (or would be) rebuilt, input by input.
+
+It compares what the last build ran with (the extraction records in the state
+dir and each compile's `key.json`) with what a build would use now, and looks
+the new cache key up in the caches, so a cache miss names its cause.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from nkibuild.graph.tasks import BuildContext, extract_config, extract_files
+from nkibuild.plan import BuildUnit
+
+KEY_FIELDS = {
+    "hlo": "HLO module (normalized content hash)",
+    "compile_args": "compiler arguments",
+    "compiler_version": "compiler version",
+    "neuron_cc_flags": "NEURON_CC_FLAGS",
+    "target": "target",
+    "lnc": "logical NeuronCores (lnc)",
+    "key_schema": "nkibuild's cache key format",
+}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    unit: str
+    rebuild: bool
+    reasons: tuple[str, ...]
+    outcome: str  # what the next build would do for this unit
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "unit": self.unit,
+            "rebuild": self.rebuild,
+            "reasons": list(self.reasons),
+            "outcome": self.outcome,
+        }
+
+    def render(self) -> str:
+        head = f"{self.unit}: {'would be rebuilt' if self.rebuild else 'up to date'}"
+        lines = [head, *(f"  - {reason}" for reason in self.reasons), f"  => {self.outcome}"]
+        return "\n".join(lines)
+
+
+def explain_unit(context: BuildContext, unit: BuildUnit) -> Explanation:
+    extract_reasons = _extract_changes(context, unit)
+    hlo_hash = None if extract_reasons else _current_hlo_hash(context, unit)
+    recorded = _recorded_key(context, unit)
+    if recorded is None:
+        compile_reasons = ["never compiled in this build directory"]
+    else:
+        compile_reasons = _key_changes(recorded, _current_key_fields(context, unit, hlo_hash))
+    if not extract_reasons and not compile_reasons and not _neff_intact(context, unit, recorded):
+        compile_reasons.append("the NEFF of the last build is missing or damaged")
+    reasons = (*extract_reasons, *compile_reasons)
+    return Explanation(
+        unit.name, bool(reasons), reasons, _outcome(context, unit, hlo_hash, reasons)
+    )
+
+
+def _extract_changes(context: BuildContext, unit: BuildUnit) -> list[str]:
+    from nkibuild.frontends import METADATA_FILE
+    from nkibuild.graph.records import file_hashes, read_extract_record
+
+    spec = unit.extract
+    record = read_extract_record(context.layout.state_dir, spec.name)
+    if record is None:
+        return [f"extraction {spec.name} never ran in this build directory"]
+    changes = _file_changes(
+        record.get("files", {}),
+        file_hashes(context.manifest.root, extract_files(context, spec)),
+    )
+    changes += _config_changes(record.get("config", {}), extract_config(context, spec))
+    if not changes and not (context.layout.extract_dir(spec) / METADATA_FILE).is_file():
+        changes.append(f"the extracted HLO of {spec.name} is missing")
+    return changes
+
+
+def _file_changes(before: dict[str, str | None], now: dict[str, str | None]) -> list[str]:
+    changes = []
+    for path in sorted(before.keys() | now.keys()):
+        old, new = before.get(path), now.get(path)
+        if old == new:
+            continue
+        if old is None:
+            changes.append(f"file {path} is new to this kernel")
+        elif new is None:
+            changes.append(f"file {path} is gone")
+        else:
+            changes.append(f"file {path} changed (sha256 {old[:12]}... -> {new[:12]}...)")
+    return changes
+
+
+def _config_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    changes = []
+    for key in sorted(before.keys() | now.keys()):
+        old, new = before.get(key), now.get(key)
+        if old == new:
+            continue
+        if key == "passed_env":
+            names = sorted(
+                n for n in (old or {}).keys() | (new or {}).keys() if _differs(old, new, n)
+            )
+            # Values may be secrets: name the variables only.
+            changes.append(f"passed environment variables changed: {', '.join(names)}")
+        elif key == "versions":
+            changes.append(f"frontend packages changed: {_version_changes(old or {}, new or {})}")
+        else:
+            changes.append(f"extraction setting {key}: {_show(old)} -> {_show(new)}")
+    return changes
+
+
+def _differs(old: dict | None, new: dict | None, name: str) -> bool:
+    return (old or {}).get(name) != (new or {}).get(name)
+
+
+def _version_changes(old: dict[str, str], new: dict[str, str]) -> str:
+    return ", ".join(
+        f"{name} {old.get(name, 'absent')} -> {new.get(name, 'absent')}"
+        for name in sorted(old.keys() | new.keys())
+        if old.get(name) != new.get(name)
+    )
+
+
+def _current_hlo_hash(context: BuildContext, unit: BuildUnit) -> str | None:
+    from nkibuild.frontends import load_artifact
+
+    try:
+        return load_artifact(context.layout.extract_dir(unit.extract)).content_hash
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _recorded_key(context: BuildContext, unit: BuildUnit) -> dict[str, Any] | None:
+    from nkibuild.compiler import KEY_FILE
+
+    try:
+        recorded = json.loads((context.layout.compile_dir(unit) / KEY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return recorded if isinstance(recorded, dict) else None
+
+
+def _current_key_fields(
+    context: BuildContext, unit: BuildUnit, hlo_hash: str | None
+) -> dict[str, Any]:
+    from nkibuild.compiler import cache_key
+
+    fields = cache_key(unit, hlo_hash or "", context.toolchain).to_json()
+    if hlo_hash is None:
+        del fields["hlo"]  # unknown until the extraction reruns
+    return fields
+
+
+def _key_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    changes = []
+    for field in sorted(current, key=list(KEY_FIELDS).index):
+        old, new = recorded.get(field), current[field]
+        if old != new:
+            changes.append(f"{KEY_FIELDS[field]}: {_show(old)} -> {_show(new)}")
+    return changes
+
+
+def _neff_intact(context: BuildContext, unit: BuildUnit, recorded: dict[str, Any] | None) -> bool:
+    from nkibuild.cache import CacheKey
+    from nkibuild.compiler import finished_result
+
+    if recorded is None:
+        return False
+    digest = CacheKey(tuple(sorted(recorded.items()))).digest
+    return finished_result(context.layout.compile_dir(unit), digest) is not None
+
+
+def _outcome(
+    context: BuildContext, unit: BuildUnit, hlo_hash: str | None, reasons: tuple[str, ...]
+) -> str:
+    if not reasons:
+        return "nothing to do: the NEFF in the build directory is current"
+    if hlo_hash is None:
+        return "re-extract first; whether the NEFF is cached is known once the new HLO is"
+    from nkibuild.cache import open_cache_chain
+    from nkibuild.compiler import cache_key
+
+    key = cache_key(unit, hlo_hash, context.toolchain)
+    settings = context.settings.cache
+    chain = open_cache_chain(settings.local_dir, settings.remote_url, read_only=True)
+    where = chain.locate(key) if chain else None
+    if where is None:
+        return f"compile with neuronx-cc: key {key.digest[:16]} is in no cache"
+    return f"no compile: key {key.digest[:16]} is in the cache at {where}"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "`" + " ".join(value) + "`"
+    if isinstance(value, str) and len(value) == 64:
+        return value[:12] + "..."  # a digest
+    return json.dumps(value) if not isinstance(value, str) else repr(value)
+
+
+def explain(context: BuildContext, names: list[str]) -> list[Explanation]:
+    """Explanations for the named units, kernels or `compile:` tasks (all units if none)."""
+    from nkibuild.errors import UsageError
+
+    units = context.units
+    if not names:
+        return [explain_unit(context, unit) for unit in units]
+    chosen: list[BuildUnit] = []
+    for name in names:
+        plain = name.removeprefix("compile:")
+        matches = [u for u in units if plain in (u.name, u.kernel, f"{u.kernel}/{u.variant}")]
+        if not matches:
+            import difflib
+
+            close = difflib.get_close_matches(plain, [u.name for u in units], n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else "; see `nkibuild plan`"
+            raise UsageError(f"no build unit matches {name!r}{hint}")
+        chosen += [u for u in matches if u not in chosen]
+    return [explain_unit(context, unit) for unit in chosen]
