@@ -382,3 +382,28 @@ def test_a_missing_configured_compiler_is_a_clear_error(tmp_path: Path) -> None:
     result = run_nkibuild(["build", "--toolchain", "neuron", "--compiler", str(missing)], root)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"the configured neuronx-cc {missing} is not an executable file" in result.stderr
+
+
+def test_a_consistent_but_wrong_cache_entry_is_refused(
+    tmp_path: Path, isolated_cache: Path
+) -> None:
+    assert build(project(tmp_path / "a")).ok
+    cache = LocalCache(isolated_cache)
+    entries = {
+        json.loads((e.directory / "entry.json").read_text())["unit"]: e.directory
+        for e in cache.entries()
+    }
+    # Poison trn2's entry with trn1's NEFF (1 core, not 2) and a matching sha256.
+    trn1, trn2 = entries[UNITS[0]], entries[UNITS[1]]
+    shutil.copyfile(trn1 / "model.neff", trn2 / "model.neff")
+    record = json.loads((trn2 / "entry.json").read_text())
+    record["sha256"] = json.loads((trn1 / "entry.json").read_text())["sha256"]
+    (trn2 / "entry.json").write_text(json.dumps(record))
+    summary = build(project(tmp_path / "b"))
+    assert summary.origins == {"cache": 1, "compiled": 1}
+    (notice,) = summary.notices
+    assert (
+        f"compile:{UNITS[1]}: the cache at {isolated_cache} holds a NEFF that does not match"
+        in notice
+    )
+    assert "1 subgraphs but the unit uses lnc=2" in notice

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nkibuild.cache import CacheChain, CacheKey, file_sha256
+from nkibuild.cache.chain import CacheHit
 from nkibuild.compiler.budget import COMPILE_BUDGET, MemoryBudget
 from nkibuild.compiler.process import ProcessOutcome, run_process
 from nkibuild.errors import BuildError, tail
@@ -108,8 +109,8 @@ def compile_unit(
     (out_dir / RESULT_FILE).unlink(missing_ok=True)
     atomic_write_text(out_dir / KEY_FILE, json.dumps(key.to_json(), indent=2, sort_keys=True))
     cache = options.cache
-    hit = cache.fetch(key, out_dir / NEFF_FILE) if cache else None
     notices: list[str] = []
+    hit = _cache_hit(cache, key, unit, artifact, out_dir, notices)
     if hit is not None:
         origin, seconds = "cache", float(hit.meta.get("compile_seconds", 0.0))
         peak = int(hit.meta.get("peak_memory", 0))
@@ -130,6 +131,26 @@ def compile_unit(
     result = replace(result, notices=(*notices, *(cache.notices if cache else ())))
     atomic_write_text(out_dir / RESULT_FILE, json.dumps(result.to_json(), indent=2))
     return result
+
+
+def _cache_hit(
+    cache: CacheChain | None,
+    key: CacheKey,
+    unit: BuildUnit,
+    artifact: HloArtifact,
+    out_dir: Path,
+    notices: list[str],
+) -> CacheHit | None:
+    """A fetched NEFF, checked like a compiled one; a wrong one is dropped and compiled anew."""
+    hit = cache.fetch(key, out_dir / NEFF_FILE) if cache else None
+    if hit is None:
+        return None
+    problem = neff_problem(unit, artifact, out_dir / NEFF_FILE)
+    if problem is None:
+        return hit
+    (out_dir / NEFF_FILE).unlink()
+    notices.append(f"the cache at {hit.location} holds {problem}; compiling instead")
+    return None
 
 
 def load_result(out_dir: Path) -> CompiledNeff:
@@ -323,19 +344,23 @@ def _failure(
 def _check_neff(
     unit: BuildUnit, artifact: HloArtifact, neff: Path, command: list[str], out_dir: Path
 ) -> None:
+    problem = neff_problem(unit, artifact, neff)
+    if problem:
+        raise _failure(unit, command, out_dir, f"neuronx-cc wrote {problem}")
+
+
+def neff_problem(unit: BuildUnit, artifact: HloArtifact, neff: Path) -> str | None:
+    """Why `neff` is not a valid NEFF for the unit (container, checksum, I/O, cores), or None."""
     from nkibuild.formats.neff import NeffFormatError, read_neff
 
     try:
         info = read_neff(neff)
     except NeffFormatError as error:
-        raise _failure(
-            unit, command, out_dir, f"neuronx-cc wrote an invalid NEFF: {error}"
-        ) from None
+        return f"an invalid NEFF: {error}"
     problems = _signature_problems(artifact, _as_specs(info.inputs), _as_specs(info.outputs))
     if len(info.subgraphs) != unit.lnc:
         problems.append(f"it has {len(info.subgraphs)} subgraphs but the unit uses lnc={unit.lnc}")
-    if problems:
-        raise _failure(unit, command, out_dir, "the NEFF does not match: " + "; ".join(problems))
+    return "a NEFF that does not match the unit: " + "; ".join(problems) if problems else None
 
 
 def _as_specs(tensors: tuple[NeffTensor, ...]) -> tuple[TensorSpec, ...]:
