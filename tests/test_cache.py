@@ -78,6 +78,9 @@ class FailingTier:
     def publish(self, key: CacheKey, neff: Path, meta: dict, log: Path | None = None) -> None:
         raise ConnectionError("connection refused")
 
+    def discard(self, key: CacheKey) -> None:
+        raise ConnectionError("connection refused")
+
 
 def test_chain_backfills_earlier_tiers_and_survives_a_failing_one(tmp_path: Path) -> None:
     near, far = LocalCache(tmp_path / "near"), LocalCache(tmp_path / "far")

@@ -403,7 +403,9 @@ def test_a_consistent_but_wrong_cache_entry_is_refused(
     assert summary.origins == {"cache": 1, "compiled": 1}
     (notice,) = summary.notices
     assert (
-        f"compile:{UNITS[1]}: the cache at {isolated_cache} holds a NEFF that does not match"
+        f"compile:{UNITS[1]}: the cache at {isolated_cache} held a NEFF that does not match"
         in notice
     )
     assert "1 subgraphs but the unit uses lnc=2" in notice
+    assert cache.verify() == [] and len(cache.entries()) == 2  # replaced by the right one
+    assert build(project(tmp_path / "c")).origins == {"cache": 2}

@@ -48,6 +48,12 @@ class CacheChain:
                 return tier.location
         return None
 
+    def discard(self, key: CacheKey, location: str) -> None:
+        """Drop the entry a hit came from (it was found wrong after fetching)."""
+        for tier in self.tiers:
+            if tier.location == location:
+                self._guard(tier, "discard from", lambda t=tier: t.discard(key))
+
     def publish(
         self, key: CacheKey, neff: Path, meta: dict[str, Any], log: Path | None = None
     ) -> None:

@@ -95,6 +95,9 @@ class LocalCache:
         finally:
             shutil.rmtree(stage, ignore_errors=True)
 
+    def discard(self, key: CacheKey) -> None:
+        self._discard(self.entry_dir(key))
+
     def entries(self) -> list[CacheEntry]:
         """Every complete entry (a published entry.json), least recently used first."""
         found = []

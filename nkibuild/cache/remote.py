@@ -95,6 +95,10 @@ class RemoteCache:
         data = json.dumps(record, indent=2, sort_keys=True).encode()
         self._write_atomically(entry_file, lambda path: self.fs.pipe_file(path, data))
 
+    def discard(self, key: CacheKey) -> None:
+        if not self.read_only:
+            self._discard(self.entry_dir(key))
+
     def entries(self) -> list[str]:
         """Digests of the complete entries (those with an entry.json)."""
         self.fs.invalidate_cache()  # a listing: it must include other machines' entries

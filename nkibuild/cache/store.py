@@ -41,6 +41,10 @@ class NeffStore(Protocol):
         """Store a NEFF with its metadata (and compile log); a no-op when read-only."""
         ...
 
+    def discard(self, key: CacheKey) -> None:
+        """Remove an entry found wrong by its user; a no-op when read-only."""
+        ...
+
 
 def entry_record(key: CacheKey, sha256: str, meta: dict[str, Any]) -> dict[str, Any]:
     """entry.json: the caller's metadata plus what makes the entry self-describing."""

@@ -142,14 +142,17 @@ def _cache_hit(
     notices: list[str],
 ) -> CacheHit | None:
     """A fetched NEFF, checked like a compiled one; a wrong one is dropped and compiled anew."""
-    hit = cache.fetch(key, out_dir / NEFF_FILE) if cache else None
+    if cache is None:
+        return None
+    hit = cache.fetch(key, out_dir / NEFF_FILE)
     if hit is None:
         return None
     problem = neff_problem(unit, artifact, out_dir / NEFF_FILE)
     if problem is None:
         return hit
     (out_dir / NEFF_FILE).unlink()
-    notices.append(f"the cache at {hit.location} holds {problem}; compiling instead")
+    cache.discard(key, hit.location)
+    notices.append(f"the cache at {hit.location} held {problem}; discarded, compiling instead")
     return None
 
 

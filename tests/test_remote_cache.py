@@ -1,0 +1,371 @@
+"""The remote NEFF cache over fsspec: file:// directories and a real S3 API (moto's server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES, run_nkibuild
+
+from nkibuild.cache import CacheChain, CacheKey, LocalCache
+from nkibuild.cache.remote import RemoteCache, public_url
+
+
+def make_key(name: str) -> CacheKey:
+    return CacheKey.of(hlo=name, compile_args=["--target", "trn2"])
+
+
+def make_neff(tmp_path: Path, name: str, size: int = 2000) -> Path:
+    neff = tmp_path / f"{name}.neff"
+    neff.write_bytes(os.urandom(size))
+    return neff
+
+
+def publish(cache: RemoteCache, tmp_path: Path, name: str) -> tuple[CacheKey, Path]:
+    key, neff = make_key(name), make_neff(tmp_path, name)
+    log = tmp_path / f"{name}.log"
+    log.write_text(f"compiled {name}\n")
+    cache.publish(key, neff, {"unit": name}, log)
+    return key, neff
+
+
+def entry_record(cache: RemoteCache, key: CacheKey) -> dict[str, Any]:
+    return json.loads(cache.fs.cat_file(f"{cache.entry_dir(key)}/entry.json"))
+
+
+def stored_neff(cache: RemoteCache, key: CacheKey) -> str:
+    return f"{cache.entry_dir(key)}/{entry_record(cache, key)['neff']}"
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+# --- file:// ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def remote_dir(tmp_path: Path) -> Path:
+    return tmp_path / "remote"
+
+
+@pytest.fixture
+def cache(remote_dir: Path) -> RemoteCache:
+    return RemoteCache(remote_dir.as_uri())
+
+
+def test_file_url_round_trip(cache: RemoteCache, remote_dir: Path, tmp_path: Path) -> None:
+    key, neff = publish(cache, tmp_path, "a")
+    meta = cache.fetch(key, tmp_path / "out" / "a.neff")
+    assert meta is not None
+    assert (tmp_path / "out" / "a.neff").read_bytes() == neff.read_bytes()
+    assert meta["unit"] == "a" and meta["key"] == key.to_json() and meta["digest"] == key.digest
+    assert "neff" not in meta and "log" not in meta  # layout details stay in the remote
+    assert cache.contains(key) and cache.entries() == [key.digest]
+    record = entry_record(cache, key)
+    assert record["neff"] == f"{record['sha256']}.neff"
+    entry = remote_dir / "neff" / key.digest[:2] / key.digest
+    assert (entry / record["log"]).read_text() == "compiled a\n"
+    assert leftovers(entry) == sorted(["entry.json", record["neff"], record["log"]])  # no temps
+
+    cache.publish(key, make_neff(tmp_path, "other"), {"unit": "other"})  # already there: no-op
+    assert entry_record(cache, key) == record
+    assert cache.fetch(make_key("unknown"), tmp_path / "unknown.neff") is None
+    assert not (tmp_path / "unknown.neff").exists()
+    assert cache.notices == []
+
+
+def test_a_corrupt_object_is_reported_and_discarded(cache: RemoteCache, tmp_path: Path) -> None:
+    key, _ = publish(cache, tmp_path, "a")
+    cache.fs.pipe_file(stored_neff(cache, key), b"tampered")
+    destination = tmp_path / "out" / "a.neff"
+    assert cache.fetch(key, destination) is None
+    (notice,) = cache.notices
+    assert "corrupt cache entry" in notice and "discarded" in notice and "sha256" in notice
+    assert cache.entries() == [] and not cache.contains(key)
+    assert not cache.fs.exists(cache.entry_dir(key))  # the objects went too
+    assert leftovers(destination.parent) == []  # neither the NEFF nor a temp file
+
+
+def test_a_read_only_cache_reports_but_keeps_a_corrupt_entry(
+    cache: RemoteCache, remote_dir: Path, tmp_path: Path
+) -> None:
+    key, _ = publish(cache, tmp_path, "a")
+    cache.fs.pipe_file(stored_neff(cache, key), b"tampered")
+    reader = RemoteCache(remote_dir.as_uri(), read_only=True)
+    assert reader.fetch(key, tmp_path / "out.neff") is None
+    (notice,) = reader.notices
+    assert "corrupt cache entry" in notice and "ignored (read-only cache)" in notice
+    assert reader.entries() == [key.digest]
+    assert not (tmp_path / "out.neff").exists()
+
+
+@pytest.mark.parametrize(
+    ("entry_json", "why"),
+    [
+        (b"{not json", "unreadable entry.json"),
+        (b"\xff\xfe", "unreadable entry.json"),
+        (b"[1, 2]", "not an object"),
+        (b'{"neff": "x.neff"}', "no sha256"),
+        (b'{"sha256": "00"}', "no valid NEFF object"),
+        (b'{"sha256": "00", "neff": "../../elsewhere.neff"}', "no valid NEFF object"),
+    ],
+)
+def test_a_garbage_entry_json_is_corrupt(
+    cache: RemoteCache, tmp_path: Path, entry_json: bytes, why: str
+) -> None:
+    key, _ = publish(cache, tmp_path, "a")
+    cache.fs.pipe_file(f"{cache.entry_dir(key)}/entry.json", entry_json)
+    assert cache.fetch(key, tmp_path / "a.neff") is None
+    (notice,) = cache.notices
+    assert "corrupt" in notice and why in notice
+    assert cache.entries() == []
+
+
+def test_a_missing_object_is_corrupt(cache: RemoteCache, tmp_path: Path) -> None:
+    key, _ = publish(cache, tmp_path, "a")
+    cache.fs.rm_file(stored_neff(cache, key))
+    assert cache.fetch(key, tmp_path / "a.neff") is None
+    assert "is missing" in cache.notices[0]
+    assert cache.entries() == []
+
+
+def test_read_only_publish_writes_nothing(remote_dir: Path, tmp_path: Path) -> None:
+    reader = RemoteCache(remote_dir.as_uri(), read_only=True)
+    reader.publish(make_key("a"), make_neff(tmp_path, "a"), {"unit": "a"})
+    assert not remote_dir.exists()
+    assert reader.entries() == []
+
+
+def test_a_half_published_entry_is_a_miss_and_does_not_block_the_next(
+    cache: RemoteCache, tmp_path: Path
+) -> None:
+    key, neff = publish(cache, tmp_path, "a")
+    cache.fs.rm_file(f"{cache.entry_dir(key)}/entry.json")  # as if killed before the last write
+    assert cache.fetch(key, tmp_path / "a.neff") is None
+    assert cache.notices == [] and not cache.contains(key) and cache.entries() == []
+    cache.publish(key, neff, {"unit": "a"})
+    assert cache.fetch(key, tmp_path / "a.neff") is not None
+
+
+def test_a_remote_hit_is_copied_into_the_local_tier(
+    cache: RemoteCache, remote_dir: Path, tmp_path: Path
+) -> None:
+    key, neff = publish(cache, tmp_path, "a")
+    local = LocalCache(tmp_path / "local")
+    chain = CacheChain([local, RemoteCache(remote_dir.as_uri())])
+    hit = chain.fetch(key, tmp_path / "out.neff")
+    assert hit is not None and hit.location == remote_dir.as_uri()
+    local_meta = local.fetch(key, tmp_path / "again.neff")
+    assert local_meta is not None and "neff" not in local_meta and local_meta["unit"] == "a"
+    assert (tmp_path / "again.neff").read_bytes() == neff.read_bytes()
+    assert chain.notices == []
+
+
+def test_location_never_shows_credentials(tmp_path: Path) -> None:
+    assert public_url("s3://AKIA:secret@bucket/prefix") == "s3://bucket/prefix"
+    assert public_url("https://host/cache?sig=secret") == "https://host/cache"
+    assert public_url("simplecache::s3://k:s@bucket/p") == "simplecache::s3://bucket/p"
+    assert RemoteCache(tmp_path.as_uri()).location == tmp_path.as_uri()
+
+
+# --- S3, against moto's server on localhost ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install 'nkibuild[test]')")
+    moto_server = pytest.importorskip(
+        "moto.server", reason="the S3 tests need moto[server] (pip install 'nkibuild[test]')"
+    )
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_url(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket; credentials and proxies set so nothing leaves localhost."""
+    for variable, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+    }.items():
+        monkeypatch.setenv(variable, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    bucket = f"neff-{uuid.uuid4().hex[:12]}"
+    # Not s3fs's mkdir: it sends LocationConstraint=us-east-1, which S3 (and moto) reject.
+    boto3 = pytest.importorskip("boto3")
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(
+        Bucket=bucket
+    )
+    return f"s3://{bucket}/team/cache"
+
+
+def s3_cache(endpoint: str, url: str, *, read_only: bool = False) -> RemoteCache:
+    """Each instance is its own client, as on its own machine: no shared fsspec instance."""
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        "skip_instance_cache": True,
+    }
+    return RemoteCache(url, read_only=read_only, storage_options=options)
+
+
+def test_s3_round_trip_seen_from_another_machine(
+    s3_endpoint: str, s3_url: str, tmp_path: Path
+) -> None:
+    # The reader lists first, so a stale listing cache would hide the later publish.
+    reader = s3_cache(s3_endpoint, s3_url)
+    key = make_key("a")
+    assert reader.entries() == [] and not reader.contains(key)
+    assert reader.fetch(key, tmp_path / "miss.neff") is None
+
+    writer = s3_cache(s3_endpoint, s3_url)
+    _, neff = publish(writer, tmp_path, "a")
+    assert reader.contains(key) and reader.entries() == [key.digest]
+    meta = reader.fetch(key, tmp_path / "out.neff")
+    assert meta is not None and meta["unit"] == "a" and meta["digest"] == key.digest
+    assert (tmp_path / "out.neff").read_bytes() == neff.read_bytes()
+    assert reader.location == s3_url
+    assert writer.notices == [] and reader.notices == []
+
+    fresh = s3_cache(s3_endpoint, s3_url, read_only=True)
+    assert fresh.fetch(key, tmp_path / "fresh.neff") is not None
+    fresh.publish(make_key("b"), neff, {"unit": "b"})
+    assert fresh.entries() == [key.digest]  # read-only wrote nothing
+
+
+def test_s3_half_published_entry_is_a_miss_even_in_a_stale_listing(
+    s3_endpoint: str, s3_url: str, tmp_path: Path
+) -> None:
+    writer, reader = s3_cache(s3_endpoint, s3_url), s3_cache(s3_endpoint, s3_url)
+    key, neff = publish(writer, tmp_path, "a")
+    writer.fs.rm_file(f"{writer.entry_dir(key)}/entry.json")  # an upload killed before the end
+    # Any user of the (shared, by default) fsspec instance may have cached this listing.
+    assert len(reader.fs.ls(reader.entry_dir(key))) == 2
+    assert reader.fetch(key, tmp_path / "out.neff") is None and reader.notices == []
+    assert not reader.contains(key)
+
+    writer.publish(key, neff, {"unit": "a"})
+    assert reader.contains(key) and reader.entries() == [key.digest]
+    assert reader.fetch(key, tmp_path / "out.neff") is not None
+
+
+def test_s3_corrupt_object_is_detected_and_discarded(
+    s3_endpoint: str, s3_url: str, tmp_path: Path
+) -> None:
+    writer = s3_cache(s3_endpoint, s3_url)
+    key, _ = publish(writer, tmp_path, "a")
+    writer.fs.pipe_file(stored_neff(writer, key), b"tampered")
+
+    read_only = s3_cache(s3_endpoint, s3_url, read_only=True)
+    assert read_only.fetch(key, tmp_path / "a.neff") is None
+    assert "ignored (read-only cache)" in read_only.notices[0]
+    assert read_only.entries() == [key.digest]
+
+    reader = s3_cache(s3_endpoint, s3_url)
+    assert reader.fetch(key, tmp_path / "out.neff") is None
+    assert "corrupt" in reader.notices[0] and "discarded" in reader.notices[0]
+    assert not (tmp_path / "out.neff").exists()
+    assert reader.entries() == [] and not writer.contains(key)
+    assert writer.fs.find(writer.entry_dir(key)) == []  # the objects went too
+
+
+def test_s3_writers_of_one_key_never_mix(s3_endpoint: str, s3_url: str, tmp_path: Path) -> None:
+    """Both writers see no entry, both upload, the last entry.json wins: whole, never a mix."""
+    first, second = s3_cache(s3_endpoint, s3_url), s3_cache(s3_endpoint, s3_url)
+    key = make_key("a")
+    first_neff, second_neff = make_neff(tmp_path, "first"), make_neff(tmp_path, "second")
+    # The interleaving made deterministic: hide the first entry.json while the second
+    # writer publishes, then let the first writer's entry.json land last.
+    first.publish(key, first_neff, {"unit": "first"})
+    entry_file = f"{first.entry_dir(key)}/entry.json"
+    first_record = first.fs.cat_file(entry_file)
+    first.fs.rm_file(entry_file)
+    second.publish(key, second_neff, {"unit": "second"})
+    first.fs.pipe_file(entry_file, first_record)
+
+    reader = s3_cache(s3_endpoint, s3_url)
+    meta = reader.fetch(key, tmp_path / "out.neff")
+    assert meta is not None and meta["unit"] == "first" and reader.notices == []
+    assert (tmp_path / "out.neff").read_bytes() == first_neff.read_bytes()
+    objects = {Path(p).name for p in reader.fs.find(reader.entry_dir(key))}
+    assert {f"{meta['sha256']}.neff", "entry.json"} <= objects and len(objects) == 3
+
+
+def test_s3_concurrent_writers_race(s3_endpoint: str, s3_url: str, tmp_path: Path) -> None:
+    writers = [s3_cache(s3_endpoint, s3_url) for _ in range(2)]
+    keys = [make_key(f"race-{n}") for n in range(4)]
+    neffs = [make_neff(tmp_path, f"writer-{n}") for n in range(len(writers))]
+    start = threading.Barrier(len(writers))
+
+    def race(index: int) -> None:
+        start.wait()
+        for key in keys:
+            writers[index].publish(key, neffs[index], {"unit": f"writer-{index}"})
+
+    with ThreadPoolExecutor(len(writers)) as pool:
+        list(pool.map(race, range(len(writers))))
+
+    reader = s3_cache(s3_endpoint, s3_url)
+    contents = {n.read_bytes(): f"writer-{i}" for i, n in enumerate(neffs)}
+    for key in keys:
+        out = tmp_path / f"{key.digest}.neff"
+        meta = reader.fetch(key, out)
+        assert meta is not None and contents[out.read_bytes()] == meta["unit"]
+    assert reader.notices == [] and sorted(reader.entries()) == sorted(k.digest for k in keys)
+
+
+def test_s3_builds_on_two_machines_compile_once(
+    s3_endpoint: str, s3_url: str, tmp_path: Path
+) -> None:
+    """End to end through the CLI: machine B, a fresh checkout with an empty local cache,
+    takes every NEFF machine A compiled from the S3 cache and runs the compiler 0 times."""
+    hlo = (EXAMPLES / "kernels" / "softmax.hlo.pb").read_bytes()
+    manifest = (
+        "format-version: 1\n"
+        "package: {name: s3-kernels, version: 0.1.0}\n"
+        "defaults: {targets: [trn1, trn2]}\n"
+        f"cache: {{remote: '{s3_url}'}}\n"
+        "kernels:\n"
+        "  softmax:\n"
+        "    frontend: hlo\n"
+        "    source: kernels/softmax.hlo.pb\n"
+        "    inputs: {logits: {shape: [64, 1024], dtype: float32}}\n"
+    )
+    counts = []
+    for machine in ("a", "b"):
+        root = tmp_path / machine / "checkout"
+        (root / "kernels").mkdir(parents=True)
+        (root / "kernels" / "softmax.hlo.pb").write_bytes(hlo)
+        (root / "nkibuild.yaml").write_text(manifest)
+        counter = tmp_path / f"{machine}.compiles"
+        env = {
+            "AWS_ENDPOINT_URL": s3_endpoint,
+            "NKIBUILD_CACHE_DIR": str(tmp_path / machine / "local-cache"),
+            "NKIBUILD_FAKE_CC_COUNTER": str(counter),
+        }
+        result = run_nkibuild(["build", "--toolchain", "fake", "--json"], root, env=env)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["notices"] == []
+        counts.append(len(counter.read_text().splitlines()) if counter.exists() else 0)
+        shutil.rmtree(root / "build")
+    assert counts == [2, 0]
+    assert len(s3_cache(s3_endpoint, s3_url).entries()) == 2
