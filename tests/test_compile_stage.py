@@ -409,3 +409,56 @@ def test_a_consistent_but_wrong_cache_entry_is_refused(
     assert "1 subgraphs but the unit uses lnc=2" in notice
     assert cache.verify() == [] and len(cache.entries()) == 2  # replaced by the right one
     assert build(project(tmp_path / "c")).origins == {"cache": 2}
+
+
+@pytest.mark.parametrize(
+    ("fault", "message", "status"),
+    [
+        ("exit1", "neuronx-cc failed", "exit status: 1"),
+        ("exit70", "neuronx-cc failed", "exit status: 70"),
+        ("empty", "neuronx-cc exited 0 but wrote no NEFF", None),
+        ("garbage", "neuronx-cc wrote an invalid NEFF", None),
+        ("hugelog", "neuronx-cc failed", "exit status: 1"),
+    ],
+)
+def test_each_compiler_fault_is_a_clear_failure_and_leaves_no_neff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str, message: str, status: str | None
+) -> None:
+    root = project(tmp_path / "p")
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_FAULT", fault)
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_FAULT_MATCH", "trn2")
+    summary = build(root, keep_going=True)
+    (failure,) = summary.failures
+    assert failure.name == f"compile:{UNITS[1]}"
+    assert failure.detail.startswith(f"{UNITS[1]}: {message}")
+    assert "  command: " in failure.detail and " compile --framework XLA " in failure.detail
+    assert (status in failure.detail) if status else "exit status" not in failure.detail
+    assert len(failure.detail) < 10_000  # a 5 MB log is cut to its tail in the message
+    unit_dir = root / "build" / "compile" / UNITS[1]
+    assert not (unit_dir / "model.neff").exists() and not (unit_dir / "result.json").exists()
+    assert (unit_dir / "compile.log").exists()
+    assert (root / "build" / "compile" / UNITS[0] / "model.neff").exists()  # the other unit
+
+
+@pytest.mark.parametrize(
+    ("printed", "version"),
+    [
+        ("Loading...\nNeuronX Compiler version 2.23.6484.0+3b612583\n", "2.23.6484.0+3b612583"),
+        ("NeuronX Compiler version 2.21.1.0\nPython 3.10\n", "2.21.1.0"),
+        ("neuronx-cc 2.x\n", None),
+    ],
+)
+def test_compiler_version_is_read_from_its_version_line(
+    tmp_path: Path, printed: str, version: str | None
+) -> None:
+    from nkibuild.errors import ToolchainError
+    from nkibuild.toolchain import read_compiler_version
+
+    script = tmp_path / "neuronx-cc"
+    script.write_text(f"#!/bin/sh\nprintf '{printed}'\n")
+    script.chmod(0o755)
+    if version is None:
+        with pytest.raises(ToolchainError, match="printed no 'NeuronX Compiler version <X>' line"):
+            read_compiler_version((str(script),))
+    else:
+        assert read_compiler_version((str(script),)) == version
