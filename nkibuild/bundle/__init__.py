@@ -22,6 +22,9 @@ from nkibuild.fsutil import staging_dir
 from nkibuild.manifest.model import Kernel, Manifest, Package, SourceRef
 
 STAMP_FILE = "bundle.json"
+REFERENCE_PACKAGE = "reference"  # the manifest's reference implementations
+SOURCES_PACKAGE = "_sources"  # kernels' own code, for simulate mode (nki) or as NumPy (nkipy)
+SHIPPED_FRONTENDS = frozenset({"nki", "nkipy"})
 RUNTIME_SOURCE = Path(__file__).with_name("runtime.py")
 
 
@@ -45,7 +48,7 @@ def generate_bundle(
     with staging_dir(out_dir) as stage:
         pkg = stage / package.import_name
         (pkg / "_kernels").mkdir(parents=True)
-        (stage / "pyproject.toml").write_text(codegen.pyproject(package))
+        (stage / "pyproject.toml").write_text(codegen.pyproject(package, info["requirements"]))
         (pkg / "__init__.py").write_text(codegen.package_init(package, manifest.kernels))
         (pkg / "_kernels" / "__init__.py").write_text('"""Generated kernel modules."""\n')
         shutil.copyfile(RUNTIME_SOURCE, pkg / "_runtime.py")
@@ -53,7 +56,8 @@ def generate_bundle(
         for kernel in manifest.kernels:
             code = codegen.kernel_module(package.import_name, kernel)
             (pkg / "_kernels" / f"{kernel.name}.py").write_text(code)
-        _copy_references(manifest, pkg)
+        _copy_modules(manifest, pkg, REFERENCE_PACKAGE, _references(manifest))
+        _copy_modules(manifest, pkg, SOURCES_PACKAGE, _shipped_sources(manifest))
         for neff in compiled:
             destination = pkg / _neff_path(neff)
             destination.parent.mkdir(parents=True, exist_ok=True)
@@ -84,6 +88,7 @@ def build_info(manifest: Manifest, compiled: Sequence[CompiledNeff]) -> dict:
             "cache_key": neff.cache_key,
             "input_names": [t.name for t in neff.inputs],
             "output_names": [t.name for t in neff.outputs],
+            "compile_args": list(neff.compile_args),
         }
     versions = sorted({neff.compiler_version for neff in compiled})
     return {
@@ -92,11 +97,24 @@ def build_info(manifest: Manifest, compiled: Sequence[CompiledNeff]) -> dict:
         "nkibuild_version": __version__,
         "compiler_versions": versions,
         "placeholder": any(neff.placeholder for neff in compiled),
+        "neuron_sdk": manifest.package.neuron_sdk,
+        "requirements": runtime_requirements(manifest, compiled),
         "kernels": {
             kernel.name: _kernel_info(kernel, neffs.get(kernel.name, {}))
             for kernel in manifest.kernels
         },
     }
+
+
+def runtime_requirements(manifest: Manifest, compiled: Sequence[CompiledNeff]) -> list[str]:
+    """What an installed bundle needs: NumPy, and ml_dtypes if a tensor is bfloat16.
+
+    Never spike: the PyPI project of that name is an unrelated simulator, so the
+    runtime finds the real one at run time and explains how to get it.
+    """
+    dtypes = {t.dtype for kernel in manifest.kernels for t in kernel.inputs}
+    dtypes |= {t.dtype for neff in compiled for t in (*neff.inputs, *neff.outputs)}
+    return ["numpy", *(["ml_dtypes"] if "bfloat16" in dtypes else [])]
 
 
 def _kernel_info(kernel: Kernel, neffs: dict) -> dict:
@@ -105,40 +123,62 @@ def _kernel_info(kernel: Kernel, neffs: dict) -> dict:
         "inputs": [{"name": t.name, "dtype": t.dtype} for t in kernel.inputs],
         "constants": [[name, value] for name, value in kernel.constants],
         "variants": {v.name: {"inputs": [t.to_json() for t in v.inputs]} for v in kernel.variants},
-        "reference": _reference_info(kernel.reference),
+        "reference": _module_info(REFERENCE_PACKAGE, kernel.reference),
+        "source": _module_info(SOURCES_PACKAGE, _shipped_source(kernel)),
+        "tolerance": {"rtol": kernel.tolerance.rtol, "atol": kernel.tolerance.atol},
         "neffs": neffs,
     }
 
 
-def reference_module(reference: SourceRef) -> str:
-    """Module name a reference file gets inside the bundle (unique per source path)."""
-    stem = Path(reference.path).with_suffix("").as_posix()
+def module_name(source: SourceRef) -> str:
+    """Module name a shipped file gets inside the bundle (unique per source path)."""
+    stem = Path(source.path).with_suffix("").as_posix()
     return "".join(c if c.isalnum() else "_" for c in stem)
 
 
-def _reference_info(reference: SourceRef | None) -> dict | None:
-    if reference is None:
+def _module_info(package: str, source: SourceRef | None) -> dict | None:
+    if source is None:
         return None
-    return {"module": reference_module(reference), "function": reference.function}
+    return {"package": package, "module": module_name(source), "function": source.function}
 
 
-def _copy_references(manifest: Manifest, pkg: Path) -> None:
-    references = {k.reference.path: k.reference for k in manifest.kernels if k.reference}
-    if not references:
+def _shipped_source(kernel: Kernel) -> SourceRef | None:
+    return kernel.source if kernel.frontend in SHIPPED_FRONTENDS else None
+
+
+def shipped_files(manifest: Manifest) -> list[str]:
+    """Files of the project that the bundle carries (references, nki/nkipy sources)."""
+    return [source.path for source in (*_references(manifest), *_shipped_sources(manifest))]
+
+
+def _references(manifest: Manifest) -> list[SourceRef]:
+    return [k.reference for k in manifest.kernels if k.reference]
+
+
+def _shipped_sources(manifest: Manifest) -> list[SourceRef]:
+    return [source for k in manifest.kernels if (source := _shipped_source(k))]
+
+
+def _copy_modules(
+    manifest: Manifest, pkg: Path, subpackage: str, sources: Sequence[SourceRef]
+) -> None:
+    """Copy each distinct file into `pkg/subpackage/` as an importable module."""
+    paths = {source.path: source for source in sources}
+    if not paths:
         return
     modules: dict[str, str] = {}
-    for path, reference in references.items():
-        other = modules.setdefault(reference_module(reference), path)
+    for path, source in paths.items():
+        other = modules.setdefault(module_name(source), path)
         if other != path:
             raise BuildError(
-                f"reference files {other!r} and {path!r} would both become module "
-                f"{reference_module(reference)!r} in the bundle; rename one of them"
+                f"files {other!r} and {path!r} would both become module "
+                f"{module_name(source)!r} in the bundle; rename one of them"
             )
-    (pkg / "reference").mkdir()
-    (pkg / "reference" / "__init__.py").write_text('"""Reference implementations (CPU)."""\n')
-    for reference in references.values():
-        target = pkg / "reference" / f"{reference_module(reference)}.py"
-        shutil.copyfile(manifest.root / reference.path, target)
+    (pkg / subpackage).mkdir()
+    (pkg / subpackage / "__init__.py").write_text(f'"""Shipped {subpackage} modules."""\n')
+    for source in paths.values():
+        target = pkg / subpackage / f"{module_name(source)}.py"
+        shutil.copyfile(manifest.root / source.path, target)
 
 
 def _neff_path(neff: CompiledNeff) -> str:

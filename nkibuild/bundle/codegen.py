@@ -67,6 +67,7 @@ def kernel_module(import_name: str, kernel: Kernel) -> str:
         f"{kernel.name}.targets = _kernel.targets  # type: ignore[attr-defined]\n"
         f"{kernel.name}.signature = _kernel.signature  # type: ignore[attr-defined]\n"
         f"{kernel.name}.load = _kernel.load  # type: ignore[attr-defined]\n"
+        f"{kernel.name}.benchmark = _kernel.benchmark  # type: ignore[attr-defined]\n"
     )
 
 
@@ -80,7 +81,13 @@ def _docstring(kernel: Kernel) -> str:
     for variant in kernel.variants:
         shapes = ", ".join(f"{t.name}[{','.join(map(str, t.shape))}]" for t in variant.inputs)
         lines.append(f"    {variant.name}: {shapes}")
-    lines += ["", "mode: 'neuron', 'reference' or 'auto' (default; also NKIBUILD_MODE)."]
+    lines += [
+        "",
+        "mode: 'neuron' (spike on this host's device), 'simulate' (nki.simulate, NKI kernels),",
+        "'reference' (NumPy on the CPU) or 'auto' (default: neuron where possible, else",
+        "reference; also set by NKIBUILD_MODE). NumPy arrays in give arrays out; torch",
+        "tensors in give tensors out, on the device of the first one.",
+    ]
     # Escaping every backslash and double quote keeps constants' text from ending the literal.
     text = "\n".join(f"    {line}" if line else "" for line in lines)
     return '    """' + text.strip().replace("\\", "\\\\").replace('"', '\\"') + '\n    """\n'
@@ -90,7 +97,7 @@ def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def pyproject(package: Package) -> str:
+def pyproject(package: Package, requirements: Sequence[str]) -> str:
     lines = [
         HEADER.rstrip(),
         "[build-system]",
@@ -102,7 +109,7 @@ def pyproject(package: Package) -> str:
         f"version = {_toml(package.version)}",
         f"description = {_toml(package.description)}",
         f"requires-python = {_toml(package.requires_python)}",
-        'dependencies = ["numpy"]',
+        f"dependencies = [{', '.join(_toml(r) for r in requirements)}]",
     ]
     if package.license:
         lines.append(f"license = {_toml(package.license)}")

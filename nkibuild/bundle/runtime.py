@@ -1,9 +1,11 @@
 """Runtime shared by every kernel bundle; copied verbatim into each bundle as `_runtime.py`.
 
 It is vendored rather than depended on so that an installed bundle needs only
-NumPy: not nkibuild, not the compiler, not jax or torch. It must stay
-importable on Python >= 3.10 with the standard library and NumPy alone, and it
-imports spike only when a kernel first runs in `neuron` mode.
+NumPy: not nkibuild, not the compiler, not jax. It must stay importable on
+Python >= 3.10 with the standard library and NumPy alone. It imports spike only
+when a kernel first runs in `neuron` mode, nki only in `simulate` mode, torch
+never (a torch tensor passed in brings its module along), and ml_dtypes only
+to convert a bfloat16 torch tensor.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ import importlib.util
 import json
 import logging
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any
 
-MODES = ("auto", "neuron", "reference")
+MODES = ("auto", "neuron", "simulate", "reference")
 MODE_ENV = "NKIBUILD_MODE"
 TARGET_ENV = "NKIBUILD_TARGET"
+SDK_VERSION_ENV = "NKIBUILD_NEURON_SDK_VERSION"
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 PRODUCT_NAME_FILE = "/sys/devices/virtual/dmi/id/product_name"
 SPIKE_HELP = (
     "the Neuron runtime binding 'spike' is not importable. It is not the PyPI project named "
@@ -81,17 +86,44 @@ class Kernel:
         return tuple(self._info["neffs"])
 
     def __call__(self, *args: Any, mode: str | None = None, **kwargs: Any) -> Any:
-        arrays = self._bind(args, kwargs)
+        arrays, device = self._bind(args, kwargs)
         variant = self._select_variant(arrays)
         chosen, reason = self._resolve_mode(mode, variant)
         self._announce(chosen, reason)
-        if chosen == "neuron":
-            return self._run_neuron(arrays, variant)
-        return self._run_reference(arrays)
+        runner: Callable[[list[Any], str], Any] = {
+            "neuron": self._run_neuron,
+            "simulate": self._run_simulate,
+            "reference": self._run_reference,
+        }[chosen]
+        result = runner(arrays, variant)
+        return result if device is None else _as_torch(result, device)
 
-    def _bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> list:
-        import numpy as np
+    def load(self, target: str | None = None, variant: str | None = None) -> Any:
+        """The spike.SpikeModel for a (target, variant); loaded once and cached."""
+        target = self._target(target)
+        variant = variant or next(iter(self._info["variants"]))
+        if variant not in self._info["variants"]:
+            raise KernelError(f"{self.name} has no variant {variant!r}: {self._listing()}")
+        return _load_model(self.package, self.name, target, variant)
 
+    def benchmark(
+        self, *args: Any, warmup_iter: int = 5, benchmark_iter: int = 5, **kwargs: Any
+    ) -> Any:
+        """spike's benchmark of the NEFF that `args` select, on this host's device."""
+        arrays, _ = self._bind(args, kwargs)
+        variant = self._select_variant(arrays)
+        target = self._target(None)
+        model = self.load(target, variant)
+        inputs = self._spike_inputs(arrays, target, variant)
+        return model.benchmark(
+            inputs, outputs=None, warmup_iter=warmup_iter, benchmark_iter=benchmark_iter
+        )
+
+    # --- arguments ---------------------------------------------------------------------
+
+    def _bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
+        """Arguments by name, as NumPy arrays, and the torch device to return results on
+        (None when no torch tensor was passed)."""
         names = [name for name, _ in self.signature]
         if len(args) > len(names):
             raise KernelError(f"{self.name}() takes {len(names)} arguments ({', '.join(names)})")
@@ -107,7 +139,9 @@ class Kernel:
         missing = [name for name in names if name not in bound]
         if missing:
             raise KernelError(f"{self.name}() is missing {', '.join(missing)}")
-        return [np.asarray(bound[name]) for name in names]
+        values = [bound[name] for name in names]
+        devices = [value.device for value in values if _is_torch(value)]
+        return [_as_numpy(value) for value in values], (devices[0] if devices else None)
 
     def _select_variant(self, arrays: Sequence[Any]) -> str:
         dtypes = [dtype for _, dtype in self.signature]
@@ -120,10 +154,16 @@ class Kernel:
         for variant, spec in self.variants.items():
             if tuple(spec.values()) == shapes:
                 return variant
-        listing = "; ".join(f"{v}: {_shapes(s.values())}" for v, s in self.variants.items())
         raise KernelError(
-            f"{self.name}() has no variant for shapes {_shapes(shapes)}; built variants: {listing}"
+            f"{self.name}() has no variant for shapes {_shapes(shapes)}; {self._listing()}"
         )
+
+    def _listing(self) -> str:
+        return "built variants: " + "; ".join(
+            f"{v}: {_shapes(s.values())}" for v, s in self.variants.items()
+        )
+
+    # --- modes -------------------------------------------------------------------------
 
     def _resolve_mode(self, mode: str | None, variant: str) -> tuple[str, str]:
         requested = mode or os.environ.get(MODE_ENV) or "auto"
@@ -134,11 +174,12 @@ class Kernel:
         problem = self._neuron_problem(variant)
         if problem is None:
             return "neuron", f"Neuron host {host_target()}"
-        if self._info["reference"] is None:
+        if self._reference_function_info() is None:
             raise KernelError(f"{self.name}: cannot run: {problem}; and no reference was built")
         return "reference", problem
 
     def _neuron_problem(self, variant: str) -> str | None:
+        """Why `auto` must not pick neuron mode here, or None."""
         target = host_target()
         if target is None:
             return "this host is not a Trainium instance"
@@ -153,78 +194,200 @@ class Kernel:
     def _announce(self, mode: str, reason: str) -> None:
         if self._announced != mode:
             self._announced = mode
-            where = "on the CPU" if mode == "reference" else "on the Neuron device"
+            where = "on the Neuron device" if mode == "neuron" else "on the CPU"
             logger.warning(
                 "%s.%s runs in %s mode %s: %s", self.package, self.name, mode, where, reason
             )
 
-    def _run_reference(self, arrays: Sequence[Any]) -> Any:
-        reference = self._info["reference"]
+    def _constants(self) -> dict[str, Any]:
+        return {name: _constant(value) for name, value in self._info["constants"]}
+
+    def _reference_function_info(self) -> dict[str, str] | None:
+        # nkipy kernels are NumPy code: without a reference, the kernel is its own.
+        if self._info["reference"] is not None:
+            return self._info["reference"]
+        if self._info["frontend"] == "nkipy":
+            return self._info.get("source")
+        return None
+
+    def _run_reference(self, arrays: Sequence[Any], _variant: str) -> Any:
+        reference = self._reference_function_info()
         if reference is None:
             raise KernelError(
                 f"{self.name}: no reference implementation was built into this bundle"
             )
-        module = importlib.import_module(f"{self.package}.reference.{reference['module']}")
-        constants = {name: value for name, value in self._info["constants"]}
-        return getattr(module, reference["function"])(*arrays, **constants)
+        function = _shipped_function(self.package, reference)
+        return function(*arrays, **self._constants())
 
-    def load(self, target: str | None = None, variant: str | None = None) -> Any:
-        """The spike.SpikeModel for a (target, variant); loaded once and cached."""
-        target = target or host_target()
-        if target is None:
+    def _run_simulate(self, arrays: Sequence[Any], _variant: str) -> Any:
+        source = self._info.get("source")
+        if self._info["frontend"] != "nki" or source is None:
+            raise KernelError(
+                f"{self.name}: simulate mode runs NKI kernels under nki.simulate; this is a "
+                f"{self._info['frontend']} kernel (use mode='reference')"
+            )
+        try:
+            nki = importlib.import_module("nki")
+        except ImportError:
+            raise KernelError(
+                f"{self.name}: simulate mode needs the `nki` package (NKI's CPU simulator)"
+            ) from None
+        kernel = _shipped_function(self.package, source)
+        return nki.simulate(kernel)(*arrays, **self._constants())
+
+    def _run_neuron(self, arrays: Sequence[Any], variant: str) -> Any:
+        target = self._target(None)
+        model = self.load(target, variant)
+        neff = self._neff(target, variant)
+        outputs = model(inputs=self._spike_inputs(arrays, target, variant), outputs=None)
+        results = tuple(outputs[name].numpy() for name in neff["output_names"])
+        return results[0] if len(results) == 1 else results
+
+    def _spike_inputs(self, arrays: Sequence[Any], target: str, variant: str) -> dict[str, Any]:
+        import spike
+
+        # The NEFF's own input names, in parameter order: input0..., parameter names, ...
+        names = self._neff(target, variant)["input_names"]
+        return {
+            name: spike.SpikeTensor.from_numpy(array, name)
+            for name, array in zip(names, arrays, strict=True)
+        }
+
+    def _neff(self, target: str, variant: str) -> dict[str, Any]:
+        if target not in self._info["neffs"]:
+            raise KernelError(
+                f"{self.name}: no NEFF was built for {target} (built: {', '.join(self.targets)})"
+            )
+        return self._info["neffs"][target][variant]
+
+    def _target(self, target: str | None) -> str:
+        found = target or host_target()
+        if found is None:
             raise KernelError(
                 f"{self.name}: cannot tell the Trainium target of this host; set {TARGET_ENV}"
             )
-        variant = variant or next(iter(self._info["variants"]))
-        return _load_model(self.package, self.name, target, variant)
-
-    def _run_neuron(self, arrays: Sequence[Any], variant: str) -> Any:
-        target = host_target()
-        if target is None or target not in self._info["neffs"]:
-            raise KernelError(
-                f"{self.name}: neuron mode needs a NEFF for this host's target ({target})"
-            )
-        neff = self._info["neffs"][target][variant]
-        model = self.load(target, variant)
-        import spike
-
-        inputs = {
-            name: spike.SpikeTensor.from_numpy(array, name)
-            for name, array in zip(neff["input_names"], arrays, strict=True)
-        }
-        outputs = model(inputs=inputs, outputs=None)
-        results = tuple(outputs[name].numpy() for name in neff["output_names"])
-        return results[0] if len(results) == 1 else results
+        return found
 
 
 @cache
 def _load_model(package: str, kernel: str, target: str, variant: str) -> Any:
-    neff = build_info(package)["kernels"][kernel]["neffs"][target][variant]
-    if neff["placeholder"]:
+    info = build_info(package)
+    neff = info["kernels"][kernel]["neffs"][target][variant]
+    try:
+        import spike
+    except ImportError as error:
+        raise KernelError(f"{package}.{kernel}: {SPIKE_HELP} ({error})") from None
+    if neff["placeholder"] and not getattr(spike, "IS_TOOLCHAIN_DOUBLE", False):
         raise KernelError(
             f"{package}.{kernel}: the NEFF for {target}/{variant} is a placeholder written by "
             "nkibuild's toolchain double, not a real compiled kernel; rebuild the bundle with "
             "`nkibuild build --toolchain neuron` on a host with neuronx-cc"
         )
-    _check_lnc(package, kernel, neff["lnc"])
-    try:
-        import spike
-    except ImportError as error:
-        raise KernelError(f"{package}.{kernel}: {SPIKE_HELP} ({error})") from None
+    _check_lnc(f"{package}.{kernel}", neff["lnc"])
+    _check_sdk(f"{package}.{kernel}", info.get("neuron_sdk"), spike)
     from importlib import resources
 
     with resources.as_file(resources.files(package).joinpath(neff["path"])) as path:
         return spike.SpikeModel.load_from_neff(str(path))
 
 
-def _check_lnc(package: str, kernel: str, lnc: int) -> None:
-    configured = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
+def _check_lnc(what: str, lnc: int) -> None:
+    configured = os.environ.get(LNC_ENV)
     if configured is not None and configured.strip() != str(lnc):
         raise KernelError(
-            f"{package}.{kernel}: this NEFF was compiled for lnc={lnc} but the Neuron runtime is "
-            f"set to NEURON_LOGICAL_NC_CONFIG={configured}; set it to {lnc} or rebuild with lnc: "
+            f"{what}: this NEFF was compiled for lnc={lnc} but the Neuron runtime is "
+            f"set to {LNC_ENV}={configured}; set it to {lnc} or rebuild with lnc: "
             f"{configured} in nkibuild.yaml"
         )
+
+
+def _check_sdk(what: str, required: str | None, spike: Any) -> None:
+    """Refuse to load NEFFs into a runtime older than the bundle says it needs.
+
+    A newer compiler's NEFF may be refused by an older runtime with an obscure error;
+    this says which versions disagree instead. The installed SDK version comes from
+    NKIBUILD_NEURON_SDK_VERSION or the spike binding's version; if neither is known,
+    nothing is checked.
+    """
+    if not required:
+        return
+    installed = os.environ.get(SDK_VERSION_ENV) or getattr(spike, "__version__", None)
+    if not installed or getattr(spike, "IS_TOOLCHAIN_DOUBLE", False):
+        return
+    if not _version_ok(installed, required):
+        raise KernelError(
+            f"{what}: built for Neuron SDK {required}, but this host has {installed}; "
+            f"install a matching SDK or rebuild the bundle (override: {SDK_VERSION_ENV})"
+        )
+
+
+def _version_ok(installed: str, required: str) -> bool:
+    """`required` is a comma-separated list of `>=X`, `<X`, `==X`, ... on release numbers."""
+    operators: dict[str, Callable[[tuple[int, ...], tuple[int, ...]], bool]] = {
+        ">=": lambda a, b: a >= b,
+        "<=": lambda a, b: a <= b,
+        "==": lambda a, b: a[: len(b)] == b,
+        "!=": lambda a, b: a[: len(b)] != b,
+        ">": lambda a, b: a > b,
+        "<": lambda a, b: a < b,
+    }
+    have = _release(installed)
+    for clause in filter(None, (c.strip() for c in required.split(","))):
+        symbol = next(s for s in operators if clause.startswith(s))
+        if not operators[symbol](have, _release(clause[len(symbol) :])):
+            return False
+    return True
+
+
+def _release(version: str) -> tuple[int, ...]:
+    numbers = []
+    for part in version.strip().split("+")[0].split("."):
+        digits = "".join(c for c in part if c.isdigit())
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)
+
+
+def _shipped_function(package: str, where: dict[str, str]) -> Callable[..., Any]:
+    """A function of a module shipped in the bundle (a reference or a kernel's own source)."""
+    module = importlib.import_module(f"{package}.{where['package']}.{where['module']}")
+    return getattr(module, where["function"])
+
+
+def _constant(value: Any) -> Any:
+    # JSON has no tuples; constants were tuples in the manifest model.
+    return tuple(_constant(v) for v in value) if isinstance(value, list) else value
+
+
+def _is_torch(value: Any) -> bool:
+    return type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach")
+
+
+def _as_numpy(value: Any) -> Any:
+    import numpy as np
+
+    if not _is_torch(value):
+        return np.asarray(value)
+    torch = sys.modules["torch"]
+    tensor = value.detach().cpu()
+    if tensor.dtype == torch.bfloat16:  # NumPy knows bfloat16 only through ml_dtypes
+        import ml_dtypes
+
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def _as_torch(result: Any, device: Any) -> Any:
+    if isinstance(result, tuple):
+        return tuple(_as_torch(item, device) for item in result)
+    import numpy as np
+
+    torch = sys.modules["torch"]
+    array = np.ascontiguousarray(result)
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16).to(device)
+    return torch.from_numpy(array).to(device)
 
 
 def _shapes(shapes: Any) -> str:

@@ -67,8 +67,10 @@ def metadata(project: BundleProject) -> str:
         f"Version: {Version(package.version)}",
         f"Summary: {_one_line(package.description)}",
         f"Requires-Python: {package.requires_python}",
-        "Requires-Dist: numpy",
+        *(f"Requires-Dist: {requirement}" for requirement in info["requirements"]),
     ]
+    if package.neuron_sdk:
+        lines.append(f"Requires-External: neuron-sdk ({package.neuron_sdk})")
     if package.license:
         lines.append(f"License: {_one_line(package.license)}")
     targets = sorted({t for k in info["kernels"].values() for t in k["neffs"]})

@@ -61,6 +61,7 @@ class CompiledNeff:
     origin: str  # "compiled", "cache" or "build-dir"
     compile_seconds: float
     peak_memory: int = 0  # bytes, of the compile that made the NEFF (0: unknown)
+    compile_args: tuple[str, ...] = ()
     notices: tuple[str, ...] = ()  # e.g. a corrupt cache entry that was discarded
 
     def to_json(self) -> dict[str, object]:
@@ -69,6 +70,7 @@ class CompiledNeff:
         data["inputs"] = [t.to_json() for t in self.inputs]
         data["outputs"] = [t.to_json() for t in self.outputs]
         data["notices"] = list(self.notices)
+        data["compile_args"] = list(self.compile_args)
         return data
 
 
@@ -119,7 +121,7 @@ def compile_unit(
         outcome = _compile(unit, artifact, toolchain, out_dir, timeout, options.budget, notices)
         origin, seconds, peak = "compiled", outcome.seconds, outcome.peak_memory
     result = _verified_result(unit, artifact, toolchain, out_dir, key.digest, origin, seconds)
-    result = replace(result, peak_memory=peak)
+    result = replace(result, peak_memory=peak, compile_args=tuple(unit.compile_args()))
     if origin == "compiled" and cache is not None:
         meta = {
             "unit": unit.name,
@@ -162,6 +164,7 @@ def load_result(out_dir: Path) -> CompiledNeff:
     data["inputs"] = tuple(TensorSpec.from_json(t) for t in data["inputs"])
     data["outputs"] = tuple(TensorSpec.from_json(t) for t in data["outputs"])
     data["notices"] = tuple(data.get("notices", ()))
+    data["compile_args"] = tuple(data.get("compile_args", ()))
     return CompiledNeff(**data)
 
 

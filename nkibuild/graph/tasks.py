@@ -259,6 +259,8 @@ def _kernel_config(kernel: Kernel) -> dict[str, Any]:
         "constants": [[name, value] for name, value in kernel.constants],
         "variants": {v.name: [t.to_json() for t in v.inputs] for v in kernel.variants},
         "reference": str(kernel.reference) if kernel.reference else None,
+        "source": str(kernel.source),
+        "tolerance": [kernel.tolerance.rtol, kernel.tolerance.atol],
     }
 
 
@@ -272,14 +274,14 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
         for unit in context.units
         for name in COMPILE_OUTPUTS
     ]
-    references = sorted(
-        {_path(manifest.root / k.reference.path) for k in manifest.kernels if k.reference}
-    )
+    from nkibuild.bundle import shipped_files
+
+    shipped = sorted({_path(manifest.root / path) for path in shipped_files(manifest)})
     return {
         "basename": "bundle",
         "doc": f"generate the {manifest.package.name} package with its loaders",
         "actions": [(run_bundle, (context,))],
-        "file_dep": [*compiled, *references],
+        "file_dep": [*compiled, *shipped],
         "targets": [_path(context.layout.bundle_dir(manifest) / STAMP_FILE)],
         "uptodate": [config_changed(_bundle_config(manifest))],
         "clean": True,

@@ -29,6 +29,7 @@ from nkibuild.manifest.model import (
     Package,
     SourceRef,
     TensorSpec,
+    Tolerance,
     Variant,
 )
 from nkibuild.quantities import parse_duration, parse_size
@@ -114,6 +115,7 @@ def _package(data: Mapping[str, Any]) -> Package:
         description=data.get("description", ""),
         license=data.get("license"),
         requires_python=data.get("requires-python", Package.requires_python),
+        neuron_sdk=data.get("neuron-sdk"),
     )
 
 
@@ -166,6 +168,7 @@ def _kernel(name: str, data: Mapping[str, Any], doc: YamlDocument) -> Kernel:
         overrides=tuple((t, _settings(layer)) for t, layer in data.get("overrides", {}).items()),
         reference=_source(reference, doc.location((*base, "reference"))) if reference else None,
         deps=tuple(data.get("deps", ())),
+        tolerance=Tolerance(**data.get("tolerance", {})),
         location=doc.key_location(base),
     )
 

@@ -79,6 +79,14 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class Tolerance:
+    """`numpy.allclose` tolerances for `nkibuild verify`; None: a default by dtype."""
+
+    rtol: float | None = None
+    atol: float | None = None
+
+
+@dataclass(frozen=True)
 class Kernel:
     name: str
     frontend: str
@@ -91,6 +99,7 @@ class Kernel:
     overrides: tuple[tuple[str, CompileSettings], ...]
     reference: SourceRef | None
     deps: tuple[str, ...]
+    tolerance: Tolerance = Tolerance()
     location: Location | None = field(default=None, compare=False)
 
 
@@ -102,6 +111,7 @@ class Package:
     description: str = ""
     license: str | None = None
     requires_python: str = ">=3.10"
+    neuron_sdk: str | None = None  # e.g. ">=2.29,<3"
 
 
 @dataclass(frozen=True)
