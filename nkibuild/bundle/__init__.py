@@ -7,6 +7,7 @@ its sha256 and is what the wheel stage reads.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -88,6 +89,7 @@ def build_info(manifest: Manifest, compiled: Sequence[CompiledNeff]) -> dict:
             "cache_key": neff.cache_key,
             "input_names": [t.name for t in neff.inputs],
             "output_names": [t.name for t in neff.outputs],
+            "outputs": [t.to_json() for t in neff.outputs],
             "compile_args": list(neff.compile_args),
         }
     versions = sorted({neff.compiler_version for neff in compiled})
@@ -144,6 +146,16 @@ def _module_info(package: str, source: SourceRef | None) -> dict | None:
 
 def _shipped_source(kernel: Kernel) -> SourceRef | None:
     return kernel.source if kernel.frontend in SHIPPED_FRONTENDS else None
+
+
+@functools.cache
+def generator_digest() -> str:
+    """Hash of the code that writes bundles: a bundle is stale when it changes, even
+    within one nkibuild version (a development checkout, a patched install)."""
+    digest = hashlib.sha256()
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()
 
 
 def shipped_files(manifest: Manifest) -> list[str]:

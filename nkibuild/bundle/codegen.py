@@ -68,6 +68,7 @@ def kernel_module(import_name: str, kernel: Kernel) -> str:
         f"{kernel.name}.signature = _kernel.signature  # type: ignore[attr-defined]\n"
         f"{kernel.name}.load = _kernel.load  # type: ignore[attr-defined]\n"
         f"{kernel.name}.benchmark = _kernel.benchmark  # type: ignore[attr-defined]\n"
+        f"{kernel.name}.frontend = _kernel.frontend  # type: ignore[attr-defined]\n"
     )
 
 

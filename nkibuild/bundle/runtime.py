@@ -68,6 +68,7 @@ class Kernel:
         self.name = name
         self._info = build_info(package)["kernels"][name]
         self._announced: str | None = None
+        self.last_mode: str | None = None  # the mode the latest call ran in
 
     @property
     def signature(self) -> tuple[tuple[str, str], ...]:
@@ -85,11 +86,17 @@ class Kernel:
     def targets(self) -> tuple[str, ...]:
         return tuple(self._info["neffs"])
 
+    @property
+    def frontend(self) -> str:
+        """nki, nkipy, jax or hlo: which modes apply (simulate is for nki kernels)."""
+        return str(self._info["frontend"])
+
     def __call__(self, *args: Any, mode: str | None = None, **kwargs: Any) -> Any:
         arrays, device = self._bind(args, kwargs)
         variant = self._select_variant(arrays)
         chosen, reason = self._resolve_mode(mode, variant)
         self._announce(chosen, reason)
+        self.last_mode = chosen
         runner: Callable[[list[Any], str], Any] = {
             "neuron": self._run_neuron,
             "simulate": self._run_simulate,

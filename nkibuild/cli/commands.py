@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from nkibuild.graph.tasks import BuildContext
     from nkibuild.manifest.model import Manifest
+    from nkibuild.verify import BundleUnderTest, Check
 
 EXIT_OK, EXIT_BUILD_FAILED = 0, 1
 
@@ -65,6 +66,64 @@ def explain(args: argparse.Namespace) -> int:
     else:
         print("\n".join(e.render() for e in explanations))
     return EXIT_OK
+
+
+def verify(args: argparse.Namespace) -> int:
+    """Exit 0 when every check passed, 1 otherwise."""
+    import tempfile
+
+    from nkibuild.verify import bundle_of_wheel
+    from nkibuild.verify import verify as run_checks
+
+    with tempfile.TemporaryDirectory(prefix="nkibuild-verify-") as scratch:
+        if args.wheel is not None:
+            bundle = bundle_of_wheel(args.wheel, Path(scratch))
+        else:
+            bundle = _built_bundle(args)
+            if bundle is None:
+                return EXIT_BUILD_FAILED
+        checks = run_checks(
+            bundle, args.mode, with_double=args.with_double, update_baseline=args.update_baseline
+        )
+    if args.json:
+        print(json.dumps([c.to_json() for c in checks], indent=2))
+    else:
+        _print_checks(checks, bundle.baseline)
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_BUILD_FAILED
+
+
+def _built_bundle(args: argparse.Namespace) -> BundleUnderTest | None:
+    """Bring the project's bundle up to date (an incremental build up to `bundle`)."""
+    from nkibuild.cli.display import PlainDisplay
+    from nkibuild.graph.run import RunOptions, run_build
+    from nkibuild.verify import bundle_of_project
+
+    context = _context(args)
+    summary = run_build(context, RunOptions(selection=("bundle",)), PlainDisplay(sys.stderr))
+    for failure in summary.failures:
+        print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
+    if not summary.ok:
+        return None
+    layout = context.layout
+    return bundle_of_project(layout.bundle_dir(context.manifest), layout.state_dir)
+
+
+def _print_checks(checks: list[Check], baseline: Path) -> None:
+    for check in checks:
+        figures = check.figures
+        detail = figures.get("note") or (
+            f"max abs error {figures['max_abs_error']:.3g}" if "max_abs_error" in figures else ""
+        )
+        status = "ok" if check.ok else "FAILED"
+        print(
+            f"{check.kernel}/{check.variant} [{check.mode}]: {status}"
+            + (f" ({detail})" if detail else "")
+        )
+        for problem in check.problems:
+            print(f"    {problem}")
+    failed = sum(not c.ok for c in checks)
+    verdict = "all ok" if not failed else f"{failed} failed"
+    print(f"{len(checks)} checks: {verdict}; baseline: {baseline}")
 
 
 def plan(args: argparse.Namespace) -> int:

@@ -67,6 +67,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("units", nargs="*", metavar="UNIT", help="units or kernels (default: all)")
     explain.add_argument("--json", action="store_true", help="print the explanations as JSON")
+    verify = _add(
+        commands,
+        "verify",
+        cmd.verify,
+        "run the bundle's kernels on sample inputs and compare with their references",
+        project,
+        _toolchain_option(),
+        _cache_options(),
+    )
+    verify.add_argument(
+        "wheel", nargs="?", type=Path, help="a bundle wheel [default: build the project's bundle]"
+    )
+    verify.add_argument(
+        "--mode", choices=("auto", "neuron", "simulate", "reference"), default="auto",
+        help="how the kernels run (compared with reference mode) [default: auto]",
+    )  # fmt: skip
+    verify.add_argument(
+        "--with-double", action="store_true",
+        help="also run neuron mode through nkibuild's fake spike, for every target",
+    )  # fmt: skip
+    verify.add_argument(
+        "--update-baseline", action="store_true", help="record these results as the baseline"
+    )
+    verify.add_argument("--json", action="store_true", help="print the checks as JSON")
     _add(commands, "validate", cmd.validate, "check the manifest and report every problem", project)
     _add(commands, "list", cmd.list_tasks, "list the build's tasks", project, _toolchain_option())
     clean = _add(commands, "clean", cmd.clean, "remove the build directory", project)

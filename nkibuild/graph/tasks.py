@@ -244,10 +244,13 @@ def run_bundle(context: BuildContext) -> None:
 
 
 def _bundle_config(manifest: Manifest) -> dict[str, Any]:
+    from nkibuild.bundle import generator_digest
+
     return {
         "package": vars(manifest.package),
         "kernels": [_kernel_config(kernel) for kernel in manifest.kernels],
         "nkibuild": __version__,
+        "generator": generator_digest(),
     }
 
 
