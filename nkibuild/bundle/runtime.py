@@ -69,6 +69,15 @@ class Kernel:
         self._info = build_info(package)["kernels"][name]
         self._announced: str | None = None
         self.last_mode: str | None = None  # the mode the latest call ran in
+        # Precomputed: every call checks against these, so they must cost nothing.
+        self._names = [arg["name"] for arg in self._info["inputs"]]
+        self._dtypes = [arg["dtype"] for arg in self._info["inputs"]]
+        self._shapes_by_variant = [
+            (variant, tuple(tuple(t["shape"]) for t in spec["inputs"]))
+            for variant, spec in self._info["variants"].items()
+        ]
+        self._constant_values = {n: _constant(v) for n, v in self._info["constants"]}
+        self._functions: dict[str, Callable[..., Any]] = {}
 
     @property
     def signature(self) -> tuple[tuple[str, str], ...]:
@@ -131,7 +140,7 @@ class Kernel:
     def _bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
         """Arguments by name, as NumPy arrays, and the torch device to return results on
         (None when no torch tensor was passed)."""
-        names = [name for name, _ in self.signature]
+        names = self._names
         if len(args) > len(names):
             raise KernelError(f"{self.name}() takes {len(names)} arguments ({', '.join(names)})")
         bound = dict(zip(names, args, strict=False))
@@ -147,19 +156,21 @@ class Kernel:
         if missing:
             raise KernelError(f"{self.name}() is missing {', '.join(missing)}")
         values = [bound[name] for name in names]
+        if all(type(value) is _ndarray() for value in values):
+            return values, None  # the common case, without conversions
         devices = [value.device for value in values if _is_torch(value)]
         return [_as_numpy(value) for value in values], (devices[0] if devices else None)
 
     def _select_variant(self, arrays: Sequence[Any]) -> str:
-        dtypes = [dtype for _, dtype in self.signature]
-        found = [str(a.dtype) for a in arrays]
-        if found != dtypes:
+        found = [a.dtype.name for a in arrays]
+        if found != self._dtypes:
             raise KernelError(
-                f"{self.name}() expects dtypes ({', '.join(dtypes)}), got ({', '.join(found)})"
+                f"{self.name}() expects dtypes ({', '.join(self._dtypes)}), "
+                f"got ({', '.join(found)})"
             )
-        shapes = tuple(tuple(a.shape) for a in arrays)
-        for variant, spec in self.variants.items():
-            if tuple(spec.values()) == shapes:
+        shapes = tuple(a.shape for a in arrays)
+        for variant, variant_shapes in self._shapes_by_variant:
+            if variant_shapes == shapes:
                 return variant
         raise KernelError(
             f"{self.name}() has no variant for shapes {_shapes(shapes)}; {self._listing()}"
@@ -206,8 +217,10 @@ class Kernel:
                 "%s.%s runs in %s mode %s: %s", self.package, self.name, mode, where, reason
             )
 
-    def _constants(self) -> dict[str, Any]:
-        return {name: _constant(value) for name, value in self._info["constants"]}
+    def _function(self, role: str, where: dict[str, str]) -> Callable[..., Any]:
+        if role not in self._functions:
+            self._functions[role] = _shipped_function(self.package, where)
+        return self._functions[role]
 
     def _reference_function_info(self) -> dict[str, str] | None:
         # nkipy kernels are NumPy code: without a reference, the kernel is its own.
@@ -223,8 +236,7 @@ class Kernel:
             raise KernelError(
                 f"{self.name}: no reference implementation was built into this bundle"
             )
-        function = _shipped_function(self.package, reference)
-        return function(*arrays, **self._constants())
+        return self._function("reference", reference)(*arrays, **self._constant_values)
 
     def _run_simulate(self, arrays: Sequence[Any], _variant: str) -> Any:
         source = self._info.get("source")
@@ -239,8 +251,8 @@ class Kernel:
             raise KernelError(
                 f"{self.name}: simulate mode needs the `nki` package (NKI's CPU simulator)"
             ) from None
-        kernel = _shipped_function(self.package, source)
-        return nki.simulate(kernel)(*arrays, **self._constants())
+        kernel = self._function("source", source)
+        return nki.simulate(kernel)(*arrays, **self._constant_values)
 
     def _run_neuron(self, arrays: Sequence[Any], variant: str) -> Any:
         target = self._target(None)
@@ -365,6 +377,13 @@ def _shipped_function(package: str, where: dict[str, str]) -> Callable[..., Any]
 def _constant(value: Any) -> Any:
     # JSON has no tuples; constants were tuples in the manifest model.
     return tuple(_constant(v) for v in value) if isinstance(value, list) else value
+
+
+@cache
+def _ndarray() -> type:
+    import numpy as np
+
+    return np.ndarray
 
 
 def _is_torch(value: Any) -> bool:
