@@ -29,16 +29,39 @@ SHIPPED_FRONTENDS = frozenset({"nki", "nkipy"})
 RUNTIME_SOURCE = Path(__file__).with_name("runtime.py")
 
 
+PARTS_DIR = "parts"  # per-target NEFF projects of a split bundle
+
+
 @dataclass(frozen=True)
 class BundleProject:
     directory: Path
     package: Package
     files: tuple[tuple[str, str], ...]  # (path relative to directory, sha256), sorted
     build_info: dict
+    parts: tuple[BundleProject, ...] = ()  # per-target NEFF projects (split-targets)
 
     @property
     def package_dir(self) -> Path:
         return self.directory / self.package.import_name
+
+
+def target_package(package: Package, target: str) -> Package:
+    """The distribution that carries one target's NEFFs of a split bundle."""
+    return Package(
+        name=f"{package.name}-{target}",
+        version=package.version,
+        import_name=f"{package.import_name}_{target}",
+        description=f"{target} NEFFs of {package.name} (installed by its [{target}] extra)",
+        license=package.license,
+        requires_python=package.requires_python,
+    )
+
+
+def split_targets(manifest: Manifest) -> list[str]:
+    """Targets that get a wheel of their own (none unless the manifest asks)."""
+    if not manifest.package.split_targets:
+        return []
+    return sorted({t for k in manifest.kernels for t in (k.targets or manifest.default_targets)})
 
 
 def generate_bundle(
@@ -49,7 +72,9 @@ def generate_bundle(
     with staging_dir(out_dir) as stage:
         pkg = stage / package.import_name
         (pkg / "_kernels").mkdir(parents=True)
-        (stage / "pyproject.toml").write_text(codegen.pyproject(package, info["requirements"]))
+        extras = {t: [target_package(package, t).name] for t in split_targets(manifest)}
+        pyproject = codegen.pyproject(package, info["requirements"], extras=extras)
+        (stage / "pyproject.toml").write_text(pyproject)
         (pkg / "__init__.py").write_text(codegen.package_init(package, manifest.kernels))
         (pkg / "_kernels" / "__init__.py").write_text('"""Generated kernel modules."""\n')
         shutil.copyfile(RUNTIME_SOURCE, pkg / "_runtime.py")
@@ -60,20 +85,64 @@ def generate_bundle(
         _copy_modules(manifest, pkg, REFERENCE_PACKAGE, _references(manifest))
         _copy_modules(manifest, pkg, SOURCES_PACKAGE, _shipped_sources(manifest))
         for neff in compiled:
-            destination = pkg / _neff_path(neff)
+            home = _neff_home(manifest, neff.target)
+            root = stage / _part_dir(home) if home != package.import_name else stage
+            destination = root / home / _neff_path(neff)
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(neff.neff_path, destination)
-        files = _hash_tree(stage)
-        stamp = {"package": vars(package), "files": dict(files), "nkibuild": __version__}
+        parts = [_write_part(stage, package, target) for target in split_targets(manifest)]
+        files = _hash_tree(stage, exclude=PARTS_DIR)
+        stamp = {
+            "package": vars(package),
+            "files": dict(files),
+            "parts": parts,
+            "nkibuild": __version__,
+        }
         (stage / STAMP_FILE).write_text(json.dumps(stamp, indent=2, sort_keys=True))
-    return BundleProject(out_dir, package, files, info)
+    return load_bundle(out_dir)
 
 
 def load_bundle(directory: Path) -> BundleProject:
     stamp = json.loads((directory / STAMP_FILE).read_text())
     package = Package(**stamp["package"])
     info = json.loads((directory / package.import_name / "_build.json").read_text())
-    return BundleProject(directory, package, tuple(sorted(stamp["files"].items())), info)
+    parts = tuple(_load_part(directory, part) for part in stamp.get("parts", ()))
+    return BundleProject(directory, package, tuple(sorted(stamp["files"].items())), info, parts)
+
+
+def _load_part(directory: Path, part: dict) -> BundleProject:
+    package = Package(**part["package"])
+    info = {"requirements": [], "kernels": {}, "part_of": part["part_of"], "target": part["target"]}
+    files = tuple(sorted(part["files"].items()))
+    return BundleProject(directory / part["directory"], package, files, info)
+
+
+def _neff_home(manifest: Manifest, target: str) -> str:
+    """The import package a target's NEFFs live in."""
+    package = manifest.package
+    if target in split_targets(manifest):
+        return target_package(package, target).import_name
+    return package.import_name
+
+
+def _part_dir(import_name: str) -> str:
+    return f"{PARTS_DIR}/{import_name}"
+
+
+def _write_part(stage: Path, package: Package, target: str) -> dict:
+    """A per-target project: its package holds only `neff/`; its pyproject builds it alone."""
+    part = target_package(package, target)
+    root = stage / _part_dir(part.import_name)
+    (root / part.import_name).mkdir(parents=True, exist_ok=True)
+    (root / part.import_name / "__init__.py").write_text(f'"""{part.description}."""\n')
+    (root / "pyproject.toml").write_text(codegen.pyproject(part, [], entry_point=False))
+    return {
+        "directory": _part_dir(part.import_name),
+        "package": vars(part),
+        "part_of": package.name,
+        "target": target,
+        "files": dict(_hash_tree(root)),
+    }
 
 
 def build_info(manifest: Manifest, compiled: Sequence[CompiledNeff]) -> dict:
@@ -81,6 +150,7 @@ def build_info(manifest: Manifest, compiled: Sequence[CompiledNeff]) -> dict:
     neffs: dict[str, dict[str, dict[str, dict]]] = {}
     for neff in compiled:
         neffs.setdefault(neff.kernel, {}).setdefault(neff.target, {})[neff.variant] = {
+            "package": _neff_home(manifest, neff.target),
             "path": _neff_path(neff),
             "sha256": neff.sha256,
             "lnc": neff.lnc,
@@ -101,6 +171,7 @@ def build_info(manifest: Manifest, compiled: Sequence[CompiledNeff]) -> dict:
         "placeholder": any(neff.placeholder for neff in compiled),
         "neuron_sdk": manifest.package.neuron_sdk,
         "requirements": runtime_requirements(manifest, compiled),
+        "split_targets": split_targets(manifest),
         "kernels": {
             kernel.name: _kernel_info(kernel, neffs.get(kernel.name, {}))
             for kernel in manifest.kernels
@@ -197,9 +268,11 @@ def _neff_path(neff: CompiledNeff) -> str:
     return f"neff/{neff.target}/{neff.kernel}/{neff.variant}.neff"
 
 
-def _hash_tree(root: Path) -> tuple[tuple[str, str], ...]:
-    return tuple(
-        (path.relative_to(root).as_posix(), hashlib.sha256(path.read_bytes()).hexdigest())
-        for path in sorted(root.rglob("*"))
-        if path.is_file()
-    )
+def _hash_tree(root: Path, exclude: str | None = None) -> tuple[tuple[str, str], ...]:
+    """(relative path, sha256) of every file under `root`, except under `exclude/`."""
+    hashed = []
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root).as_posix()
+        if path.is_file() and not (exclude and relative.startswith(f"{exclude}/")):
+            hashed.append((relative, hashlib.sha256(path.read_bytes()).hexdigest()))
+    return tuple(hashed)

@@ -7,7 +7,7 @@ literal produced by repr(), never as raw text.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from nkibuild import __version__
 from nkibuild.manifest.model import Kernel, Package
@@ -98,7 +98,14 @@ def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def pyproject(package: Package, requirements: Sequence[str]) -> str:
+def pyproject(
+    package: Package,
+    requirements: Sequence[str],
+    *,
+    entry_point: bool = True,
+    extras: Mapping[str, Sequence[str]] | None = None,
+) -> str:
+    """pyproject.toml of a generated project, so it can be rebuilt by hand with hatchling."""
     lines = [
         HEADER.rstrip(),
         "[build-system]",
@@ -114,10 +121,20 @@ def pyproject(package: Package, requirements: Sequence[str]) -> str:
     ]
     if package.license:
         lines.append(f"license = {_toml(package.license)}")
+    if extras:
+        lines += ["", "[project.optional-dependencies]"]
+        pinned = {name: [f"{r}=={package.version}" for r in reqs] for name, reqs in extras.items()}
+        pinned["all"] = sorted({r for reqs in pinned.values() for r in reqs})
+        lines += [
+            f"{name} = [{', '.join(_toml(r) for r in reqs)}]" for name, reqs in pinned.items()
+        ]
+    if entry_point:
+        lines += [
+            "",
+            '[project.entry-points."nkibuild.bundles"]',
+            f"{package.import_name} = {_toml(package.import_name)}",
+        ]
     lines += [
-        "",
-        '[project.entry-points."nkibuild.bundles"]',
-        f"{package.import_name} = {_toml(package.import_name)}",
         "",
         "[tool.hatch.build]",
         "# NEFFs are build outputs that .gitignore files often exclude; ship them anyway.",

@@ -203,8 +203,11 @@ class Kernel:
             return "this host is not a Trainium instance"
         if target not in self._info["neffs"]:
             return f"no NEFF was built for {target} (built: {', '.join(self.targets)})"
-        if self._info["neffs"][target][variant]["placeholder"]:
+        neff = self._info["neffs"][target][variant]
+        if neff["placeholder"]:
             return "the NEFFs are placeholders from nkibuild's toolchain double"
+        if _neff_package_missing(self.package, neff):
+            return _install_hint(self.package, target)
         if importlib.util.find_spec("spike") is None:
             return SPIKE_HELP
         return None
@@ -304,10 +307,27 @@ def _load_model(package: str, kernel: str, target: str, variant: str) -> Any:
         )
     _check_lnc(f"{package}.{kernel}", neff["lnc"])
     _check_sdk(f"{package}.{kernel}", info.get("neuron_sdk"), spike)
+    if _neff_package_missing(package, neff):
+        raise KernelError(f"{package}.{kernel}: {_install_hint(package, target)}")
     from importlib import resources
 
-    with resources.as_file(resources.files(package).joinpath(neff["path"])) as path:
+    home = neff.get("package", package)
+    with resources.as_file(resources.files(home).joinpath(neff["path"])) as path:
         return spike.SpikeModel.load_from_neff(str(path))
+
+
+def _neff_package_missing(package: str, neff: dict[str, Any]) -> bool:
+    """A split bundle keeps each target's NEFFs in a package installed by an extra."""
+    home = neff.get("package", package)
+    return home != package and importlib.util.find_spec(home) is None
+
+
+def _install_hint(package: str, target: str) -> str:
+    distribution = build_info(package)["package"]
+    return (
+        f"the {target} NEFFs are in a separate package that is not installed: "
+        f"pip install '{distribution}[{target}]'"
+    )
 
 
 def _check_lnc(what: str, lnc: int) -> None:

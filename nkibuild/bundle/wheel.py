@@ -39,6 +39,11 @@ def wheel_file_name(package: Package) -> str:
     return f"{distribution}-{Version(package.version)}-{TAG}.whl"
 
 
+def build_wheels(project: BundleProject, dist_dir: Path) -> list[Path]:
+    """The bundle's wheel, and one per target when its NEFFs are split out."""
+    return [build_wheel(each, dist_dir) for each in (project, *project.parts)]
+
+
 def build_wheel(project: BundleProject, dist_dir: Path) -> Path:
     package = project.package
     file_name = wheel_file_name(package)
@@ -51,8 +56,9 @@ def build_wheel(project: BundleProject, dist_dir: Path) -> Path:
     generated = {
         f"{dist_info}/METADATA": metadata(project).encode(),
         f"{dist_info}/WHEEL": _wheel_file().encode(),
-        f"{dist_info}/entry_points.txt": _entry_points(package.import_name).encode(),
     }
+    if "part_of" not in project.build_info:  # tools discover bundles, not their NEFF parts
+        generated[f"{dist_info}/entry_points.txt"] = _entry_points(package.import_name).encode()
     destination = dist_dir / file_name
     with atomic_output(destination) as tmp:
         _write_zip(tmp, members, generated, f"{dist_info}/RECORD")
@@ -69,16 +75,31 @@ def metadata(project: BundleProject) -> str:
         f"Requires-Python: {package.requires_python}",
         *(f"Requires-Dist: {requirement}" for requirement in info["requirements"]),
     ]
+    for part in project.parts:
+        target = part.build_info["target"]
+        pin = f"{part.package.name}=={Version(part.package.version)}"
+        lines += [
+            f'Requires-Dist: {pin}; extra == "{target}"',
+            f'Requires-Dist: {pin}; extra == "all"',
+        ]
+    lines += [f"Provides-Extra: {extra}" for extra in _extras(project)]
     if package.neuron_sdk:
         lines.append(f"Requires-External: neuron-sdk ({package.neuron_sdk})")
     if package.license:
         lines.append(f"License: {_one_line(package.license)}")
     targets = sorted({t for k in info["kernels"].values() for t in k["neffs"]})
+    if "target" in info:
+        targets = [info["target"]]
     lines += [
         f"Keywords: neuron,nki,trainium,{','.join(targets)}",
         f"Platform: {', '.join(targets)}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _extras(project: BundleProject) -> list[str]:
+    targets = [part.build_info["target"] for part in project.parts]
+    return [*targets, "all"] if targets else []
 
 
 def _one_line(text: str) -> str:

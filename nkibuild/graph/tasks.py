@@ -292,24 +292,26 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
 
 
 @_guarded
-def run_wheel(bundle_dir: Path, dist_dir: Path) -> dict[str, str]:
+def run_wheel(bundle_dir: Path, dist_dir: Path) -> dict[str, Any]:
     from nkibuild.bundle import load_bundle
-    from nkibuild.bundle.wheel import build_wheel
+    from nkibuild.bundle.wheel import build_wheels
 
-    return {"wheel": str(build_wheel(load_bundle(bundle_dir), dist_dir))}
+    return {"wheels": [str(path) for path in build_wheels(load_bundle(bundle_dir), dist_dir)]}
 
 
 def _wheel_task(context: BuildContext) -> dict[str, Any]:
-    from nkibuild.bundle import STAMP_FILE
+    from nkibuild.bundle import STAMP_FILE, split_targets, target_package
     from nkibuild.bundle.wheel import wheel_file_name
 
     manifest = context.manifest
     bundle_dir = context.layout.bundle_dir(manifest)
+    packages = [manifest.package]
+    packages += [target_package(manifest.package, t) for t in split_targets(manifest)]
     return {
         "basename": "wheel",
         "doc": f"pack {manifest.package.name} into a wheel in {context.layout.dist_dir}",
         "actions": [(run_wheel, (bundle_dir, context.layout.dist_dir))],
         "file_dep": [_path(bundle_dir / STAMP_FILE)],
-        "targets": [_path(context.layout.dist_dir / wheel_file_name(manifest.package))],
+        "targets": [_path(context.layout.dist_dir / wheel_file_name(p)) for p in packages],
         "clean": True,
     }

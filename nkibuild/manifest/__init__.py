@@ -116,6 +116,7 @@ def _package(data: Mapping[str, Any]) -> Package:
         license=data.get("license"),
         requires_python=data.get("requires-python", Package.requires_python),
         neuron_sdk=data.get("neuron-sdk"),
+        split_targets=data.get("split-targets", False),
     )
 
 

@@ -112,6 +112,7 @@ class Package:
     license: str | None = None
     requires_python: str = ">=3.10"
     neuron_sdk: str | None = None  # e.g. ">=2.29,<3"
+    split_targets: bool = False  # one NEFF wheel per target + a main wheel with extras
 
 
 @dataclass(frozen=True)

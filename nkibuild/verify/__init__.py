@@ -36,7 +36,7 @@ VERIFY_TIMEOUT_S = 1800
 @dataclass(frozen=True)
 class BundleUnderTest:
     package: str  # import name
-    path: Path  # the directory to import it from
+    paths: tuple[Path, ...]  # the directories to import it (and its NEFF parts) from
     info: dict[str, Any]  # its _build.json
     baseline: Path
 
@@ -68,7 +68,8 @@ def bundle_of_project(bundle_dir: Path, state_dir: Path) -> BundleUnderTest:
     stamp = json.loads((bundle_dir / "bundle.json").read_text())
     package = stamp["package"]["import_name"]
     info = json.loads((bundle_dir / package / BUILD_INFO).read_text())
-    return BundleUnderTest(package, bundle_dir, info, state_dir / "verify-baseline.json")
+    paths = (bundle_dir, *(bundle_dir / part["directory"] for part in stamp.get("parts", ())))
+    return BundleUnderTest(package, paths, info, state_dir / "verify-baseline.json")
 
 
 def bundle_of_wheel(wheel: Path, scratch: Path) -> BundleUnderTest:
@@ -82,7 +83,7 @@ def bundle_of_wheel(wheel: Path, scratch: Path) -> BundleUnderTest:
     if len(packages) != 1:
         raise UsageError(f"{wheel}: not an nkibuild bundle (no single package with {BUILD_INFO})")
     info = json.loads((scratch / packages[0] / BUILD_INFO).read_text())
-    return BundleUnderTest(packages[0], scratch, info, wheel.with_suffix(".verify.json"))
+    return BundleUnderTest(packages[0], (scratch,), info, wheel.with_suffix(".verify.json"))
 
 
 def verify(
@@ -131,7 +132,7 @@ def _run(
     with tempfile.TemporaryDirectory(prefix="nkibuild-verify-") as scratch:
         request_file = Path(scratch) / "request.json"
         request_file.write_text(json.dumps(request))
-        path = os.pathsep.join(str(p) for p in (bundle.path, *extra_path))
+        path = os.pathsep.join(str(p) for p in (*bundle.paths, *extra_path))
         # -I: no user site, no PYTHONPATH, no cwd on sys.path; the bootstrap adds `path`.
         command = [sys.executable, "-I", "-c", _BOOTSTRAP, path, str(RUNNER), str(request_file)]
         proc = subprocess.run(
