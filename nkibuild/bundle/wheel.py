@@ -65,14 +65,24 @@ def build_wheel(project: BundleProject, dist_dir: Path) -> Path:
     return destination
 
 
-def metadata(project: BundleProject) -> str:
-    package, info = project.package, project.build_info
+def core_metadata(package: Package) -> list[str]:
+    """The fields every distribution of the package carries (wheel METADATA, sdist PKG-INFO)."""
     lines = [
         "Metadata-Version: 2.1",
         f"Name: {package.name}",
         f"Version: {Version(package.version)}",
         f"Summary: {_one_line(package.description)}",
         f"Requires-Python: {package.requires_python}",
+    ]
+    if package.license:
+        lines.append(f"License: {_one_line(package.license)}")
+    return lines
+
+
+def metadata(project: BundleProject) -> str:
+    package, info = project.package, project.build_info
+    lines = [
+        *core_metadata(package),
         *(f"Requires-Dist: {requirement}" for requirement in info["requirements"]),
     ]
     for part in project.parts:
@@ -85,8 +95,6 @@ def metadata(project: BundleProject) -> str:
     lines += [f"Provides-Extra: {extra}" for extra in _extras(project)]
     if package.neuron_sdk:
         lines.append(f"Requires-External: neuron-sdk ({package.neuron_sdk})")
-    if package.license:
-        lines.append(f"License: {_one_line(package.license)}")
     targets = sorted({t for k in info["kernels"].values() for t in k["neffs"]})
     if "target" in info:
         targets = [info["target"]]
@@ -119,11 +127,15 @@ def _entry_points(import_name: str) -> str:
     return f"[{ENTRY_POINT_GROUP}]\n{import_name} = {import_name}\n"
 
 
+def source_epoch() -> int:
+    """The timestamp of every archived file: SOURCE_DATE_EPOCH, never before 1980."""
+    return max(int(os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH)), DEFAULT_EPOCH)
+
+
 def _date_time() -> tuple[int, int, int, int, int, int]:
     import time
 
-    epoch = max(int(os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH)), DEFAULT_EPOCH)
-    return time.gmtime(epoch)[:6]
+    return time.gmtime(source_epoch())[:6]
 
 
 def _write_zip(
