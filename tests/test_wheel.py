@@ -119,3 +119,20 @@ def test_same_inputs_give_a_byte_identical_wheel(wheel: Path, tmp_path: Path) ->
     summary = build(other)
     assert summary.ok
     assert (other / WHEEL).read_bytes() == wheel.read_bytes()
+
+
+def test_a_bundle_file_edited_after_generation_is_not_packaged(wheel: Path, tmp_path: Path) -> None:
+    from nkibuild.bundle import load_bundle
+    from nkibuild.bundle.wheel import build_wheel
+    from nkibuild.errors import BuildError
+
+    bundle_dir = wheel.parents[1] / "build" / "bundle" / "acme-kernels"
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, copy)
+    neff = copy / "acme_kernels" / "neff" / "trn2" / "softmax" / "default.neff"
+    data = bytearray(neff.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit pattern: always a change
+    neff.write_bytes(bytes(data))
+    with pytest.raises(BuildError, match=r"default\.neff changed after the bundle was generated"):
+        build_wheel(load_bundle(copy), tmp_path / "dist")
+    assert not (tmp_path / "dist").exists() or list((tmp_path / "dist").iterdir()) == []

@@ -23,15 +23,17 @@ from packaging.version import Version
 
 from nkibuild import __version__
 from nkibuild.bundle import BundleProject
+from nkibuild.errors import BuildError
 from nkibuild.fsutil import atomic_output
 from nkibuild.manifest.model import Package
 
 TAG = Tag("py3", "none", "any")
 DEFAULT_EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can carry
 ENTRY_POINT_GROUP = "nkibuild.bundles"
-# Deflate a file only if its first block shrinks at least this much.
+# Deflate a file only if a sample from its middle shrinks at least this much. The middle:
+# a NEFF's 1 KB header compresses well, its gzip payload (most of the file) does not.
 MIN_DEFLATE_GAIN = 0.05
-SAMPLE_BYTES = 1 << 16
+SAMPLE_BYTES = 1 << 14
 
 
 def wheel_file_name(package: Package) -> str:
@@ -49,8 +51,8 @@ def build_wheel(project: BundleProject, dist_dir: Path) -> Path:
     file_name = wheel_file_name(package)
     dist_info = file_name.rsplit("-", 3)[0] + ".dist-info"
     members = [
-        (path, project.directory / path)
-        for path, _ in project.files
+        (path, sha256)
+        for path, sha256 in project.files
         if path.startswith(f"{package.import_name}/")
     ]
     generated = {
@@ -61,7 +63,7 @@ def build_wheel(project: BundleProject, dist_dir: Path) -> Path:
         generated[f"{dist_info}/entry_points.txt"] = _entry_points(package.import_name).encode()
     destination = dist_dir / file_name
     with atomic_output(destination) as tmp:
-        _write_zip(tmp, members, generated, f"{dist_info}/RECORD")
+        _write_zip(tmp, project.directory, members, generated, f"{dist_info}/RECORD")
     return destination
 
 
@@ -140,32 +142,51 @@ def _date_time() -> tuple[int, int, int, int, int, int]:
 
 def _write_zip(
     target: Path,
-    members: Iterable[tuple[str, Path]],
+    root: Path,
+    members: Iterable[tuple[str, str]],
     generated: dict[str, bytes],
     record_name: str,
 ) -> None:
-    entries = sorted([(name, path.read_bytes()) for name, path in members]) + sorted(
-        generated.items()
-    )
-    record = [f"{name},sha256={_digest(data)},{len(data)}" for name, data in entries]
-    record.append(f"{record_name},,")
-    entries.append((record_name, ("\n".join(record) + "\n").encode()))
+    """Members (path, sha256 recorded by the bundle stage) one at a time, then metadata,
+    then RECORD. A member whose bytes no longer match its recorded sha256 was changed
+    after the bundle was generated: refuse to package it."""
     stamp = _date_time()
+    record = []
     with zipfile.ZipFile(target, "w") as archive:
-        for name, data in entries:
-            info = zipfile.ZipInfo(name, date_time=stamp)
-            info.external_attr = 0o644 << 16
-            info.compress_type = _compression(data)
-            archive.writestr(info, data)
+        for name, recorded in sorted(members):
+            data = (root / name).read_bytes()
+            digest = hashlib.sha256(data).digest()
+            if recorded and digest.hex() != recorded:
+                raise BuildError(
+                    f"{root / name} changed after the bundle was generated (sha256 differs "
+                    "from bundle.json); rebuild the bundle instead of editing its files"
+                )
+            record.append(_write_member(archive, name, data, stamp, digest))
+        for name, data in sorted(generated.items()):
+            record.append(_write_member(archive, name, data, stamp, hashlib.sha256(data).digest()))
+        record.append(f"{record_name},,")
+        listing = ("\n".join(record) + "\n").encode()
+        _write_member(archive, record_name, listing, stamp, None)
+
+
+def _write_member(
+    archive: zipfile.ZipFile, name: str, data: bytes, stamp: tuple[int, ...], digest: bytes | None
+) -> str:
+    """Write one entry with fixed metadata; return its RECORD line (RECORD has no hash)."""
+    info = zipfile.ZipInfo(name, date_time=stamp)  # type: ignore[arg-type]
+    info.external_attr = 0o644 << 16
+    info.compress_type = _compression(data)
+    archive.writestr(info, data)
+    if digest is None:
+        return ""
+    encoded = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    return f"{name},sha256={encoded},{len(data)}"
 
 
 def _compression(data: bytes) -> int:
-    sample = data[:SAMPLE_BYTES]
-    if len(sample) < 512:
-        return zipfile.ZIP_DEFLATED
+    if len(data) < 2 * SAMPLE_BYTES:
+        return zipfile.ZIP_DEFLATED  # small files: deflating them costs nothing worth saving
+    middle = len(data) // 2
+    sample = data[middle : middle + SAMPLE_BYTES]
     gained = 1 - len(zlib.compress(sample, 1)) / len(sample)
     return zipfile.ZIP_DEFLATED if gained >= MIN_DEFLATE_GAIN else zipfile.ZIP_STORED
-
-
-def _digest(data: bytes) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
