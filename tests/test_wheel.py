@@ -136,3 +136,15 @@ def test_a_bundle_file_edited_after_generation_is_not_packaged(wheel: Path, tmp_
     with pytest.raises(BuildError, match=r"default\.neff changed after the bundle was generated"):
         build_wheel(load_bundle(copy), tmp_path / "dist")
     assert not (tmp_path / "dist").exists() or list((tmp_path / "dist").iterdir()) == []
+
+
+def test_generated_code_passes_ruff(wheel: Path) -> None:
+    """The loaders are generated from validated names only; they read like written code."""
+    package = wheel.parents[1] / "build" / "bundle" / "acme-kernels" / "acme_kernels"
+    files = [str(package / "__init__.py"), str(package / "_kernels"), str(package / "_runtime.py")]
+    settings = ["--isolated", "--no-cache", "--line-length", "100"]
+    lint = [sys.executable, "-m", "ruff", "check", *settings, "--select", "E,F,W,I,UP,B"]
+    formatted = [sys.executable, "-m", "ruff", "format", "--check", *settings]
+    for command in (lint, formatted):
+        result = subprocess.run([*command, *files], capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
