@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import build
+from helpers import build, write_project
 
 from nkibuild.formats.neff import read_neff
 
@@ -304,3 +304,58 @@ def test_the_runtime_lnc_setting_must_match_the_neff(python: Path, tmp_path: Pat
     assert "compiled for lnc=2 but the Neuron runtime is set to NEURON_LOGICAL_NC_CONFIG=1" in ok(
         result
     )
+
+
+SPLIT_MANIFEST = """\
+format-version: 1
+package: {name: split-kernels, version: 0.2.0, split-targets: true}
+defaults: {targets: [trn1, trn2]}
+kernels:
+  softmax:
+    frontend: hlo
+    source: kernels/softmax.hlo.pb
+    reference: kernels/reference.py:softmax
+    inputs: {logits: {shape: [64, 1024], dtype: float32}}
+"""
+
+
+def test_split_targets_install_only_the_hosts_neffs(python: Path, tmp_path: Path) -> None:
+    root = write_project(
+        tmp_path / "split",
+        SPLIT_MANIFEST,
+        {
+            "kernels/softmax.hlo.pb": (REPO / "examples/kernels/softmax.hlo.pb").read_bytes(),
+            "kernels/reference.py": (REPO / "examples/kernels/reference.py").read_text(),
+        },
+    )
+    assert build(root).ok
+    wheels = sorted(p.name for p in (root / "dist").iterdir())
+    assert wheels == [f"split_kernels{t}-0.2.0-py3-none-any.whl" for t in ("", "_trn1", "_trn2")]
+    with zipfile.ZipFile(root / "dist" / wheels[0]) as archive:
+        metadata = archive.read("split_kernels-0.2.0.dist-info/METADATA").decode()
+        assert not [n for n in archive.namelist() if n.endswith(".neff")]
+    assert 'Requires-Dist: split-kernels-trn2==0.2.0; extra == "trn2"' in metadata
+    assert "Provides-Extra: trn1\nProvides-Extra: trn2\nProvides-Extra: all" in metadata
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps"]
+    subprocess.run(
+        [*pip, str(root / "dist" / wheels[0]), str(root / "dist" / wheels[2])], check=True
+    )
+    log = tmp_path / "spike.jsonl"
+    script = """
+        import numpy as np
+        from split_kernels import softmax
+        from split_kernels._runtime import KernelError
+        logits = np.zeros((64, 1024), np.float32)
+        print(softmax(logits, mode="reference").shape)
+        try:
+            print(softmax(logits, mode="neuron").shape)
+        except KernelError as error:
+            print(error)
+        """
+    common = {"PYTHONPATH": str(FAKE_SPIKE), "NKIBUILD_FAKE_SPIKE_LOG": str(log)}
+    on_trn2 = ok(run_in_venv(python, script, tmp_path, NKIBUILD_TARGET="trn2", **common))
+    assert on_trn2.splitlines() == ["(64, 1024)", "(64, 1024)"]
+    (load, *_) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert "split_kernels_trn2/neff/trn2/softmax/default.neff" in load["path"]
+    on_trn1 = ok(run_in_venv(python, script, tmp_path, NKIBUILD_TARGET="trn1", **common))
+    assert "pip install 'split-kernels[trn1]'" in on_trn1.splitlines()[1]
