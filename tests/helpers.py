@@ -54,3 +54,40 @@ def write_project(root: Path, manifest: str, files: dict[str, bytes | str] | Non
         else:
             path.write_text(content)
     return root
+
+
+EXAMPLE_KERNELS = Path(__file__).resolve().parents[1] / "examples" / "kernels"
+
+
+def softmax_manifest(
+    package: str = "{name: softmax-kernels, version: 0.1.0}",
+    *,
+    defaults: str = "{targets: [trn1, trn2]}",
+    kernel: str = "",
+    top: str = "",
+    reference: bool = False,
+) -> str:
+    """A manifest of the examples' prebuilt-HLO softmax (no tracing: the fastest project)."""
+    lines = [
+        "format-version: 1",
+        f"package: {package}",
+        f"defaults: {defaults}",
+        *([top.rstrip("\n")] if top else []),
+        "kernels:",
+        "  softmax:",
+        "    frontend: hlo",
+        "    source: kernels/softmax.hlo.pb",
+        *(["    reference: kernels/reference.py:softmax"] if reference else []),
+        "    inputs:",
+        "      logits: {shape: [64, 1024], dtype: float32}",
+    ]
+    return "\n".join(lines) + "\n" + kernel
+
+
+def softmax_project(root: Path, manifest: str, files: dict[str, bytes | str] | None = None) -> Path:
+    """A project with `manifest`, the softmax HLO and its reference."""
+    shipped: dict[str, bytes | str] = {
+        "kernels/softmax.hlo.pb": (EXAMPLE_KERNELS / "softmax.hlo.pb").read_bytes(),
+        "kernels/reference.py": (EXAMPLE_KERNELS / "reference.py").read_text(),
+    }
+    return write_project(root, manifest, {**shipped, **(files or {})})

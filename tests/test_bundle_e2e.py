@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import build, write_project
+from helpers import build, softmax_manifest, softmax_project
 
 from nkibuild.formats.neff import read_neff
 
@@ -306,28 +306,13 @@ def test_the_runtime_lnc_setting_must_match_the_neff(python: Path, tmp_path: Pat
     )
 
 
-SPLIT_MANIFEST = """\
-format-version: 1
-package: {name: split-kernels, version: 0.2.0, split-targets: true}
-defaults: {targets: [trn1, trn2]}
-kernels:
-  softmax:
-    frontend: hlo
-    source: kernels/softmax.hlo.pb
-    reference: kernels/reference.py:softmax
-    inputs: {logits: {shape: [64, 1024], dtype: float32}}
-"""
+SPLIT_MANIFEST = softmax_manifest(
+    "{name: split-kernels, version: 0.2.0, split-targets: true}", reference=True
+)
 
 
 def test_split_targets_install_only_the_hosts_neffs(python: Path, tmp_path: Path) -> None:
-    root = write_project(
-        tmp_path / "split",
-        SPLIT_MANIFEST,
-        {
-            "kernels/softmax.hlo.pb": (REPO / "examples/kernels/softmax.hlo.pb").read_bytes(),
-            "kernels/reference.py": (REPO / "examples/kernels/reference.py").read_text(),
-        },
-    )
+    root = softmax_project(tmp_path / "split", SPLIT_MANIFEST)
     assert build(root).ok
     wheels = sorted(p.name for p in (root / "dist").iterdir())
     assert wheels == [f"split_kernels{t}-0.2.0-py3-none-any.whl" for t in ("", "_trn1", "_trn2")]

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, run_nkibuild
-from helpers import build, write_project
+from conftest import run_nkibuild
+from helpers import build, softmax_manifest, softmax_project
 
 from nkibuild.cache import LocalCache
 from nkibuild.compiler import memory_estimate
@@ -28,22 +28,10 @@ from nkibuild.settings import BuildOptions
 MIB = 1 << 20
 UNITS = ("softmax/default/trn1", "softmax/default/trn2")
 
-MANIFEST = """\
-format-version: 1
-package: {{name: two-units, version: 0.1.0}}
-defaults: {{targets: [trn1, trn2]}}
-kernels:
-  softmax:
-    frontend: hlo
-    source: kernels/softmax.hlo.pb
-    inputs:
-      logits: {{shape: [64, 1024], dtype: float32}}
-{extra}"""
-
 
 def project(root: Path, extra: str = "") -> Path:
-    hlo = (EXAMPLES / "kernels" / "softmax.hlo.pb").read_bytes()
-    return write_project(root, MANIFEST.format(extra=extra), {"kernels/softmax.hlo.pb": hlo})
+    package = "{name: two-units, version: 0.1.0}"
+    return softmax_project(root, softmax_manifest(package, kernel=extra))
 
 
 def fake_options(**settings: object) -> BuildOptions:

@@ -6,31 +6,22 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, run_nkibuild
-from helpers import build, write_project
+from conftest import run_nkibuild
+from helpers import build, softmax_manifest, softmax_project
 
 from nkibuild.graph.explain import Explanation, explain
 from nkibuild.project import load_context
 from nkibuild.settings import BuildOptions
 
-MANIFEST = """\
-format-version: 1
-package: {name: explained, version: 0.1.0}
-defaults: {targets: [trn1, trn2], optlevel: 2}
-kernels:
-  softmax:
-    frontend: hlo
-    source: kernels/softmax.hlo.pb
-    inputs:
-      logits: {shape: [64, 1024], dtype: float32}
-"""
+MANIFEST = softmax_manifest(
+    "{name: explained, version: 0.1.0}", defaults="{targets: [trn1, trn2], optlevel: 2}"
+)
 TRN1 = "softmax/default/trn1"
 
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    hlo = (EXAMPLES / "kernels" / "softmax.hlo.pb").read_bytes()
-    root = write_project(tmp_path / "p", MANIFEST, {"kernels/softmax.hlo.pb": hlo})
+    root = softmax_project(tmp_path / "p", MANIFEST)
     assert build(root).ok
     return root
 
@@ -43,8 +34,7 @@ def why(root: Path, *names: str) -> dict[str, Explanation]:
 
 
 def test_a_fresh_build_dir_has_never_built_anything(tmp_path: Path) -> None:
-    hlo = (EXAMPLES / "kernels" / "softmax.hlo.pb").read_bytes()
-    root = write_project(tmp_path / "p", MANIFEST, {"kernels/softmax.hlo.pb": hlo})
+    root = softmax_project(tmp_path / "p", MANIFEST)
     explained = why(root, TRN1)[TRN1]
     assert explained.rebuild
     assert explained.reasons == (

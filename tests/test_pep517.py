@@ -10,22 +10,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, run_nkibuild
-from helpers import write_project
+from conftest import run_nkibuild
+from helpers import softmax_manifest, softmax_project
 
 from nkibuild import build as backend
 
-MANIFEST = """\
-format-version: 1
-package: {name: pep-kernels, version: 0.3.0}
-defaults: {targets: [trn1, trn2]}
-kernels:
-  softmax:
-    frontend: hlo
-    source: kernels/softmax.hlo.pb
-    reference: kernels/reference.py:softmax
-    inputs: {logits: {shape: [64, 1024], dtype: float32}}
-"""
+MANIFEST = softmax_manifest("{name: pep-kernels, version: 0.3.0}", reference=True)
 PYPROJECT = """\
 [build-system]
 requires = ["nkibuild"]
@@ -39,12 +29,7 @@ WHEEL = "pep_kernels-0.3.0-py3-none-any.whl"
 
 
 def kernel_project(root: Path, name: str = "pep-kernels") -> Path:
-    files = {
-        "kernels/softmax.hlo.pb": (EXAMPLES / "kernels" / "softmax.hlo.pb").read_bytes(),
-        "kernels/reference.py": (EXAMPLES / "kernels" / "reference.py").read_text(),
-        "pyproject.toml": PYPROJECT.format(name=name),
-    }
-    return write_project(root, MANIFEST, files)
+    return softmax_project(root, MANIFEST, {"pyproject.toml": PYPROJECT.format(name=name)})
 
 
 def pip_wheel(target: Path | str, out: Path, cwd: Path, **env: str) -> subprocess.CompletedProcess:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, run_nkibuild
+from conftest import run_nkibuild
+from helpers import softmax_manifest, softmax_project
 
 from nkibuild.cache import CacheChain, CacheKey, LocalCache
 from nkibuild.cache.remote import RemoteCache, public_url
@@ -338,24 +339,12 @@ def test_s3_builds_on_two_machines_compile_once(
 ) -> None:
     """End to end through the CLI: machine B, a fresh checkout with an empty local cache,
     takes every NEFF machine A compiled from the S3 cache and runs the compiler 0 times."""
-    hlo = (EXAMPLES / "kernels" / "softmax.hlo.pb").read_bytes()
-    manifest = (
-        "format-version: 1\n"
-        "package: {name: s3-kernels, version: 0.1.0}\n"
-        "defaults: {targets: [trn1, trn2]}\n"
-        f"cache: {{remote: '{s3_url}'}}\n"
-        "kernels:\n"
-        "  softmax:\n"
-        "    frontend: hlo\n"
-        "    source: kernels/softmax.hlo.pb\n"
-        "    inputs: {logits: {shape: [64, 1024], dtype: float32}}\n"
+    manifest = softmax_manifest(
+        "{name: s3-kernels, version: 0.1.0}", top=f"cache: {{remote: '{s3_url}'}}"
     )
     counts = []
     for machine in ("a", "b"):
-        root = tmp_path / machine / "checkout"
-        (root / "kernels").mkdir(parents=True)
-        (root / "kernels" / "softmax.hlo.pb").write_bytes(hlo)
-        (root / "nkibuild.yaml").write_text(manifest)
+        root = softmax_project(tmp_path / machine / "checkout", manifest)
         counter = tmp_path / f"{machine}.compiles"
         env = {
             "AWS_ENDPOINT_URL": s3_endpoint,
