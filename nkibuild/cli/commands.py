@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from nkibuild.graph.tasks import BuildContext
     from nkibuild.manifest.model import Manifest
+    from nkibuild.settings import BuildOptions
     from nkibuild.verify import BundleUnderTest, Check
 
 EXIT_OK, EXIT_BUILD_FAILED = 0, 1
@@ -19,9 +20,15 @@ EXIT_OK, EXIT_BUILD_FAILED = 0, 1
 
 def _context(args: argparse.Namespace) -> BuildContext:
     from nkibuild.project import load_context
+
+    options = _build_options(args)
+    return load_context(Path(args.manifest), Path(args.build_dir), Path(args.dist_dir), options)
+
+
+def _build_options(args: argparse.Namespace) -> BuildOptions:
     from nkibuild.settings import BuildOptions
 
-    options = BuildOptions(
+    return BuildOptions(
         toolchain=args.toolchain,
         compiler=args.compiler,
         use_cache=not getattr(args, "no_cache", False),
@@ -31,7 +38,6 @@ def _context(args: argparse.Namespace) -> BuildContext:
         max_compile_memory=getattr(args, "max_compile_memory", None),
         compile_timeout=getattr(args, "compile_timeout", None),
     )
-    return load_context(Path(args.manifest), Path(args.build_dir), Path(args.dist_dir), options)
 
 
 def build(args: argparse.Namespace) -> int:
@@ -124,6 +130,36 @@ def _print_checks(checks: list[Check], baseline: Path) -> None:
     failed = sum(not c.ok for c in checks)
     verdict = "all ok" if not failed else f"{failed} failed"
     print(f"{len(checks)} checks: {verdict}; baseline: {baseline}")
+
+
+def release(args: argparse.Namespace) -> int:
+    from nkibuild.cli.display import PlainDisplay
+    from nkibuild.release import ReleaseOptions, check
+    from nkibuild.release import release as run_release
+
+    options = ReleaseOptions(
+        root=args.root,
+        out=args.out.resolve(),
+        targets=tuple(t.strip() for t in (args.targets or "").split(",") if t.strip()),
+        only=tuple(args.only),
+        jobs=max(1, args.jobs),
+        keep_going=args.keep_going,
+        allow_mixed_compilers=args.allow_mixed_compilers,
+        build=_build_options(args),
+    )
+    if args.check:
+        problems = check(options)
+        for problem in problems:
+            print(problem)
+        print("release is up to date" if not problems else f"{len(problems)} problems")
+        return EXIT_OK if not problems else EXIT_BUILD_FAILED
+    result = run_release(options, PlainDisplay(sys.stdout))
+    for failure in result.summary.failures:
+        print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
+    for refused in result.refused:
+        print(f"refused: {refused}", file=sys.stderr)
+    print(f"{len(result.published)} wheels in {options.out}; see release-report.md")
+    return EXIT_OK if result.ok else EXIT_BUILD_FAILED
 
 
 def plan(args: argparse.Namespace) -> int:

@@ -91,6 +91,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--update-baseline", action="store_true", help="record these results as the baseline"
     )
     verify.add_argument("--json", action="store_true", help="print the checks as JSON")
+    release = _add(
+        commands,
+        "release",
+        cmd.release,
+        "build and publish every project under ROOT for every target (monorepo CI)",
+        _toolchain_option(),
+        _cache_options(),
+    )
+    release.add_argument("root", nargs="?", default=".", type=Path, help="[default: .]")
+    release.add_argument("--out", type=Path, default=Path("dist"), help="[default: dist]")
+    release.add_argument(
+        "--targets", help="comma-separated targets to build (default: each project's own)"
+    )
+    release.add_argument("--only", nargs="+", default=[], metavar="NAME",
+                         help="only these distributions")  # fmt: skip
+    release.add_argument("-j", "--jobs", type=int, default=1, help="parallel tasks [default: 1]")
+    release.add_argument("-k", "--keep-going", action="store_true",
+                         help="build every project a failure does not block")  # fmt: skip
+    release.add_argument(
+        "--check", action="store_true",
+        help="build nothing; exit 1 unless everything is up to date and OUT matches",
+    )  # fmt: skip
+    release.add_argument(
+        "--allow-mixed-compilers", action="store_true",
+        help="allow projects compiled by different neuronx-cc versions",
+    )  # fmt: skip
     _add(commands, "validate", cmd.validate, "check the manifest and report every problem", project)
     _add(commands, "list", cmd.list_tasks, "list the build's tasks", project, _toolchain_option())
     clean = _add(commands, "clean", cmd.clean, "remove the build directory", project)

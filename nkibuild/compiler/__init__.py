@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -112,27 +113,39 @@ def compile_unit(
     atomic_write_text(out_dir / KEY_FILE, json.dumps(key.to_json(), indent=2, sort_keys=True))
     cache = options.cache
     notices: list[str] = []
-    hit = _cache_hit(cache, key, unit, artifact, out_dir, notices)
-    if hit is not None:
-        origin, seconds = "cache", float(hit.meta.get("compile_seconds", 0.0))
-        peak = int(hit.meta.get("peak_memory", 0))
-    else:
-        timeout = unit.compile_timeout or options.timeout
-        outcome = _compile(unit, artifact, toolchain, out_dir, timeout, options.budget, notices)
-        origin, seconds, peak = "compiled", outcome.seconds, outcome.peak_memory
-    result = _verified_result(unit, artifact, toolchain, out_dir, key.digest, origin, seconds)
-    result = replace(result, peak_memory=peak, compile_args=tuple(unit.compile_args()))
-    if origin == "compiled" and cache is not None:
-        meta = {
-            "unit": unit.name,
-            "compile_seconds": round(seconds, 3),
-            "peak_memory": peak,
-            "compiler_version": result.compiler_version,
-        }
-        cache.publish(key, out_dir / NEFF_FILE, meta, out_dir / LOG_FILE)
+    # Units with equal keys (the same kernel in two projects of a release) compile once:
+    # the second waits here, then finds the first's NEFF in the cache.
+    with _key_lock(key.digest):
+        hit = _cache_hit(cache, key, unit, artifact, out_dir, notices)
+        if hit is not None:
+            origin, seconds = "cache", float(hit.meta.get("compile_seconds", 0.0))
+            peak = int(hit.meta.get("peak_memory", 0))
+        else:
+            timeout = unit.compile_timeout or options.timeout
+            outcome = _compile(unit, artifact, toolchain, out_dir, timeout, options.budget, notices)
+            origin, seconds, peak = "compiled", outcome.seconds, outcome.peak_memory
+        result = _verified_result(unit, artifact, toolchain, out_dir, key.digest, origin, seconds)
+        result = replace(result, peak_memory=peak, compile_args=tuple(unit.compile_args()))
+        if origin == "compiled" and cache is not None:
+            meta = {
+                "unit": unit.name,
+                "compile_seconds": round(seconds, 3),
+                "peak_memory": peak,
+                "compiler_version": result.compiler_version,
+            }
+            cache.publish(key, out_dir / NEFF_FILE, meta, out_dir / LOG_FILE)
     result = replace(result, notices=(*notices, *(cache.notices if cache else ())))
     atomic_write_text(out_dir / RESULT_FILE, json.dumps(result.to_json(), indent=2))
     return result
+
+
+_KEY_LOCKS: dict[str, threading.Lock] = {}
+_KEY_LOCKS_GUARD = threading.Lock()
+
+
+def _key_lock(digest: str) -> threading.Lock:
+    with _KEY_LOCKS_GUARD:
+        return _KEY_LOCKS.setdefault(digest, threading.Lock())
 
 
 def _cache_hit(

@@ -66,7 +66,7 @@ class NkibuildLoader(TaskLoader2):
         self.tasks = tasks  # task dicts the caller already built from `context`
 
     def setup(self, opt_values: dict[str, Any]) -> None:
-        if self.context is not None:
+        if self.context is not None or self.tasks is not None:
             return
         from nkibuild.project import load_context
         from nkibuild.settings import BuildOptions
@@ -83,9 +83,11 @@ class NkibuildLoader(TaskLoader2):
             raise InvalidDodoFile(error.render()) from None
 
     def load_doit_config(self) -> dict[str, Any]:
-        assert self.context is not None
-        return {**doit_config(self.context), **self.extra_config}
+        base = doit_config(self.context) if self.context is not None else {}
+        return {**base, **self.extra_config}
 
     def load_tasks(self, cmd: Any, pos_args: list[str]) -> list[Task]:
+        if self.tasks is not None:
+            return to_tasks(self.tasks, self.cmd_names)
         assert self.context is not None
-        return to_tasks(self.tasks or task_dicts(self.context), self.cmd_names)
+        return to_tasks(task_dicts(self.context), self.cmd_names)

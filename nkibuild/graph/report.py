@@ -44,8 +44,11 @@ class BuildSummary:
     @property
     def origins(self) -> Counter[str]:
         """How compiles were satisfied: compiled, cache, build-dir."""
+        # A release namespaces tasks: "<distribution>/compile:<unit>".
         return Counter(
-            o.detail for o in self.outcomes if o.name.startswith("compile:") and o.status == "done"
+            o.detail
+            for o in self.outcomes
+            if o.name.partition(":")[0].endswith("compile") and o.status == "done"
         )
 
     @property

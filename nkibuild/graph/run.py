@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from nkibuild.errors import UsageError
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.graph import uptodate
-from nkibuild.graph.loader import DEP_FILE, NkibuildLoader, to_tasks
+from nkibuild.graph.loader import DEP_FILE, NkibuildLoader, doit_config, to_tasks
 from nkibuild.graph.report import BuildReporter, BuildSummary, Display
 from nkibuild.graph.tasks import BuildContext, task_dicts
 
@@ -108,8 +108,16 @@ def _report_all_up_to_date(dicts: list[dict], display: Display) -> BuildSummary:
 def _run_doit(
     context: BuildContext, dicts: list[dict], options: RunOptions, display: Display
 ) -> BuildSummary:
+    return run_task_graph(dicts, doit_config(context), options, display)
+
+
+def run_task_graph(
+    dicts: list[dict], config: dict, options: RunOptions, display: Display
+) -> BuildSummary:
+    """Let doit run task dicts with `config` (dep_file, default_tasks, ...); report through
+    `display`. The caller holds whatever locks the outputs need."""
     reporter = BuildReporter(display)
-    loader = NkibuildLoader(context, extra_config={"reporter": reporter}, tasks=dicts)
+    loader = NkibuildLoader(extra_config={**config, "reporter": reporter}, tasks=dicts)
     from doit.doit_cmd import DoitMain
 
     argv = ["run"]
@@ -123,6 +131,26 @@ def _run_doit(
     if code not in (0, 1) and summary.ok:
         summary.runtime_errors.append(f"doit stopped before running the tasks (exit {code})")
     return summary
+
+
+def pending_tasks(dicts: list[dict], config: dict) -> list[str]:
+    """Tasks doit would run now (its own up-to-date decision, as `doit list --status`)."""
+    import contextlib
+    import io
+
+    from doit.doit_cmd import DoitMain
+
+    loader = NkibuildLoader(extra_config=config, tasks=dicts)
+    listing = io.StringIO()
+    with contextlib.redirect_stdout(listing):
+        code = DoitMain(loader, config_filenames=()).run(
+            ["list", "--all", "--status", "--template", "{status} {name}"]
+        )
+    if code != 0:
+        raise UsageError(f"doit could not list the tasks (exit {code}): {listing.getvalue()}")
+    real = {task_name(task) for task in dicts}  # not doit's group tasks, never "up to date"
+    names = [line[2:] for line in listing.getvalue().splitlines() if line.startswith("R ")]
+    return [name for name in names if name in real]
 
 
 def task_name(task: dict) -> str:

@@ -1,0 +1,249 @@
+"""Release stage: every project of a monorepo, every target, one task graph, one dist/.
+
+All manifests are validated before anything builds (every problem reported at
+once). The projects' task graphs are joined into one, namespaced by distribution,
+so `-j` spreads across projects and identical kernels compile once (equal cache
+keys wait for each other, then hit the cache). Wheels are built into a staging
+directory and published to OUT only if OUT does not already hold a different wheel
+of the same name and version; then SHA256SUMS and the reports are written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from nkibuild.errors import ManifestError, UsageError
+from nkibuild.graph.report import BuildSummary, Display
+from nkibuild.graph.tasks import BuildContext
+from nkibuild.settings import BuildOptions
+
+RELEASE_DIR = "build/nkibuild-release"  # under the root: state and staged wheels
+SUMS_FILE = "SHA256SUMS"
+
+
+@dataclass(frozen=True)
+class ReleaseOptions:
+    root: Path
+    out: Path
+    targets: tuple[str, ...] = ()  # empty: every target of every project
+    only: tuple[str, ...] = ()  # distribution names; empty: every project
+    jobs: int = 1
+    keep_going: bool = False
+    allow_mixed_compilers: bool = False
+    build: BuildOptions = field(default_factory=BuildOptions)
+
+    @property
+    def release_dir(self) -> Path:
+        return self.root.resolve() / RELEASE_DIR
+
+
+@dataclass
+class ReleaseResult:
+    summary: BuildSummary
+    projects: list[BuildContext]
+    published: list[Path] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.summary.ok and not self.refused
+
+
+def load_projects(options: ReleaseOptions) -> list[BuildContext]:
+    """Every selected project, validated together: one ManifestError lists all problems."""
+    from nkibuild.project import load_context
+    from nkibuild.release.discover import discover
+
+    manifests = discover(options.root)
+    if not manifests:
+        raise UsageError(f"no nkibuild.yaml under {options.root}")
+    contexts, problems = [], []
+    staging = options.release_dir / "dist"
+    for manifest in manifests:
+        try:
+            contexts.append(
+                load_context(manifest, manifest.parent / "build", staging, options.build)
+            )
+        except ManifestError as error:
+            problems += error.diagnostics
+    if problems:
+        raise ManifestError(problems)
+    return _selected(contexts, options)
+
+
+def _selected(contexts: list[BuildContext], options: ReleaseOptions) -> list[BuildContext]:
+    names = {c.manifest.package.name for c in contexts}
+    unknown = sorted(set(options.only) - names)
+    if unknown:
+        raise UsageError(
+            f"--only {', '.join(unknown)}: no such project (found {', '.join(sorted(names))})"
+        )
+    chosen = [c for c in contexts if not options.only or c.manifest.package.name in options.only]
+    if options.targets:
+        chosen = [
+            replace(c, units=tuple(u for u in c.units if u.target in options.targets))
+            for c in chosen
+        ]
+    return chosen
+
+
+def preflight(projects: Sequence[BuildContext], options: ReleaseOptions) -> None:
+    """Refuse a release that cannot be published consistently, before building anything."""
+    from packaging.utils import canonicalize_name
+
+    seen: dict[str, Path] = {}
+    for project in projects:
+        name = canonicalize_name(project.manifest.package.name)
+        if name in seen:
+            raise UsageError(
+                f"two projects build the distribution {name!r}: {seen[name]} and "
+                f"{project.manifest.path}; rename one"
+            )
+        seen[name] = project.manifest.path
+    versions = {p.toolchain.compiler_version for p in projects}
+    if len(versions) > 1 and not options.allow_mixed_compilers:
+        raise UsageError(
+            f"the projects would be compiled by different neuronx-cc versions "
+            f"({', '.join(sorted(versions))}); use one compiler, or --allow-mixed-compilers"
+        )
+
+
+def release(options: ReleaseOptions, display: Display) -> ReleaseResult:
+    from nkibuild.graph.run import RunOptions, acquire_build_lock, run_task_graph
+
+    projects = load_projects(options)
+    preflight(projects, options)
+    locks = [acquire_build_lock(options.release_dir)]
+    try:
+        locks += [acquire_build_lock(p.layout.build_dir) for p in projects]
+        dicts, config = release_graph(projects, options)
+        run = RunOptions(jobs=options.jobs, keep_going=options.keep_going)
+        summary = run_task_graph(dicts, config, run, display)
+    finally:
+        for lock in locks:
+            lock.release()
+        from nkibuild.toolchain.worker_pool import POOL
+
+        POOL.close()
+    result = ReleaseResult(summary, projects)
+    if summary.ok:
+        _publish(result, options)
+    from nkibuild.release.report import write_reports
+
+    write_reports(result, options.out)
+    return result
+
+
+def release_graph(
+    projects: Sequence[BuildContext], options: ReleaseOptions
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """All projects' tasks as one graph, and the doit configuration that runs it."""
+    from nkibuild.graph.state import BACKEND_NAME
+
+    dicts = [task for p in projects for task in namespaced(p)]
+    config = {
+        "dep_file": str(options.release_dir / "state" / "doit-state.json"),
+        "backend": BACKEND_NAME,
+        "default_tasks": [f"{_prefix(p)}/wheel" for p in projects],
+    }
+    return dicts, config
+
+
+def namespaced(project: BuildContext) -> list[dict[str, Any]]:
+    """The project's tasks, renamed `<distribution>/<task>` so projects never clash."""
+    from nkibuild.graph.tasks import task_dicts
+
+    prefix = _prefix(project)
+    return [{**task, "basename": f"{prefix}/{task['basename']}"} for task in task_dicts(project)]
+
+
+def _prefix(project: BuildContext) -> str:
+    return project.manifest.package.name
+
+
+def _publish(result: ReleaseResult, options: ReleaseOptions) -> None:
+    """Copy staged wheels to OUT; a different wheel already there under the same name
+    (the same version with other contents) is never replaced."""
+    from nkibuild.fsutil import atomic_copy
+
+    options.out.mkdir(parents=True, exist_ok=True)
+    for project in result.projects:
+        for staged in _wheels(project):
+            published = options.out / staged.name
+            if published.exists() and _sha256(published) != _sha256(staged):
+                result.refused.append(
+                    f"{published} already exists with other contents: this version was "
+                    "released before; bump the version"
+                )
+                continue
+            atomic_copy(staged, published)
+            result.published.append(published)
+    _write_sums(options.out)
+
+
+def _write_sums(out: Path) -> None:
+    from nkibuild.fsutil import atomic_write_text
+
+    wheels = sorted(out.glob("*.whl"))
+    atomic_write_text(out / SUMS_FILE, "".join(f"{_sha256(w)}  {w.name}\n" for w in wheels))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check(options: ReleaseOptions) -> list[str]:
+    """Why the release is not up to date, or []: doit would run nothing, and OUT holds
+    exactly the wheels the last release built, with matching SHA256SUMS. Builds nothing."""
+    from nkibuild.graph.run import pending_tasks
+
+    projects = load_projects(options)
+    preflight(projects, options)
+    problems = [f"{task} would run" for task in pending_tasks(*release_graph(projects, options))]
+    for project in projects:
+        for staged in _wheels(project):
+            published = options.out / staged.name
+            if not published.exists():
+                problems.append(f"{published} is missing")
+            elif not staged.exists() or _sha256(published) != _sha256(staged):
+                problems.append(f"{published} differs from what the build produced")
+    return problems + _sums_problems(options.out)
+
+
+def _wheels(project: BuildContext) -> list[Path]:
+    """Where the project's wheels are staged (the main one, then one per split target)."""
+    from nkibuild.bundle import split_targets, target_package
+    from nkibuild.bundle.wheel import wheel_file_name
+
+    package = project.manifest.package
+    packages = [package, *(target_package(package, t) for t in split_targets(project.manifest))]
+    return [project.layout.dist_dir / wheel_file_name(p) for p in packages]
+
+
+def _sums_problems(out: Path) -> list[str]:
+    sums = out / SUMS_FILE
+    if not sums.exists():
+        return [f"{sums} is missing"]
+    listed = {}
+    for line in sums.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        listed[name] = digest
+    present = {p.name for p in out.glob("*.whl")}
+    problems = [f"{name} is not in {SUMS_FILE}" for name in sorted(present - set(listed))]
+    problems += [
+        f"{name} is listed in {SUMS_FILE} but missing" for name in sorted(set(listed) - present)
+    ]
+    problems += [
+        f"{name} does not match its sha256 in {SUMS_FILE}"
+        for name in sorted(present & set(listed))
+        if _sha256(out / name) != listed[name]
+    ]
+    return problems

@@ -1,0 +1,53 @@
+"""Find the nkibuild projects of a monorepo: every nkibuild.yaml under a root.
+
+Skipped: hidden directories, build and dist directories, virtualenvs (a pyvenv.cfg),
+and whatever git ignores (asked from git itself, so nested .gitignore files, global
+excludes and negations mean what they mean to git).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+MANIFEST = "nkibuild.yaml"
+SKIPPED_NAMES = frozenset({"build", "dist", "node_modules", "__pycache__", "site-packages"})
+
+
+def discover(root: Path) -> list[Path]:
+    """Manifests under `root`, sorted by path."""
+    found = []
+    for directory, subdirs, files in os.walk(root):
+        here = Path(directory)
+        subdirs[:] = sorted(d for d in subdirs if _descend(here / d))
+        if MANIFEST in files:
+            found.append(here / MANIFEST)
+    return [path for path in found if path not in _git_ignored(root, found)]
+
+
+def _descend(directory: Path) -> bool:
+    name = directory.name
+    if name.startswith(".") or name in SKIPPED_NAMES:
+        return False
+    return not (directory / "pyvenv.cfg").exists()
+
+
+def _git_ignored(root: Path, paths: list[Path]) -> set[Path]:
+    if not paths:
+        return set()
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(root), "check-ignore", "--stdin"],
+            input="\n".join(str(p) for p in paths),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return set()  # no git: nothing is ignored
+    # Exit 1: nothing ignored; 128: not a repository. Only 0 lists ignored paths.
+    if proc.returncode != 0:
+        return set()
+    return {Path(line) for line in proc.stdout.splitlines() if line}

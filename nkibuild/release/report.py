@@ -1,0 +1,113 @@
+"""release-report.json and release-report.md: what each project and unit got, and totals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nkibuild.fsutil import atomic_write_text
+
+if TYPE_CHECKING:
+    from nkibuild.graph.tasks import BuildContext
+    from nkibuild.release import ReleaseResult
+
+
+def write_reports(result: ReleaseResult, out: Path) -> dict[str, Any]:
+    report = build_report(result)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "release-report.json", json.dumps(report, indent=2) + "\n")
+    atomic_write_text(out / "release-report.md", render_markdown(report))
+    return report
+
+
+def build_report(result: ReleaseResult) -> dict[str, Any]:
+    statuses = {o.name: o for o in result.summary.outcomes}
+    projects = [_project(p, statuses) for p in result.projects]
+    units = [u for p in projects for u in p["units"]]
+    failures = [
+        {"task": o.name, "detail": o.detail}
+        for o in result.summary.outcomes
+        if o.status == "failed"
+    ]
+    return {
+        "ok": result.ok,
+        "projects": projects,
+        "totals": {
+            "projects": len(projects),
+            "units": len(units),
+            "compiled": sum(u["origin"] == "compiled" for u in units),
+            "cache_hits": sum(u["origin"] == "cache" for u in units),
+            "up_to_date": sum(u["status"] == "up-to-date" for u in units),
+            "compile_seconds": round(sum(u["compile_seconds"] or 0 for u in units), 3),
+            "neff_bytes": sum(u["neff_bytes"] or 0 for u in units),
+        },
+        "published": [p.name for p in result.published],
+        "refused": result.refused,
+        "failures": failures,
+        "notices": result.summary.notices,
+    }
+
+
+def _project(project: BuildContext, statuses: dict[str, Any]) -> dict[str, Any]:
+    name = project.manifest.package.name
+    return {
+        "name": name,
+        "version": project.manifest.package.version,
+        "manifest": str(project.manifest.path),
+        "units": [
+            _unit(project, unit, statuses.get(f"{name}/compile:{unit.name}"))
+            for unit in project.units
+        ],
+    }
+
+
+def _unit(project: BuildContext, unit: Any, outcome: Any) -> dict[str, Any]:
+    from nkibuild.compiler import load_result
+
+    status = outcome.status if outcome is not None else "not run"
+    try:
+        result = load_result(project.layout.compile_dir(unit))
+    except (OSError, ValueError, KeyError, TypeError):
+        result = None
+    return {
+        "unit": unit.name,
+        "kernel": unit.kernel,
+        "variant": unit.variant,
+        "target": unit.target,
+        "status": status,
+        "origin": (outcome.detail if status == "done" else "") or (result.origin if result else ""),
+        "compile_seconds": result.compile_seconds if result else None,
+        "neff_bytes": result.neff_path.stat().st_size if result else None,
+        "compiler_version": result.compiler_version if result else None,
+    }
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    totals = report["totals"]
+    lines = [
+        "# Release report",
+        "",
+        f"**{'OK' if report['ok'] else 'FAILED'}**: {totals['projects']} projects, "
+        f"{totals['units']} units; {totals['compiled']} compiled, {totals['cache_hits']} "
+        f"from the cache, {totals['up_to_date']} up to date; {totals['compile_seconds']:.1f} s "
+        f"of compiling; {totals['neff_bytes']} bytes of NEFFs.",
+        "",
+        "| project | unit | status | origin | compile s | NEFF bytes | compiler |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for project in report["projects"]:
+        for unit in project["units"]:
+            seconds = unit["compile_seconds"]
+            lines.append(
+                f"| {project['name']} {project['version']} | {unit['unit']} | {unit['status']} "
+                f"| {unit['origin']} | {'' if seconds is None else seconds} "
+                f"| {unit['neff_bytes'] or ''} | {unit['compiler_version'] or ''} |"
+            )
+    if report["published"]:
+        lines += ["", "## Published", "", *(f"- {name}" for name in report["published"])]
+    if report["refused"]:
+        lines += ["", "## Refused", "", *(f"- {why}" for why in report["refused"])]
+    for failure in report["failures"]:
+        lines += ["", f"## Failed: {failure['task']}", "", "```", failure["detail"], "```"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,142 @@
+"""`nkibuild release` over a generated monorepo: discovery, all-errors-first validation,
+one graph with shared kernels compiled once, dist/ contents, reports and --check."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import run_nkibuild
+from helpers import softmax_manifest, softmax_project
+
+TARGETS = "{targets: [trn1, trn2, trn3]}"
+RELEASE = ["release", ".", "--out", "dist-all", "--toolchain", "fake", "-j", "2"]
+
+
+def monorepo(root: Path) -> Path:
+    """Two projects sharing the softmax kernel, plus places discovery must skip."""
+    for name in ("alpha", "beta"):
+        manifest = softmax_manifest(
+            f"{{name: {name}-kernels, version: 1.0.0}}", defaults=TARGETS, reference=True
+        )
+        softmax_project(root / "kernels" / name, manifest)
+    skipped = softmax_manifest("{name: skipped, version: 1.0.0}")
+    for place in (".hidden", "build/x", "dist", "env", "ignored", "node_modules/y"):
+        softmax_project(root / place, skipped)
+    (root / "env" / "pyvenv.cfg").write_text("home = /usr\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (root / ".gitignore").write_text("ignored/\n")
+    return root
+
+
+def compiles(counter: Path) -> int:
+    return len(counter.read_text().splitlines()) if counter.exists() else 0
+
+
+def test_discovery_skips_hidden_build_venv_and_ignored_dirs(tmp_path: Path) -> None:
+    from nkibuild.release.discover import discover
+
+    root = monorepo(tmp_path / "repo")
+    found = [p.relative_to(root).as_posix() for p in discover(root)]
+    assert found == ["kernels/alpha/nkibuild.yaml", "kernels/beta/nkibuild.yaml"]
+
+
+def test_release_builds_everything_once_and_writes_dist(tmp_path: Path) -> None:
+    root = monorepo(tmp_path / "repo")
+    counter = tmp_path / "compiles"
+    result = run_nkibuild(RELEASE, root, env={"NKIBUILD_FAKE_CC_COUNTER": str(counter)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert compiles(counter) == 3  # one softmax per target, shared by both projects
+    out = root / "dist-all"
+    wheels = sorted(p.name for p in out.glob("*.whl"))
+    assert wheels == ["alpha_kernels-1.0.0-py3-none-any.whl", "beta_kernels-1.0.0-py3-none-any.whl"]
+    sums = dict(
+        reversed(line.split("  ")) for line in (out / "SHA256SUMS").read_text().splitlines()
+    )
+    assert sums == {w: hashlib.sha256((out / w).read_bytes()).hexdigest() for w in wheels}
+    report = json.loads((out / "release-report.json").read_text())
+    assert report["ok"] and report["totals"]["units"] == 6
+    assert report["totals"]["compiled"] + report["totals"]["cache_hits"] == 6
+    assert report["totals"]["compiled"] == 3
+    units = {(p["name"], u["target"]): u for p in report["projects"] for u in p["units"]}
+    assert set(units) == {
+        (n, t) for n in ("alpha-kernels", "beta-kernels") for t in ("trn1", "trn2", "trn3")
+    }
+    assert all(
+        u["compiler_version"] == "2.23.0.0+nkibuild.fake" and u["neff_bytes"] > 0
+        for u in units.values()
+    )
+    markdown = (out / "release-report.md").read_text()
+    assert "| alpha-kernels 1.0.0 | softmax/default/trn2 | done |" in markdown
+
+
+def test_check_passes_after_a_release_and_fails_on_any_change(tmp_path: Path) -> None:
+    root = monorepo(tmp_path / "repo")
+    check = [*RELEASE, "--check"]
+    before = run_nkibuild(check, root)
+    assert before.returncode == 1 and "would run" in before.stdout
+    assert run_nkibuild(RELEASE, root).returncode == 0
+    assert run_nkibuild(check, root).returncode == 0
+    reference = root / "kernels" / "alpha" / "kernels" / "reference.py"
+    reference.write_text(reference.read_text() + "\n# changed\n")
+    after = run_nkibuild(check, root)
+    assert after.returncode == 1 and "alpha-kernels/bundle would run" in after.stdout
+    # Releasing the change under the same version is refused, not overwritten.
+    released = root / "dist-all" / "alpha_kernels-1.0.0-py3-none-any.whl"
+    original = released.read_bytes()
+    again = run_nkibuild(RELEASE, root)
+    assert again.returncode == 1 and "bump the version" in again.stderr
+    assert released.read_bytes() == original
+
+
+def test_every_invalid_manifest_is_reported_before_anything_builds(tmp_path: Path) -> None:
+    root = monorepo(tmp_path / "repo")
+    for name in ("alpha", "beta"):
+        manifest = root / "kernels" / name / "nkibuild.yaml"
+        manifest.write_text(manifest.read_text().replace("trn3", "trn9"))
+    result = run_nkibuild(RELEASE, root)
+    assert result.returncode == 2
+    assert "2 problems in the manifest" in result.stderr
+    assert "kernels/alpha/nkibuild.yaml:3:" in result.stderr
+    assert "kernels/beta/nkibuild.yaml:3:" in result.stderr
+    assert not (root / "kernels" / "alpha" / "build").exists()
+
+
+def test_duplicate_distributions_are_refused(tmp_path: Path) -> None:
+    root = monorepo(tmp_path / "repo")
+    beta = root / "kernels" / "beta" / "nkibuild.yaml"
+    beta.write_text(beta.read_text().replace("beta-kernels", "Alpha_Kernels"))
+    result = run_nkibuild(RELEASE, root)
+    assert (
+        result.returncode == 2
+        and "two projects build the distribution 'alpha-kernels'" in result.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "wheels", "targets"),
+    [
+        (
+            ["--only", "beta-kernels"],
+            ["beta_kernels-1.0.0-py3-none-any.whl"],
+            {"trn1", "trn2", "trn3"},
+        ),
+        (
+            ["--targets", "trn2"],
+            ["alpha_kernels-1.0.0-py3-none-any.whl", "beta_kernels-1.0.0-py3-none-any.whl"],
+            {"trn2"},
+        ),
+    ],
+)
+def test_only_and_targets_select(
+    tmp_path: Path, flags: list[str], wheels: list[str], targets: set[str]
+) -> None:
+    root = monorepo(tmp_path / "repo")
+    result = run_nkibuild([*RELEASE, *flags], root)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (root / "dist-all").glob("*.whl")) == wheels
+    report = json.loads((root / "dist-all" / "release-report.json").read_text())
+    assert {u["target"] for p in report["projects"] for u in p["units"]} == targets
