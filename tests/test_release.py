@@ -140,3 +140,45 @@ def test_only_and_targets_select(
     assert sorted(p.name for p in (root / "dist-all").glob("*.whl")) == wheels
     report = json.loads((root / "dist-all" / "release-report.json").read_text())
     assert {u["target"] for p in report["projects"] for u in p["units"]} == targets
+
+
+def test_shards_are_deterministic_balanced_and_cover_every_unit_once() -> None:
+    from nkibuild.release.shard import ShardUnit, assign, balance
+
+    units = [
+        ShardUnit(f"p/compile:k{i}/default/trn{i % 3 + 1}", float(1 + (i * 7) % 13))
+        for i in range(60)
+    ]
+    shards = assign(units, 4)
+    assert assign(list(reversed(units)), 4) == shards  # the order they come in does not matter
+    tasks = [u.task for shard in shards for u in shard]
+    assert sorted(tasks) == sorted(u.task for u in units) and len(set(tasks)) == len(tasks)
+    assert balance(shards) <= 1.05
+
+
+def test_two_phase_release_shards_then_packages_with_zero_compiles(tmp_path: Path) -> None:
+    """CI matrix: shards on separate machines fill a shared remote cache; a final job on
+    yet another machine, from a fresh checkout, compiles nothing and packages."""
+    remote = (tmp_path / "remote-cache").as_uri()
+    counts = []
+    for job in ("shard-1", "shard-2", "final"):
+        root = monorepo(tmp_path / job / "repo")
+        counter = tmp_path / f"{job}.compiles"
+        env = {
+            "NKIBUILD_CACHE_DIR": str(tmp_path / job / "local-cache"),
+            "NKIBUILD_REMOTE_CACHE": remote,
+            "NKIBUILD_FAKE_CC_COUNTER": str(counter),
+        }
+        shard = ["--shard", f"{job[-1]}/2"] if job != "final" else []
+        result = run_nkibuild([*RELEASE, *shard], root, env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        if shard:
+            assert f"shard {job[-1]}/2: 3 compile units" in result.stdout
+            assert not (root / "dist-all").exists()  # shards package nothing
+        counts.append(compiles(counter))
+    # 3 distinct NEFFs (both projects share the kernel): the second shard finds its
+    # units in the remote cache; the final job compiles nothing.
+    assert sum(counts[:2]) == 3 and counts[2] == 0
+    report = json.loads((root / "dist-all" / "release-report.json").read_text())
+    assert report["totals"]["compiled"] == 0 and report["totals"]["cache_hits"] == 6
+    assert len(list((root / "dist-all").glob("*.whl"))) == 2

@@ -136,6 +136,7 @@ def release(args: argparse.Namespace) -> int:
     from nkibuild.cli.display import PlainDisplay
     from nkibuild.release import ReleaseOptions, check
     from nkibuild.release import release as run_release
+    from nkibuild.release.shard import parse_shard
 
     options = ReleaseOptions(
         root=args.root,
@@ -145,6 +146,7 @@ def release(args: argparse.Namespace) -> int:
         jobs=max(1, args.jobs),
         keep_going=args.keep_going,
         allow_mixed_compilers=args.allow_mixed_compilers,
+        shard=parse_shard(args.shard) if args.shard else None,
         build=_build_options(args),
     )
     if args.check:
@@ -156,6 +158,13 @@ def release(args: argparse.Namespace) -> int:
     result = run_release(options, PlainDisplay(sys.stdout))
     for failure in result.summary.failures:
         print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
+    if options.shard:
+        index, count = options.shard
+        compiled = [
+            o.name for o in result.summary.outcomes if ":" in o.name and "/compile" in o.name
+        ]
+        print(f"shard {index}/{count}: {len(compiled)} compile units, NEFFs in the caches")
+        return EXIT_OK if result.summary.ok else EXIT_BUILD_FAILED
     for refused in result.refused:
         print(f"refused: {refused}", file=sys.stderr)
     print(f"{len(result.published)} wheels in {options.out}; see release-report.md")

@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("--only", nargs="+", default=[], metavar="NAME",
                          help="only these distributions")  # fmt: skip
     release.add_argument("-j", "--jobs", type=int, default=1, help="parallel tasks [default: 1]")
+    release.add_argument(
+        "--shard", metavar="I/N",
+        help="compile only the I-th of N balanced parts (into the caches); package nothing",
+    )  # fmt: skip
     release.add_argument("-k", "--keep-going", action="store_true",
                          help="build every project a failure does not block")  # fmt: skip
     release.add_argument(

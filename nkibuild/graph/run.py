@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import gc
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,7 +127,13 @@ def run_task_graph(
         argv += ["-n", str(options.jobs), "-P", "thread"]
     if options.keep_going:
         argv.append("--continue")
-    code = DoitMain(loader, config_filenames=()).run([*argv, *options.selection])
+    # doit's thread runner swaps sys.stdout/stderr per action to capture output; two
+    # actions finishing out of order can leave one of its capture objects installed.
+    streams = sys.stdout, sys.stderr
+    try:
+        code = DoitMain(loader, config_filenames=()).run([*argv, *options.selection])
+    finally:
+        sys.stdout, sys.stderr = streams
     summary = reporter.summary
     if code not in (0, 1) and summary.ok:
         summary.runtime_errors.append(f"doit stopped before running the tasks (exit {code})")

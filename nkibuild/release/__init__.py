@@ -34,6 +34,7 @@ class ReleaseOptions:
     jobs: int = 1
     keep_going: bool = False
     allow_mixed_compilers: bool = False
+    shard: tuple[int, int] | None = None  # (index, count), 1-based: compile this part only
     build: BuildOptions = field(default_factory=BuildOptions)
 
     @property
@@ -121,8 +122,13 @@ def release(options: ReleaseOptions, display: Display) -> ReleaseResult:
     try:
         locks += [acquire_build_lock(p.layout.build_dir) for p in projects]
         dicts, config = release_graph(projects, options)
-        run = RunOptions(jobs=options.jobs, keep_going=options.keep_going)
-        summary = run_task_graph(dicts, config, run, display)
+        selection = _shard_selection(projects, options) if options.shard else ()
+        run = RunOptions(jobs=options.jobs, keep_going=options.keep_going, selection=selection)
+        summary = (
+            run_task_graph(dicts, config, run, display)
+            if selection or not options.shard
+            else BuildSummary()
+        )
     finally:
         for lock in locks:
             lock.release()
@@ -130,6 +136,8 @@ def release(options: ReleaseOptions, display: Display) -> ReleaseResult:
 
         POOL.close()
     result = ReleaseResult(summary, projects)
+    if options.shard:
+        return result  # a shard's NEFFs went to the caches; the final job packages
     if summary.ok:
         _publish(result, options)
     from nkibuild.release.report import write_reports
@@ -151,6 +159,16 @@ def release_graph(
         "default_tasks": [f"{_prefix(p)}/wheel" for p in projects],
     }
     return dicts, config
+
+
+def _shard_selection(projects: Sequence[BuildContext], options: ReleaseOptions) -> tuple[str, ...]:
+    """This shard's compile tasks (doit adds the extractions they need)."""
+    from nkibuild.release.shard import assign, shard_units
+
+    assert options.shard is not None
+    index, count = options.shard
+    shards = assign(shard_units(projects, projects[0].settings.cache.local_dir), count)
+    return tuple(unit.task for unit in shards[index - 1])
 
 
 def namespaced(project: BuildContext) -> list[dict[str, Any]]:
