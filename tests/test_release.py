@@ -182,3 +182,24 @@ def test_two_phase_release_shards_then_packages_with_zero_compiles(tmp_path: Pat
     report = json.loads((root / "dist-all" / "release-report.json").read_text())
     assert report["totals"]["compiled"] == 0 and report["totals"]["cache_hits"] == 6
     assert len(list((root / "dist-all").glob("*.whl"))) == 2
+
+
+def test_the_ci_workflow_template_uses_real_options() -> None:
+    """docs/ci/release.yml: valid YAML whose nkibuild commands the CLI accepts."""
+    import shlex
+
+    import yaml
+
+    from nkibuild.cli.main import build_parser
+
+    workflow = yaml.safe_load((Path(__file__).parents[1] / "docs/ci/release.yml").read_text())
+    commands = [
+        step["run"]
+        for job in workflow["jobs"].values()
+        for step in job["steps"]
+        if step.get("run", "").startswith("nkibuild ")
+    ]
+    assert len(commands) == 2
+    for command in commands:
+        words = shlex.split(command.replace("${{ matrix.shard }}", "1"))
+        build_parser().parse_args(words[1:])  # exits (fails the test) on an unknown option

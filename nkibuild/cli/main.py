@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.release,
         "build and publish every project under ROOT for every target (monorepo CI)",
         _toolchain_option(),
+        _compile_options(),
         _cache_options(),
     )
     release.add_argument("root", nargs="?", default=".", type=Path, help="[default: .]")
@@ -196,6 +197,21 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _compile_options() -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
+        "--max-compile-memory", type=_size, metavar="SIZE",
+        help="memory budget of concurrent compiles, e.g. 64G [default: env "
+        "NKIBUILD_MAX_COMPILE_MEMORY, else only -j limits them]",
+    )  # fmt: skip
+    options.add_argument(
+        "--compile-timeout", type=_duration, metavar="DURATION",
+        help="stop a compile after this long, e.g. 2h, unless its kernel sets "
+        "compile-timeout [default: env NKIBUILD_COMPILE_TIMEOUT, else none]",
+    )  # fmt: skip
+    return options
+
+
 def _cache_options() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument(
@@ -215,21 +231,11 @@ def _cache_options() -> argparse.ArgumentParser:
 
 def _build_options() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(
-        add_help=False, parents=[_toolchain_option(), _cache_options()]
+        add_help=False, parents=[_toolchain_option(), _compile_options(), _cache_options()]
     )
     options.add_argument("tasks", nargs="*", metavar="TASK", help="tasks or globs (default: all)")
     options.add_argument("-j", "--jobs", type=int, default=1, help="parallel tasks [default: 1]")
     options.add_argument("-k", "--keep-going", action="store_true", help="continue after failures")
-    options.add_argument(
-        "--max-compile-memory", type=_size, metavar="SIZE",
-        help="memory budget of concurrent compiles, e.g. 64G [default: env "
-        "NKIBUILD_MAX_COMPILE_MEMORY, else only -j limits them]",
-    )  # fmt: skip
-    options.add_argument(
-        "--compile-timeout", type=_duration, metavar="DURATION",
-        help="stop a compile after this long, e.g. 2h, unless its kernel sets "
-        "compile-timeout [default: env NKIBUILD_COMPILE_TIMEOUT, else none]",
-    )  # fmt: skip
     options.add_argument("--no-cache", action="store_true", help="do not use the NEFF caches")
     options.add_argument("--json", dest="json_summary", action="store_true",
                          help="print the build summary as JSON")  # fmt: skip

@@ -114,10 +114,13 @@ def preflight(projects: Sequence[BuildContext], options: ReleaseOptions) -> None
 
 
 def release(options: ReleaseOptions, display: Display) -> ReleaseResult:
+    from nkibuild.compiler.budget import COMPILE_BUDGET
     from nkibuild.graph.run import RunOptions, acquire_build_lock, run_task_graph
 
     projects = load_projects(options)
     preflight(projects, options)
+    # Settings come from the command line and environment, which every project shares.
+    COMPILE_BUDGET.configure(projects[0].settings.max_compile_memory, options.jobs)
     locks = [acquire_build_lock(options.release_dir)]
     try:
         locks += [acquire_build_lock(p.layout.build_dir) for p in projects]
