@@ -40,6 +40,8 @@ class BuildOptions:
     cache_read_only: bool = False
     max_compile_memory: int | None = None  # bytes
     compile_timeout: float | None = None  # seconds, for units without their own
+    executor: str = "local"  # "local" or "ray"
+    ray_address: str | None = None  # None with executor ray: a local Ray instance
 
 
 @dataclass(frozen=True)
@@ -63,10 +65,21 @@ class BuildSettings:
     cache: CacheConfig
     max_compile_memory: int | None
     compile_timeout: float | None
+    executor: str = "local"
+    ray_address: str | None = None
 
 
 def resolve_settings(
     options: BuildOptions, manifest: Manifest, environ: Mapping[str, str] = os.environ
+) -> BuildSettings:
+    settings = _resolve(options, manifest, environ)
+    if settings.executor == "ray" and (not settings.cache.enabled or settings.cache.read_only):
+        raise UsageError("--executor ray needs a writable NEFF cache: results travel through it")
+    return settings
+
+
+def _resolve(
+    options: BuildOptions, manifest: Manifest, environ: Mapping[str, str]
 ) -> BuildSettings:
     return BuildSettings(
         toolchain=options.toolchain or environ.get(ENV_TOOLCHAIN) or "auto",
@@ -78,6 +91,8 @@ def resolve_settings(
         compile_timeout=_first(
             options.compile_timeout, environ, ENV_COMPILE_TIMEOUT, parse_duration
         ),
+        executor=options.executor,
+        ray_address=options.ray_address,
     )
 
 

@@ -91,3 +91,24 @@ def softmax_project(root: Path, manifest: str, files: dict[str, bytes | str] | N
         "kernels/reference.py": (EXAMPLE_KERNELS / "reference.py").read_text(),
     }
     return write_project(root, manifest, {**shipped, **(files or {})})
+
+
+def monorepo(root: Path) -> Path:
+    """A git repository with two projects sharing the softmax kernel on trn1-3, plus
+    places release discovery must skip (hidden, build, dist, a venv, git-ignored)."""
+    import subprocess
+
+    for name in ("alpha", "beta"):
+        manifest = softmax_manifest(
+            f"{{name: {name}-kernels, version: 1.0.0}}",
+            defaults="{targets: [trn1, trn2, trn3]}",
+            reference=True,
+        )
+        softmax_project(root / "kernels" / name, manifest)
+    skipped = softmax_manifest("{name: skipped, version: 1.0.0}")
+    for place in (".hidden", "build/x", "dist", "env", "ignored", "node_modules/y"):
+        softmax_project(root / place, skipped)
+    (root / "env" / "pyvenv.cfg").write_text("home = /usr\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (root / ".gitignore").write_text("ignored/\n")
+    return root

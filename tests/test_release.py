@@ -5,31 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import run_nkibuild
-from helpers import softmax_manifest, softmax_project
+from helpers import monorepo
 
-TARGETS = "{targets: [trn1, trn2, trn3]}"
 RELEASE = ["release", ".", "--out", "dist-all", "--toolchain", "fake", "-j", "2"]
-
-
-def monorepo(root: Path) -> Path:
-    """Two projects sharing the softmax kernel, plus places discovery must skip."""
-    for name in ("alpha", "beta"):
-        manifest = softmax_manifest(
-            f"{{name: {name}-kernels, version: 1.0.0}}", defaults=TARGETS, reference=True
-        )
-        softmax_project(root / "kernels" / name, manifest)
-    skipped = softmax_manifest("{name: skipped, version: 1.0.0}")
-    for place in (".hidden", "build/x", "dist", "env", "ignored", "node_modules/y"):
-        softmax_project(root / place, skipped)
-    (root / "env" / "pyvenv.cfg").write_text("home = /usr\n")
-    subprocess.run(["git", "init", "-q", str(root)], check=True)
-    (root / ".gitignore").write_text("ignored/\n")
-    return root
 
 
 def compiles(counter: Path) -> int:

@@ -37,6 +37,8 @@ def _build_options(args: argparse.Namespace) -> BuildOptions:
         cache_read_only=getattr(args, "cache_read_only", False),
         max_compile_memory=getattr(args, "max_compile_memory", None),
         compile_timeout=getattr(args, "compile_timeout", None),
+        executor=getattr(args, "executor", "local"),
+        ray_address=getattr(args, "ray_address", None),
     )
 
 

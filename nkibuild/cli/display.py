@@ -21,9 +21,11 @@ def summary_line(summary: BuildSummary) -> str:
     parts = [
         f"{len(summary.executed)} ran",
         f"{len(summary.up_to_date)} up to date",
-        f"{origins.get('compiled', 0)} compiled",
+        f"{origins.get('compiled', 0) + origins.get('ray', 0)} compiled",
         f"{origins.get('cache', 0) + origins.get('build-dir', 0)} compile cache hits",
     ]
+    if origins.get("ray"):
+        parts[2] += f" ({origins['ray']} on Ray)"
     if summary.failures:
         parts.append(f"{len(summary.failures)} failed")
     blocked = summary.names("blocked")

@@ -200,6 +200,14 @@ def _duration(text: str) -> float:
 def _compile_options() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument(
+        "--executor", choices=("local", "ray"), default="local",
+        help="where compiles run: this machine, or a Ray cluster [default: local]",
+    )  # fmt: skip
+    options.add_argument(
+        "--ray-address", metavar="ADDR",
+        help="the Ray cluster for --executor ray [default: a local Ray instance]",
+    )  # fmt: skip
+    options.add_argument(
         "--max-compile-memory", type=_size, metavar="SIZE",
         help="memory budget of concurrent compiles, e.g. 64G [default: env "
         "NKIBUILD_MAX_COMPILE_MEMORY, else only -j limits them]",

@@ -115,7 +115,7 @@ def compile_unit(
     notices: list[str] = []
     # Units with equal keys (the same kernel in two projects of a release) compile once:
     # the second waits here, then finds the first's NEFF in the cache.
-    with _key_lock(key.digest):
+    with key_lock(key.digest):
         hit = _cache_hit(cache, key, unit, artifact, out_dir, notices)
         if hit is not None:
             origin, seconds = "cache", float(hit.meta.get("compile_seconds", 0.0))
@@ -139,13 +139,15 @@ def compile_unit(
     return result
 
 
-_KEY_LOCKS: dict[str, threading.Lock] = {}
+_KEY_LOCKS: dict[str, threading.RLock] = {}
 _KEY_LOCKS_GUARD = threading.Lock()
 
 
-def _key_lock(digest: str) -> threading.Lock:
+def key_lock(digest: str) -> threading.RLock:
+    """Held while a NEFF for `digest` is produced in this process (reentrant: a caller
+    may hold it around compile_unit, which takes it too)."""
     with _KEY_LOCKS_GUARD:
-        return _KEY_LOCKS.setdefault(digest, threading.Lock())
+        return _KEY_LOCKS.setdefault(digest, threading.RLock())
 
 
 def _cache_hit(

@@ -55,7 +55,15 @@ def run_build(context: BuildContext, options: RunOptions, display: Display) -> B
         from nkibuild.toolchain.worker_pool import POOL
 
         POOL.close()  # workers live for one build: the next may see changed user code
+        close_ray()
         lock.release()
+
+
+def close_ray() -> None:
+    """End the Ray connection a build with --executor ray opened (no import otherwise)."""
+    executor = sys.modules.get("nkibuild.compiler.ray_executor")
+    if executor is not None:
+        executor.shutdown()
 
 
 def acquire_build_lock(build_dir: Path, timeout: float = 0.0) -> BaseFileLock:

@@ -196,18 +196,39 @@ def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
 @_guarded
 def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
     from nkibuild.cache import open_cache_chain
-    from nkibuild.compiler import CompileOptions, compile_unit
+    from nkibuild.compiler import CompileOptions, cache_key, compile_unit, key_lock
     from nkibuild.frontends import load_artifact
 
     layout = context.layout
     artifact = load_artifact(layout.extract_dir(unit.extract))
-    cache = context.settings.cache
-    options = CompileOptions(
-        cache=open_cache_chain(cache.local_dir, cache.remote_url, read_only=cache.read_only),
-        timeout=context.settings.compile_timeout,
-    )
-    result = compile_unit(unit, artifact, context.toolchain, layout.compile_dir(unit), options)
-    return {"origin": result.origin, "notices": list(result.notices)}
+    settings = context.settings
+    cache = settings.cache
+    chain = open_cache_chain(cache.local_dir, cache.remote_url, read_only=cache.read_only)
+    options = CompileOptions(cache=chain, timeout=settings.compile_timeout)
+    key = cache_key(unit, artifact.content_hash, context.toolchain)
+    remote_origin = None
+    # Held across the Ray task too: an equal unit waits, then finds the NEFF cached.
+    with key_lock(key.digest):
+        if settings.executor == "ray" and not _available(context, unit, key, chain):
+            from nkibuild.compiler.ray_executor import compile_on_ray
+
+            remote_origin = compile_on_ray(
+                unit, artifact, context.toolchain, cache, settings.compile_timeout,
+                settings.ray_address,
+            )  # fmt: skip
+        result = compile_unit(unit, artifact, context.toolchain, layout.compile_dir(unit), options)
+    # A NEFF a Ray worker compiled reaches this build through the cache.
+    origin = "ray" if remote_origin == "compiled" and result.origin == "cache" else result.origin
+    return {"origin": origin, "notices": list(result.notices)}
+
+
+def _available(context: BuildContext, unit: BuildUnit, key: Any, chain: Any) -> bool:
+    """Whether the build dir or a cache already has this NEFF (no need for the cluster)."""
+    from nkibuild.compiler import finished_result
+
+    if finished_result(context.layout.compile_dir(unit), key.digest) is not None:
+        return True
+    return chain is not None and chain.locate(key) is not None
 
 
 def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:

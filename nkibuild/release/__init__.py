@@ -135,9 +135,11 @@ def release(options: ReleaseOptions, display: Display) -> ReleaseResult:
     finally:
         for lock in locks:
             lock.release()
+        from nkibuild.graph.run import close_ray
         from nkibuild.toolchain.worker_pool import POOL
 
         POOL.close()
+        close_ray()
     result = ReleaseResult(summary, projects)
     if options.shard:
         return result  # a shard's NEFFs went to the caches; the final job packages
