@@ -107,6 +107,9 @@ def resolve_toolchain(mode: str, state_dir: Path, compiler: Path | None = None) 
     )
 
 
+_VERSIONS: dict[tuple[tuple[str, ...], tuple[int, ...]], str] = {}
+
+
 def _cached_version(command: tuple[str, ...], identity: Path, state_dir: Path) -> str:
     """`neuronx-cc --version`, re-run only when the compiler's files change.
 
@@ -118,7 +121,11 @@ def _cached_version(command: tuple[str, ...], identity: Path, state_dir: Path) -
     cached = _read_json(cache_file).get(" ".join(command))
     if cached and cached.get("stamp") == stamp:
         return str(cached["version"])
-    version = read_compiler_version(command)
+    # A release resolves one toolchain per project: ask each compiler once per process.
+    memo_key = (command, tuple(stamp))
+    if memo_key not in _VERSIONS:
+        _VERSIONS[memo_key] = read_compiler_version(command)
+    version = _VERSIONS[memo_key]
     entries = _read_json(cache_file)
     entries[" ".join(command)] = {"stamp": stamp, "version": version}
     atomic_write_text(cache_file, json.dumps(entries, indent=2, sort_keys=True))
