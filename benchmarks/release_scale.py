@@ -3,7 +3,9 @@
 Every unit compiles on the double for COMPILE_SECONDS of CPU (NKIBUILD_FAKE_CC_CPU_SECONDS)
 and no two units share a cache key (each project's HLO differs), so the release does
 300 real compiles with -j JOBS. nkibuild's own share of the wall time is what is
-left after the compiles themselves: 1 - (sum of compile times / JOBS) / wall time.
+left after the compiles themselves: 1 - (sum of compile times / JOBS) / wall time,
+where a compile's time is its compiler process's whole life (the double records it
+from process start, interpreter start-up included, as a real compiler's would be).
 Sharding balance: the release's units split into 4 shards by the LPT assignment,
 largest shard's estimated work over the mean (costs from the compile times just
 recorded).
