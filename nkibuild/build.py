@@ -10,22 +10,62 @@ A kernel project's pyproject.toml:
 the project's `build/` and `dist/` and hands the bundle wheel to the frontend.
 Config settings (`pip wheel . -C toolchain=fake`, `python -m build -C...`): `toolchain`,
 `manifest`, `build-dir`, `jobs`, `remote-cache`, `cache-read-only`.
+
+The project root is the current directory, as PEP 517 defines it (where pyproject.toml
+is); every path, the manifest's included, is relative to it, as on the command line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
+import os
 import sys
 import tarfile
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nkibuild.errors import NkibuildError
+from nkibuild.errors import NkibuildError, UsageError
+
+if TYPE_CHECKING:
+    from nkibuild.graph.tasks import BuildContext
+    from nkibuild.manifest.model import Manifest, Package
 
 ConfigSettings = Mapping[str, str | list[str]] | None
+SETTINGS = ("toolchain", "manifest", "build-dir", "jobs", "remote-cache", "cache-read-only")
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"", "0", "false", "no", "off"})
+PYPROJECT = "pyproject.toml"
+# Never in an sdist, even when a `deps` glob matches them: outputs and bytecode.
+SKIPPED_PARTS = frozenset({"__pycache__"})
+
+
+class BackendError(SystemExit):
+    """nkibuild's rendered error, raised by a hook.
+
+    A SystemExit whose code is the message: a frontend that runs the hook in a
+    subprocess (pip, build, uv) shows the message without a traceback of nkibuild's
+    internals and sees exit status 1; an in-process caller gets it as `str(error)`.
+    """
+
+
+@dataclass(frozen=True)
+class Project:
+    """The config settings, checked: where a hook reads and writes (all absolute) and how
+    it builds. Every hook checks all of them, so a bad value fails `python -m build`
+    at its first step, the sdist, not after it."""
+
+    root: Path  # the frontend's current directory: pyproject.toml's
+    manifest: Path
+    build_dir: Path
+    dist_dir: Path
+    toolchain: str | None = None  # None: NKIBUILD_TOOLCHAIN, else auto
+    jobs: int = 1
+    remote_cache: str | None = None
+    cache_read_only: bool = False
 
 
 def get_requires_for_build_wheel(config_settings: ConfigSettings = None) -> list[str]:
@@ -51,8 +91,9 @@ def build_wheel(
     from nkibuild.fsutil import atomic_copy
 
     with _reported():
-        context = _context(config_settings)
-        _run(context, _setting(config_settings, "jobs", "1"))
+        project = project_of(config_settings)
+        context = _context(project)
+        _run(context, project.jobs)
         built = context.layout.dist_dir / wheel_file_name(context.manifest.package)
         atomic_copy(built, Path(wheel_directory) / built.name)
         return built.name
@@ -62,17 +103,21 @@ def build_sdist(sdist_directory: str, config_settings: ConfigSettings = None) ->
     """A reproducible source archive: the manifest, pyproject.toml, PKG-INFO and every
     file the manifest refers to (kernel sources, deps, references, prebuilt HLO)."""
     from nkibuild.fsutil import atomic_output
+    from nkibuild.manifest import load_manifest
 
     with _reported():
-        manifest = _manifest(config_settings)
+        project = project_of(config_settings)
+        # Not load_plan: an sdist must not leave a build directory behind.
+        manifest = load_manifest(_shown(project.manifest, project.root))
+        check_pyproject(project, manifest)
         base = sdist_base_name(manifest.package)
         destination = Path(sdist_directory) / f"{base}.tar.gz"
         with atomic_output(destination) as tmp:
-            tmp.write_bytes(_sdist_bytes(manifest, base))
+            tmp.write_bytes(sdist_bytes(project, manifest, base))
         return destination.name
 
 
-def sdist_base_name(package: Any) -> str:
+def sdist_base_name(package: Package) -> str:
     """`<normalized_name>-<version>`, as PEP 625 spells sdist file names."""
     from packaging.utils import canonicalize_name
     from packaging.version import Version
@@ -80,63 +125,89 @@ def sdist_base_name(package: Any) -> str:
     return f"{canonicalize_name(package.name).replace('-', '_')}-{Version(package.version)}"
 
 
-def _reported() -> Any:
-    """nkibuild's own errors end the hook with their message, not a Python traceback."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def report() -> Iterator[None]:
-        try:
-            yield
-        except NkibuildError as error:
-            print(error.render(), file=sys.stderr)
-            raise SystemExit(error.exit_code or 1) from None
-
-    return report()
+@contextlib.contextmanager
+def _reported() -> Iterator[None]:
+    """nkibuild's own errors end the hook with their message, not a Python traceback;
+    anything else is a bug and keeps its traceback."""
+    try:
+        yield
+    except NkibuildError as error:
+        raise BackendError(error.render()) from None
 
 
-def _setting(config_settings: ConfigSettings, name: str, default: str | None = None) -> str | None:
-    value = (config_settings or {}).get(name, default)
+def project_of(config_settings: ConfigSettings) -> Project:
+    unknown = sorted(set(config_settings or {}) - set(SETTINGS))
+    if unknown:
+        # Like scikit-build-core's strict config: `-C toolchian=fake` must not quietly
+        # build with the default toolchain.
+        raise UsageError(
+            f"unknown config setting(s) {', '.join(map(repr, unknown))}; "
+            f"nkibuild.build knows {', '.join(SETTINGS)}"
+        )
+    root = Path.cwd()
+    return Project(
+        root=root,
+        manifest=root / (_setting(config_settings, "manifest") or "nkibuild.yaml"),
+        build_dir=root / (_setting(config_settings, "build-dir") or "build"),
+        dist_dir=root / "dist",  # as `nkibuild build`: the wheel is found there later too
+        toolchain=_setting(config_settings, "toolchain"),
+        jobs=_jobs(config_settings),
+        remote_cache=_setting(config_settings, "remote-cache"),
+        cache_read_only=_flag(config_settings, "cache-read-only"),
+    )
+
+
+def _setting(config_settings: ConfigSettings, name: str) -> str | None:
+    value = (config_settings or {}).get(name)
+    # A setting given twice arrives as a list; the last one wins, as on a command line.
     return value[-1] if isinstance(value, list) else value
 
 
-def _manifest_path(config_settings: ConfigSettings) -> Path:
-    return Path(_setting(config_settings, "manifest", "nkibuild.yaml") or "nkibuild.yaml")
+def _flag(config_settings: ConfigSettings, name: str) -> bool:
+    text = (_setting(config_settings, name) or "").strip().lower()
+    if text in TRUE_WORDS | FALSE_WORDS:
+        return text in TRUE_WORDS
+    raise UsageError(f"config setting {name}={text!r}: expected true or false")
 
 
-def _manifest(config_settings: ConfigSettings) -> Any:
-    from nkibuild.manifest import load_manifest
+def _jobs(config_settings: ConfigSettings) -> int:
+    text = _setting(config_settings, "jobs") or "1"
+    try:
+        return max(1, int(text))  # as -j: values below 1 mean 1
+    except ValueError:
+        raise UsageError(f"config setting jobs={text!r} is not a number") from None
 
-    manifest = load_manifest(_manifest_path(config_settings))
-    _check_pyproject(manifest)
-    return manifest
+
+def _shown(path: Path, root: Path) -> str:
+    """`path` as error messages show it: relative to the project when inside it."""
+    return os.path.relpath(path, root) if path.is_relative_to(root) else str(path)
 
 
-def _context(config_settings: ConfigSettings) -> Any:
-    from nkibuild.project import load_context
+def _context(project: Project) -> BuildContext:
+    from nkibuild.graph.tasks import Layout
+    from nkibuild.project import load_context, load_plan
     from nkibuild.settings import BuildOptions
 
-    manifest = _manifest(config_settings)
-    read_only = (_setting(config_settings, "cache-read-only") or "").lower() in TRUE_WORDS
+    # The [project] check comes before the toolchain is resolved: it is the likelier
+    # mistake. load_plan caches the plan, so load_context below does not parse again.
+    state_dir = Layout(project.build_dir, project.dist_dir).state_dir
+    manifest, _ = load_plan(Path(_shown(project.manifest, project.root)), state_dir)
+    check_pyproject(project, manifest)
     options = BuildOptions(
-        toolchain=_setting(config_settings, "toolchain"),
-        remote_cache=_setting(config_settings, "remote-cache"),
-        cache_read_only=read_only,
+        toolchain=project.toolchain,
+        remote_cache=project.remote_cache,
+        cache_read_only=project.cache_read_only,
     )
-    build_dir = Path(_setting(config_settings, "build-dir", "build") or "build")
-    return load_context(manifest.path, build_dir, manifest.root / "dist", options)
+    return load_context(manifest.path, project.build_dir, project.dist_dir, options)
 
 
-def _run(context: Any, jobs: str | None) -> None:
+def _run(context: BuildContext, jobs: int) -> None:
     from nkibuild.cli.display import PlainDisplay
-    from nkibuild.errors import BuildError, UsageError
+    from nkibuild.errors import BuildError
     from nkibuild.graph.run import RunOptions, run_build
 
-    try:
-        options = RunOptions(jobs=max(1, int(jobs or "1")))
-    except ValueError:
-        raise UsageError(f"config setting jobs={jobs!r} is not a number") from None
-    summary = run_build(context, options, PlainDisplay(sys.stderr))  # stdout is the frontend's
+    # Plain lines on stderr: stdout belongs to the frontend, and no live display.
+    summary = run_build(context, RunOptions(jobs=jobs), PlainDisplay(sys.stderr))
     if not summary.ok:
         details = [f"{f.name} failed:\n{f.detail}" for f in summary.failures]
         raise BuildError(
@@ -144,21 +215,19 @@ def _run(context: Any, jobs: str | None) -> None:
         )
 
 
-def _check_pyproject(manifest: Any) -> None:
+def check_pyproject(project: Project, manifest: Manifest) -> None:
     """A [project] table, if present, must name the distribution the manifest builds."""
     from packaging.utils import canonicalize_name
     from packaging.version import InvalidVersion, Version
 
-    from nkibuild.errors import UsageError
-
-    pyproject = manifest.root / "pyproject.toml"
-    project = _read_toml(pyproject).get("project", {})
+    pyproject = project.root / PYPROJECT
+    table = _read_toml(pyproject).get("project", {})
     package = manifest.package
-    name, version = project.get("name"), project.get("version")
+    name, version = table.get("name"), table.get("version")
     if name is not None and canonicalize_name(name) != canonicalize_name(package.name):
         raise UsageError(
             f"{pyproject} names the project {name!r} but {manifest.path} builds "
-            f"{package.name!r}; make them agree (or drop [project] from pyproject.toml)"
+            f"{package.name!r}; make them agree (or drop [project] from {PYPROJECT})"
         )
     try:
         mismatch = version is not None and Version(version) != Version(package.version)
@@ -174,49 +243,69 @@ def _check_pyproject(manifest: Any) -> None:
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
+    except ModuleNotFoundError:  # Python 3.10: nkibuild depends on tomli there
         import tomli as tomllib  # type: ignore[no-redef]
     try:
         with open(path, "rb") as handle:
             return tomllib.load(handle)
     except FileNotFoundError:
         return {}
+    except tomllib.TOMLDecodeError as error:
+        raise UsageError(f"{path}: {error}") from None
 
 
-def _sdist_files(manifest: Any) -> list[str]:
-    """Project-relative paths the sdist must carry to rebuild the bundle."""
+def sdist_files(project: Project, manifest: Manifest) -> list[str]:
+    """Project-relative POSIX paths the sdist must carry to rebuild the bundle."""
     from nkibuild.bundle import shipped_files
+    from nkibuild.graph.tasks import _expand_deps
 
-    root = manifest.root
-    files = {"nkibuild.yaml"} if manifest.path.name == "nkibuild.yaml" else {manifest.path.name}
-    if (root / "pyproject.toml").exists():
-        files.add("pyproject.toml")
-    files.update(kernel.source.path for kernel in manifest.kernels)
-    files.update(shipped_files(manifest))
+    referred = [kernel.source.path for kernel in manifest.kernels]
+    referred += shipped_files(manifest)
+    files = {_inside(project, manifest.root / path) for path in referred}
+    files.add(_inside(project, manifest.path))
+    if (project.root / PYPROJECT).exists():
+        files.add(PYPROJECT)
+    # The same glob expansion as the extract tasks' file_dep, minus outputs and bytecode.
+    outputs = (project.build_dir, project.dist_dir)
     for kernel in manifest.kernels:
-        for pattern in kernel.deps:
-            files.update(
-                path.relative_to(root).as_posix() for path in root.glob(pattern) if path.is_file()
-            )
-    return sorted(files)
+        for match in _expand_deps(manifest.root, kernel.deps):
+            path = Path(match)
+            if not any(path.is_relative_to(out) for out in outputs):
+                files.add(_inside(project, path))
+    return sorted(path for path in files if SKIPPED_PARTS.isdisjoint(path.split("/")))
 
 
-def _sdist_bytes(manifest: Any, base: str) -> bytes:
+def _inside(project: Project, path: Path) -> str:
+    """`path` relative to the project root; a file outside it cannot be in the sdist."""
+    normal = Path(os.path.normpath(path))
+    if not normal.is_relative_to(project.root):
+        raise UsageError(
+            f"{normal} is outside the project ({project.root}), so a source distribution "
+            "cannot carry it; move it into the project or build wheels only"
+        )
+    return normal.relative_to(project.root).as_posix()
+
+
+def sdist_bytes(project: Project, manifest: Manifest, base: str) -> bytes:
     from nkibuild.bundle.wheel import core_metadata, source_epoch
 
-    epoch = source_epoch()
     members = {
-        f"{base}/{path}": (manifest.root / path).read_bytes() for path in _sdist_files(manifest)
+        f"{base}/{path}": (project.root / path).read_bytes()
+        for path in sdist_files(project, manifest)
     }
     members[f"{base}/PKG-INFO"] = ("\n".join(core_metadata(manifest.package)) + "\n").encode()
+    return _tar_gz(members, source_epoch())
+
+
+def _tar_gz(members: dict[str, bytes], epoch: int) -> bytes:
+    """Fixed names, owners, modes and times, sorted: equal inputs give equal bytes."""
     buffer = io.BytesIO()
-    # Fixed names, owners, modes and times, sorted: equal inputs give equal bytes.
     with (
         gzip.GzipFile(fileobj=buffer, mode="wb", mtime=epoch, filename="") as compressed,
         tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive,
     ):
         for name in sorted(members):
-            info = tarfile.TarInfo(name)
+            info = tarfile.TarInfo(name)  # uid, gid 0; no user or group names
             info.size, info.mtime, info.mode = len(members[name]), epoch, 0o644
             archive.addfile(info, io.BytesIO(members[name]))
     return buffer.getvalue()

@@ -10,33 +10,39 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    with atomic_output(path) as tmp:
+def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
+    with atomic_output(path, durable=durable) as tmp:
         tmp.write_bytes(data)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), durable=durable)
 
 
 @contextlib.contextmanager
-def atomic_output(path: Path) -> Iterator[Path]:
-    """Yield a temp path beside `path`; rename it over `path` only if the block succeeds."""
+def atomic_output(path: Path, *, durable: bool = True) -> Iterator[Path]:
+    """Yield a temp path beside `path`; rename it over `path` only if the block succeeds.
+
+    The rename alone makes the write atomic for a killed process. `durable` adds an
+    fsync so it also survives a power loss; files only ever read as hints (and
+    checked when read) skip that cost.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(name)
     try:
         yield tmp
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
+        if durable:
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def atomic_copy(source: Path, destination: Path) -> None:
-    with atomic_output(destination) as tmp:
+def atomic_copy(source: Path, destination: Path, *, durable: bool = True) -> None:
+    with atomic_output(destination, durable=durable) as tmp:
         shutil.copyfile(source, tmp)
 
 

@@ -26,6 +26,8 @@ name = "{name}"
 version = "0.3.0"
 """
 WHEEL = "pep_kernels-0.3.0-py3-none-any.whl"
+# tarfile's extraction filters arrived in 3.10.12 / 3.11.4; 3.14 makes "data" the default.
+SAFE_EXTRACT = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
 
 
 def kernel_project(root: Path, name: str = "pep-kernels") -> Path:
@@ -59,9 +61,42 @@ def test_hooks_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     root = kernel_project(tmp_path / "p")
     monkeypatch.chdir(root)
     assert backend.get_requires_for_build_wheel() == []
-    name = backend.build_wheel(str(tmp_path / "wheels"), {"toolchain": "fake"})
+    assert backend.get_requires_for_build_sdist() == []
+    settings = {"toolchain": "fake", "jobs": "2", "cache-read-only": "false"}
+    name = backend.build_wheel(str(tmp_path / "wheels"), settings)
     assert name == WHEEL and (tmp_path / "wheels" / WHEEL).is_file()
     assert (root / "build" / "compile" / "softmax" / "default" / "trn2" / "model.neff").is_file()
+    assert (root / "dist" / WHEEL).read_bytes() == (tmp_path / "wheels" / WHEEL).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("settings", "pyproject_name", "expected"),
+    [
+        ({"toolchian": "fake"}, "pep-kernels", "unknown config setting(s) 'toolchian'"),
+        ({"jobs": "many"}, "pep-kernels", "config setting jobs='many' is not a number"),
+        ({"cache-read-only": "maybe"}, "pep-kernels", "expected true or false"),
+        ({"manifest": "missing.yaml"}, "pep-kernels", "missing.yaml"),
+        ({}, "Other_Name", "names the project 'Other_Name' but"),
+    ],
+)
+def test_hook_errors_carry_nkibuilds_message(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: dict[str, str],
+    pyproject_name: str,
+    expected: str,
+) -> None:
+    monkeypatch.chdir(kernel_project(tmp_path / "p", name=pyproject_name))
+    for hook in (backend.build_wheel, backend.build_sdist):
+        with pytest.raises(backend.BackendError) as raised:
+            hook(str(tmp_path / "out"), {"toolchain": "fake", **settings})
+        assert expected in str(raised.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_pep_503_equal_names_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(kernel_project(tmp_path / "p", name="PEP.Kernels"))
+    assert backend.build_sdist(str(tmp_path / "out")) == "pep_kernels-0.3.0.tar.gz"
 
 
 def sdist(root: Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -116,3 +151,57 @@ def test_a_failing_compile_fails_pip_with_the_compilers_message(tmp_path: Path) 
     assert "the bundle could not be built" in output
     assert "neuronx-cc failed" in output and "exit status: 70" in output
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_sdist_carries_deps_but_no_outputs_or_bytecode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = MANIFEST + "    deps: ['kernels/**', 'build/**', 'dist/*']\n"
+    root = softmax_project(
+        tmp_path / "p",
+        manifest,
+        {
+            "pyproject.toml": PYPROJECT.format(name="pep-kernels"),
+            "kernels/helpers/tiles.py": "TILE = 128\n",
+            "kernels/__pycache__/reference.cpython-311.pyc": b"\0",
+            "build/stale.py": "",
+            "dist/old.whl": b"",
+            "notes.txt": "not referred to\n",
+        },
+    )
+    with tarfile.open(sdist(root, tmp_path / "out", monkeypatch)) as archive:
+        names = archive.getnames()
+    assert [name.partition("/")[2] for name in names] == [
+        "PKG-INFO",
+        "kernels/helpers/tiles.py",
+        "kernels/reference.py",
+        "kernels/softmax.hlo.pb",
+        "nkibuild.yaml",
+        "pyproject.toml",
+    ]
+
+
+def test_a_manifest_below_the_project_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paths are relative to pyproject.toml's directory; the sdist keeps the layout."""
+    root = tmp_path / "p"
+    softmax_project(root / "neuron", MANIFEST)
+    (root / "pyproject.toml").write_text(PYPROJECT.format(name="pep-kernels"))
+    settings = {"manifest": "neuron/nkibuild.yaml", "toolchain": "fake"}
+    monkeypatch.chdir(root)
+    archive = tmp_path / "sdist" / backend.build_sdist(str(tmp_path / "sdist"), settings)
+    with tarfile.open(archive) as opened:
+        assert "pep_kernels-0.3.0/neuron/kernels/softmax.hlo.pb" in opened.getnames()
+        opened.extractall(tmp_path / "unpacked", **SAFE_EXTRACT)
+    unpacked = tmp_path / "unpacked" / "pep_kernels-0.3.0"
+    monkeypatch.chdir(unpacked)
+    assert backend.build_wheel(str(tmp_path / "wheels"), settings) == WHEEL
+    assert (unpacked / "dist" / WHEEL).is_file() and not (unpacked / "neuron" / "dist").exists()
+
+
+def test_an_sdist_cannot_carry_files_outside_the_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    softmax_project(tmp_path / "elsewhere", MANIFEST)
+    monkeypatch.chdir(kernel_project(tmp_path / "p"))
+    with pytest.raises(backend.BackendError, match="is outside the project"):
+        backend.build_sdist(str(tmp_path / "out"), {"manifest": "../elsewhere/nkibuild.yaml"})

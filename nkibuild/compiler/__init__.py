@@ -110,7 +110,8 @@ def compile_unit(
         return replace(previous, origin="build-dir")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / RESULT_FILE).unlink(missing_ok=True)
-    atomic_write_text(out_dir / KEY_FILE, json.dumps(key.to_json(), indent=2, sort_keys=True))
+    key_json = json.dumps(key.to_json(), indent=2, sort_keys=True)
+    atomic_write_text(out_dir / KEY_FILE, key_json, durable=False)  # for `explain` only
     cache = options.cache
     notices: list[str] = []
     # Units with equal keys (the same kernel in two projects of a release) compile once:
@@ -249,7 +250,7 @@ def _last_peak(out_dir: Path) -> int | None:
 
 def _record_peak(out_dir: Path, outcome: ProcessOutcome) -> None:
     record = {"peak_memory": outcome.peak_memory, "returncode": outcome.returncode}
-    atomic_write_text(out_dir / PEAK_FILE, json.dumps(record))
+    atomic_write_text(out_dir / PEAK_FILE, json.dumps(record), durable=False)  # a hint
 
 
 def _run_compiler(
@@ -340,7 +341,7 @@ def _keep_log(work: Path, out_dir: Path) -> None:
         with open(log, "ab") as handle:
             handle.write(b"\n--- neuronx-cc stdout/stderr ---\n" + printed)
     if log.exists():
-        atomic_copy(log, out_dir / LOG_FILE)
+        atomic_copy(log, out_dir / LOG_FILE, durable=False)  # for people to read
 
 
 def _failure(
