@@ -257,7 +257,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 def sdist_files(project: Project, manifest: Manifest) -> list[str]:
     """Project-relative POSIX paths the sdist must carry to rebuild the bundle."""
     from nkibuild.bundle import shipped_files
-    from nkibuild.graph.tasks import _expand_deps
+    from nkibuild.graph.tasks import expand_deps
 
     referred = [kernel.source.path for kernel in manifest.kernels]
     referred += shipped_files(manifest)
@@ -268,7 +268,7 @@ def sdist_files(project: Project, manifest: Manifest) -> list[str]:
     # The same glob expansion as the extract tasks' file_dep, minus outputs and bytecode.
     outputs = (project.build_dir, project.dist_dir)
     for kernel in manifest.kernels:
-        for match in _expand_deps(manifest.root, kernel.deps):
+        for match in expand_deps(manifest.root, kernel.deps):
             path = Path(match)
             if not any(path.is_relative_to(out) for out in outputs):
                 files.add(_inside(project, path))

@@ -149,10 +149,11 @@ def extract_config(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
 def extract_files(context: BuildContext, spec: ExtractSpec) -> list[str]:
     """The files an extraction reads (its doit `file_dep`), as absolute paths."""
     root = context.manifest.root
-    return [_path(root / spec.source.path), *_expand_deps(root, spec.deps)]
+    return [_path(root / spec.source.path), *expand_deps(root, spec.deps)]
 
 
-def _expand_deps(root: Path, patterns: Sequence[str]) -> list[str]:
+def expand_deps(root: Path, patterns: Sequence[str]) -> list[str]:
+    """Files matching a kernel's `deps` globs (recursive `**`), absolute and sorted."""
     found = {
         _path(Path(match))
         for pattern in patterns
