@@ -87,6 +87,18 @@ def test_every_invalid_manifest_is_reported_before_anything_builds(tmp_path: Pat
     assert not (root / "kernels" / "alpha" / "build").exists()
 
 
+def test_a_version_already_in_dist_from_elsewhere_is_refused_before_building(
+    tmp_path: Path,
+) -> None:
+    root = monorepo(tmp_path / "repo")
+    (root / "dist-all").mkdir()
+    (root / "dist-all" / "beta_kernels-1.0.0-py3-none-any.whl").write_bytes(b"from elsewhere")
+    result = run_nkibuild(RELEASE, root)
+    assert result.returncode == 2
+    assert "beta_kernels-1.0.0-py3-none-any.whl, not published by a release" in result.stderr
+    assert not (root / "kernels" / "alpha" / "build" / "compile").exists()  # nothing built
+
+
 def test_duplicate_distributions_are_refused(tmp_path: Path) -> None:
     root = monorepo(tmp_path / "repo")
     beta = root / "kernels" / "beta" / "nkibuild.yaml"

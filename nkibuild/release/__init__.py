@@ -105,12 +105,40 @@ def preflight(projects: Sequence[BuildContext], options: ReleaseOptions) -> None
                 f"{project.manifest.path}; rename one"
             )
         seen[name] = project.manifest.path
+    _check_out_dir(projects, options.out)
     versions = {p.toolchain.compiler_version for p in projects}
     if len(versions) > 1 and not options.allow_mixed_compilers:
         raise UsageError(
             f"the projects would be compiled by different neuronx-cc versions "
             f"({', '.join(sorted(versions))}); use one compiler, or --allow-mixed-compilers"
         )
+
+
+def _check_out_dir(projects: Sequence[BuildContext], out: Path) -> None:
+    """A wheel of a version about to be built that OUT holds but no earlier release into OUT
+    published (it is not in SHA256SUMS) came from elsewhere: refuse before building.
+    Wheels an earlier release published are compared after the build instead (a rerun
+    that produces the same bytes is fine; other bytes are refused then)."""
+    listed = _listed_wheels(out)
+    foreign = [
+        wheel.name
+        for project in projects
+        for wheel in _wheels(project)
+        if (out / wheel.name).exists() and wheel.name not in listed
+    ]
+    if foreign:
+        raise UsageError(
+            f"{out} already holds {', '.join(foreign)}, not published by a release into it "
+            f"(not in its {SUMS_FILE}): those versions exist; bump them or use another --out"
+        )
+
+
+def _listed_wheels(out: Path) -> set[str]:
+    try:
+        lines = (out / SUMS_FILE).read_text().splitlines()
+    except OSError:
+        return set()
+    return {line.partition("  ")[2] for line in lines}
 
 
 def release(options: ReleaseOptions, display: Display) -> ReleaseResult:
