@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_nkibuild
-from helpers import build, softmax_manifest, softmax_project
+from helpers import build, pretend_new_compiler, softmax_manifest, softmax_project
 
 from nkibuild.graph.explain import Explanation, explain
 from nkibuild.project import load_context
@@ -75,11 +75,7 @@ def test_a_changed_flag_names_the_arguments_and_the_cache_lookup(project: Path) 
 def test_compiler_version_and_neuron_cc_flags_are_named(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    state = project / "build" / "state" / "toolchain.json"
-    entries = json.loads(state.read_text())
-    for entry in entries.values():
-        entry["version"] = "2.99.0.0+other"  # as if a new compiler were installed
-    state.write_text(json.dumps(entries))
+    pretend_new_compiler(project)
     monkeypatch.setenv("NEURON_CC_FLAGS", "--verbose info")
     reasons = why(project, TRN1)[TRN1].reasons
     assert reasons == (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import build
+from helpers import build, pretend_new_compiler
 
 from nkibuild.graph.loader import DEP_FILE
 from nkibuild.graph.report import BuildSummary
@@ -121,13 +121,7 @@ def test_moving_a_kernel_within_the_manifest_rebuilds_nothing(built: Path) -> No
 def test_compiler_version_change_recompiles_everything(
     built: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import json
-
-    state = built / "build" / "state" / "toolchain.json"
-    entries = json.loads(state.read_text())
-    for entry in entries.values():
-        entry["version"] = "2.99.0.0+other"  # as if a new compiler were installed
-    state.write_text(json.dumps(entries))
+    pretend_new_compiler(built)
     summary = build(built)
     assert ran(summary, "extract:") == set()
     assert ran(summary, "compile:") == ALL_COMPILES

@@ -10,12 +10,12 @@ of the same name and version; then SHA256SUMS and the reports are written.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from nkibuild.cache.key import file_sha256
 from nkibuild.errors import ManifestError, UsageError
 from nkibuild.graph.report import BuildSummary, Display
 from nkibuild.graph.tasks import BuildContext
@@ -225,7 +225,7 @@ def _publish(result: ReleaseResult, options: ReleaseOptions) -> None:
     for project in result.projects:
         for staged in _wheels(project):
             published = options.out / staged.name
-            if published.exists() and _sha256(published) != _sha256(staged):
+            if published.exists() and file_sha256(published) != file_sha256(staged):
                 result.refused.append(
                     f"{published} already exists with other contents: this version was "
                     "released before; bump the version"
@@ -240,15 +240,7 @@ def _write_sums(out: Path) -> None:
     from nkibuild.fsutil import atomic_write_text
 
     wheels = sorted(out.glob("*.whl"))
-    atomic_write_text(out / SUMS_FILE, "".join(f"{_sha256(w)}  {w.name}\n" for w in wheels))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    atomic_write_text(out / SUMS_FILE, "".join(f"{file_sha256(w)}  {w.name}\n" for w in wheels))
 
 
 def check(options: ReleaseOptions) -> list[str]:
@@ -264,7 +256,7 @@ def check(options: ReleaseOptions) -> list[str]:
             published = options.out / staged.name
             if not published.exists():
                 problems.append(f"{published} is missing")
-            elif not staged.exists() or _sha256(published) != _sha256(staged):
+            elif not staged.exists() or file_sha256(published) != file_sha256(staged):
                 problems.append(f"{published} differs from what the build produced")
     return problems + _sums_problems(options.out)
 
@@ -295,6 +287,6 @@ def _sums_problems(out: Path) -> list[str]:
     problems += [
         f"{name} does not match its sha256 in {SUMS_FILE}"
         for name in sorted(present & set(listed))
-        if _sha256(out / name) != listed[name]
+        if file_sha256(out / name) != listed[name]
     ]
     return problems
