@@ -64,6 +64,12 @@ def split_targets(manifest: Manifest) -> list[str]:
     return sorted({t for k in manifest.kernels for t in (k.targets or manifest.default_targets)})
 
 
+def distributions(manifest: Manifest) -> list[Package]:
+    """Every distribution a build writes a wheel for: the bundle, then its target parts."""
+    package = manifest.package
+    return [package, *(target_package(package, t) for t in split_targets(manifest))]
+
+
 def generate_bundle(
     manifest: Manifest, compiled: Sequence[CompiledNeff], out_dir: Path
 ) -> BundleProject:

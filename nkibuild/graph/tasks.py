@@ -322,13 +322,12 @@ def run_wheel(bundle_dir: Path, dist_dir: Path) -> dict[str, Any]:
 
 
 def _wheel_task(context: BuildContext) -> dict[str, Any]:
-    from nkibuild.bundle import STAMP_FILE, split_targets, target_package
+    from nkibuild.bundle import STAMP_FILE, distributions
     from nkibuild.bundle.wheel import wheel_file_name
 
     manifest = context.manifest
     bundle_dir = context.layout.bundle_dir(manifest)
-    packages = [manifest.package]
-    packages += [target_package(manifest.package, t) for t in split_targets(manifest)]
+    packages = distributions(manifest)
     return {
         "basename": "wheel",
         "doc": f"pack {manifest.package.name} into a wheel in {context.layout.dist_dir}",

@@ -263,12 +263,10 @@ def check(options: ReleaseOptions) -> list[str]:
 
 def _wheels(project: BuildContext) -> list[Path]:
     """Where the project's wheels are staged (the main one, then one per split target)."""
-    from nkibuild.bundle import split_targets, target_package
+    from nkibuild.bundle import distributions
     from nkibuild.bundle.wheel import wheel_file_name
 
-    package = project.manifest.package
-    packages = [package, *(target_package(package, t) for t in split_targets(project.manifest))]
-    return [project.layout.dist_dir / wheel_file_name(p) for p in packages]
+    return [project.layout.dist_dir / wheel_file_name(p) for p in distributions(project.manifest)]
 
 
 def _sums_problems(out: Path) -> list[str]:

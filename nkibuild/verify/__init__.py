@@ -65,11 +65,12 @@ class Check:
 
 
 def bundle_of_project(bundle_dir: Path, state_dir: Path) -> BundleUnderTest:
-    stamp = json.loads((bundle_dir / "bundle.json").read_text())
-    package = stamp["package"]["import_name"]
-    info = json.loads((bundle_dir / package / BUILD_INFO).read_text())
-    paths = (bundle_dir, *(bundle_dir / part["directory"] for part in stamp.get("parts", ())))
-    return BundleUnderTest(package, paths, info, state_dir / "verify-baseline.json")
+    from nkibuild.bundle import load_bundle
+
+    project = load_bundle(bundle_dir)
+    paths = (bundle_dir, *(part.directory for part in project.parts))
+    baseline = state_dir / "verify-baseline.json"
+    return BundleUnderTest(project.package.import_name, paths, project.build_info, baseline)
 
 
 def bundle_of_wheel(wheel: Path, scratch: Path) -> BundleUnderTest:
