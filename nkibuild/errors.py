@@ -6,6 +6,7 @@ readable output and an exit code.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -115,6 +116,30 @@ class BuildError(NkibuildError):
             lines.append("  log tail:")
             lines.extend(f"    {line}" for line in self.log_tail.rstrip("\n").splitlines())
         return "\n".join(lines)
+
+
+class StorageError(NkibuildError):
+    """The machine refused a file operation: disk full, read-only, no permission."""
+
+    def __init__(self, error: OSError) -> None:
+        where = f"{error.filename}: " if error.filename else ""
+        super().__init__(f"{where}{error.strerror}{_STORAGE_HINTS[error.errno]}")
+
+
+_STORAGE_HINTS = {
+    errno.ENOSPC: " (free some space; nothing half-written was kept, so rerun the build)",
+    errno.EDQUOT: " (over the disk quota; nothing half-written was kept, so rerun the build)",
+    errno.EFBIG: " (over the file size limit)",
+    errno.EROFS: " (choose a writable --build-dir/--dist-dir, or --cache-read-only for a cache)",
+    errno.EACCES: "",
+    errno.EPERM: "",
+}
+
+
+def storage_error(error: OSError) -> StorageError | None:
+    """The user-facing form of an OSError that says the machine refused, not that
+    nkibuild has a bug; None for any other OSError (whose traceback stays)."""
+    return StorageError(error) if error.errno in _STORAGE_HINTS else None
 
 
 def describe_returncode(returncode: int) -> str:

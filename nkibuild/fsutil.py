@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+# Names of the temp files and dirs nkibuild writes through; a killed writer leaves them.
+LEFTOVER_PATTERNS = (".*.tmp", ".*.new", ".*.old-*", ".work-*", ".worker-*")
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
@@ -27,18 +31,32 @@ def atomic_output(path: Path, *, durable: bool = True) -> Iterator[Path]:
     fsync so it also survives a power loss; files only ever read as hints (and
     checked when read) skip that cost.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
+    with reported_at(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            yield tmp
+            if durable:
+                with open(tmp, "rb+") as handle:
+                    os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def reported_at(path: Path) -> Iterator[None]:
+    """Name `path` in an OSError about one of its temp files (or about no file at all):
+    "dist/x.whl: No space left on device" says what could not be written."""
+    temp_prefix = str(path.parent / f".{path.name}.")  # atomic_output's and staging_dir's
     try:
-        yield tmp
-        if durable:
-            with open(tmp, "rb+") as handle:
-                os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        yield
+    except OSError as error:
+        if error.filename is None or str(error.filename).startswith(temp_prefix):
+            raise OSError(error.errno, error.strerror, str(path)) from error
+        raise
 
 
 def atomic_copy(source: Path, destination: Path, *, durable: bool = True) -> None:
@@ -54,14 +72,25 @@ def staging_dir(final: Path) -> Iterator[Path]:
     moment `final` is either the complete old tree or the complete new one
     (or briefly absent, which readers treat as "not built").
     """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".new", dir=final.parent))
-    try:
-        yield stage
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        if final.exists():
-            os.replace(final, old)
-        os.replace(stage, final)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+    with reported_at(final):
+        final.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".new", dir=final.parent))
+        try:
+            yield stage
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            if final.exists():
+                os.replace(final, old)
+            os.replace(stage, final)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def leftovers(root: Path, patterns: tuple[str, ...]) -> list[Path]:
+    """Entries under `root` whose names match `patterns` (matching dirs are not entered)."""
+    found = []
+    for directory, dirs, files in os.walk(root):
+        matched = {n for n in (*dirs, *files) if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
+        found.extend(Path(directory, name) for name in sorted(matched))
+        dirs[:] = [d for d in dirs if d not in matched]
+    return found

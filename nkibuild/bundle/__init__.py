@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nkibuild import __version__
 from nkibuild.bundle import codegen
+from nkibuild.cache.key import file_sha256
 from nkibuild.compiler import CompiledNeff
 from nkibuild.errors import BuildError
 from nkibuild.fsutil import staging_dir
@@ -96,6 +97,12 @@ def generate_bundle(
             destination = root / home / _neff_path(neff)
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(neff.neff_path, destination)
+            if file_sha256(destination) != neff.sha256:
+                raise BuildError(
+                    f"{neff.neff_path} changed after it was compiled (its sha256 differs from "
+                    "the compile record); run the build again to restore it",
+                    unit=neff.unit,
+                )
         parts = [_write_part(stage, package, target) for target in split_targets(manifest)]
         files = _hash_tree(stage, exclude=PARTS_DIR)
         stamp = {

@@ -7,10 +7,11 @@ publishes results to every writable tier.
 
 from nkibuild.cache.chain import CacheChain, open_cache_chain
 from nkibuild.cache.key import CacheKey, file_sha256
-from nkibuild.cache.local import CacheEntry, LocalCache
+from nkibuild.cache.local import UNFINISHED_AFTER_S, CacheEntry, LocalCache
 from nkibuild.cache.store import NeffStore
 
 __all__ = [
+    "UNFINISHED_AFTER_S",
     "CacheChain",
     "CacheEntry",
     "CacheKey",

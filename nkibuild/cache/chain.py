@@ -71,7 +71,11 @@ class CacheChain:
             return call()
         # Remote filesystems raise their own exception types (botocore, aiohttp, ...).
         except Exception as error:
-            self._errors.append(f"could not {doing} the cache at {tier.location}: {error}")
+            why = error.strerror if isinstance(error, OSError) and error.strerror else error
+            self._errors.append(
+                f"could not {doing} the cache at {tier.location}: {why}; "
+                "the build goes on without it"
+            )
             return None
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 KEY_SCHEMA_VERSION = 1
@@ -31,7 +31,7 @@ class CacheKey:
         return dict(self.inputs)
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: str | os.PathLike[str]) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):

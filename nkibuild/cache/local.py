@@ -30,6 +30,8 @@ from nkibuild.cache.store import (
 )
 from nkibuild.fsutil import atomic_output
 
+UNFINISHED_AFTER_S = 3600.0  # far longer than any publish takes
+
 
 @dataclass(frozen=True)
 class CacheEntry:
@@ -81,7 +83,7 @@ class LocalCache:
         if entry.exists():
             return
         entry.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+        stage = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".new", dir=entry.parent))
         try:
             shutil.copyfile(neff, stage / NEFF_FILE)
             if log is not None and log.exists():
@@ -148,6 +150,18 @@ class LocalCache:
 
     def clear(self) -> list[CacheEntry]:
         return self.prune(max_bytes=0)
+
+    def remove_unfinished(self, *, older_than_s: float) -> int:
+        """Remove publishes and discards a killed build left (hidden entry dirs); only
+        old ones, since another build may be publishing into a shared cache right now."""
+        now = time.time()
+        removed = 0
+        for stale in self.root.glob("neff/??/.*"):
+            with contextlib.suppress(OSError):
+                if now - stale.stat().st_mtime > older_than_s:
+                    shutil.rmtree(stale)
+                    removed += 1
+        return removed
 
     def _corrupt(self, key: CacheKey, why: str) -> None:
         self.notices.append(corrupt_notice(self.location, key, why, not self.read_only))

@@ -219,7 +219,7 @@ def list_tasks(args: argparse.Namespace) -> int:
 
 
 def clean(args: argparse.Namespace) -> int:
-    from nkibuild.graph.run import acquire_build_lock
+    from nkibuild.graph.session import acquire_build_lock
 
     build_dir = Path(args.build_dir)
     doomed = [d for d in [build_dir, Path(args.dist_dir)][: 2 if args.all else 1] if d.exists()]
@@ -244,7 +244,7 @@ def doctor(args: argparse.Namespace) -> int:
 
 
 def cache(args: argparse.Namespace) -> int:
-    from nkibuild.cache import LocalCache
+    from nkibuild.cache import UNFINISHED_AFTER_S, LocalCache
     from nkibuild.errors import UsageError
     from nkibuild.quantities import format_size, parse_size
     from nkibuild.settings import default_cache_dir
@@ -258,6 +258,7 @@ def cache(args: argparse.Namespace) -> int:
         problems = store.verify()
         for problem in problems:
             print(f"corrupt, discarded: {problem}")
+        print(f"{len(problems)} corrupt entries")
     elif args.action == "clear":
         removed = store.clear()
     elif args.action == "prune":
@@ -269,6 +270,10 @@ def cache(args: argparse.Namespace) -> int:
         removed = store.prune(max_bytes=max_bytes, max_age_s=max_age)
     if removed:
         print(f"removed {len(removed)} entries ({format_size(sum(e.size for e in removed))})")
+    if args.action in ("verify", "prune", "clear"):
+        unfinished = store.remove_unfinished(older_than_s=UNFINISHED_AFTER_S)
+        if unfinished:
+            print(f"removed {unfinished} unfinished writes (from killed builds)")
     entries = store.entries()
     print(f"{store.root}: {len(entries)} entries, {format_size(sum(e.size for e in entries))}")
     return EXIT_BUILD_FAILED if problems else EXIT_OK

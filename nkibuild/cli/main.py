@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nkibuild import __version__
-from nkibuild.errors import NkibuildError
+from nkibuild.errors import NkibuildError, storage_error
 from nkibuild.quantities import parse_duration, parse_size
 
 EXIT_USAGE = 2
@@ -28,6 +28,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NkibuildError as error:
         print(error.render(), file=sys.stderr)
         return error.exit_code
+    except OSError as error:
+        refused = storage_error(error)
+        if refused is None:
+            raise
+        print(refused.render(), file=sys.stderr)
+        return refused.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

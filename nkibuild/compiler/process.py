@@ -9,17 +9,21 @@ the process and its waited-for descendants.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 # Process groups of compilers running now, in any thread.
 _RUNNING: set[int] = set()
 _LOCK = threading.Lock()
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,12 @@ def run_process(
     started = time.monotonic()
     with open(output, "wb") as sink:
         process = subprocess.Popen(
-            command, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            cwd=cwd,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(),
         )
     expired = threading.Event()
     timer = _kill_after(process.pid, timeout, expired)
@@ -79,6 +88,29 @@ def kill_running() -> None:
         groups = list(_RUNNING)
     for pid in groups:
         _kill_group(pid)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn: the compiler gets SIGKILL if this thread's process dies (Linux).
+
+    A build killed with SIGKILL runs no cleanup, and a compiler left running holds
+    gigabytes for nothing. prctl is looked up before the fork: the child may only
+    make the call, not load libraries.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the call
+            os._exit(1)
+
+    return arm
 
 
 def _kill_after(

@@ -8,20 +8,16 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from nkibuild.errors import UsageError
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.graph import uptodate
 from nkibuild.graph.loader import DEP_FILE, NkibuildLoader, doit_config, to_tasks
 from nkibuild.graph.report import BuildReporter, BuildSummary, Display
+from nkibuild.graph.session import SessionDirs, build_session
+from nkibuild.graph.state import DUMP_FAILURES
 from nkibuild.graph.tasks import BuildContext, task_dicts
 
-if TYPE_CHECKING:
-    from filelock import BaseFileLock
-
-LOCK_FILE = "build.lock"
 LAST_RUN_FILE = "last-run.json"
 
 
@@ -35,53 +31,22 @@ class RunOptions:
 
 def run_build(context: BuildContext, options: RunOptions, display: Display) -> BuildSummary:
     """Execute the selected tasks (default: everything up to the wheel)."""
-    from nkibuild.compiler.budget import COMPILE_BUDGET
-
-    lock = acquire_build_lock(context.layout.build_dir, options.lock_timeout)
-    COMPILE_BUDGET.configure(context.settings.max_compile_memory, options.jobs)
+    layout = context.layout
+    session = build_session(
+        [SessionDirs(layout.build_dir, swept=(layout.dist_dir,))],
+        max_compile_memory=context.settings.max_compile_memory,
+        jobs=options.jobs,
+        lock_timeout=options.lock_timeout,
+    )
     # Building and checking thousands of tasks allocates millions of objects and few
     # cycles; CPython's default GC threshold would scan them dozens of times.
     thresholds = gc.get_threshold()
     gc.set_threshold(50_000, 20, 20)
     try:
-        return _run_locked(context, options, display)
-    except BaseException:
-        from nkibuild.compiler.process import kill_running
-
-        kill_running()  # e.g. Ctrl-C: no compiler may outlive the build
-        raise
+        with session:
+            return _run_locked(context, options, display)
     finally:
         gc.set_threshold(*thresholds)
-        from nkibuild.toolchain.worker_pool import POOL
-
-        POOL.close()  # workers live for one build: the next may see changed user code
-        close_ray()
-        lock.release()
-
-
-def close_ray() -> None:
-    """End the Ray connection a build with --executor ray opened (no import otherwise)."""
-    executor = sys.modules.get("nkibuild.compiler.ray_executor")
-    if executor is not None:
-        executor.shutdown()
-
-
-def acquire_build_lock(build_dir: Path, timeout: float = 0.0) -> BaseFileLock:
-    """The build dir's lock: doit neither locks its state file nor saves it before the
-    end of a run, so two concurrent runs would both execute everything."""
-    from filelock import FileLock, Timeout
-
-    state_dir = build_dir / "state"
-    state_dir.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(state_dir / LOCK_FILE))
-    try:
-        lock.acquire(timeout=timeout)
-    except Timeout:
-        raise UsageError(
-            f"another nkibuild build is running in {build_dir} "
-            f"(lock {state_dir / LOCK_FILE}); wait for it or use another --build-dir"
-        ) from None
-    return lock
 
 
 def _run_locked(context: BuildContext, options: RunOptions, display: Display) -> BuildSummary:
@@ -89,17 +54,17 @@ def _run_locked(context: BuildContext, options: RunOptions, display: Display) ->
     check_selection(dicts, options.selection)
     state_dir = context.layout.state_dir
     whole_graph = not options.selection
+    dep_file = str(state_dir / DEP_FILE)
     if whole_graph:
         key = uptodate.fingerprint(dicts)
-        proof_files = [*uptodate.files_of(dicts), str(state_dir / DEP_FILE)]
-        if uptodate.is_proven(state_dir, key, proof_files):
+        if uptodate.is_proven(state_dir, key, uptodate.files_of(dicts, dep_file)):
             return _report_all_up_to_date(dicts, display)
     uptodate.forget(state_dir)
     sources_before = uptodate.stats(uptodate.sources_of(dicts))
     summary = _run_doit(context, dicts, options, display)
     if whole_graph and summary.ok and uptodate.stats(uptodate.sources_of(dicts)) == sources_before:
         # No input changed while doit ran, so what it saved describes the files now.
-        uptodate.record(state_dir, key, proof_files)
+        uptodate.record(state_dir, key, uptodate.files_of(dicts, dep_file))
     atomic_write_text(state_dir / LAST_RUN_FILE, json.dumps(summary.to_json(), indent=2))
     return summary
 
@@ -138,10 +103,13 @@ def run_task_graph(
     # doit's thread runner swaps sys.stdout/stderr per action to capture output; two
     # actions finishing out of order can leave one of its capture objects installed.
     streams = sys.stdout, sys.stderr
+    DUMP_FAILURES.clear()
     try:
         code = DoitMain(loader, config_filenames=()).run([*argv, *options.selection])
     finally:
         sys.stdout, sys.stderr = streams
+    if DUMP_FAILURES:
+        raise DUMP_FAILURES[0]  # the build's progress was not saved: not a success
     summary = reporter.summary
     if code not in (0, 1) and summary.ok:
         summary.runtime_errors.append(f"doit stopped before running the tasks (exit {code})")

@@ -17,6 +17,7 @@ from typing import Any
 from nkibuild.fsutil import atomic_write_text
 
 BACKEND_NAME = "nkibuild-json"
+DUMP_FAILURES: list[OSError] = []  # state files that could not be saved, for the caller
 
 
 class AtomicJsonDB:
@@ -45,7 +46,12 @@ class AtomicJsonDB:
         if self._dirty:
             from pathlib import Path
 
-            atomic_write_text(Path(self.name), self.codec.encode(self._db))
+            try:
+                atomic_write_text(Path(self.name), self.codec.encode(self._db))
+            except OSError as error:
+                # doit would print a traceback; the build reports it after doit returns.
+                DUMP_FAILURES.append(error)
+                return
             self._dirty = False
 
     def set(self, task_id: str, dependency: str, value: Any) -> None:

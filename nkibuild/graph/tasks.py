@@ -20,7 +20,8 @@ from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
 from nkibuild import __version__
-from nkibuild.errors import NkibuildError
+from nkibuild.errors import NkibuildError, storage_error
+from nkibuild.graph.intact import OutputsIntact, record_outputs
 from nkibuild.manifest.model import Kernel, Manifest
 from nkibuild.plan import BuildUnit, ExtractSpec, extract_specs
 from nkibuild.settings import BuildOptions, BuildSettings
@@ -107,7 +108,8 @@ def _path(path: Path | str) -> str:
 
 
 def _guarded(action: Callable[..., Any]) -> Callable[..., Any]:
-    """Report nkibuild's own errors as clean task failures; let real bugs keep their traceback."""
+    """Report nkibuild's own errors, and files the machine refused (disk full, read-only),
+    as clean task failures; let real bugs keep their traceback."""
 
     @functools.wraps(action)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -115,6 +117,11 @@ def _guarded(action: Callable[..., Any]) -> Callable[..., Any]:
             return action(*args, **kwargs)
         except NkibuildError as error:
             return TaskFailed(error.render())
+        except OSError as error:
+            refused = storage_error(error)
+            if refused is None:
+                raise
+            return TaskFailed(refused.render())
 
     return run
 
@@ -179,17 +186,20 @@ def run_extract(
 
 def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
     from nkibuild.frontends import ARTIFACT_FILES
+    from nkibuild.frontends.relocation import SIDECAR_DIR
 
     out_dir = context.layout.extract_path(spec)
     config, files = extract_config(context, spec), extract_files(context, spec)
+    targets = [os.path.join(out_dir, name) for name in ARTIFACT_FILES]
+    outputs = [*targets, os.path.join(out_dir, SIDECAR_DIR)]
     return {
         "basename": "extract",
         "name": spec.name,
         "doc": f"extract HLO from {spec.source} ({spec.frontend})",
-        "actions": [(run_extract, (context, spec, config, files))],
+        "actions": [(run_extract, (context, spec, config, files)), (record_outputs, (outputs,))],
         "file_dep": files,
-        "targets": [os.path.join(out_dir, name) for name in ARTIFACT_FILES],
-        "uptodate": [config_changed(config)],
+        "targets": targets,
+        "uptodate": [config_changed(config), OutputsIntact(outputs)],
         "clean": True,
     }
 
@@ -244,14 +254,15 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
         "compiler_version": toolchain.compiler_version,
         "neuron_cc_flags": toolchain.neuron_cc_flags,
     }
+    targets = [os.path.join(out_dir, name) for name in COMPILE_OUTPUTS]
     return {
         "basename": "compile",
         "name": unit.name,
         "doc": f"compile {unit.name} with neuronx-cc",
-        "actions": [(run_compile, (context, unit))],
+        "actions": [(run_compile, (context, unit)), (record_outputs, (targets,))],
         "file_dep": [os.path.join(extract_dir, name) for name in ARTIFACT_FILES],
-        "targets": [os.path.join(out_dir, name) for name in COMPILE_OUTPUTS],
-        "uptodate": [config_changed(config)],
+        "targets": targets,
+        "uptodate": [config_changed(config), OutputsIntact(targets)],
         "clean": True,
     }
 
@@ -302,13 +313,14 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
     from nkibuild.bundle import shipped_files
 
     shipped = sorted({_path(manifest.root / path) for path in shipped_files(manifest)})
+    bundle_dir = _path(context.layout.bundle_dir(manifest))
     return {
         "basename": "bundle",
         "doc": f"generate the {manifest.package.name} package with its loaders",
-        "actions": [(run_bundle, (context,))],
+        "actions": [(run_bundle, (context,)), (record_outputs, ([bundle_dir],))],
         "file_dep": [*compiled, *shipped],
-        "targets": [_path(context.layout.bundle_dir(manifest) / STAMP_FILE)],
-        "uptodate": [config_changed(_bundle_config(manifest))],
+        "targets": [os.path.join(bundle_dir, STAMP_FILE)],
+        "uptodate": [config_changed(_bundle_config(manifest)), OutputsIntact([bundle_dir])],
         "clean": True,
     }
 
@@ -328,11 +340,17 @@ def _wheel_task(context: BuildContext) -> dict[str, Any]:
     manifest = context.manifest
     bundle_dir = context.layout.bundle_dir(manifest)
     packages = distributions(manifest)
+    dist_dir = context.layout.dist_dir
+    wheels = [_path(dist_dir / wheel_file_name(p)) for p in packages]
     return {
         "basename": "wheel",
         "doc": f"pack {manifest.package.name} into a wheel in {context.layout.dist_dir}",
-        "actions": [(run_wheel, (bundle_dir, context.layout.dist_dir))],
+        "actions": [
+            (run_wheel, (bundle_dir, context.layout.dist_dir)),
+            (record_outputs, (wheels,)),
+        ],
         "file_dep": [_path(bundle_dir / STAMP_FILE)],
-        "targets": [_path(context.layout.dist_dir / wheel_file_name(p)) for p in packages],
+        "targets": wheels,
+        "uptodate": [OutputsIntact(wheels)],
         "clean": True,
     }

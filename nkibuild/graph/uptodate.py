@@ -22,6 +22,7 @@ from typing import Any
 
 from nkibuild import __version__
 from nkibuild.fsutil import atomic_write_text
+from nkibuild.graph.intact import OutputsIntact, output_files
 
 STAMP_FILE = "up-to-date.json"
 Stat = tuple[int, int, int, int]
@@ -36,8 +37,16 @@ def fingerprint(dicts: list[dict[str, Any]]) -> str:
     return digest.hexdigest()
 
 
-def files_of(dicts: list[dict[str, Any]]) -> list[str]:
-    return sorted({path for task in dicts for path in (*task["file_dep"], *task["targets"])})
+def files_of(dicts: list[dict[str, Any]], *extra: str) -> list[str]:
+    """Every file the proof covers: dependencies, targets, the files in output
+    directories (a bundle's tree) and `extra` (doit's state file)."""
+    files = {path for task in dicts for path in (*task["file_dep"], *task["targets"])}
+    files.update(extra)
+    for task in dicts:
+        for check in task.get("uptodate", ()):
+            if isinstance(check, OutputsIntact):
+                files.update(output_files(check.directories()))
+    return sorted(files)
 
 
 def sources_of(dicts: list[dict[str, Any]]) -> list[str]:

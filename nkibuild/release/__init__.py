@@ -142,16 +142,18 @@ def _listed_wheels(out: Path) -> set[str]:
 
 
 def release(options: ReleaseOptions, display: Display) -> ReleaseResult:
-    from nkibuild.compiler.budget import COMPILE_BUDGET
-    from nkibuild.graph.run import RunOptions, acquire_build_lock, run_task_graph
+    from nkibuild.graph.run import RunOptions, run_task_graph
+    from nkibuild.graph.session import SessionDirs, build_session
 
     projects = load_projects(options)
     preflight(projects, options)
+    dirs = [
+        SessionDirs(options.release_dir, swept=(options.out,)),
+        *(SessionDirs(p.layout.build_dir, swept=(p.layout.dist_dir,)) for p in projects),
+    ]
     # Settings come from the command line and environment, which every project shares.
-    COMPILE_BUDGET.configure(projects[0].settings.max_compile_memory, options.jobs)
-    locks = [acquire_build_lock(options.release_dir)]
-    try:
-        locks += [acquire_build_lock(p.layout.build_dir) for p in projects]
+    memory = projects[0].settings.max_compile_memory
+    with build_session(dirs, max_compile_memory=memory, jobs=options.jobs):
         dicts, config = release_graph(projects, options)
         selection = _shard_selection(projects, options) if options.shard else ()
         run = RunOptions(jobs=options.jobs, keep_going=options.keep_going, selection=selection)
@@ -160,23 +162,18 @@ def release(options: ReleaseOptions, display: Display) -> ReleaseResult:
             if selection or not options.shard
             else BuildSummary()
         )
-    finally:
-        for lock in locks:
-            lock.release()
-        from nkibuild.graph.run import close_ray
-        from nkibuild.toolchain.worker_pool import POOL
+        result = ReleaseResult(summary, projects)
+        if not options.shard:  # a shard's NEFFs went to the caches; the final job packages
+            _publish_and_report(result, options)
+    return result
 
-        POOL.close()
-        close_ray()
-    result = ReleaseResult(summary, projects)
-    if options.shard:
-        return result  # a shard's NEFFs went to the caches; the final job packages
-    if summary.ok:
-        _publish(result, options)
+
+def _publish_and_report(result: ReleaseResult, options: ReleaseOptions) -> None:
     from nkibuild.release.report import write_reports
 
+    if result.summary.ok:
+        _publish(result, options)
     write_reports(result, options.out)
-    return result
 
 
 def release_graph(

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any, TextIO
@@ -43,10 +46,25 @@ def serve(results: TextIO) -> None:
             results.flush()
 
 
+def stop_when_orphaned(interval: float = 0.2) -> None:
+    """A build killed by SIGKILL cannot stop its workers, and a worker busy with a job
+    would not see its closed stdin: once the parent is gone, end the worker's whole
+    process group (it leads one) instead of finishing work no one waits for."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     if argv != ["--serve"]:
         print("usage: python -m nkibuild.toolchain.worker --serve", file=sys.stderr)
         return 2
+    stop_when_orphaned()
     # The protocol keeps the real stdout; anything user code prints goes to stderr.
     results = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)

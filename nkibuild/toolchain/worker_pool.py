@@ -82,9 +82,11 @@ def worker_environment(key: WorkerKey, cache_dir: Path) -> dict[str, str]:
 class Worker:
     """One worker process; `run` sends a job and waits for its answer."""
 
-    def __init__(self, key: WorkerKey) -> None:
+    def __init__(self, key: WorkerKey, scratch_root: Path | None = None) -> None:
         self.key = key
-        self.scratch = Path(tempfile.mkdtemp(prefix="nkibuild-worker-"))
+        if scratch_root is not None:
+            scratch_root.mkdir(parents=True, exist_ok=True)
+        self.scratch = Path(tempfile.mkdtemp(prefix=".worker-", dir=scratch_root))
         self.cache_dir = self.scratch / "neuron-cache"
         self.cache_dir.mkdir()
         self.log_path = self.scratch / "worker.log"
@@ -121,8 +123,11 @@ class Worker:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def close(self) -> None:
-        if self.alive():
+    def close(self, *, kill: bool = False) -> None:
+        """Let the worker finish and exit (killed after 5 s), or with `kill` stop it now."""
+        if kill:
+            self._kill()
+        elif self.alive():
             try:
                 assert self.process.stdin is not None
                 self.process.stdin.close()
@@ -183,6 +188,12 @@ class WorkerPool:
         self._workers: dict[WorkerKey, Worker] = {}
         self._locks: dict[WorkerKey, threading.Lock] = {}
         self._guard = threading.Lock()
+        self.scratch_root: Path | None = None  # None: the system's temp dir
+
+    def configure(self, *, scratch_root: Path | None) -> None:
+        """Where new workers keep their files: a build puts them under its build dir,
+        so what a killed build's workers leave is found and removed by the next."""
+        self.scratch_root = scratch_root
 
     def run(
         self, key: WorkerKey, job: dict[str, Any], *, timeout: float, unit: str
@@ -195,7 +206,7 @@ class WorkerPool:
             if worker is None or not worker.alive():
                 if worker is not None:
                     worker.close()
-                worker = self._workers[key] = Worker(key)
+                worker = self._workers[key] = Worker(key, self.scratch_root)
             try:
                 return worker.run(job, timeout=timeout, unit=unit)
             except BuildError:
@@ -204,11 +215,11 @@ class WorkerPool:
                     del self._workers[key]
                 raise
 
-    def close(self) -> None:
+    def close(self, *, kill: bool = False) -> None:
         with self._guard:
             workers, self._workers = list(self._workers.values()), {}
         for worker in workers:
-            worker.close()
+            worker.close(kill=kill)
 
 
 POOL = WorkerPool()

@@ -1,0 +1,82 @@
+"""Outputs must still be what their task wrote, or the task runs again.
+
+doit compares a task's `file_dep` with what it saw last time but never looks at
+its `targets` again: an HLO module truncated in the build dir would be handed to
+the compiler, and a damaged NEFF would be copied into the wheel. So every task
+ends with an action that records the size, times and sha256 of each file it
+wrote (directories are walked), and an `uptodate` check compares them on the
+next run. Unchanged stats are trusted, as doit trusts them for `file_dep`;
+changed stats cost one hash, and only a changed hash reruns the task.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from nkibuild.cache.key import file_sha256
+
+VALUES_KEY = "outputs"
+Fingerprint = list[Any]  # [size, mtime_ns, ctime_ns, inode, sha256]
+
+
+def record_outputs(paths: Sequence[str]) -> dict[str, dict[str, Fingerprint]]:
+    """doit action: fingerprints of the files at `paths` (directories walked)."""
+    return {VALUES_KEY: {path: _fingerprint(path) for path in output_files(paths)}}
+
+
+class OutputsIntact:
+    """doit `uptodate` check: False if a recorded output was changed, removed or added."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.paths = tuple(paths)
+        self.config = ["outputs-intact", *self.paths]  # stable, for graph fingerprints
+
+    def __call__(self, task: Any, values: dict[str, Any]) -> bool | None:
+        recorded = values.get(VALUES_KEY)
+        if not isinstance(recorded, dict):
+            return None  # nothing recorded (never ran): doit's other checks decide
+        current = output_files(self.paths)
+        if set(current) != set(recorded):
+            return False
+        return all(_unchanged(path, recorded[path]) for path in current)
+
+    def directories(self) -> list[str]:
+        return [path for path in self.paths if os.path.isdir(path)]
+
+
+def output_files(paths: Sequence[str]) -> list[str]:
+    """The files at `paths`, walking directories; hidden names (temp files) are skipped."""
+    found: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            found.extend(_walk(path))
+        elif os.path.exists(path):
+            found.append(path)
+    return found
+
+
+def _walk(directory: str) -> Iterator[str]:
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        yield from (os.path.join(root, f) for f in sorted(files) if not f.startswith("."))
+
+
+def _stat(path: str) -> list[int]:
+    info = os.stat(path)
+    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+
+
+def _fingerprint(path: str) -> Fingerprint:
+    return [*_stat(path), file_sha256(path)]
+
+
+def _unchanged(path: str, recorded: Fingerprint) -> bool:
+    try:
+        stat = _stat(path)
+    except OSError:
+        return False
+    if stat == recorded[:4]:
+        return True
+    return stat[0] == recorded[0] and file_sha256(path) == recorded[4]
