@@ -136,6 +136,11 @@ _STORAGE_HINTS = {
 }
 
 
+def describe_os_error(error: OSError) -> str:
+    refused = storage_error(error)
+    return refused.render() if refused is not None else str(error)
+
+
 def storage_error(error: OSError) -> StorageError | None:
     """The user-facing form of an OSError that says the machine refused, not that
     nkibuild has a bug; None for any other OSError (whose traceback stays)."""

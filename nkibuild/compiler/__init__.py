@@ -23,7 +23,7 @@ from nkibuild.compiler.budget import COMPILE_BUDGET, MemoryBudget
 from nkibuild.compiler.process import ProcessOutcome, run_process
 from nkibuild.errors import BuildError, tail
 from nkibuild.frontends import HloArtifact
-from nkibuild.fsutil import atomic_copy, atomic_write_text
+from nkibuild.fsutil import atomic_copy, atomic_write_text, reported_at
 from nkibuild.manifest.model import TensorSpec
 from nkibuild.plan import BuildUnit
 from nkibuild.quantities import format_size
@@ -98,6 +98,17 @@ class CompileOptions:
 
 
 def compile_unit(
+    unit: BuildUnit,
+    artifact: HloArtifact,
+    toolchain: Toolchain,
+    out_dir: Path,
+    options: CompileOptions,
+) -> CompiledNeff:
+    with reported_at(out_dir):  # a failed write (disk full) names the unit's directory
+        return _compile_unit(unit, artifact, toolchain, out_dir, options)
+
+
+def _compile_unit(
     unit: BuildUnit,
     artifact: HloArtifact,
     toolchain: Toolchain,

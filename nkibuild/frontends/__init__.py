@@ -165,6 +165,8 @@ def _produce_hlo(
         "output": str(output),
     }
     result = POOL.run(key, job, timeout=DEFAULT_TIMEOUT_S, unit=spec.name)
+    if "os_error" in result:
+        raise OSError(*result["os_error"])
     if not result["ok"]:
         raise BuildError(
             f"tracing {spec.source} failed: {result['error']}",

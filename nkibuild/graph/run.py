@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nkibuild.errors import UsageError
+from nkibuild.errors import UsageError, describe_os_error
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.graph import uptodate
 from nkibuild.graph.loader import DEP_FILE, NkibuildLoader, doit_config, to_tasks
@@ -65,7 +65,12 @@ def _run_locked(context: BuildContext, options: RunOptions, display: Display) ->
     if whole_graph and summary.ok and uptodate.stats(uptodate.sources_of(dicts)) == sources_before:
         # No input changed while doit ran, so what it saved describes the files now.
         uptodate.record(state_dir, key, uptodate.files_of(dicts, dep_file))
-    atomic_write_text(state_dir / LAST_RUN_FILE, json.dumps(summary.to_json(), indent=2))
+    try:
+        atomic_write_text(state_dir / LAST_RUN_FILE, json.dumps(summary.to_json(), indent=2))
+    except OSError as error:  # the build itself is done: report, don't lose its summary
+        summary.runtime_errors.append(
+            f"the build's record was not saved: {describe_os_error(error)}"
+        )
     return summary
 
 
@@ -108,9 +113,9 @@ def run_task_graph(
         code = DoitMain(loader, config_filenames=()).run([*argv, *options.selection])
     finally:
         sys.stdout, sys.stderr = streams
-    if DUMP_FAILURES:
-        raise DUMP_FAILURES[0]  # the build's progress was not saved: not a success
     summary = reporter.summary
+    for error in DUMP_FAILURES:  # the build's progress was not saved: not a success
+        summary.runtime_errors.append(f"doit's state was not saved: {describe_os_error(error)}")
     if code not in (0, 1) and summary.ok:
         summary.runtime_errors.append(f"doit stopped before running the tasks (exit {code})")
     return summary

@@ -13,6 +13,7 @@ that restore mtimes, so a rewrite within the same mtime tick is still seen.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -79,10 +80,12 @@ def is_proven(state_dir: Path, key: str, paths: list[str]) -> bool:
 
 
 def record(state_dir: Path, key: str, paths: list[str]) -> None:
+    """Save the proof; best effort, since without it the next build only asks doit."""
     current = stats(paths)
     if current is not None:
         stamp = {"fingerprint": key, "files": {p: list(s) for p, s in current.items()}}
-        atomic_write_text(state_dir / STAMP_FILE, json.dumps(stamp))
+        with contextlib.suppress(OSError):
+            atomic_write_text(state_dir / STAMP_FILE, json.dumps(stamp))
 
 
 def forget(state_dir: Path) -> None:

@@ -24,8 +24,6 @@ from nkibuild.toolchain.tracers import TRACERS, Job
 def run_job(job: Job) -> dict[str, Any]:
     try:
         proto, versions = TRACERS[job["frontend"]](job)
-        Path(job["output"]).write_bytes(proto)
-        return {"ok": True, "versions": versions}
     except BaseException as error:
         if isinstance(error, KeyboardInterrupt):
             raise
@@ -34,6 +32,11 @@ def run_job(job: Job) -> dict[str, Any]:
             "error": f"{type(error).__name__}: {error}",
             "traceback": traceback.format_exc(),
         }
+    try:
+        Path(job["output"]).write_bytes(proto)
+    except OSError as error:  # the machine's fault (disk full), not the kernel's
+        return {"ok": False, "os_error": [error.errno, error.strerror, job["output"]]}
+    return {"ok": True, "versions": versions}
 
 
 def serve(results: TextIO) -> None:
