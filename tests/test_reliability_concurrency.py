@@ -59,7 +59,7 @@ def test_two_projects_sharing_a_cache_build_at_once(tmp_path: Path, trials: int)
         for project in (first, second):
             cold(project)
         logs = [tmp_path / f"shared-{trial}-{n}.log" for n in (1, 2)]
-        builds = [start(p, log) for p, log in zip((first, second), logs)]
+        builds = [start(p, log) for p, log in zip((first, second), logs, strict=True)]
         codes = [build.wait(timeout=300) for build in builds]
         context = f"trial {trial}: {codes}\n" + "\n".join(log.read_text() for log in logs)
         assert codes == [0, 0], context
