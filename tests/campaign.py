@@ -160,3 +160,10 @@ def wait_for_lines(path: Path, count: int, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{path} did not reach {count} lines in {timeout} s")
         time.sleep(0.05)
+
+
+def finished_tasks(output: str, stage: str = "") -> list[str]:
+    """Tasks a build reported done ("[ 3/13] done   extract:k/v 0.0s"), of `stage` if given."""
+    lines = [line for line in output.splitlines() if " done " in line]
+    names = [line.split(" done ", 1)[1].split()[0] for line in lines]
+    return [name for name in names if name.startswith(stage)]

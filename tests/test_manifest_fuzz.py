@@ -326,6 +326,7 @@ def test_plausible_manifests(project: Path, document: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 @SLOW
 @given(document=any_document)
 def test_everything_slowly(project: Path, document: str | bytes) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from campaign import Project, record
+from campaign import Project, finished_tasks, record
 
 HLO = "build/extract/softmax/default/model.hlo_module.pb"
 NEFF = "build/compile/softmax/default/trn2/model.neff"
@@ -80,13 +80,6 @@ def built(tmp_path: Path) -> tuple[Project, bytes]:
     return project, project.wheel()
 
 
-def ran(output: str) -> set[str]:
-    """Tasks a build reported done ("[ 3/13] done   extract:k/v 0.0s")."""
-    return {
-        line.split(" done ", 1)[1].split()[0] for line in output.splitlines() if " done " in line
-    }
-
-
 @pytest.mark.parametrize(("what", "path", "task", "how"), CASES)
 def test_a_damaged_output_is_detected_and_rebuilt(
     built: tuple[Project, bytes], what: str, path: str, task: str, how: str
@@ -98,7 +91,7 @@ def test_a_damaged_output_is_detected_and_rebuilt(
     CORRUPTIONS[how](target)
     rebuilt = project.build()
     assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
-    assert task in ran(rebuilt.stdout), rebuilt.stdout
+    assert task in finished_tasks(rebuilt.stdout), rebuilt.stdout
     assert project.wheel() == reference
     record(f"damaged {what} in the build/dist dir", corruption=how, trials=1,
            result=f"detected; {task} ran again; wheel byte-identical")  # fmt: skip

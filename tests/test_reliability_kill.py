@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from campaign import Project, record, trial_counts, wait_for_no_processes
+from campaign import Project, finished_tasks, record, trial_counts, wait_for_no_processes
 
 # How each trial prepares the project, and the kill moments that can occur after it.
 AIMS = {
@@ -62,14 +62,6 @@ def disturb(project: Project, how: str) -> None:
         shutil.rmtree(root / "dist", ignore_errors=True)
     if how == "no-bundle":
         shutil.rmtree(root / "build" / "bundle", ignore_errors=True)
-
-
-def finished_tasks(output: str, stage: str = "") -> list[str]:
-    """Tasks a build reported done ("[ 3/13] done   extract:k/v 0.0s"), of `stage` if given."""
-    names = [
-        line.split(" done ", 1)[1].split()[0] for line in output.splitlines() if " done " in line
-    ]
-    return [name for name in names if name.startswith(stage)]
 
 
 def aimed(aim: str, done: list[str], compiles: int) -> bool:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 HLO_FILE = "model.hlo_module.pb"
 METADATA_FILE = "artifact.json"
 ARTIFACT_FILES = (HLO_FILE, METADATA_FILE)
+SIDECAR_DIR = "sidecars"  # files the module refers to (NKI's BIR), copied in
 WORKER_FRONTENDS = frozenset({"jax", "nkipy", "nki"})
 DEFAULT_TIMEOUT_S = 900.0
 
@@ -86,7 +87,7 @@ def extract(spec: ExtractSpec, root: Path, out_dir: Path, toolchain: Toolchain) 
 
 def _relocated(data: bytes, out_dir: Path, spec: ExtractSpec) -> tuple[bytes, list[str]]:
     """Copy files the module names by absolute path into the artifact (NKI's BIR files)."""
-    from nkibuild.frontends.relocation import SIDECAR_DIR, relocate
+    from nkibuild.frontends.relocation import relocate
 
     shutil.rmtree(out_dir / SIDECAR_DIR, ignore_errors=True)  # no stale sidecars
     try:

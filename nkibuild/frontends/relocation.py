@@ -23,11 +23,11 @@ from typing import Any
 
 from nkibuild.errors import BuildError
 from nkibuild.formats.hlo import read_hlo, rewrite_backend_configs
+from nkibuild.frontends import SIDECAR_DIR
 
 # The documented target, and the name some torch-neuronx releases reportedly use for
 # NKI kernels: both carry the same base64-JSON backend_config.
 NKI_CUSTOM_CALLS = frozenset({"AwsNeuronCustomNativeKernel", "AwsNeuronNkiKernel"})
-SIDECAR_DIR = "sidecars"
 MARKER = "nkibuild-artifact:"
 
 

@@ -185,8 +185,7 @@ def run_extract(
 
 
 def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
-    from nkibuild.frontends import ARTIFACT_FILES
-    from nkibuild.frontends.relocation import SIDECAR_DIR
+    from nkibuild.frontends import ARTIFACT_FILES, SIDECAR_DIR
 
     out_dir = context.layout.extract_path(spec)
     config, files = extract_config(context, spec), extract_files(context, spec)
