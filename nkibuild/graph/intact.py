@@ -21,46 +21,44 @@ VALUES_KEY = "outputs"
 Fingerprint = list[Any]  # [size, mtime_ns, ctime_ns, inode, sha256]
 
 
-def record_outputs(paths: Sequence[str]) -> dict[str, dict[str, Fingerprint]]:
-    """doit action: fingerprints of the files at `paths` (directories walked)."""
-    return {VALUES_KEY: {path: _fingerprint(path) for path in output_files(paths)}}
+def record_outputs(
+    files: Sequence[str], directories: Sequence[str] = ()
+) -> dict[str, dict[str, Fingerprint]]:
+    """doit action: fingerprints of the output files and of every file in `directories`."""
+    return {VALUES_KEY: {path: _fingerprint(path) for path in output_files(files, directories)}}
 
 
 class OutputsIntact:
     """doit `uptodate` check: False if a recorded output was changed, removed or added."""
 
-    def __init__(self, paths: Sequence[str]) -> None:
-        self.paths = tuple(paths)
-        self.config = ["outputs-intact", *self.paths]  # stable, for graph fingerprints
+    def __init__(self, files: Sequence[str], directories: Sequence[str] = ()) -> None:
+        self.files = tuple(files)
+        self.directories = tuple(directories)
+        self.config = ["outputs-intact", *self.files, *self.directories]  # for fingerprints
 
     def __call__(self, task: Any, values: dict[str, Any]) -> bool | None:
         recorded = values.get(VALUES_KEY)
         if not isinstance(recorded, dict):
             return None  # nothing recorded (never ran): doit's other checks decide
-        current = output_files(self.paths)
+        current = output_files(self.files, self.directories)
         if set(current) != set(recorded):
             return False
         return all(_unchanged(path, recorded[path]) for path in current)
 
-    def directories(self) -> list[str]:
-        return [path for path in self.paths if os.path.isdir(path)]
 
-
-def output_files(paths: Sequence[str]) -> list[str]:
-    """The files at `paths`, walking directories; hidden names (temp files) are skipped."""
-    found: list[str] = []
-    for path in paths:
-        if os.path.isdir(path):
-            found.extend(_walk(path))
-        elif os.path.exists(path):
-            found.append(path)
+def output_files(files: Sequence[str], directories: Sequence[str] = ()) -> list[str]:
+    """The existing `files`, and the files in `directories` (hidden names, which are
+    temp files, skipped)."""
+    found = [path for path in files if os.path.exists(path)]
+    for directory in directories:
+        found.extend(_walk(directory))
     return found
 
 
 def _walk(directory: str) -> Iterator[str]:
     for root, dirs, files in os.walk(directory):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        yield from (os.path.join(root, f) for f in sorted(files) if not f.startswith("."))
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        yield from (os.path.join(root, f) for f in files if not f.startswith("."))
 
 
 def _stat(path: str) -> list[int]:

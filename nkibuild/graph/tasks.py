@@ -190,15 +190,18 @@ def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
     out_dir = context.layout.extract_path(spec)
     config, files = extract_config(context, spec), extract_files(context, spec)
     targets = [os.path.join(out_dir, name) for name in ARTIFACT_FILES]
-    outputs = [*targets, os.path.join(out_dir, SIDECAR_DIR)]
+    sidecars = [os.path.join(out_dir, SIDECAR_DIR)]
     return {
         "basename": "extract",
         "name": spec.name,
         "doc": f"extract HLO from {spec.source} ({spec.frontend})",
-        "actions": [(run_extract, (context, spec, config, files)), (record_outputs, (outputs,))],
+        "actions": [
+            (run_extract, (context, spec, config, files)),
+            (record_outputs, (targets, sidecars)),
+        ],
         "file_dep": files,
         "targets": targets,
-        "uptodate": [config_changed(config), OutputsIntact(outputs)],
+        "uptodate": [config_changed(config), OutputsIntact(targets, sidecars)],
         "clean": True,
     }
 
@@ -316,10 +319,10 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
     return {
         "basename": "bundle",
         "doc": f"generate the {manifest.package.name} package with its loaders",
-        "actions": [(run_bundle, (context,)), (record_outputs, ([bundle_dir],))],
+        "actions": [(run_bundle, (context,)), (record_outputs, ((), [bundle_dir]))],
         "file_dep": [*compiled, *shipped],
         "targets": [os.path.join(bundle_dir, STAMP_FILE)],
-        "uptodate": [config_changed(_bundle_config(manifest)), OutputsIntact([bundle_dir])],
+        "uptodate": [config_changed(_bundle_config(manifest)), OutputsIntact((), [bundle_dir])],
         "clean": True,
     }
 

@@ -46,7 +46,7 @@ def files_of(dicts: list[dict[str, Any]], *extra: str) -> list[str]:
     for task in dicts:
         for check in task.get("uptodate", ()):
             if isinstance(check, OutputsIntact):
-                files.update(output_files(check.directories()))
+                files.update(output_files((), check.directories))
     return sorted(files)
 
 
