@@ -122,7 +122,8 @@ class StorageError(NkibuildError):
     """The machine refused a file operation: disk full, read-only, no permission."""
 
     def __init__(self, error: OSError) -> None:
-        where = f"{error.filename}: " if error.filename else ""
+        path = refused_path(error)
+        where = f"{path}: " if path else ""
         super().__init__(f"{where}{error.strerror}{_STORAGE_HINTS[error.errno]}")
 
 
@@ -134,6 +135,17 @@ _STORAGE_HINTS = {
     errno.EACCES: "",
     errno.EPERM: "",
 }
+
+
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+
+
+def refused_path(error: OSError) -> str | None:
+    """The file the machine refused: for a copy (two filenames) that failed to write,
+    the destination, not the source that shutil names first."""
+    if error.filename2 is not None and error.errno in _WRITE_ERRNOS:
+        return str(error.filename2)
+    return None if error.filename is None else str(error.filename)
 
 
 def describe_os_error(error: OSError) -> str:

@@ -10,6 +10,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from nkibuild.errors import refused_path
+
 # Names of the temp files and dirs nkibuild writes through; a killed writer leaves them.
 LEFTOVER_PATTERNS = (".*.tmp", ".*.new", ".*.old-*", ".work-*", ".worker-*")
 
@@ -54,7 +56,8 @@ def reported_at(path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        if error.filename is None or str(error.filename).startswith(temp_prefix):
+        refused = refused_path(error)
+        if refused is None or refused.startswith(temp_prefix):
             raise OSError(error.errno, error.strerror, str(path)) from error
         raise
 

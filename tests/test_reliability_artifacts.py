@@ -50,6 +50,7 @@ CORRUPTIONS: dict[str, Callable[[Path], None]] = {
     "flipped-byte": flip_a_byte,
     "appended": append,
 }
+CAMPAIGN = [pytest.mark.slow, pytest.mark.campaign]
 # (what, path, the task that must run again); the fast run takes one corruption each.
 ARTIFACTS = [
     ("HLO module", HLO, "extract:softmax/default"),
@@ -65,7 +66,7 @@ CASES = [
     pytest.param(
         what, path, task, how,
         id=f"{what}-{how}",
-        marks=[] if FAST[what] == how else [pytest.mark.slow, pytest.mark.campaign],
+        marks=[] if FAST[what] == how else CAMPAIGN,
     )
     for what, path, task in ARTIFACTS
     for how in CORRUPTIONS
@@ -97,8 +98,20 @@ def test_a_damaged_output_is_detected_and_rebuilt(
            result=f"detected; {task} ran again; wheel byte-identical")  # fmt: skip
 
 
-@pytest.mark.parametrize("how", ["truncated", "garbage", "flipped-byte"])
-@pytest.mark.parametrize("member", ["model.neff", "entry.json"])
+CACHE_CASES = [
+    pytest.param(member, how, id=f"{member}-{how}", marks=[] if fast else CAMPAIGN)
+    for member, how, fast in [
+        ("model.neff", "flipped-byte", True),
+        ("model.neff", "truncated", False),
+        ("model.neff", "garbage", False),
+        ("entry.json", "garbage", True),
+        ("entry.json", "truncated", False),
+        ("entry.json", "flipped-byte", False),
+    ]
+]
+
+
+@pytest.mark.parametrize(("member", "how"), CACHE_CASES)
 def test_a_corrupt_cache_entry_is_discarded_and_recompiled(
     built: tuple[Project, bytes], member: str, how: str
 ) -> None:
