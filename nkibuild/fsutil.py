@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from nkibuild.errors import refused_path
+from nkibuild.errors import refused_path, storage_error
 
 # Names of the temp files and dirs nkibuild writes through; a killed writer leaves them.
 LEFTOVER_PATTERNS = (".*.tmp", ".*.new", ".*.old-*", ".work-*", ".worker-*")
@@ -50,12 +50,15 @@ def atomic_output(path: Path, *, durable: bool = True) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def reported_at(path: Path) -> Iterator[None]:
-    """Name `path` in an OSError about one of its temp files (or about no file at all):
-    "dist/x.whl: No space left on device" says what could not be written."""
+    """Name `path` in a storage error (disk full, read-only) about one of its temp files
+    or about no file at all: "dist/x.whl: No space left on device" says what could not
+    be written."""
     temp_prefix = str(path.parent / f".{path.name}.")  # atomic_output's and staging_dir's
     try:
         yield
     except OSError as error:
+        if storage_error(error) is None:
+            raise  # not the disk's refusal: keep the error as it is
         refused = refused_path(error)
         if refused is None or refused.startswith(temp_prefix):
             raise OSError(error.errno, error.strerror, str(path)) from error

@@ -37,6 +37,14 @@ def project(tmp_path: Path) -> Project:
 
 
 @pytest.fixture
+def out(tmp_path: Path) -> Path:
+    """Where a script in the namespace leaves what the test reads (its tmpfs vanishes)."""
+    directory = tmp_path / "out"
+    directory.mkdir()
+    return directory
+
+
+@pytest.fixture
 def reference(tmp_path: Path) -> bytes:
     clean = Project.copy_of_examples(tmp_path / "clean")
     assert clean.build().returncode == 0
@@ -84,10 +92,8 @@ BUILD_DIR_SIZES = [pytest.param(40 * KIB, id="40k"), pytest.param(200 * KIB, id=
 
 @pytest.mark.parametrize("size", BUILD_DIR_SIZES)
 def test_full_build_dir_fails_cleanly_and_the_rerun_recovers(
-    project: Project, reference: bytes, tmp_path: Path, size: int
+    project: Project, reference: bytes, out: Path, size: int
 ) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
     result = in_namespace(
         project,
         tmpfs("build", size)
@@ -119,9 +125,7 @@ def test_full_build_dir_fails_cleanly_and_the_rerun_recovers(
     )
 
 
-def test_full_dist_dir_leaves_no_partial_wheel(project: Project, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
+def test_full_dist_dir_leaves_no_partial_wheel(project: Project, out: Path) -> None:
     result = in_namespace(
         project,
         tmpfs("dist", 8 * KIB)
@@ -138,10 +142,8 @@ def test_full_dist_dir_leaves_no_partial_wheel(project: Project, tmp_path: Path)
 
 @pytest.mark.parametrize("trials", trial_counts(fast=1, full=5))
 def test_full_cache_only_costs_the_cache(
-    project: Project, reference: bytes, tmp_path: Path, trials: int
+    project: Project, reference: bytes, out: Path, trials: int
 ) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
     for trial in range(trials):
         result = in_namespace(
             project,
@@ -169,10 +171,8 @@ def test_full_cache_only_costs_the_cache(
 
 
 def test_read_only_cache_only_costs_the_cache(
-    project: Project, reference: bytes, tmp_path: Path
+    project: Project, reference: bytes, out: Path
 ) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
     result = in_namespace(
         project,
         read_only(str(project.cache)) + f"$NKIBUILD > {out}/build.log 2>&1\n",
@@ -185,11 +185,7 @@ def test_read_only_cache_only_costs_the_cache(
 
 
 @pytest.mark.parametrize("directory", ["build", "dist"])
-def test_read_only_output_dir_fails_cleanly(
-    project: Project, tmp_path: Path, directory: str
-) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
+def test_read_only_output_dir_fails_cleanly(project: Project, out: Path, directory: str) -> None:
     result = in_namespace(
         project,
         read_only(directory) + f"rc=0; $NKIBUILD > {out}/log 2>&1 || rc=$?; echo $rc > {out}/rc\n",

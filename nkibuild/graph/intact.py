@@ -11,6 +11,7 @@ changed stats cost one hash, and only a changed hash reruns the task.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -29,7 +30,16 @@ def record_outputs(
 
 
 class OutputsIntact:
-    """doit `uptodate` check: False if a recorded output was changed, removed or added."""
+    """doit `uptodate` check: False if a recorded output was changed or removed."""
+
+    # doit inspects every check's signature for each task; computing it for an
+    # instance costs more than the check itself in a 1,000-unit no-op build.
+    __signature__ = inspect.Signature(
+        [
+            inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            for name in ("task", "values")
+        ]
+    )
 
     def __init__(self, files: Sequence[str], directories: Sequence[str] = ()) -> None:
         self.files = tuple(files)
@@ -40,10 +50,9 @@ class OutputsIntact:
         recorded = values.get(VALUES_KEY)
         if not isinstance(recorded, dict):
             return None  # nothing recorded (never ran): doit's other checks decide
-        current = output_files(self.files, self.directories)
-        if set(current) != set(recorded):
-            return False
-        return all(_unchanged(path, recorded[path]) for path in current)
+        # A file added to an output directory is ignored: nothing reads what its task
+        # did not write (the wheel packs only the files bundle.json lists).
+        return all(_unchanged(path, fingerprint) for path, fingerprint in recorded.items())
 
 
 def output_files(files: Sequence[str], directories: Sequence[str] = ()) -> list[str]:

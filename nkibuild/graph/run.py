@@ -57,7 +57,7 @@ def _run_locked(context: BuildContext, options: RunOptions, display: Display) ->
     dep_file = str(state_dir / DEP_FILE)
     if whole_graph:
         key = uptodate.fingerprint(dicts)
-        if uptodate.is_proven(state_dir, key, uptodate.files_of(dicts, dep_file)):
+        if uptodate.is_proven(state_dir, key, lambda: uptodate.files_of(dicts, dep_file)):
             return _report_all_up_to_date(dicts, display)
     uptodate.forget(state_dir)
     sources_before = uptodate.stats(uptodate.sources_of(dicts))

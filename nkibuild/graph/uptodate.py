@@ -17,7 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -68,14 +68,16 @@ def stats(paths: Iterable[str]) -> dict[str, Stat] | None:
     return result
 
 
-def is_proven(state_dir: Path, key: str, paths: list[str]) -> bool:
+def is_proven(state_dir: Path, key: str, paths: Callable[[], list[str]]) -> bool:
+    """Whether the recorded proof holds for `key` and the files `paths()` lists
+    (called only if there is a proof: listing walks the output directories)."""
     try:
         stamp = json.loads((state_dir / STAMP_FILE).read_text())
     except (OSError, ValueError):
         return False
     if stamp.get("fingerprint") != key:
         return False
-    current = stats(paths)
+    current = stats(paths())
     return current is not None and {p: list(s) for p, s in current.items()} == stamp.get("files")
 
 
