@@ -25,7 +25,7 @@ from campaign import Project, finished_tasks, record, trial_counts, wait_for_no_
 AIMS = {
     "cold": ("any", "extract", "compile", "bundle", "wheel"),  # no cache: compiles, publishes
     "no-build-dir": ("any", "extract", "compile", "bundle", "wheel"),  # NEFFs from the cache
-    "no-bundle": ("any", "bundle", "wheel"),
+    "no-bundle": ("any", "wheel"),  # nothing to compile: "bundle" would wait for compiles
     "none": ("any",),  # a no-op build: killed while checking
 }
 

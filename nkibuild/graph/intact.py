@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from nkibuild.cache.key import file_sha256
 
 VALUES_KEY = "outputs"
 Fingerprint = list[Any]  # [size, mtime_ns, ctime_ns, inode, sha256]
+
+
+def outputs_checked(
+    files: Sequence[str], directories: Sequence[str] = ()
+) -> tuple[tuple[Callable[..., Any], tuple[Any, ...]], OutputsIntact]:
+    """For a task: the last action, which records its outputs, and the `uptodate`
+    check that compares them (both over the same files and directories)."""
+    return (record_outputs, (files, directories)), OutputsIntact(files, directories)
 
 
 def record_outputs(

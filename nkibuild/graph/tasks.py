@@ -21,7 +21,7 @@ from doit.tools import config_changed
 
 from nkibuild import __version__
 from nkibuild.errors import NkibuildError, storage_error
-from nkibuild.graph.intact import OutputsIntact, record_outputs
+from nkibuild.graph.intact import outputs_checked
 from nkibuild.manifest.model import Kernel, Manifest
 from nkibuild.plan import BuildUnit, ExtractSpec, extract_specs
 from nkibuild.settings import BuildOptions, BuildSettings
@@ -190,18 +190,15 @@ def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
     out_dir = context.layout.extract_path(spec)
     config, files = extract_config(context, spec), extract_files(context, spec)
     targets = [os.path.join(out_dir, name) for name in ARTIFACT_FILES]
-    sidecars = [os.path.join(out_dir, SIDECAR_DIR)]
+    record, intact = outputs_checked(targets, [os.path.join(out_dir, SIDECAR_DIR)])
     return {
         "basename": "extract",
         "name": spec.name,
         "doc": f"extract HLO from {spec.source} ({spec.frontend})",
-        "actions": [
-            (run_extract, (context, spec, config, files)),
-            (record_outputs, (targets, sidecars)),
-        ],
+        "actions": [(run_extract, (context, spec, config, files)), record],
         "file_dep": files,
         "targets": targets,
-        "uptodate": [config_changed(config), OutputsIntact(targets, sidecars)],
+        "uptodate": [config_changed(config), intact],
         "clean": True,
     }
 
@@ -257,14 +254,15 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
         "neuron_cc_flags": toolchain.neuron_cc_flags,
     }
     targets = [os.path.join(out_dir, name) for name in COMPILE_OUTPUTS]
+    record, intact = outputs_checked(targets)
     return {
         "basename": "compile",
         "name": unit.name,
         "doc": f"compile {unit.name} with neuronx-cc",
-        "actions": [(run_compile, (context, unit)), (record_outputs, (targets,))],
+        "actions": [(run_compile, (context, unit)), record],
         "file_dep": [os.path.join(extract_dir, name) for name in ARTIFACT_FILES],
         "targets": targets,
-        "uptodate": [config_changed(config), OutputsIntact(targets)],
+        "uptodate": [config_changed(config), intact],
         "clean": True,
     }
 
@@ -316,13 +314,14 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
 
     shipped = sorted({_path(manifest.root / path) for path in shipped_files(manifest)})
     bundle_dir = _path(context.layout.bundle_dir(manifest))
+    record, intact = outputs_checked((), [bundle_dir])
     return {
         "basename": "bundle",
         "doc": f"generate the {manifest.package.name} package with its loaders",
-        "actions": [(run_bundle, (context,)), (record_outputs, ((), [bundle_dir]))],
+        "actions": [(run_bundle, (context,)), record],
         "file_dep": [*compiled, *shipped],
         "targets": [os.path.join(bundle_dir, STAMP_FILE)],
-        "uptodate": [config_changed(_bundle_config(manifest)), OutputsIntact((), [bundle_dir])],
+        "uptodate": [config_changed(_bundle_config(manifest)), intact],
         "clean": True,
     }
 
@@ -344,15 +343,13 @@ def _wheel_task(context: BuildContext) -> dict[str, Any]:
     packages = distributions(manifest)
     dist_dir = context.layout.dist_dir
     wheels = [_path(dist_dir / wheel_file_name(p)) for p in packages]
+    record, intact = outputs_checked(wheels)
     return {
         "basename": "wheel",
-        "doc": f"pack {manifest.package.name} into a wheel in {context.layout.dist_dir}",
-        "actions": [
-            (run_wheel, (bundle_dir, context.layout.dist_dir)),
-            (record_outputs, (wheels,)),
-        ],
+        "doc": f"pack {manifest.package.name} into a wheel in {dist_dir}",
+        "actions": [(run_wheel, (bundle_dir, dist_dir)), record],
         "file_dep": [_path(bundle_dir / STAMP_FILE)],
         "targets": wheels,
-        "uptodate": [OutputsIntact(wheels)],
+        "uptodate": [intact],
         "clean": True,
     }
