@@ -141,3 +141,30 @@ def test_a_corrupt_hlo_input_is_a_clear_error(tmp_path: Path, how: str) -> None:
     assert "Traceback" not in result.stdout + result.stderr
     assert "softmax/default: the HLO module is not valid" in result.stderr, result.stderr
     assert (project.root / "build" / "compile" / "scaled_add").exists()  # the rest went on
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-wheel", "split-targets"])
+def test_the_bundle_refuses_a_neff_changed_after_its_compile(
+    example_project: Path, tmp_path: Path, split: bool
+) -> None:
+    """Behind the outputs check: even handed a stale compile record, no wheel gets the NEFF."""
+    from helpers import build
+
+    from nkibuild.bundle import generate_bundle
+    from nkibuild.compiler import load_result
+    from nkibuild.errors import BuildError
+    from nkibuild.manifest import load_manifest
+
+    if split:
+        manifest_path = example_project / "nkibuild.yaml"
+        text = manifest_path.read_text().replace(
+            "  license: Apache-2.0\n", "  license: Apache-2.0\n  split-targets: true\n"
+        )
+        manifest_path.write_text(text)
+    assert build(example_project).ok
+    manifest = load_manifest(example_project / "nkibuild.yaml")
+    compiled = [load_result(d) for d in sorted((example_project / "build/compile").glob("*/*/*"))]
+    flip_a_byte(compiled[-1].neff_path)
+    with pytest.raises(BuildError, match="changed after it was compiled"):
+        generate_bundle(manifest, compiled, tmp_path / "bundle")
+    assert not (tmp_path / "bundle").exists()

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from nkibuild import __version__
 from nkibuild.bundle import codegen
-from nkibuild.cache.key import file_sha256
 from nkibuild.compiler import CompiledNeff
 from nkibuild.errors import BuildError
 from nkibuild.fsutil import staging_dir
@@ -91,20 +90,17 @@ def generate_bundle(
             (pkg / "_kernels" / f"{kernel.name}.py").write_text(code)
         _copy_modules(manifest, pkg, REFERENCE_PACKAGE, _references(manifest))
         _copy_modules(manifest, pkg, SOURCES_PACKAGE, _shipped_sources(manifest))
+        copies = {}
         for neff in compiled:
             home = _neff_home(manifest, neff.target)
-            root = stage / _part_dir(home) if home != package.import_name else stage
-            destination = root / home / _neff_path(neff)
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(neff.neff_path, destination)
-            if file_sha256(destination) != neff.sha256:
-                raise BuildError(
-                    f"{neff.neff_path} changed after it was compiled (its sha256 differs from "
-                    "the compile record); run the build again to restore it",
-                    unit=neff.unit,
-                )
+            root = _part_dir(home) + "/" if home != package.import_name else ""
+            relative = f"{root}{home}/{_neff_path(neff)}"
+            copies[relative] = neff
+            (stage / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(neff.neff_path, stage / relative)
         parts = [_write_part(stage, package, target) for target in split_targets(manifest)]
         files = _hash_tree(stage, exclude=PARTS_DIR)
+        _check_copies(copies, dict(files), parts)
         stamp = {
             "package": vars(package),
             "files": dict(files),
@@ -113,6 +109,23 @@ def generate_bundle(
         }
         (stage / STAMP_FILE).write_text(json.dumps(stamp, indent=2, sort_keys=True))
     return load_bundle(out_dir)
+
+
+def _check_copies(
+    copies: dict[str, CompiledNeff], files: dict[str, str], parts: list[dict]
+) -> None:
+    """Each copied NEFF must be the one its compile recorded: a NEFF edited in the
+    build dir since must not reach a wheel. Uses the hashes the stamp records anyway."""
+    hashed = {**files}
+    for part in parts:
+        hashed.update({f"{part['directory']}/{name}": sha for name, sha in part["files"].items()})
+    for relative, neff in copies.items():
+        if hashed[relative] != neff.sha256:
+            raise BuildError(
+                f"{neff.neff_path} changed after it was compiled (its sha256 differs from "
+                "the compile record); run the build again to restore it",
+                unit=neff.unit,
+            )
 
 
 def load_bundle(directory: Path) -> BundleProject:
