@@ -1,9 +1,17 @@
-"""Progress output: a rich live view on terminals, plain lines for logs and CI."""
+"""Progress output: a rich live view on terminals, plain lines for logs and CI.
+
+Both displays write to the stream they were given (default: `sys.stdout` as it is
+when the display is made), never to whatever `sys.stdout` is later: doit's
+PythonAction swaps the global `sys.stdout`/`sys.stderr` for capture objects while
+actions run, and with `-j N` those swaps overlap the reporter's calls from other
+threads, so output sent to "the current sys.stdout" lands in some action's capture.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import TextIO
 
 from nkibuild.graph.report import BuildSummary, TaskOutcome
@@ -37,10 +45,12 @@ def summary_line(summary: BuildSummary) -> str:
 class PlainDisplay:
     """One line per finished task; up-to-date tasks are counted, not listed."""
 
-    def __init__(self, stream: TextIO = sys.stdout) -> None:
-        self.stream = stream
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stdout
         self.total = 0
         self.finished = 0
+        # doit's thread runner reports from its worker threads too: keep each line whole.
+        self._lock = threading.Lock()
 
     def start(self, tasks: int) -> None:
         self.total = tasks
@@ -49,27 +59,33 @@ class PlainDisplay:
         pass
 
     def task_finished(self, outcome: TaskOutcome) -> None:
-        self.finished += 1
-        if outcome.status == "up-to-date":
-            return
+        with self._lock:
+            self.finished += 1
+            if outcome.status != "up-to-date":
+                self._write(self._line(outcome))
+
+    def finish(self, summary: BuildSummary) -> None:
+        with self._lock:
+            self._write(summary_line(summary) + "\n")
+
+    def _line(self, outcome: TaskOutcome) -> str:
         width = len(str(self.total))
         detail = f" ({outcome.detail})" if outcome.detail and outcome.status == "done" else ""
-        self.stream.write(
+        line = (
             f"[{self.finished:>{width}}/{self.total}] {outcome.status:<6} {outcome.name}"
             f" {outcome.seconds:.1f}s{detail}\n"
         )
-        for notice in outcome.notices:
-            self.stream.write(f"    warning: {notice}\n")
-        self.stream.flush()
+        return line + "".join(f"    warning: {notice}\n" for notice in outcome.notices)
 
-    def finish(self, summary: BuildSummary) -> None:
-        self.stream.write(summary_line(summary) + "\n")
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
 
 
 class RichDisplay:
     """A progress bar with the running tasks, then the same summary line."""
 
-    def __init__(self) -> None:
+    def __init__(self, stream: TextIO | None = None) -> None:
         from rich.console import Console
         from rich.progress import (
             BarColumn,
@@ -79,7 +95,9 @@ class RichDisplay:
             TimeElapsedColumn,
         )
 
-        self.console = Console()
+        # file= pins the console to this stream; without it rich resolves sys.stdout
+        # on every print, which is an action's capture object half of the time.
+        self.console = Console(file=stream if stream is not None else sys.stdout)
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -90,19 +108,23 @@ class RichDisplay:
         )
         self.bar = self.progress.add_task("building", total=0)
         self.running: dict[str, float] = {}
+        # task_started comes from doit's worker threads, task_finished from its main one.
+        self._lock = threading.Lock()
 
     def start(self, tasks: int) -> None:
         self.progress.update(self.bar, total=tasks)
         self.progress.start()
 
     def task_started(self, name: str) -> None:
-        self.running[name] = 0.0
-        self._describe()
+        with self._lock:
+            self.running[name] = 0.0
+            self._describe()
 
     def task_finished(self, outcome: TaskOutcome) -> None:
-        self.running.pop(outcome.name, None)
-        self.progress.advance(self.bar)
-        self._describe()
+        with self._lock:
+            self.running.pop(outcome.name, None)
+            self.progress.advance(self.bar)
+            self._describe()
         from rich.markup import escape
 
         if outcome.status == "done":
