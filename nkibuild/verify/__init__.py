@@ -4,8 +4,9 @@ The bundle (a built project's `build/bundle/<dist>/` or a wheel, unpacked) runs 
 fresh interpreter through `runner.py`, on deterministic sample inputs, in the
 requested mode; its reference runs on the same inputs. Checks: the reference's
 outputs have the NEFFs' shapes and dtypes; the mode's results are within the
-kernel's tolerance of the reference; and nothing regressed against the baseline
-(numeric error, spike benchmark time) that the first verify recorded.
+kernel's tolerance of the reference; for a project, each kernel's own source run on
+the CPU agrees with its reference (`sources.py`); and nothing regressed against the
+baseline (numeric error, spike benchmark time) that the first verify recorded.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nkibuild.errors import BuildError, UsageError
 from nkibuild.fsutil import atomic_write_text
+
+if TYPE_CHECKING:
+    from nkibuild.verify.sources import ProjectSources
 
 RUNNER = Path(__file__).with_name("runner.py")
 FAKE_RUNTIME = Path(__file__).resolve().parents[1] / "testing" / "fake_runtime"  # spike
@@ -39,6 +43,7 @@ class BundleUnderTest:
     paths: tuple[Path, ...]  # the directories to import it (and its NEFF parts) from
     info: dict[str, Any]  # its _build.json
     baseline: Path
+    sources: ProjectSources | None = None  # a project's kernel sources; None for a wheel
 
 
 @dataclass
@@ -48,29 +53,41 @@ class Check:
     mode: str  # "reference", "neuron", "simulate", or "neuron (double, trn2)"
     problems: list[str] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None  # why nothing was compared: neither a pass nor a failure
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def status(self) -> str:
+        return "failed" if self.problems else "skipped" if self.skipped else "ok"
+
     def to_json(self) -> dict[str, Any]:
+        skipped = {"skipped": self.skipped} if self.skipped else {}
         return {
             "kernel": self.kernel,
             "variant": self.variant,
             "mode": self.mode,
             "ok": self.ok,
+            "status": self.status,
             "problems": self.problems,
+            **skipped,
             **self.figures,
         }
 
 
-def bundle_of_project(bundle_dir: Path, state_dir: Path) -> BundleUnderTest:
+def bundle_of_project(
+    bundle_dir: Path, state_dir: Path, sources: ProjectSources | None = None
+) -> BundleUnderTest:
+    """A project's built bundle; with `sources`, its kernels are also run from source."""
     from nkibuild.bundle import load_bundle
 
     project = load_bundle(bundle_dir)
     paths = (bundle_dir, *(part.directory for part in project.parts))
     baseline = state_dir / "verify-baseline.json"
-    return BundleUnderTest(project.package.import_name, paths, project.build_info, baseline)
+    package = project.package.import_name
+    return BundleUnderTest(package, paths, project.build_info, baseline, sources)
 
 
 def bundle_of_wheel(wheel: Path, scratch: Path) -> BundleUnderTest:
@@ -99,12 +116,28 @@ def verify(
             env = {"NKIBUILD_TARGET": target}
             results = _run(bundle, "neuron", env, extra_path=[FAKE_RUNTIME])
             checks += _judge(bundle, "neuron", results, f" (toolchain double, {target})")
+    checks += _source_checks(bundle, with_double)
     baseline = _read_baseline(bundle.baseline)
     if not update_baseline:
         _compare_with_baseline(checks, baseline)
     if all(c.ok for c in checks):
         _record_baseline(bundle.baseline, baseline, checks, replace=update_baseline)
     return checks
+
+
+def _source_checks(bundle: BundleUnderTest, with_double: bool) -> list[Check]:
+    """Each kernel's own source against its reference (a wheel has no source: skipped)."""
+    from dataclasses import replace
+
+    from nkibuild.verify.sources import source_checks, wheel_source_checks
+
+    if bundle.sources is None:
+        return wheel_source_checks(bundle.info)
+    if not with_double:
+        return source_checks(bundle.sources)
+    # The double's nki.simulate really executes NKI kernels (on NumPy).
+    sources = replace(bundle.sources, extra_path=(FAKE_FRONTENDS,))
+    return source_checks(sources, " (toolchain double's nki)")
 
 
 def _record_baseline(

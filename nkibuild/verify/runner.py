@@ -4,15 +4,24 @@ Executed as a script (`python runner.py REQUEST.json`), so it needs only NumPy a
 bundle, never nkibuild: what it measures is the bundle as users get it. Prints one
 JSON document: per kernel and variant, the reference's outputs' signature, the error
 of the requested mode against the reference, and timings.
+
+`python runner.py --sources REQUEST.json` instead runs a project's kernels from their
+own source on the CPU (JAX under jax.jit, nkipy as the NumPy functions they are, NKI
+under nki.simulate where it is installed) on the same sample inputs, and compares
+each with its reference. It is started in a fresh interpreter per project, with the
+project root first on sys.path, and writes its JSON document to the request's
+`output` file, so whatever user code prints cannot garble it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -147,5 +156,192 @@ def main(request_path: str) -> None:
     )
 
 
+# ---------------------------------------------------------------------------
+# `--sources`: a project's kernels run from their own source on the CPU.
+# ---------------------------------------------------------------------------
+
+_USER_MODULES: dict[str, Any] = {}
+# What user code may raise and still fail only its own kernel (sys.exit included).
+USER_ERRORS = (Exception, SystemExit)
+
+
+def load_user_function(root: str, where: dict[str, str]) -> Any:
+    """Import `function` from the file `path` (relative to the project root `root`)."""
+    path = where["path"]
+    module = _USER_MODULES.get(path)
+    if module is None:
+        # One module per file, however many kernels it holds; the digest keeps
+        # `a/b_c.py` and `a_b/c.py` apart.
+        digest = hashlib.sha256(path.encode()).hexdigest()[:8]
+        stem = "_".join(Path(path).with_suffix("").parts)
+        name = f"nkibuild_user_{''.join(c if c.isalnum() else '_' for c in stem)}_{digest}"
+        spec = importlib.util.spec_from_file_location(name, Path(root, path))
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        _USER_MODULES[path] = module
+    try:
+        return getattr(module, where["function"])
+    except AttributeError:
+        raise AttributeError(f"{path} defines no function {where['function']!r}") from None
+
+
+def freeze(value: Any) -> Any:
+    """JSON lists back to tuples, as the manifest had them (JAX static args must hash)."""
+    return tuple(freeze(item) for item in value) if isinstance(value, list) else value
+
+
+def nki_simulate() -> tuple[Any, str | None]:
+    """`nki.simulate`, or None and why it is not available in this interpreter."""
+    try:
+        nki = importlib.import_module("nki")
+    except USER_ERRORS as error:
+        return None, f"the `nki` package is not importable here ({type(error).__name__})"
+    simulate = getattr(nki, "simulate", None)
+    if simulate is None:
+        return None, "this `nki` package has no nki.simulate"
+    return simulate, None
+
+
+def why_not_runnable(kernel: dict[str, Any]) -> str | None:
+    """Why a kernel's source cannot be compared with its reference on the CPU, if so."""
+    frontend = kernel["frontend"]
+    if frontend == "hlo":
+        return "not runnable on the CPU: an hlo kernel is a prebuilt module, not source code"
+    if frontend == "nki":
+        _, missing = nki_simulate()
+        if missing:
+            return f"not runnable on the CPU: an nki kernel needs nki.simulate, and {missing}"
+    if kernel["reference"] is None:
+        if frontend == "nkipy":
+            return "no reference: an nkipy kernel without one is its own reference"
+        return "no reference to compare with (the manifest sets no `reference:`)"
+    return None
+
+
+def kernel_call(frontend: str, function: Any, constants: dict[str, Any]) -> Any:
+    """A callable running the kernel's own source on NumPy inputs, on the CPU."""
+    if frontend == "jax":
+        import jax
+
+        # As the tracer lowers it: constants are static arguments.
+        jitted = jax.jit(function, static_argnames=tuple(constants))
+        return lambda arrays: jitted(*arrays, **constants)
+    if frontend == "nki":
+        simulate, _ = nki_simulate()
+        return lambda arrays: simulate(function)(*arrays, **constants)
+    return lambda arrays: function(*arrays, **constants)  # nkipy kernels are NumPy code
+
+
+def as_outputs(result: Any) -> tuple[np.ndarray, ...]:
+    """A kernel's result as a tuple of NumPy arrays (JAX may return a list)."""
+    items = result if isinstance(result, (tuple, list)) else (result,)
+    return tuple(np.asarray(item) for item in items)
+
+
+def output_errors(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    """Largest absolute and relative difference of one output; a NaN on one side only
+    counts as infinitely far."""
+    got64, want64 = got.astype(np.float64), want.astype(np.float64)
+    both_nan = np.isnan(got64) & np.isnan(want64)
+    difference = np.where(both_nan, 0.0, np.abs(got64 - want64))
+    difference = np.nan_to_num(difference, nan=np.inf, posinf=np.inf)
+    relative = difference / np.maximum(np.abs(np.nan_to_num(want64)), np.finfo(np.float64).tiny)
+    return float(difference.max(initial=0.0)), float(relative.max(initial=0.0))
+
+
+def compare_outputs(
+    result: tuple[np.ndarray, ...],
+    expected: tuple[np.ndarray, ...],
+    tolerance: dict[str, float | None],
+) -> dict[str, Any]:
+    """Per output: errors, the tolerance applied and whether it holds."""
+    record: dict[str, Any] = {
+        "kernel_outputs": signature(result),
+        "reference_outputs": signature(expected),
+    }
+    if record["kernel_outputs"] != record["reference_outputs"]:
+        return record  # nothing to compare element by element
+    outputs = []
+    for got, want in zip(result, expected, strict=True):
+        limits = _tolerance(want, tolerance)
+        abs_error, rel_error = output_errors(got, want)
+        close = np.allclose(
+            got.astype(np.float64), want.astype(np.float64), equal_nan=True, **limits
+        )
+        figures = {"max_abs_error": abs_error, "max_rel_error": rel_error}
+        outputs.append({**figures, "within": bool(close), **limits})
+    record["outputs"] = outputs
+    record["max_abs_error"] = max((o["max_abs_error"] for o in outputs), default=0.0)
+    record["max_rel_error"] = max((o["max_rel_error"] for o in outputs), default=0.0)
+    record["within_tolerance"] = all(o["within"] for o in outputs)
+    return record
+
+
+def _failure(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def check_source_variant(
+    kernel: dict[str, Any], variant: dict[str, Any], call: Any, reference: Any
+) -> dict[str, Any]:
+    name, specs = kernel["name"], variant["inputs"]
+    constants = {key: freeze(value) for key, value in kernel["constants"]}
+    record: dict[str, Any] = {"kernel": name, "variant": variant["name"]}
+    # Fresh arrays for each call: a function that writes into its inputs must not
+    # change what the other one sees.
+    try:
+        expected = as_outputs(reference(*sample_inputs(name, variant["name"], specs), **constants))
+    except USER_ERRORS as error:
+        return {**record, "error": f"the reference raised {_failure(error)}"}
+    try:
+        started = time.perf_counter()
+        result = as_outputs(call(sample_inputs(name, variant["name"], specs)))
+        record["seconds"] = time.perf_counter() - started
+    except USER_ERRORS as error:
+        return {**record, "error": f"the kernel raised {_failure(error)}"}
+    return {**record, **compare_outputs(result, expected, kernel["tolerance"])}
+
+
+def check_kernel_source(root: str, kernel: dict[str, Any]) -> list[dict[str, Any]]:
+    """One record per variant: compared, skipped (with the reason) or an error."""
+    names = [variant["name"] for variant in kernel["variants"]]
+    reason = why_not_runnable(kernel)
+    if reason is not None:
+        return [{"kernel": kernel["name"], "variant": v, "skipped": reason} for v in names]
+    constants = {key: freeze(value) for key, value in kernel["constants"]}
+    loaded: dict[str, Any] = {}
+    for role in ("source", "reference"):
+        try:
+            loaded[role] = load_user_function(root, kernel[role])
+        except USER_ERRORS as error:
+            what = "the kernel" if role == "source" else "the reference"
+            problem = f"cannot load {what} {kernel[role]['path']}: {_failure(error)}"
+            return [{"kernel": kernel["name"], "variant": v, "error": problem} for v in names]
+    call = kernel_call(kernel["frontend"], loaded["source"], constants)
+    return [
+        check_source_variant(kernel, variant, call, loaded["reference"])
+        for variant in kernel["variants"]
+    ]
+
+
+def main_sources(request_path: str) -> None:
+    with open(request_path, encoding="utf-8") as handle:
+        request = json.load(handle)
+    root = request["root"]
+    if root not in sys.path:
+        sys.path.insert(0, root)  # so kernel files can import their siblings
+    results = [
+        record for kernel in request["kernels"] for record in check_kernel_source(root, kernel)
+    ]
+    with open(request["output"], "w", encoding="utf-8") as handle:
+        json.dump({"results": results}, handle)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--sources":
+        main_sources(sys.argv[2])
+    else:
+        main(sys.argv[1])

@@ -1,0 +1,190 @@
+"""Kernel against reference, from the project's own source, on the CPU.
+
+The bundle's checks compare a mode with the reference; with placeholder NEFFs (the
+toolchain double) or off Trainium that mode falls back to the reference itself, so a
+kernel whose body disagrees with its reference would pass. This check runs the
+kernel's own source where the CPU can: JAX kernels under `jax.jit` (constants static,
+as they were traced), nkipy kernels as the NumPy functions they are, NKI kernels under
+`nki.simulate` when it is installed. hlo kernels (and NKI kernels without a
+simulator) are reported as skipped, never as passed.
+
+User code runs in `runner.py --sources`, in a fresh interpreter per project (the
+frontends' interpreter), with the project root first on sys.path: never in the
+nkibuild process, and never sharing a module with another project.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nkibuild.errors import BuildError
+from nkibuild.manifest.model import Kernel, Manifest, SourceRef, TensorSpec
+from nkibuild.verify import RUNNER, VERIFY_TIMEOUT_S, Check
+
+# How each frontend's source runs on the CPU (a check's `mode`).
+MODES = {
+    "jax": "jax kernel on the CPU",
+    "nkipy": "nkipy kernel on the CPU",
+    "nki": "nki kernel under nki.simulate",
+    "hlo": "hlo kernel on the CPU",
+}
+NOT_IN_WHEEL = (
+    "a wheel holds no kernel source to run: run `nkibuild verify` in the kernel's project "
+    "to compare the kernel itself with its reference on the CPU"
+)
+
+
+@dataclass(frozen=True)
+class ProjectSources:
+    """What the source check needs of a project."""
+
+    root: Path  # the manifest's directory: kernel paths are relative to it
+    kernels: tuple[Kernel, ...]
+    python: str  # the interpreter the frontends run in (it has jax)
+    extra_path: tuple[Path, ...] = ()  # e.g. the toolchain double's nki, before the project
+
+
+def project_sources(manifest: Manifest, python: str) -> ProjectSources:
+    return ProjectSources(manifest.root, manifest.kernels, python)
+
+
+def source_checks(sources: ProjectSources, nki_label: str = "") -> list[Check]:
+    """One check per kernel and variant: compared, skipped (with why) or failed.
+    `nki_label` says whose nki.simulate ran the NKI kernels."""
+    by_name = {kernel.name: kernel for kernel in sources.kernels}
+    checks = []
+    for result in run_sources(sources):
+        kernel = by_name[result["kernel"]]
+        label = nki_label if kernel.frontend == "nki" else ""
+        check = Check(kernel.name, result["variant"], MODES[kernel.frontend] + label)
+        _judge(kernel, result, check)
+        checks.append(check)
+    return checks
+
+
+def wheel_source_checks(info: dict[str, Any]) -> list[Check]:
+    """For a bare wheel: every kernel and variant, skipped, saying why."""
+    checks = []
+    for name, kernel in sorted(info["kernels"].items()):
+        for variant in kernel["variants"]:
+            check = Check(name, variant, MODES.get(kernel["frontend"], "kernel on the CPU"))
+            check.skipped = NOT_IN_WHEEL
+            checks.append(check)
+    return checks
+
+
+def source_request(sources: ProjectSources) -> dict[str, Any]:
+    return {"root": str(sources.root), "kernels": [_kernel_job(k) for k in sources.kernels]}
+
+
+def _kernel_job(kernel: Kernel) -> dict[str, Any]:
+    return {
+        "name": kernel.name,
+        "frontend": kernel.frontend,
+        "source": _where(kernel.source),
+        "reference": _where(kernel.reference) if kernel.reference else None,
+        "constants": [[name, value] for name, value in kernel.constants],
+        "variants": [{"name": v.name, "inputs": _specs(v.inputs)} for v in kernel.variants],
+        "tolerance": {"rtol": kernel.tolerance.rtol, "atol": kernel.tolerance.atol},
+    }
+
+
+def _specs(inputs: Sequence[TensorSpec]) -> list[dict[str, Any]]:
+    # The same specs runner.py's bundle check derives, so the samples are the same.
+    return [{"shape": list(t.shape), "dtype": t.dtype} for t in inputs]
+
+
+def _where(ref: SourceRef) -> dict[str, str | None]:
+    return {"path": ref.path, "function": ref.function}
+
+
+def run_sources(sources: ProjectSources) -> list[dict[str, Any]]:
+    """Run the check in a fresh interpreter; its JSON answer, one record per variant."""
+    with tempfile.TemporaryDirectory(prefix="nkibuild-verify-") as scratch:
+        request = {**source_request(sources), "output": str(Path(scratch) / "results.json")}
+        request_file = Path(scratch) / "request.json"
+        request_file.write_text(json.dumps(request))
+        path = os.pathsep.join(map(str, (*sources.extra_path, sources.root)))
+        command = [sources.python, "-c", _BOOTSTRAP, path, str(RUNNER), "--sources"]
+        proc = subprocess.run(
+            [*command, str(request_file)],
+            capture_output=True,
+            text=True,
+            cwd=sources.root,
+            env=_environment(),
+            timeout=VERIFY_TIMEOUT_S,
+            check=False,
+        )
+        answer = Path(request["output"])
+        if proc.returncode != 0 or not answer.is_file():
+            raise BuildError(
+                f"running the kernels of {sources.root} on the CPU failed "
+                f"(exit {proc.returncode}; a kernel or reference may have ended the process)",
+                log_tail=(proc.stdout + proc.stderr)[-4000:],
+            )
+        return json.loads(answer.read_text())["results"]
+
+
+def _environment() -> dict[str, str]:
+    # The check is about the CPU: JAX must not pick up a Neuron (or GPU) plugin.
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+# `-c` puts the working directory first on sys.path; replace it by the project root
+# (and anything before it), so the runner's own directory never shadows user modules.
+_BOOTSTRAP = (
+    "import os, runpy, sys; "
+    "path, runner = sys.argv[1], sys.argv[2]; "
+    "sys.path[:1] = path.split(os.pathsep); "
+    "sys.argv = [runner, *sys.argv[3:]]; "
+    "runpy.run_path(runner, run_name='__main__')"
+)
+
+
+def _judge(kernel: Kernel, result: dict[str, Any], check: Check) -> None:
+    if "skipped" in result:
+        check.skipped = result["skipped"]
+    elif "error" in result:
+        check.problems.append(result["error"])
+    elif result["kernel_outputs"] != result["reference_outputs"]:
+        check.problems.append(
+            f"the {kernel.frontend} kernel returns {_signature(result['kernel_outputs'])} "
+            f"but its reference ({kernel.reference}) returns "
+            f"{_signature(result['reference_outputs'])}"
+        )
+    else:
+        check.figures["max_abs_error"] = result["max_abs_error"]
+        check.figures["max_rel_error"] = result["max_rel_error"]
+        if not result["within_tolerance"]:
+            check.problems.append(_disagreement(kernel, result))
+
+
+def _disagreement(kernel: Kernel, result: dict[str, Any]) -> str:
+    """Names the first output beyond tolerance, its errors and the tolerance applied."""
+    index, worst = next((i, o) for i, o in enumerate(result["outputs"]) if not o["within"])
+    several = len(result["outputs"]) > 1
+    output = result["kernel_outputs"][index]
+    which = f"output {index} " if several else ""
+    given = kernel.tolerance
+    source = (
+        "the kernel's `tolerance`"
+        if given.rtol is not None or given.atol is not None
+        else f"the default for {output['dtype']}; set `tolerance:` in the manifest to change it"
+    )
+    return (
+        f"the {kernel.frontend} kernel disagrees with its reference ({kernel.reference}): "
+        f"{which}{_signature([output])} max abs error {worst['max_abs_error']:.3g}, "
+        f"max rel error {worst['max_rel_error']:.3g}, beyond rtol {worst['rtol']:.3g}, "
+        f"atol {worst['atol']:.3g} ({source})"
+    )
+
+
+def _signature(outputs: Sequence[dict[str, Any]]) -> str:
+    return ", ".join(f"{o['dtype']}[{','.join(map(str, o['shape']))}]" for o in outputs)
