@@ -171,6 +171,17 @@ def test_defaults_are_filled_in(example_project: Path) -> None:
     assert kernel.targets is None
     assert kernel.reference is None
     assert [(v.name, v.inputs) for v in kernel.variants] == [("default", kernel.inputs)]
+    assert manifest.verify is False
+
+
+def test_verify_is_a_top_level_boolean(example_project: Path) -> None:
+    assert load_manifest(write(example_project, "verify: true\n" + kernel_doc())).verify is True
+    found = problem(write(example_project, "verify: 1\n" + kernel_doc()))
+    assert (found.message, found.json_path, at(found)) == (
+        "wrong type: got a number (1)",
+        "$.verify",
+        (1, 9),
+    )
 
 
 @pytest.mark.parametrize(

@@ -101,6 +101,7 @@ def _manifest(doc: YamlDocument, path: Path, sha256: str) -> Manifest:
             remote=data.get("cache", {}).get("remote"),
             read_only=data.get("cache", {}).get("read-only", False),
         ),
+        verify=data.get("verify", False),
         sha256=sha256,
     )
 

@@ -130,6 +130,7 @@ class Manifest:
     kernels: tuple[Kernel, ...]
     compiler_path: Path | None = None  # absolute; None: search for neuronx-cc
     cache: CacheSettings = CacheSettings()
+    verify: bool = False  # run verify's kernel-vs-reference check after the bundle
     sha256: str = field(default="", compare=False)  # of the manifest bytes
 
     @property
