@@ -105,6 +105,7 @@ def _built_bundle(args: argparse.Namespace) -> BundleUnderTest | None:
     from nkibuild.cli.display import PlainDisplay
     from nkibuild.graph.run import RunOptions, run_build
     from nkibuild.verify import bundle_of_project
+    from nkibuild.verify.sources import project_sources
 
     context = _context(args)
     summary = run_build(context, RunOptions(selection=("bundle",)), PlainDisplay(sys.stderr))
@@ -113,16 +114,18 @@ def _built_bundle(args: argparse.Namespace) -> BundleUnderTest | None:
     if not summary.ok:
         return None
     layout = context.layout
-    return bundle_of_project(layout.bundle_dir(context.manifest), layout.state_dir)
+    # The project's kernel sources too: verify runs them on the CPU against their references.
+    sources = project_sources(context.manifest, context.toolchain.python)
+    return bundle_of_project(layout.bundle_dir(context.manifest), layout.state_dir, sources)
 
 
 def _print_checks(checks: list[Check], baseline: Path) -> None:
     for check in checks:
         figures = check.figures
-        detail = figures.get("note") or (
-            f"max abs error {figures['max_abs_error']:.3g}" if "max_abs_error" in figures else ""
-        )
-        status = "ok" if check.ok else "FAILED"
+        measured = figures.get("max_abs_error")
+        error = f"max abs error {measured:.3g}" if measured is not None else ""
+        detail = check.skipped or figures.get("note") or error
+        status = "FAILED" if not check.ok else check.status  # ok, or skipped: not a pass
         print(
             f"{check.kernel}/{check.variant} [{check.mode}]: {status}"
             + (f" ({detail})" if detail else "")
@@ -131,6 +134,8 @@ def _print_checks(checks: list[Check], baseline: Path) -> None:
             print(f"    {problem}")
     failed = sum(not c.ok for c in checks)
     verdict = "all ok" if not failed else f"{failed} failed"
+    skipped = sum(c.status == "skipped" for c in checks)
+    verdict += f" ({skipped} skipped: nothing compared)" if skipped else ""
     print(f"{len(checks)} checks: {verdict}; baseline: {baseline}")
 
 

@@ -69,10 +69,12 @@ def source_checks(sources: ProjectSources, nki_label: str = "") -> list[Check]:
     return checks
 
 
-def wheel_source_checks(info: dict[str, Any]) -> list[Check]:
+def wheel_source_checks(info: Any) -> list[Check]:
     """For a bare wheel: every kernel and variant, skipped, saying why."""
+    # `_build.json` as a typed BuildInfo or as its parsed JSON: the same keys either way.
+    document = info.to_json() if hasattr(info, "to_json") else info
     checks = []
-    for name, kernel in sorted(info["kernels"].items()):
+    for name, kernel in sorted(document["kernels"].items()):
         for variant in kernel["variants"]:
             check = Check(name, variant, MODES.get(kernel["frontend"], "kernel on the CPU"))
             check.skipped = NOT_IN_WHEEL

@@ -1,0 +1,157 @@
+"""The opt-in `verify` build step: manifest `verify: true` adds it after `bundle`.
+
+It runs what verify can check at build time, on any machine: each kernel's own
+source on the CPU against its reference (`sources.py`), and the bundle's reference
+against the NEFFs' output signatures. A disagreement fails the task, so the build
+fails (exit 1). The task sits before `wheel` in the graph, so a build without
+`--keep-going` run serially stops before packing the wheel; with `--keep-going`
+(or when `-j` runs `wheel` alongside it) the wheel is still written, and the build
+still fails. The checks are written to `build/verify/checks.json`.
+
+No baselines here: those belong to `nkibuild verify`, which a user runs on purpose.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nkibuild.context import BuildContext
+    from nkibuild.manifest.model import Kernel, Manifest
+    from nkibuild.verify import Check
+
+REPORT = Path("verify") / "checks.json"  # under the build dir
+
+
+def verify_task(context: BuildContext) -> dict[str, Any] | None:
+    """The doit task dict of the verify step, or None when the manifest does not ask for it."""
+    manifest = context.manifest
+    if not manifest.verify:
+        return None
+    from doit.tools import config_changed
+
+    from nkibuild.bundle import STAMP_FILE
+
+    stamp = os.path.join(context.layout.bundle_dir(manifest), STAMP_FILE)
+    return {
+        "basename": "verify",
+        "doc": "run each kernel's source on the CPU against its reference, and the "
+        "bundle's reference against its NEFFs",
+        "actions": [(run_verify, (context,))],
+        # The bundle's stamp orders this task after `bundle` (doit links it to its target).
+        "file_dep": [stamp, *_source_files(manifest)],
+        "targets": [str(context.layout.build_dir / REPORT)],
+        "uptodate": [config_changed(_config(context))],
+        "clean": True,
+    }
+
+
+def _config(context: BuildContext) -> dict[str, Any]:
+    """Everything besides files that decides the checks' outcome."""
+    from nkibuild import __version__
+    from nkibuild.verify import RUNNER
+
+    return {
+        "kernels": [_kernel_config(kernel) for kernel in context.manifest.kernels],
+        "python": context.toolchain.python,  # its jax decides the JAX kernels' results
+        "runner": hashlib.sha256(RUNNER.read_bytes()).hexdigest(),
+        "nkibuild": __version__,
+    }
+
+
+def _kernel_config(kernel: Kernel) -> dict[str, Any]:
+    return {
+        "name": kernel.name,
+        "frontend": kernel.frontend,
+        "source": str(kernel.source),
+        "reference": str(kernel.reference) if kernel.reference else None,
+        "constants": [[name, value] for name, value in kernel.constants],
+        "variants": {v.name: [t.to_json() for t in v.inputs] for v in kernel.variants},
+        "tolerance": [kernel.tolerance.rtol, kernel.tolerance.atol],
+    }
+
+
+def _source_files(manifest: Manifest) -> list[str]:
+    """Kernel and reference files and the kernels' `deps` globs, absolute and sorted."""
+    root = manifest.root
+    found = set()
+    for kernel in manifest.kernels:
+        refs = [kernel.source, *([kernel.reference] if kernel.reference else [])]
+        found.update(os.path.abspath(root / ref.path) for ref in refs)
+        found.update(_globbed(root, kernel.deps))
+    return sorted(found)
+
+
+def _globbed(root: Path, patterns: Sequence[str]) -> set[str]:
+    return {
+        os.path.abspath(match)
+        for pattern in patterns
+        for match in glob.glob(str(root / pattern), recursive=True)
+        if os.path.isfile(match)
+    }
+
+
+def run_verify(context: BuildContext) -> Any:
+    """doit action: the checks; a TaskFailed naming every disagreement, else a summary."""
+    from doit.exceptions import TaskFailed
+
+    from nkibuild.errors import NkibuildError
+
+    try:
+        checks = build_checks(context)
+    except NkibuildError as error:  # e.g. user code ended the checking process
+        return TaskFailed(error.render())
+    _write_report(context.layout.build_dir / REPORT, checks)
+    failed = [check for check in checks if not check.ok]
+    if failed:
+        return TaskFailed(_failures(failed, len(checks)))
+    return {"origin": _summary(checks), "notices": _skip_notices(checks)}
+
+
+def build_checks(context: BuildContext) -> list[Check]:
+    from nkibuild.verify import bundle_checks, bundle_of_project
+    from nkibuild.verify.sources import project_sources, source_checks
+
+    manifest, layout = context.manifest, context.layout
+    checks = source_checks(project_sources(manifest, context.toolchain.python))
+    bundle = bundle_of_project(layout.bundle_dir(manifest), layout.state_dir)
+    return checks + bundle_checks(bundle, "reference")
+
+
+def _write_report(path: Path, checks: list[Check]) -> None:
+    from nkibuild.fsutil import atomic_write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps([check.to_json() for check in checks], indent=2))
+
+
+def _failures(failed: list[Check], total: int) -> str:
+    lines = [f"verify: {len(failed)} of {total} checks failed"]
+    for check in failed:
+        where = f"{check.kernel}/{check.variant} [{check.mode}]"
+        lines.extend(f"  {where}: {problem}" for problem in check.problems)
+    return "\n".join(lines)
+
+
+def _summary(checks: list[Check]) -> str:
+    passed = sum(check.status == "ok" for check in checks)
+    skipped = sum(check.status == "skipped" for check in checks)
+    return f"{passed} checks passed" + (f", {skipped} skipped" if skipped else "")
+
+
+def _skip_notices(checks: list[Check]) -> list[str]:
+    """One line per kernel and reason (not per variant): what was not checked, and why."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for check in checks:
+        if check.skipped:
+            seen.setdefault((check.kernel, check.skipped), []).append(check.variant)
+    return [
+        f"{kernel} ({', '.join(variants)}) skipped: {reason}"
+        for (kernel, reason), variants in seen.items()
+    ]
