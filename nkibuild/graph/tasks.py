@@ -77,10 +77,14 @@ class BuildContext:
 
 def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
     """All tasks of a build as doit task dicts (each with `basename` and, for subtasks, `name`)."""
+    from nkibuild.verify.task import verify_task
+
+    verify = verify_task(context)  # opt-in (`verify: true`); listed before the wheel
     return [
         *(_extract_task(context, spec) for spec in extract_specs(context.units)),
         *(_compile_task(context, unit) for unit in context.units),
         _bundle_task(context),
+        *([verify] if verify else []),
         _wheel_task(context),
     ]
 
