@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nkibuild.formats.hlo import build_hlo_module
+from nkibuild.testing.hlo_writer import build_hlo_module
 
 PROJECTS = 50
 TARGETS = ("trn1", "trn2", "trn3")

@@ -1,4 +1,12 @@
-"""Tensor element types: manifest names, NumPy names and HLO PrimitiveType numbers."""
+"""Tensor element types: manifest names, NumPy names, HLO PrimitiveType numbers and how a
+NEFF stores each one.
+
+A NEFF (its tensor maps and `neff.json` signature) has no fp8 or boolean element types:
+neuronx-cc records fp8 tensors as `int8` and `bool` tensors as `uint8` (spike's own
+`spike_model.py` says so: fp8 "are currently as int8 in NEFF"). A check that compares an
+HLO signature with the NEFF compiled from it must therefore compare through
+`compatible_in_neff`, not by equal names.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +15,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DType:
-    name: str  # manifest / NumPy spelling
+    name: str  # manifest / NumPy (ml_dtypes) spelling
     hlo_type: int  # xla PrimitiveType enum value
-    neff_name: str  # spelling in NEFF tensor maps and spike metadata
+    neff_name: str  # how a NEFF compiled by neuronx-cc stores it (tensor maps, neff.json)
 
 
 _DTYPES = (
-    DType("bool", 1, "bool"),
+    DType("bool", 1, "uint8"),
     DType("int8", 2, "int8"),
     DType("int16", 3, "int16"),
     DType("int32", 4, "int32"),
@@ -26,8 +34,10 @@ _DTYPES = (
     DType("float32", 11, "float32"),
     DType("float64", 12, "float64"),
     DType("bfloat16", 16, "bfloat16"),
-    DType("float8_e5m2", 19, "float8_e5m2"),
-    DType("float8_e4m3fn", 20, "float8_e4m3fn"),
+    DType("float8_e5m2", 19, "int8"),
+    DType("float8_e4m3fn", 20, "int8"),
+    # xla F8E4M3 (IEEE-style, with infinities): what nkipy traces ml_dtypes.float8_e4m3 as.
+    DType("float8_e4m3", 28, "int8"),
 )
 
 BY_NAME: dict[str, DType] = {d.name: d for d in _DTYPES}
@@ -39,3 +49,17 @@ def hlo_type_name(hlo_type: int) -> str:
     """Manifest spelling of an HLO element type, or a descriptive placeholder."""
     dtype = BY_HLO_TYPE.get(hlo_type)
     return dtype.name if dtype else f"hlo-type-{hlo_type}"
+
+
+def neff_storage_dtype(dtype: str) -> str:
+    """The dtype a real NEFF records for a tensor declared as `dtype` (fp8 -> int8,
+    bool -> uint8, the others unchanged; an unknown name is returned as it is)."""
+    known = BY_NAME.get(dtype)
+    return known.neff_name if known else dtype
+
+
+def compatible_in_neff(declared: str, stored: str) -> bool:
+    """Whether a NEFF tensor stored as `stored` can be the tensor declared as `declared`
+    (in the HLO or the manifest): the same name, or the storage type neuronx-cc uses for
+    it. Older placeholder NEFFs spell fp8 and bool by their own names, which also passes."""
+    return stored == declared or stored == neff_storage_dtype(declared)

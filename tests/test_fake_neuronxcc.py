@@ -18,6 +18,7 @@ import pytest
 
 from nkibuild.formats.neff import NeffFormatError, NeffInfo, NeffTensor, read_neff
 from nkibuild.testing.fake_neuronxcc import FAKE_COMPILER_VERSION
+from nkibuild.testing.hlo_writer import build_hlo_module
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_PREFIXES = ("NKIBUILD_FAKE_CC_", "NEURON_CC_FLAGS")
@@ -311,3 +312,22 @@ def test_cpu_and_memory_use(tmp_path: Path, hlo_path: Path) -> None:
     assert time.perf_counter() - start >= 0.4
     assert usage.ru_utime + usage.ru_stime >= 0.3
     assert usage.ru_maxrss * 1024 >= 96 * 2**20  # ru_maxrss is in KiB on Linux
+
+
+def test_fp8_and_bool_are_stored_as_neuronx_cc_stores_them(tmp_path: Path) -> None:
+    # neuronx-cc records fp8 tensors as int8 and bool as uint8 in the NEFF.
+    hlo = tmp_path / "fp8.pb"
+    hlo.write_bytes(
+        build_hlo_module(
+            "fp8",
+            [("q", "float8_e4m3", (8,)), ("r", "float8_e5m2", (8,)), ("m", "bool", (8,))],
+            [("float8_e4m3", (8,)), ("bool", (8,)), ("float32", (8,))],
+        )
+    )
+    info = compile_ok(hlo, tmp_path)
+    assert [(t.name, t.dtype) for t in info.inputs] == [
+        ("q", "int8"),
+        ("r", "int8"),
+        ("m", "uint8"),
+    ]
+    assert [t.dtype for t in info.outputs] == ["int8", "uint8", "float32"]

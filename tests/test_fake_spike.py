@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from nkibuild.formats.hlo import build_hlo_module
-from nkibuild.formats.neff import NeffTensor, write_neff
+from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.testing.neff_writer import NeffTensor, write_neff
 
 FAKE_RUNTIME = Path(__file__).resolve().parents[1] / "nkibuild" / "testing" / "fake_runtime"
 

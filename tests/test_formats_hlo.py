@@ -14,6 +14,8 @@ from nkibuild.formats.hlo import (
     HloFormatError,
     HloModuleInfo,
     HloShape,
+    canonical_module,
+    portable_source_file,
     read_hlo,
     read_hlo_file,
 )
@@ -274,3 +276,69 @@ def test_file_errors_name_the_file(tmp_path: Path, matmul_pb: bytes) -> None:
         read_hlo_file(bad)
     with pytest.raises(HloFormatError, match=r"missing\.pb"):
         read_hlo_file(tmp_path / "missing.pb")
+
+
+def test_float8_e4m3_is_element_type_28() -> None:
+    # What the real nkipy traces ml_dtypes.float8_e4m3 as (xla F8E4M3).
+    pb = _module(
+        _instruction(1, "parameter", _shape(28, 8), name="q", parameter_number=0), root_id=1
+    )
+    (parameter,) = read_hlo(pb).parameters
+    assert (parameter.shape.dtype, BY_NAME["float8_e4m3"].hlo_type) == ("float8_e4m3", 28)
+
+
+# --- canonical_module: portable source paths -------------------------------------------------
+
+
+def _metadata(source_file: str, line: int) -> bytes:
+    """OpMetadata: op_type=1, op_name=2, source_file=3, source_line=4 (xla_data.proto)."""
+    return _field(1, "NKIPy_Op") + _field(3, source_file) + _field(4, line)
+
+
+def _traced(root: str, helper: str = "/usr/lib/python3/site-packages/nkipy/ops.py") -> bytes:
+    """A module shaped like the real nkipy's: absolute paths in every op's metadata."""
+    param = _instruction(1, "parameter", _shape(F32, 4), name="x", parameter_number=0)
+    add = _instruction(2, "add", _shape(F32, 4), name="op0") + _field(
+        7, _metadata(f"{root}/kernels/k.py", 3)
+    )
+    other = _instruction(3, "multiply", _shape(F32, 4), name="op1") + _field(
+        7, _metadata(helper, 10)
+    )
+    relative = _instruction(4, "negate", _shape(F32, 4), name="op2") + _field(
+        7, _metadata("kernels/rel.py", 5)
+    )
+    # Field 68 (frontend_attributes) is not in nkibuild's schema subset: it must survive.
+    attributes = _field(68, _field(1, _field(1, "neff_input_names") + _field(2, "x")))
+    return _field(5, 41) + _module(param + attributes, add, other, relative, root_id=4)
+
+
+def test_canonical_module_makes_source_paths_portable() -> None:
+    first = canonical_module(_traced("/home/ann/proj"), root="/home/ann/proj")
+    second = canonical_module(_traced("/srv/ci/checkout-2"), root="/srv/ci/checkout-2/")
+    assert first == second  # same kernel, two checkouts: the same bytes (and cache key)
+    assert b"/home/ann" not in first and b"site-packages" not in first
+    for kept in (b"kernels/k.py", b"ops.py", b"kernels/rel.py", b"NKIPy_Op", b"neff_input_names"):
+        assert kept in first
+    assert read_hlo(first).parameters == read_hlo(_traced("/x")).parameters
+
+
+def test_canonical_module_keeps_paths_without_a_root() -> None:
+    plain = canonical_module(_traced("/home/ann/proj"))
+    assert b"/home/ann/proj/kernels/k.py" in plain
+    assert plain != canonical_module(_traced("/srv/ci/checkout-2"))
+    # The module id is cleared either way (JAX numbers its lowerings).
+    assert all(number != 5 for number, _, _ in top_level_fields(plain))
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/p/root/kernels/k.py", "kernels/k.py"),
+        ("/p/rootless/k.py", "k.py"),  # a sibling sharing the prefix is not under root
+        ("/elsewhere/k.py", "k.py"),
+        ("kernels/k.py", "kernels/k.py"),
+        ("<string>", "<string>"),
+    ],
+)
+def test_portable_source_file(path: str, expected: str) -> None:
+    assert portable_source_file(path, "/p/root") == expected

@@ -1,5 +1,6 @@
-"""nkibuild.formats.neff: the writer against an independent parse, the reader against
-hand-assembled and broken containers."""
+"""nkibuild.formats.neff: the reader against a NEFF from a real neuronx-cc (golden), against
+hand-assembled and broken containers; the toolchain double's writer against an
+independent parse."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nkibuild.formats.neff import NeffFormatError, NeffInfo, NeffTensor, read_neff, write_neff
+from nkibuild.dtypes import compatible_in_neff
+from nkibuild.formats.neff import NeffFormatError, NeffInfo, NeffTensor, read_neff
+from nkibuild.testing.neff_writer import write_neff
+
+# A NEFF compiled by a real neuronx-cc 2.23 (../shared/testdata/neff/README.md).
+GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "testdata" / "neff" / "matmul_small.neff"
 
 INPUTS = (NeffTensor("x", "float16", (128, 256)), NeffTensor("y", "float16", (256, 128)))
 OUTPUTS = (NeffTensor("output0", "float16", (128, 128)), NeffTensor("output1", "bfloat16", ()))
@@ -50,7 +56,12 @@ def md5_words(payload: bytes) -> tuple[int, ...]:
 
 
 def assemble(
-    members: dict[str, bytes], *, build: bytes = b"2.23.6484.0", compress: bool = True
+    members: dict[str, bytes],
+    *,
+    build: bytes = b"2.23.6484.0",
+    compress: bool = True,
+    md5: tuple[int, ...] | None = None,
+    packaging: int = 2,
 ) -> bytes:
     tar_buffer = io.BytesIO()
     with tarfile.open(fileobj=tar_buffer, mode="w") as tar:
@@ -60,9 +71,9 @@ def assemble(
             tar.addfile(info, io.BytesIO(data))
     payload = gzip.compress(tar_buffer.getvalue()) if compress else tar_buffer.getvalue()
     header = (
-        struct.pack("<5Q", 2, 1024, len(payload), 1, 0)
+        struct.pack("<5Q", packaging, 1024, len(payload), 2, 0)
         + build.ljust(128, b"\0")
-        + struct.pack("<I4I", 1, *md5_words(payload))
+        + struct.pack("<I4I", 1, *(md5_words(payload) if md5 is None else md5))
         + bytes(16)
         + uuid.UUID(int=7).bytes
         + b"file.neff".ljust(256, b"\0")
@@ -244,11 +255,13 @@ def test_each_placeholder_marker_is_detected(members: dict[str, bytes], build: b
 @pytest.mark.parametrize(
     ("members", "message"),
     [
-        (real_like_members(**{"neff.json": None}), "no member neff.json"),
         (real_like_members(**{"info.json": None}), "no member info.json"),
         (real_like_members(**{"sg00/tensor_map.json": None}), "sg00/tensor_map.json"),
         (real_like_members(**{"kelf-0.json": {"graphs": []}}), "no subgraphs"),
-        (real_like_members(**{"neff.json": {"metadata": {}}}), "signatures"),
+        (
+            real_like_members(**{"neff.json": None, "sg00/tensor_map.json": None}),
+            "no tensor map",
+        ),
         (real_like_members(**{"info.json": [1, 2]}), "not a JSON object"),
         ({**real_like_members(), "neff.json": b"{not json"}, "not valid JSON"),
         (
@@ -268,7 +281,7 @@ def test_each_placeholder_marker_is_detected(members: dict[str, bytes], build: b
             "shape",
         ),
     ],
-    ids=["neff", "info", "tensor-map", "graphs", "signature", "not-object", "json", "shape"],
+    ids=["info", "tensor-map", "graphs", "no-map-at-all", "not-object", "json", "shape"],
 )
 def test_bad_members_are_format_errors(members: dict[str, bytes], message: str) -> None:
     with pytest.raises(NeffFormatError, match=message):
@@ -351,3 +364,116 @@ def test_file_errors_name_the_file(tmp_path: Path, neff_bytes: bytes) -> None:
         read_neff(tmp_path / "absent.neff")
     path.write_bytes(neff_bytes)
     assert isinstance(read_neff(str(path)), NeffInfo)
+
+
+# --- a NEFF from a real neuronx-cc ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def golden() -> bytes:
+    if not GOLDEN.is_file():
+        pytest.skip(f"{GOLDEN} is absent (real NEFF samples live in ../shared/testdata/neff)")
+    return GOLDEN.read_bytes()
+
+
+def test_golden_neff_from_a_real_compiler(golden: bytes) -> None:
+    info = read_neff(golden)  # verifies the checksum: a mismatch would raise
+    assert info.compiler_version == "2.23.6484.0+3b612583"
+    assert (info.packaging_version, info.format_version) == (2, (2, 0))
+    assert (info.checksum, info.checksum_ok, info.warnings) == ("ok", True, ())
+    assert info.subgraphs == ("sg00", "sg01")
+    assert info.num_tpb == 1  # two subgraphs, one core: subgraphs do not count cores
+    assert info.inputs == (
+        NeffTensor("x", "float16", (128, 256)),
+        NeffTensor("y", "float16", (256, 128)),
+    )
+    assert info.outputs == (NeffTensor("output0", "float16", (128, 128)),)
+    assert not info.placeholder
+    assert info.name == "file.neff" and info.payload_size == len(golden) - 1024
+
+
+def test_golden_neff_bytes_at_documented_offsets(golden: bytes) -> None:
+    # Independently of the reader: the checksum layout and header fields of a real file.
+    assert struct.unpack_from("<4I", golden, 172) == md5_words(golden[1024:])
+    assert struct.unpack_from("<5Q", golden) == (2, 1024, len(golden) - 1024, 2, 0)
+    assert struct.unpack_from("<I", golden, 168) == (1,)
+
+
+# --- tolerance for NEFF layouts the reader has not seen -----------------------------------
+
+
+def test_inputs_fall_back_to_the_tensor_map_without_a_signature() -> None:
+    tensor_map = {
+        "input10": {"kind": "input", "dtype": "int8", "tf_shape": [3], "is_const": False},
+        "output0": {"kind": "output", "dtype": "float32", "tf_shape": [2], "is_const": False},
+        "input2": {"kind": "input", "dtype": "float32", "tf_shape": [2], "is_const": False},
+        "w": {"kind": "input", "dtype": "float32", "tf_shape": [9], "is_const": True},
+        "named": {"kind": "input", "dtype": "uint8", "tf_shape": [1], "is_const": False},
+    }
+    for neff_json in (None, {"metadata": {}}, {"nodes": []}):
+        members = real_like_members(**{"neff.json": neff_json, "sg00/tensor_map.json": tensor_map})
+        info = read_neff(assemble(members))
+        assert [(t.name, t.dtype, t.shape) for t in info.inputs] == [
+            ("input2", "float32", (2,)),
+            ("input10", "int8", (3,)),
+            ("named", "uint8", (1,)),
+        ]
+        (warning,) = info.warnings
+        assert "neff.json" in warning and "tensor map" in warning
+
+
+def test_subgraphs_under_an_sglnk_prefix() -> None:
+    members = real_like_members()
+    members = {
+        (f"sgLnk/{name}" if name.startswith("sg00/") else name): data
+        for name, data in members.items()
+    }
+    members["kelf-0.json"] = json.dumps({"graphs": [{"name": "sgLnk/sg00"}]}).encode()
+    info = read_neff(assemble(members))
+    assert info.subgraphs == ("sg00",)
+    assert [t.name for t in info.outputs] == ["output2", "output10"]
+    # kelf entries without names: the subgraph directories present, prefix or not.
+    members["kelf-0.json"] = json.dumps({"graphs": [{"definition": "x"}]}).encode()
+    assert read_neff(assemble(members)).subgraphs == ("sg00",)
+
+
+@pytest.mark.parametrize(
+    ("md5", "packaging", "reason"),
+    [((0, 0, 0, 0), 2, "MD5 field is empty"), ((1, 2, 3, 4), 3, "packaging version 3")],
+    ids=["empty-field", "unknown-packaging"],
+)
+def test_a_checksum_that_cannot_be_verified_is_a_warning(
+    md5: tuple[int, ...], packaging: int, reason: str
+) -> None:
+    info = read_neff(assemble(real_like_members(), md5=md5, packaging=packaging))
+    assert (info.checksum, info.checksum_ok) == ("unverified", True)
+    (warning,) = info.warnings
+    assert "checksum not verified" in warning and reason in warning
+    assert [t.name for t in info.inputs] == ["x", "y"]
+
+
+def test_a_documented_checksum_that_differs_is_still_a_mismatch() -> None:
+    data = assemble(real_like_members(), md5=(1, 2, 3, 4))
+    with pytest.raises(NeffFormatError, match="MD5"):
+        read_neff(data)
+    info = read_neff(data, verify_checksum=False)
+    assert (info.checksum, info.checksum_ok, info.warnings) == ("mismatch", False, ())
+
+
+# --- dtypes as neuronx-cc stores them -------------------------------------------------------
+
+
+def test_the_double_stores_fp8_as_int8_and_bool_as_uint8(tmp_path: Path) -> None:
+    declared = {"q": "float8_e4m3", "r": "float8_e5m2", "s": "float8_e4m3fn", "m": "bool"}
+    data = write(
+        tmp_path / "fp8.neff",
+        inputs=[NeffTensor(name, dtype, (4,)) for name, dtype in declared.items()],
+        outputs=[NeffTensor("output0", "bool", (4,))],
+    )
+    info = read_neff(data)
+    stored = {t.name: t.dtype for t in (*info.inputs, *info.outputs)}
+    assert stored == {"q": "int8", "r": "int8", "s": "int8", "m": "uint8", "output0": "uint8"}
+    assert all(compatible_in_neff(declared[name], stored[name]) for name in declared)
+    with tarfile.open(fileobj=io.BytesIO(data[1024:]), mode="r:gz") as tar:
+        tensor_map = json.load(tar.extractfile("sg00/tensor_map.json"))  # type: ignore[arg-type]
+    assert tensor_map["q"]["dtype"] == "int8" and tensor_map["m"]["dtype"] == "uint8"

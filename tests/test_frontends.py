@@ -16,7 +16,7 @@ from helpers import build, write_project
 
 from nkibuild.compiler import CompileOptions, compile_unit
 from nkibuild.errors import BuildError
-from nkibuild.formats.hlo import build_hlo_module, read_hlo
+from nkibuild.formats.hlo import read_hlo
 from nkibuild.frontends import load_artifact
 from nkibuild.frontends.harvest import DumpedModule, choose_kernel_module, find_modules
 from nkibuild.frontends.relocation import (
@@ -29,6 +29,7 @@ from nkibuild.frontends.relocation import (
 )
 from nkibuild.manifest import load_manifest
 from nkibuild.plan import resolve
+from nkibuild.testing.hlo_writer import build_hlo_module
 from nkibuild.toolchain import resolve_toolchain
 from nkibuild.toolchain.worker_pool import FAKES_DIR
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from nkibuild.dtypes import BY_HLO_TYPE, BY_NAME, hlo_type_name
+from nkibuild.dtypes import BY_HLO_TYPE, hlo_type_name
 from nkibuild.errors import NkibuildError
 
 TUPLE_TYPE = 13  # xla PrimitiveType.TUPLE
@@ -118,10 +118,13 @@ _MESSAGES: dict[str, tuple[tuple[str, int, int, int, str | None], ...]] = {
         ("result", 2, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "ShapeProto"),
         ("parameter_names", 3, _F.TYPE_STRING, _F.LABEL_REPEATED, None),
     ),
+    # xla_data.proto OpMetadata: only the field canonical_module rewrites.
+    "OpMetadata": (("source_file", 3, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),),
     "HloInstructionProto": (
         ("name", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
         ("opcode", 2, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
         ("shape", 3, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "ShapeProto"),
+        ("metadata", 7, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "OpMetadata"),
         ("parameter_number", 9, _F.TYPE_INT64, _F.LABEL_OPTIONAL, None),
         ("custom_call_target", 28, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
         ("id", 35, _F.TYPE_INT64, _F.LABEL_OPTIONAL, None),
@@ -174,11 +177,13 @@ def _pool() -> descriptor_pool.DescriptorPool:
 
 
 def _module_class() -> Any:
-    return _message_class("HloModuleProto")
+    return message_class("HloModuleProto")
 
 
 @functools.cache
-def _message_class(name: str) -> Any:
+def message_class(name: str) -> Any:
+    """The protobuf class of one message of the declared subset (`HloModuleProto`,
+    `ShapeProto`, ...): for code that builds modules, such as the toolchain double."""
     pool = _pool()
     descriptor = pool.FindMessageTypeByName(f"{_PACKAGE}.{name}")
     get_message_class = getattr(message_factory, "GetMessageClass", None)
@@ -311,7 +316,7 @@ def _custom_calls(computations: Iterable[Any]) -> Iterable[HloCustomCall]:
                 )
 
 
-# --- writing ---------------------------------------------------------------------------
+# --- rewriting ---------------------------------------------------------------------------
 
 
 def rewrite_backend_configs(data: bytes, rewrite: Callable[[str, bytes], bytes | None]) -> bytes:
@@ -334,70 +339,42 @@ def rewrite_backend_configs(data: bytes, rewrite: Callable[[str, bytes], bytes |
     return module.SerializeToString() if changed else data
 
 
-def canonical_module(data: bytes) -> bytes:
-    """The module with its `id` cleared, in one serialization.
+def canonical_module(data: bytes, root: str | None = None) -> bytes:
+    """The module with its `id` cleared and, given the project `root`, portable source
+    paths, in one serialization.
 
     Tracers number modules per process (JAX counts lowerings), so a worker that
     traces several kernels would give the same kernel different bytes depending
     on what it traced before; the id means nothing to the compiler. Always
     re-serializing (not only when the id was set) makes equal modules equal bytes.
+
+    nkipy records each instruction's `metadata.source_file` as the kernel file's
+    absolute path, so the same kernel would hash differently in every checkout. With
+    `root`, paths under it become project-relative and other absolute paths their
+    basename: what JAX's source-file canonicalization regex does for JAX kernels
+    (`nkibuild.toolchain.tracers.portable_source_paths`). Relative paths are kept.
     """
     module = _module_class()()
     module.ParseFromString(bytes(data))
     module.id = 0
+    if root is not None:
+        _portable_source_files(module, root)
     return module.SerializeToString()
 
 
-def build_hlo_module(
-    name: str,
-    parameters: Sequence[tuple[str, str, Sequence[int]]],
-    results: Sequence[tuple[str, Sequence[int]]],
-    custom_call: tuple[str, bytes] | None = None,
-) -> bytes:
-    """A minimal valid module: parameters, one custom-call (or a copy) as the root.
-
-    Used by nkibuild's toolchain double to stand in for what torch-xla and nkipy dump.
-    """
-    module = _module_class()()
-    module.name = name
-    module.id = 1
-    entry = module.computations.add(name=f"{name}.entry", id=1)
-    module.entry_computation_name = entry.name
-    module.entry_computation_id = entry.id
-    program = module.host_program_shape
-    for number, (param_name, dtype, dims) in enumerate(parameters):
-        shape = _array_shape(dtype, dims)
-        entry.instructions.add(
-            name=param_name, opcode="parameter", parameter_number=number, id=number + 1
-        ).shape.CopyFrom(shape)
-        program.parameters.add().CopyFrom(shape)
-        program.parameter_names.append(param_name)
-    result = _result_shape(results)
-    root = entry.instructions.add(name="root", id=len(parameters) + 1)
-    root.operand_ids.extend(range(1, len(parameters) + 1))
-    if custom_call is not None:
-        root.opcode, root.custom_call_target = "custom-call", custom_call[0]
-        root.backend_config = custom_call[1]
-    else:
-        root.opcode = "copy" if parameters else "constant"
-    root.shape.CopyFrom(result)
-    entry.root_id = root.id
-    program.result.CopyFrom(result)
-    return module.SerializeToString()
+def portable_source_file(path: str, root: str) -> str:
+    """`path` relative to `root` if under it, else its basename if absolute, else as is."""
+    prefix = root.rstrip("/") + "/"
+    if path.startswith(prefix):
+        return path[len(prefix) :]
+    if path.startswith("/"):
+        return path.rsplit("/", 1)[-1]
+    return path
 
 
-def _array_shape(dtype: str, dims: Sequence[int]) -> Any:
-    shape = _message_class("ShapeProto")()
-    shape.element_type = BY_NAME[dtype].hlo_type
-    shape.dimensions.extend(int(d) for d in dims)
-    return shape
-
-
-def _result_shape(results: Sequence[tuple[str, Sequence[int]]]) -> Any:
-    if len(results) == 1:
-        return _array_shape(*results[0])
-    shape = _message_class("ShapeProto")()
-    shape.element_type = TUPLE_TYPE
-    for dtype, dims in results:
-        shape.tuple_shapes.add().CopyFrom(_array_shape(dtype, dims))
-    return shape
+def _portable_source_files(module: Any, root: str) -> None:
+    for computation in module.computations:
+        for instruction in computation.instructions:
+            if instruction.HasField("metadata") and instruction.metadata.source_file:
+                metadata = instruction.metadata
+                metadata.source_file = portable_source_file(metadata.source_file, root)

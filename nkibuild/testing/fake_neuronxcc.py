@@ -5,7 +5,8 @@ command line (`--version`, `compile <in.pb> --framework XLA --target T --output 
 appends `NEURON_CC_FLAGS` to it as the real compiler does, applies the same option rules
 (lnc 2 only on trn2/trn3, error NCC_EARG001; default lnc 1 on trn1/trn1n/inf2, 2 on
 trn2/trn3), reads the HLO module and writes a *placeholder* NEFF whose inputs are the HLO
-parameters and whose outputs `output0`, `output1`, ... are the result's leaves. The NEFF
+parameters and whose outputs `output0`, `output1`, ... are the result's leaves, with
+dtypes stored as neuronx-cc stores them (fp8 as `int8`, bool as `uint8`). The NEFF
 member `nkibuild_fake_compile.json` records the argv and the input's SHA-256, so the
 output depends deterministically on the input and the flags. A log (default
 `log-neuron-cc.txt` in the current directory) says what happened.
@@ -332,7 +333,7 @@ def _portable(argv: list[str], args: argparse.Namespace) -> list[str]:
 def _write_placeholder(args: argparse.Namespace, argv: list[str], lnc: int, log: _Log) -> None:
     # Imported here so `--version` and argument errors stay fast (no protobuf import).
     from nkibuild.formats.hlo import HloFormatError, read_hlo_file
-    from nkibuild.formats.neff import NeffTensor, write_neff
+    from nkibuild.testing.neff_writer import NeffTensor, write_neff
 
     try:
         module = read_hlo_file(args.input)
