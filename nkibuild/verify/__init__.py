@@ -125,6 +125,11 @@ def verify(
     return checks
 
 
+def bundle_checks(bundle: BundleUnderTest, mode: str) -> list[Check]:
+    """The bundle run in one mode against its reference, without baselines (build step)."""
+    return _judge(bundle, mode, _run(bundle, mode, {}), "")
+
+
 def _source_checks(bundle: BundleUnderTest, with_double: bool) -> list[Check]:
     """Each kernel's own source against its reference (a wheel has no source: skipped)."""
     from dataclasses import replace
