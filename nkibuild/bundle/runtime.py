@@ -299,7 +299,7 @@ def _load_model(package: str, kernel: str, target: str, variant: str) -> Any:
         import spike
     except ImportError as error:
         raise KernelError(f"{package}.{kernel}: {SPIKE_HELP} ({error})") from None
-    if neff["placeholder"] and not getattr(spike, "IS_TOOLCHAIN_DOUBLE", False):
+    if neff["placeholder"] and not _core_is_double():
         raise KernelError(
             f"{package}.{kernel}: the NEFF for {target}/{variant} is a placeholder written by "
             "nkibuild's toolchain double, not a real compiled kernel; rebuild the bundle with "
@@ -314,6 +314,13 @@ def _load_model(package: str, kernel: str, target: str, variant: str) -> Any:
     home = neff.get("package", package)
     with resources.as_file(resources.files(home).joinpath(neff["path"])) as path:
         return spike.SpikeModel.load_from_neff(str(path))
+
+
+def _core_is_double() -> bool:
+    """Whether spike's native core is nkibuild's CPU double, the only core a placeholder
+    NEFF may be loaded into. The mark is on the core (`spike._spike`), which is what the
+    double replaces: spike's real Python layer on that core counts, a real core never."""
+    return bool(getattr(sys.modules.get("spike._spike"), "IS_TOOLCHAIN_DOUBLE", False))
 
 
 def _neff_package_missing(package: str, neff: dict[str, Any]) -> bool:
@@ -351,7 +358,7 @@ def _check_sdk(what: str, required: str | None, spike: Any) -> None:
     if not required:
         return
     installed = os.environ.get(SDK_VERSION_ENV) or getattr(spike, "__version__", None)
-    if not installed or getattr(spike, "IS_TOOLCHAIN_DOUBLE", False):
+    if not installed or _core_is_double():
         return
     if not _version_ok(installed, required):
         raise KernelError(
