@@ -20,7 +20,8 @@ from typing import Any
 
 HEADER_SIZE = 1024
 _SIZES = struct.Struct("<3Q")  # packaging version, header size, payload size
-_TENSOR_MAP = re.compile(r"sg(\d+)/tensor_map\.json")
+_TENSOR_MAP = re.compile(r"(?:sgLnk/)?sg(\d+)/tensor_map\.json")
+_JSON_MEMBERS = ("info.json", "neff.json")
 
 
 class NeffReadError(Exception):
@@ -39,6 +40,7 @@ class NeffTensor:
 class NeffContents:
     tensors: tuple[NeffTensor, ...]  # tensor map order
     info: dict[str, Any]  # info.json: tool_version, num_tpb, nkibuild_placeholder, ...
+    parameter_order: tuple[str, ...] = ()  # input names by neff.json signature id, if any
 
 
 def read(data: bytes) -> NeffContents:
@@ -59,6 +61,7 @@ def read(data: bytes) -> NeffContents:
     return NeffContents(
         tensors=_tensors(_json(members, maps[0][1])),
         info=_json(members, "info.json") if "info.json" in members else {},
+        parameter_order=_parameter_order(members),
     )
 
 
@@ -69,7 +72,7 @@ def _members(payload: bytes) -> dict[str, bytes]:
         with tarfile.open(fileobj=io.BytesIO(payload), mode="r:*") as archive:
             for member in archive:
                 name = member.name.removeprefix("./")
-                if member.isfile() and (name == "info.json" or _TENSOR_MAP.fullmatch(name)):
+                if member.isfile() and (name in _JSON_MEMBERS or _TENSOR_MAP.fullmatch(name)):
                     extracted = archive.extractfile(member)
                     wanted[name] = extracted.read() if extracted else b""
     except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
@@ -101,3 +104,13 @@ def _tensors(tensor_map: dict[str, Any]) -> tuple[NeffTensor, ...]:
             raise NeffReadError(f"tensor map entry {name!r} has no valid dtype and tf_shape")
         tensors.append(NeffTensor(name, kind, dtype, tuple(shape)))
     return tuple(tensors)
+
+
+def _parameter_order(members: dict[str, bytes]) -> tuple[str, ...]:
+    """Input names ordered by neff.json's signature ids; () if it has none (the runtime
+    does not need them, so a NEFF without a signature still loads)."""
+    try:
+        inputs = json.loads(members["neff.json"])["metadata"]["signatures"]["default"]["inputs"]
+        return tuple(sorted(inputs, key=lambda name: int(inputs[name]["id"])))
+    except (KeyError, TypeError, ValueError):
+        return ()

@@ -1,0 +1,664 @@
+"""nkibuild's CPU stand-in for `spike._spike`, spike's native core (nanobind over libnrt).
+
+It implements the core's interface exactly as `_spike.pyi` (aws-neuron/nkipy) declares
+it, so spike's own Python layer (`SpikeModel`, `SpikeTensor`, ...) runs on top of it
+unchanged. It is NOT the Neuron runtime: it never computes a kernel and never touches a
+device. "Device memory" is host memory; `execute` checks the tensor sets as the runtime
+would and fills every output with zeros.
+
+What it imitates from spike's C++ sources (`spike.cpp`, `tensor.cpp`, `model.cpp`,
+`sys_trace.cpp`, `python_bindings.cpp`):
+
+- `load_model` reads the NEFF (a file that cannot be opened: `SpikeError`; one that is
+  not a NEFF, or compiled for another lnc than NEURON_LOGICAL_NC_CONFIG: `NrtError`);
+- `get_tensor_info` reports the NEFF's non-const I/O with spike's dtype names (anything
+  else is "unknown"), in no meaningful order (the runtime fills them from an
+  unordered_map; here they come in reverse tensor-map order);
+- tensor reads and writes are bounds-checked (`SpikeError`), freed tensors and tensors
+  of a closed runtime refuse every use (`SpikeError`), `*_pybuffer` take any C-contiguous
+  buffer as raw bytes, as `PyBUF_SIMPLE` does;
+- `execute` fails with `NrtError` when the tensor sets do not match the NEFF (a missing,
+  unknown or wrongly sized tensor, a tensor on another core); the runtime knows bytes,
+  not dtypes, so dtype checks are the Python layer's;
+- `SystemTraceSession` records an `nc_exec_running` start/stop pair per execute on its
+  core, as the runtime's system trace does, so device-mode benchmarks work (the times
+  are of the double's own call);
+- only one `Spike` may be alive at a time.
+
+It is labelled (`IS_TOOLCHAIN_DOUBLE = True`): a bundle loads placeholder NEFFs only into
+this core. Every load, execute and refused execute is appended to `CALLS` and, as one
+JSON line, to the file named by NKIBUILD_FAKE_SPIKE_LOG, so a test running a bundle in
+another process sees exactly what the runtime received. Standard library and NumPy only;
+it must not import nkibuild (it runs where only a bundle is installed).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from . import _neff
+
+IS_TOOLCHAIN_DOUBLE = True
+LOG_ENV = "NKIBUILD_FAKE_SPIKE_LOG"
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+CALLS: list[dict[str, Any]] = []
+
+# The only names the runtime's TensorMetadata.dtype takes (spike's dtype_to_string).
+RUNTIME_DTYPES = frozenset(
+    {"float32", "float16", "bfloat16", "int8", "uint8", "int16", "uint16", "int32"}
+    | {"uint32", "int64", "uint64"}
+)
+UNKNOWN_DTYPE = "unknown"
+# Bytes per element of every dtype a NEFF tensor map may carry, including those the
+# runtime has no name for (older placeholder NEFFs spell bool, float64 and fp8 names).
+_ITEMSIZE = {
+    "bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4,
+    "int64": 8, "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+    "float8_e5m2": 1, "float8_e4m3fn": 1, "float8_e4m3": 1,
+}  # fmt: skip
+_DOUBLE = "nkibuild toolchain double: computes nothing, outputs are zeros"
+_EXEC_EVENT = "nc_exec_running"
+
+
+class SpikeRuntimeError(RuntimeError):
+    pass
+
+
+class SpikeError(SpikeRuntimeError):
+    pass
+
+
+class NrtError(SpikeRuntimeError):
+    pass
+
+
+def _spike_error(message: str) -> SpikeError:
+    return SpikeError(f"Spike Error: {message}")
+
+
+def _nrt_error(message: str) -> NrtError:
+    return NrtError(f"NRT Error (toolchain double): {message}")
+
+
+def _no_constructor(cls: type) -> None:
+    # nanobind classes without a bound constructor cannot be created from Python.
+    raise TypeError(f"{cls.__name__}: No constructor defined!")
+
+
+class _Runtime:
+    """What a Spike instance's models and tensors share: whether it was closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+
+# --- trace sessions (the runtime's system trace is process-wide) ----------------------
+
+_TRACES: list[SystemTraceSession] = []
+_tracking_ids = iter(range(1, 2**62))
+
+
+class SystemTraceSession:
+    def __init__(self, core_id: int | None = None) -> None:
+        """Start recording executions on `core_id` (every core if None)."""
+        self._core_id = core_id
+        self._events: list[dict[str, Any]] = []
+        self._started = True
+        _TRACES.append(self)
+
+    def stop(self) -> None:
+        """Stop recording (also done by leaving the `with` block)."""
+        if self._started:
+            self._started = False
+            _TRACES.remove(self)
+
+    def fetch_events_json(self) -> str:
+        """The recorded events as JSON (`{"events": [...]}`), removing them; "" if none."""
+        if not self._started:
+            raise _spike_error("Cannot fetch events: sys trace is not started")
+        events, self._events = self._events, []
+        return json.dumps({"events": events}) if events else ""
+
+    def drain_events(self) -> None:
+        """Forget the events recorded so far."""
+        if not self._started:
+            raise _spike_error("Cannot drain events: sys trace is not started")
+        self._events = []
+
+    def __enter__(self) -> SystemTraceSession:
+        return self
+
+    def __exit__(self, *args) -> None:
+        self.stop()
+
+    def _record(self, core_id: int, start_ns: int, stop_ns: int) -> None:
+        if self._core_id is not None and self._core_id != core_id:
+            return
+        tracking_id = next(_tracking_ids)
+        for phase, stamp in (("start", start_ns), ("stop", stop_ns)):
+            self._events.append(
+                {
+                    "event_type": _EXEC_EVENT,
+                    "phase": phase,
+                    "tracking_id": tracking_id,
+                    "nc_idx": core_id,
+                    "data": {"nc_timestamp_ns": stamp, "toolchain_double": True},
+                }
+            )
+
+
+# --- metadata ----------------------------------------------------------------------------
+
+
+class TensorMetadata:
+    def __init__(self) -> None:
+        _no_constructor(type(self))
+
+    @property
+    def size(self) -> int:
+        """Bytes."""
+        return self._size
+
+    @property
+    def dtype(self) -> str:
+        """The runtime's name for the element type, or "unknown"."""
+        return self._dtype
+
+    @property
+    def shape(self) -> list[int]:
+        """Dimensions."""
+        return list(self._shape)
+
+    def __repr__(self) -> str:
+        shape = ", ".join(str(d) for d in self._shape)
+        return f"TensorMetadata(size={self._size}, dtype='{self._dtype}', shape=[{shape}])"
+
+
+def _metadata(tensor: _neff.NeffTensor) -> TensorMetadata:
+    metadata = object.__new__(TensorMetadata)
+    metadata._size = math.prod(tensor.shape) * _ITEMSIZE[tensor.dtype]
+    metadata._dtype = tensor.dtype if tensor.dtype in RUNTIME_DTYPES else UNKNOWN_DTYPE
+    metadata._shape = tuple(tensor.shape)
+    return metadata
+
+
+class ModelTensorInfo:
+    def __init__(self) -> None:
+        _no_constructor(type(self))
+
+    @property
+    def inputs(self) -> dict[str, TensorMetadata]:
+        """Input name -> metadata."""
+        return dict(self._inputs)  # a new dict per access, as nanobind converts the map
+
+    @property
+    def outputs(self) -> dict[str, TensorMetadata]:
+        """Output name -> metadata."""
+        return dict(self._outputs)
+
+    def __repr__(self) -> str:
+        return (
+            f"ModelTensorInfo(inputs={len(self._inputs)} tensors, "
+            f"outputs={len(self._outputs)} tensors)"
+        )
+
+
+# --- tensors and models ------------------------------------------------------------------
+
+
+class NrtTensor:
+    def __init__(self) -> None:
+        _no_constructor(type(self))
+
+    @property
+    def core_id(self) -> int:
+        """The (logical) NeuronCore it lives on."""
+        return self._core_id
+
+    @property
+    def size(self) -> int:
+        """Bytes."""
+        return self._size
+
+    @property
+    def name(self) -> str:
+        """The name it was allocated with."""
+        return self._name
+
+    @property
+    def va(self) -> int:
+        """Address of its bytes (host memory here, not device HBM)."""
+        self._check_usable("get the address of")
+        if self._size == 0:
+            return 0
+        window = (ctypes.c_char * self._size).from_buffer(self._memory, self._offset)
+        return ctypes.addressof(window)
+
+    def _freed(self) -> bool:
+        return self._memory is None or (self._owner and self._runtime.closed)
+
+    def _check_usable(self, action: str) -> None:
+        if self._freed() or self._runtime.closed:
+            raise _spike_error(
+                f"Unable to {action} a freed tensor. Please check the lifetime of the tensor."
+            )
+
+    def _bytes(self) -> memoryview:
+        assert self._memory is not None
+        return memoryview(self._memory)[self._offset : self._offset + self._size]
+
+
+def _tensor(
+    runtime: _Runtime, memory: bytearray, offset: int, size: int, core_id: int, name: str
+) -> NrtTensor:
+    tensor = object.__new__(NrtTensor)
+    tensor._runtime, tensor._memory, tensor._offset = runtime, memory, offset
+    tensor._size, tensor._core_id, tensor._name = size, core_id, name
+    tensor._owner = offset == 0 and size == len(memory)
+    tensor._written = {"bytes": size}  # what was last written into it, for the log
+    return tensor
+
+
+class NrtModel:
+    def __init__(self) -> None:
+        _no_constructor(type(self))
+
+    @property
+    def neff_path(self) -> str:
+        """The NEFF it was loaded from."""
+        return self._neff_path
+
+    @property
+    def core_id(self) -> int:
+        """The NeuronCore it is loaded on."""
+        return self._core_id
+
+    @property
+    def rank_id(self) -> int:
+        """Rank in a collective group."""
+        return self._rank_id
+
+    @property
+    def world_size(self) -> int:
+        """Size of the collective group."""
+        return self._world_size
+
+    @property
+    def is_collective(self) -> bool:
+        """Loaded with collectives enabled."""
+        return self._is_collective
+
+    def __repr__(self) -> str:
+        return (
+            f"NrtModel(neff={self._neff_path!r}, core_id={self._core_id}, "
+            f"rank_id={self._rank_id}, world_size={self._world_size}, "
+            f"is_collective={self._is_collective}) [{_DOUBLE}]"
+        )
+
+    def _unloaded(self) -> bool:
+        return self._contents is None or self._runtime.closed
+
+
+# --- the runtime -------------------------------------------------------------------------
+
+_alive = False
+
+
+class Spike:
+    def __init__(self, verbose_level: int = 0) -> None:
+        """The runtime; only one may exist at a time."""
+        global _alive
+        if _alive:
+            raise _spike_error(
+                "Cannot create Spike instance: a previous instance still exists. "
+                "Call close() on the existing instance or delete spike with all "
+                "tensors/models first."
+            )
+        self._verbose_level = verbose_level
+        self._runtime = _Runtime()
+        _alive = True
+
+    @staticmethod
+    def get_visible_neuron_core_count() -> int:
+        """NeuronCores this process may use."""
+        return _visible_core_count()
+
+    def close(self) -> int:
+        """Close the runtime: its tensors and models become unusable. Returns 0."""
+        global _alive
+        if not self._runtime.closed:
+            self._runtime.closed = True
+            _alive = False
+        return 0
+
+    def load_model(
+        self,
+        neff_file: str,
+        core_id: int = 0,
+        cc_enabled: bool = False,
+        rank_id: int = 0,
+        world_size: int = 1,
+    ) -> NrtModel:
+        """Read a NEFF and load it on `core_id`."""
+        self._check_open()
+        contents = _load_neff(str(neff_file))
+        model = object.__new__(NrtModel)
+        model._runtime, model._contents, model._neff_path = self._runtime, contents, str(neff_file)
+        model._core_id, model._rank_id, model._world_size = core_id, rank_id, world_size
+        model._is_collective = cc_enabled
+        placeholder = contents.info.get("nkibuild_placeholder") is True
+        _record(
+            {
+                "event": "load",
+                "path": str(neff_file),
+                "core_id": core_id,
+                "placeholder": placeholder,
+            }
+        )
+        return model
+
+    def unload_model(self, model: NrtModel) -> None:
+        """Release a loaded model."""
+        model._contents = None
+
+    def execute(
+        self,
+        model: NrtModel,
+        inputs: Mapping[str, NrtTensor],
+        outputs: Mapping[str, NrtTensor],
+        ntff_name: str | None = None,
+        save_trace: bool = False,
+    ) -> None:
+        """Run `model` once: check the tensor sets, zero the outputs, record the call."""
+        if model._unloaded():
+            raise _spike_error(
+                "Unable to execute an unloaded model. Please check the lifetime of the model."
+            )
+        tensor_sets = {"input": _tensor_set(inputs), "output": _tensor_set(outputs)}
+        try:
+            _check_tensor_sets(model, tensor_sets)
+        except NrtError as error:
+            _record(
+                {
+                    "event": "rejected",
+                    "path": model._neff_path,
+                    "inputs": _specs(tensor_sets["input"]),
+                    "error": f"NrtError: {error}",
+                }
+            )
+            raise
+        started = time.perf_counter_ns()
+        for tensor in tensor_sets["output"].values():  # the whole "kernel"
+            tensor._bytes()[:] = bytes(tensor.size)
+        stopped = time.perf_counter_ns()
+        for trace in list(_TRACES):
+            trace._record(model._core_id, started, stopped)
+        if save_trace:
+            _write_profile(ntff_name or "profile.ntff", model)
+        _record(
+            {
+                "event": "call",
+                "path": model._neff_path,
+                "inputs": _specs(tensor_sets["input"]),
+                "outputs": list(tensor_sets["output"]),
+                "save_trace": save_trace,
+            }
+        )
+
+    def allocate_tensor(self, size: int, core_id: int = 0, name: str | None = None) -> NrtTensor:
+        """`size` zeroed bytes on `core_id`."""
+        self._check_open()
+        if size < 0:
+            raise OverflowError(f"can't convert negative int to unsigned: {size}")
+        name = "unnamed_tensor" if name is None else name
+        return _tensor(self._runtime, bytearray(size), 0, size, core_id, name)
+
+    def slice_from_tensor(
+        self, source: NrtTensor, offset: int = 0, size: int = 0, name: str | None = None
+    ) -> NrtTensor:
+        """A view of `size` bytes (0: the rest) of `source` from `offset`."""
+        if source._freed():
+            raise _spike_error(
+                "Unable to allocate tensor slice from a source tensor that is freed. "
+                "Please check the lifetime of the source tensor."
+            )
+        size = source.size - offset if size == 0 else size
+        if offset < 0 or size < 0 or offset + size > source.size:
+            raise _nrt_error(
+                f"Failed to allocate tensor slice: offset {offset} + size {size} exceeds "
+                f"the {source.size}-byte source"
+            )
+        assert source._memory is not None
+        name = "unnamed_tensor" if name is None else name
+        return _tensor(
+            source._runtime, source._memory, source._offset + offset, size, source.core_id, name
+        )
+
+    def free_tensor(self, tensor: NrtTensor) -> None:
+        """Release a tensor's memory (slices of it become unusable too)."""
+        if tensor._owner:
+            tensor._memory = None
+
+    def tensor_write(self, tensor: NrtTensor, data: bytes, offset: int = 0) -> None:
+        """Copy `data` (bytes) into the tensor at `offset`."""
+        if not isinstance(data, bytes):
+            raise TypeError(f"tensor_write(): data must be bytes, not {type(data).__name__}")
+        _write(tensor, memoryview(data), offset)
+        tensor._written = {"bytes": len(data)}
+
+    def tensor_read(self, tensor: NrtTensor, offset: int = 0, size: int = 0) -> bytes:
+        """`size` bytes (0: the rest) from `offset`."""
+        return _read(tensor, offset, size)
+
+    def tensor_write_from_pybuffer(
+        self, tensor: NrtTensor, buffer: object, offset: int = 0
+    ) -> None:
+        """Copy any C-contiguous buffer's bytes into the tensor at `offset`."""
+        view = _byte_view(buffer, writable=False)
+        _write(tensor, view, offset)
+        tensor._written = _written_spec(buffer, view.nbytes)
+
+    def tensor_read_to_pybuffer(
+        self, tensor: NrtTensor, buffer: object, offset: int = 0, size: int = 0
+    ) -> None:
+        """Copy the tensor's bytes (from `offset`, `size` or the rest) into a writable
+        buffer at least that large."""
+        view = _byte_view(buffer, writable=True)
+        data = _read(tensor, offset, size)
+        if view.nbytes < len(data):
+            raise RuntimeError("Buffer too small for tensor data")
+        view[: len(data)] = data
+
+    def get_tensor_info(self, model: NrtModel) -> ModelTensorInfo:
+        """The model's inputs and outputs (non-const tensors of its NEFF)."""
+        if model._unloaded():
+            raise _spike_error(
+                "Unable to get model tensor info from an unloaded model. "
+                "Please check the lifetime of the model."
+            )
+        info = object.__new__(ModelTensorInfo)
+        info._inputs = _unordered(model._contents, "input")
+        info._outputs = _unordered(model._contents, "output")
+        return info
+
+    def _check_open(self) -> None:
+        if self._runtime.closed:
+            raise _spike_error("the Spike runtime is closed")
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def _visible_core_count() -> int:
+    """From NEURON_RT_VISIBLE_CORES ("0-3,6") or NEURON_RT_NUM_CORES; else one core."""
+    visible = os.environ.get("NEURON_RT_VISIBLE_CORES", "").strip()
+    if visible:
+        count = 0
+        for part in visible.split(","):
+            low, _, high = part.partition("-")
+            count += int(high) - int(low) + 1 if high else 1
+        return count
+    number = os.environ.get("NEURON_RT_NUM_CORES", "").strip()
+    return int(number) if number.isdigit() else 1
+
+
+def _load_neff(path: str) -> _neff.NeffContents:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        raise _spike_error(
+            f"Failed to open NEFF file: {path}. Please check if the file exists and have "
+            "read permission."
+        ) from None
+    try:
+        contents = _neff.read(data)
+    except _neff.NeffReadError as error:
+        raise _nrt_error(f"Failed to load model {path}: not a NEFF: {error}") from None
+    for tensor in contents.tensors:
+        if tensor.dtype not in _ITEMSIZE:
+            raise _nrt_error(
+                f"Failed to load model {path}: {tensor.name!r} has dtype {tensor.dtype!r}"
+            )
+    configured, lnc = os.environ.get(LNC_ENV, "").strip(), contents.info.get("num_tpb")
+    # A NEFF runs on as many physical cores as it was compiled for (its lnc).
+    if configured and isinstance(lnc, int) and configured != str(lnc):
+        raise _nrt_error(
+            f"Failed to load model {path}: it was compiled for lnc={lnc} but {LNC_ENV}={configured}"
+        )
+    return contents
+
+
+def _tensor_set(tensors: object) -> dict[str, NrtTensor]:
+    """What nanobind accepts for Mapping[str, NrtTensor]; freed tensors are refused."""
+    if not isinstance(tensors, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, NrtTensor) for k, v in tensors.items()
+    ):
+        raise TypeError(
+            f"execute(): incompatible function arguments: expected Mapping[str, NrtTensor], "
+            f"got {tensors!r}"
+        )
+    for name, tensor in tensors.items():
+        if tensor._freed():
+            raise _spike_error(
+                f"Tensor '{name}' is freed. Unable to add it into the tensor set. "
+                "Please check the lifetime of the tensor."
+            )
+    return dict(tensors)
+
+
+def _check_tensor_sets(model: NrtModel, sets: dict[str, dict[str, NrtTensor]]) -> None:
+    """Refuse an execute the runtime would refuse: it knows names, sizes and cores."""
+    assert model._contents is not None
+    for kind, given in sets.items():
+        expected = {t.name: t for t in model._contents.tensors if t.kind == kind}
+        unknown, missing = sorted(set(given) - set(expected)), sorted(set(expected) - set(given))
+        if unknown or missing:
+            raise _nrt_error(
+                f"Failed to execute model {model._neff_path}: {kind} tensor set has "
+                f"unknown {unknown} and is missing {missing}; the NEFF's {kind}s are "
+                f"{sorted(expected)}"
+            )
+        for name, tensor in given.items():
+            size = _metadata(expected[name]).size
+            if tensor.size != size or tensor.core_id != model._core_id:
+                raise _nrt_error(
+                    f"Failed to execute model {model._neff_path}: {kind} {name!r} is "
+                    f"{tensor.size} bytes on core {tensor.core_id}; the NEFF expects "
+                    f"{size} bytes on core {model._core_id}"
+                )
+
+
+def _unordered(contents: _neff.NeffContents, kind: str) -> dict[str, TensorMetadata]:
+    """The runtime fills these dicts from an unordered_map: a caller that relies on their
+    order is wrong and should find out here. So the order is the reverse of the NEFF's
+    own (parameter ids for inputs, output numbers for outputs, else tensor-map order)."""
+    tensors = [t for t in contents.tensors if t.kind == kind]
+    rank = {name: i for i, name in enumerate(contents.parameter_order)}
+
+    def position(index_tensor: tuple[int, _neff.NeffTensor]) -> tuple[int, int]:
+        index, tensor = index_tensor
+        number = tensor.name.removeprefix("output")
+        if kind == "output" and number.isdigit():
+            return (0, int(number))
+        return (0, rank[tensor.name]) if tensor.name in rank else (1, index)
+
+    ordered = [t for _, t in sorted(enumerate(tensors), key=position)]
+    return {t.name: _metadata(t) for t in reversed(ordered)}
+
+
+def _write(tensor: NrtTensor, data: memoryview, offset: int) -> None:
+    tensor._check_usable("write to")
+    if tensor.size < offset + data.nbytes:
+        raise _spike_error(
+            "The write operation exceeds the tensor bound. "
+            f"Tensor size: {tensor.size} bytes; Input size: {data.nbytes} bytes; "
+            f"Offset: {offset} bytes."
+        )
+    tensor._bytes()[offset : offset + data.nbytes] = data
+
+
+def _read(tensor: NrtTensor, offset: int, size: int) -> bytes:
+    tensor._check_usable("read from")
+    size = tensor.size - offset if size == 0 else size
+    if tensor.size < offset + size:
+        raise _spike_error(
+            "The read operation exceeds the tensor bound. "
+            f"Tensor size: {tensor.size} bytes; Read size: {size} bytes; Offset: {offset} bytes."
+        )
+    return bytes(tensor._bytes()[offset : offset + size])
+
+
+def _byte_view(buffer: object, *, writable: bool) -> memoryview:
+    """The buffer's bytes, as PyBUF_SIMPLE (or PyBUF_WRITABLE) gives them to C."""
+    protocol = "writable buffer protocol" if writable else "buffer protocol"
+    try:
+        view = memoryview(buffer)  # type: ignore[arg-type]
+    except (TypeError, ValueError, BufferError):
+        view = _numpy_bytes(buffer)  # NumPy cannot describe ml_dtypes' formats to memoryview
+    if view is None or not view.c_contiguous or (writable and view.readonly):
+        raise RuntimeError(f"Object does not support {protocol}")
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
+
+
+def _numpy_bytes(buffer: object) -> memoryview | None:
+    if not isinstance(buffer, np.ndarray) or not buffer.flags.c_contiguous:
+        return None
+    return memoryview(buffer.reshape(-1).view(np.uint8))
+
+
+def _written_spec(buffer: object, nbytes: int) -> dict[str, Any]:
+    """dtype and shape of an array written into a tensor (only for the log: the runtime
+    itself sees bytes)."""
+    if isinstance(buffer, np.ndarray):
+        return {"dtype": buffer.dtype.name, "shape": list(buffer.shape)}
+    return {"bytes": nbytes}
+
+
+def _specs(tensors: Mapping[str, NrtTensor]) -> dict[str, Any]:
+    return {name: dict(tensor._written) for name, tensor in tensors.items()}
+
+
+def _write_profile(path: str, model: NrtModel) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(f"not a profile: {model._neff_path} ran on the {_DOUBLE}\n")
+
+
+def _record(event: dict[str, Any]) -> None:
+    CALLS.append(event)
+    log = os.environ.get(LOG_ENV)
+    if log:
+        # One O_APPEND write per record: processes sharing the log never interleave lines.
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, (json.dumps(event) + "\n").encode())
+        finally:
+            os.close(fd)

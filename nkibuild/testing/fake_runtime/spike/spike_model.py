@@ -1,0 +1,248 @@
+"""`SpikeModel`: a NEFF loaded into the runtime, called with named tensors (spike's
+`spike_model.py`), and `BenchmarkResult`.
+
+The checks a call goes through are spike's: unknown names raise ValueError; a tensor on
+another core, of another shape or dtype raises AssertionError (spike asserts; here the
+errors are raised explicitly, so also under `python -O`); fp8 arrays (ml_dtypes
+float8_e4m3 / float8_e5m2) pass for the int8 tensors that carry fp8 in a NEFF; a name
+left out fails in the runtime's execute (NrtError).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._spike import NrtModel, SystemTraceSession, TensorMetadata
+from .logger import get_logger
+from .spike_singleton import get_spike_singleton
+from .spike_tensor import SpikeTensor
+
+logger = get_logger()
+
+_FP8_FOR_INT8 = frozenset({"float8_e4m3", "float8_e5m2"})
+_DEVICE_EXECUTION = "nc_exec_running"
+
+
+@dataclass
+class BenchmarkResult:
+    """Timing of repeated executions, in milliseconds."""
+
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    std_dev_ms: float
+    iterations: int
+    warmup_iterations: int
+    durations_ms: list[float] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return (
+            f"BenchmarkResult(mean={self.mean_ms:.4f}ms, min={self.min_ms:.4f}ms, "
+            f"max={self.max_ms:.4f}ms, std_dev={self.std_dev_ms:.4f}ms, "
+            f"iterations={self.iterations}, warmup_iterations={self.warmup_iterations})"
+        )
+
+
+class SpikeModel:
+    """A loaded NEFF; `input_tensors_info` / `output_tensors_info` map names to metadata."""
+
+    def __init__(self, model_ref: NrtModel, name: str, neff_path: Path) -> None:
+        self.model_ref = model_ref
+        self.name = name
+        self.neff_path = neff_path
+        info = get_spike_singleton().get_tensor_info(model_ref)
+        self.input_tensors_info: dict[str, TensorMetadata] = info.inputs
+        self.output_tensors_info: dict[str, TensorMetadata] = info.outputs
+
+    @classmethod
+    def load_from_neff(
+        cls,
+        neff_path: Path | str,
+        name: str | None = None,
+        core_id: int = 0,
+        cc_enabled: bool = False,
+        rank_id: int = 0,
+        world_size: int = 1,
+    ) -> SpikeModel:
+        """Load `neff_path` on `core_id`; the model's name defaults to the file's stem."""
+        path = Path(neff_path)
+        logger.info("Loading model from: %s", path)
+        ref = get_spike_singleton().load_model(str(path), core_id, cc_enabled, rank_id, world_size)
+        return cls(ref, path.stem if name is None else name, path)
+
+    def allocate_output_tensors(self) -> list[SpikeTensor]:
+        """Zeroed tensors of the NEFF's outputs, on the model's core."""
+        tensors = []
+        for name, info in self.output_tensors_info.items():
+            # spike does np.dtype(info.dtype): the runtime's "unknown" raises TypeError.
+            if info.dtype == "unknown":
+                raise TypeError(
+                    f"data type 'unknown' not understood: the runtime has no dtype name for "
+                    f"output {name!r} of {self.neff_path}"
+                )
+            array = np.zeros(info.shape, dtype=_numpy_dtype(info.dtype))
+            if array.nbytes != info.size:
+                raise AssertionError(
+                    f"Size mismatch: tensor.nbytes={array.nbytes}, expected={info.size}"
+                )
+            tensors.append(SpikeTensor.from_numpy(array, name, core_id=self.model_ref.core_id))
+        return tensors
+
+    def __call__(
+        self,
+        inputs: Mapping[str, SpikeTensor],
+        outputs: Mapping[str, SpikeTensor] | None = None,
+        save_trace: bool = False,
+        ntff_name: str | None = None,
+    ) -> dict[str, SpikeTensor] | None:
+        """Execute; returns the outputs it allocated, or None when `outputs` were given."""
+        allocated = outputs is None
+        if outputs is None:
+            outputs = {t.name: t for t in self.allocate_output_tensors()}
+        self._validate_io(inputs, outputs)
+        if ntff_name is None:  # next to the NEFF, as spike does
+            ntff_name = str(Path(self.neff_path).with_suffix("")) + ".ntff"
+        get_spike_singleton().execute(
+            self.model_ref,
+            inputs={k: v.tensor_ref for k, v in inputs.items()},
+            outputs={k: v.tensor_ref for k, v in outputs.items()},
+            save_trace=save_trace,
+            ntff_name=ntff_name,
+        )
+        return dict(outputs) if allocated else None
+
+    def benchmark(
+        self,
+        inputs: Mapping[str, SpikeTensor],
+        outputs: Mapping[str, SpikeTensor] | None = None,
+        warmup_iter: int = 5,
+        benchmark_iter: int = 5,
+        mode: str = "device",
+    ) -> BenchmarkResult:
+        """Time `benchmark_iter` executions after `warmup_iter`: "device" reads the runtime's
+        execution trace, "host" the wall clock."""
+        if mode not in ("device", "host"):
+            raise ValueError(f"Invalid benchmark mode '{mode}'. Use 'device' or 'host'.")
+        if outputs is None:
+            outputs = {t.name: t for t in self.allocate_output_tensors()}
+        self._validate_io(inputs, outputs)
+        input_refs = {k: v.tensor_ref for k, v in inputs.items()}
+        output_refs = {k: v.tensor_ref for k, v in outputs.items()}
+        runtime = get_spike_singleton()
+        if mode == "host":
+            for _ in range(warmup_iter):
+                runtime.execute(self.model_ref, input_refs, output_refs)
+            durations = []
+            for _ in range(benchmark_iter):
+                started = time.perf_counter()
+                runtime.execute(self.model_ref, input_refs, output_refs)
+                durations.append((time.perf_counter() - started) * 1000.0)
+            return _result(durations, warmup_iter)
+        with SystemTraceSession(self.model_ref.core_id) as trace:
+            for _ in range(warmup_iter):
+                runtime.execute(self.model_ref, input_refs, output_refs)
+            trace.drain_events()
+            for _ in range(benchmark_iter):
+                runtime.execute(self.model_ref, input_refs, output_refs)
+            events = trace.fetch_events_json()
+        durations = _device_durations(events)
+        if not durations:
+            raise RuntimeError(
+                "No nc_exec_running events captured during benchmark. "
+                "Cannot compute device-side timing."
+            )
+        return _result(durations, warmup_iter)
+
+    def _validate_io(
+        self, inputs: Mapping[str, SpikeTensor], outputs: Mapping[str, SpikeTensor]
+    ) -> None:
+        """spike's order: unknown names (ValueError), then each tensor's core, shape and
+        dtype (AssertionError); names left out only fail in the runtime's execute."""
+        for kind, given, expected in (
+            ("input", inputs, self.input_tensors_info),
+            ("output", outputs, self.output_tensors_info),
+        ):
+            unknown = set(given) - set(expected)
+            if unknown:
+                raise ValueError(
+                    f"Unknown {kind}(s) {sorted(unknown)} for model '{self.name}'. "
+                    f"Expected {kind}s: {list(expected)}"
+                )
+        for kind, given, expected in (
+            ("input", inputs, self.input_tensors_info),
+            ("output", outputs, self.output_tensors_info),
+        ):
+            for name, tensor in given.items():
+                self._check_tensor(kind, name, tensor, expected[name])
+
+    def _check_tensor(self, kind: str, name: str, tensor: Any, want: TensorMetadata) -> None:
+        ref = getattr(tensor, "tensor_ref", None)
+        if ref is None:  # spike reads tensor.tensor_ref: anything else is an AttributeError
+            raise AttributeError(
+                f"{kind} {name!r} is a {type(tensor).__name__}, not a SpikeTensor "
+                "(make one with SpikeTensor.from_numpy)"
+            )
+        if ref.core_id != self.model_ref.core_id:
+            raise AssertionError(
+                f"{kind} {name!r} is on core {ref.core_id} but model '{self.name}' is "
+                f"loaded on core {self.model_ref.core_id}"
+            )
+        dtype = np.dtype(tensor.dtype).name
+        fp8_as_int8 = want.dtype == "int8" and dtype in _FP8_FOR_INT8
+        if tuple(tensor.shape) != tuple(want.shape) or not (dtype == want.dtype or fp8_as_int8):
+            raise AssertionError(
+                f"{kind} {name!r} is {dtype}{list(tensor.shape)}; the NEFF expects "
+                f"{want.dtype}{want.shape}"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"SpikeModel(name={self.name!r}, neff={str(self.neff_path)!r}, "
+            f"core_id={self.model_ref.core_id})"
+        )
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes  # only here: float32-only users need not install it
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _device_durations(events_json: str) -> list[float]:
+    """Milliseconds between each execution's start and stop events in a trace."""
+    events = json.loads(events_json).get("events", []) if events_json else []
+    starts: dict[int, int] = {}
+    durations = []
+    for event in events:
+        stamp = event.get("data", {}).get("nc_timestamp_ns")
+        tracking = event.get("tracking_id")
+        if event.get("event_type") != _DEVICE_EXECUTION or stamp is None or tracking is None:
+            continue
+        if event.get("phase") == "start":
+            starts[tracking] = stamp
+        elif event.get("phase") == "stop" and tracking in starts:
+            durations.append((stamp - starts.pop(tracking)) / 1e6)
+    return durations
+
+
+def _result(durations: list[float], warmup_iterations: int) -> BenchmarkResult:
+    mean = sum(durations) / len(durations)
+    return BenchmarkResult(
+        mean_ms=mean,
+        min_ms=min(durations),
+        max_ms=max(durations),
+        std_dev_ms=math.sqrt(sum((d - mean) ** 2 for d in durations) / len(durations)),
+        iterations=len(durations),
+        warmup_iterations=warmup_iterations,
+        durations_ms=list(durations),
+    )
