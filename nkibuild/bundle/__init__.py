@@ -17,6 +17,18 @@ from pathlib import Path
 
 from nkibuild import __version__
 from nkibuild.bundle import codegen
+from nkibuild.bundle.buildinfo import (
+    FILE_NAME,
+    ArgumentInfo,
+    BuildInfo,
+    FunctionRef,
+    KernelInfo,
+    NeffInfo,
+    TensorInfo,
+    ToleranceInfo,
+    VariantInfo,
+    read_build_info,
+)
 from nkibuild.compiler import CompiledNeff
 from nkibuild.errors import BuildError
 from nkibuild.fsutil import staging_dir
@@ -37,8 +49,9 @@ class BundleProject:
     directory: Path
     package: Package
     files: tuple[tuple[str, str], ...]  # (path relative to directory, sha256), sorted
-    build_info: dict
+    build_info: BuildInfo | None  # the package's _build.json; a target part has none
     parts: tuple[BundleProject, ...] = ()  # per-target NEFF projects (split-targets)
+    target: str | None = None  # set on a part: the target whose NEFFs it carries
 
     @property
     def package_dir(self) -> Path:
@@ -79,12 +92,12 @@ def generate_bundle(
         pkg = stage / package.import_name
         (pkg / "_kernels").mkdir(parents=True)
         extras = {t: [target_package(package, t).name] for t in split_targets(manifest)}
-        pyproject = codegen.pyproject(package, info["requirements"], extras=extras)
+        pyproject = codegen.pyproject(package, list(info.requirements), extras=extras)
         (stage / "pyproject.toml").write_text(pyproject)
         (pkg / "__init__.py").write_text(codegen.package_init(package, manifest.kernels))
         (pkg / "_kernels" / "__init__.py").write_text('"""Generated kernel modules."""\n')
         shutil.copyfile(RUNTIME_SOURCE, pkg / "_runtime.py")
-        (pkg / "_build.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        (pkg / FILE_NAME).write_text(info.to_text())
         for kernel in manifest.kernels:
             code = codegen.kernel_module(package.import_name, kernel)
             (pkg / "_kernels" / f"{kernel.name}.py").write_text(code)
@@ -131,16 +144,15 @@ def _check_copies(
 def load_bundle(directory: Path) -> BundleProject:
     stamp = json.loads((directory / STAMP_FILE).read_text())
     package = Package(**stamp["package"])
-    info = json.loads((directory / package.import_name / "_build.json").read_text())
+    info = read_build_info(directory / package.import_name / FILE_NAME)
     parts = tuple(_load_part(directory, part) for part in stamp.get("parts", ()))
     return BundleProject(directory, package, tuple(sorted(stamp["files"].items())), info, parts)
 
 
 def _load_part(directory: Path, part: dict) -> BundleProject:
     package = Package(**part["package"])
-    info = {"requirements": [], "kernels": {}, "part_of": part["part_of"], "target": part["target"]}
     files = tuple(sorted(part["files"].items()))
-    return BundleProject(directory / part["directory"], package, files, info)
+    return BundleProject(directory / part["directory"], package, files, None, target=part["target"])
 
 
 def _neff_home(manifest: Manifest, target: str) -> str:
@@ -171,38 +183,42 @@ def _write_part(stage: Path, package: Package, target: str) -> dict:
     }
 
 
-def build_info(manifest: Manifest, compiled: Sequence[CompiledNeff]) -> dict:
+def build_info(manifest: Manifest, compiled: Sequence[CompiledNeff]) -> BuildInfo:
     """`_build.json`: everything the runtime needs, and provenance for humans."""
-    neffs: dict[str, dict[str, dict[str, dict]]] = {}
+    neffs: dict[str, dict[str, dict[str, NeffInfo]]] = {}
     for neff in compiled:
-        neffs.setdefault(neff.kernel, {}).setdefault(neff.target, {})[neff.variant] = {
-            "package": _neff_home(manifest, neff.target),
-            "path": _neff_path(neff),
-            "sha256": neff.sha256,
-            "lnc": neff.lnc,
-            "placeholder": neff.placeholder,
-            "compiler_version": neff.compiler_version,
-            "cache_key": neff.cache_key,
-            "input_names": [t.name for t in neff.inputs],
-            "output_names": [t.name for t in neff.outputs],
-            "outputs": [t.to_json() for t in neff.outputs],
-            "compile_args": list(neff.compile_args),
-        }
-    versions = sorted({neff.compiler_version for neff in compiled})
-    return {
-        "package": manifest.package.name,
-        "version": manifest.package.version,
-        "nkibuild_version": __version__,
-        "compiler_versions": versions,
-        "placeholder": any(neff.placeholder for neff in compiled),
-        "neuron_sdk": manifest.package.neuron_sdk,
-        "requirements": runtime_requirements(manifest, compiled),
-        "split_targets": split_targets(manifest),
-        "kernels": {
+        by_target = neffs.setdefault(neff.kernel, {}).setdefault(neff.target, {})
+        by_target[neff.variant] = _neff_info(manifest, neff)
+    return BuildInfo(
+        package=manifest.package.name,
+        version=manifest.package.version,
+        nkibuild_version=__version__,
+        compiler_versions=tuple(sorted({neff.compiler_version for neff in compiled})),
+        placeholder=any(neff.placeholder for neff in compiled),
+        neuron_sdk=manifest.package.neuron_sdk,
+        requirements=tuple(runtime_requirements(manifest, compiled)),
+        split_targets=tuple(split_targets(manifest)),
+        kernels={
             kernel.name: _kernel_info(kernel, neffs.get(kernel.name, {}))
             for kernel in manifest.kernels
         },
-    }
+    )
+
+
+def _neff_info(manifest: Manifest, neff: CompiledNeff) -> NeffInfo:
+    return NeffInfo(
+        package=_neff_home(manifest, neff.target),
+        path=_neff_path(neff),
+        sha256=neff.sha256,
+        lnc=neff.lnc,
+        placeholder=neff.placeholder,
+        compiler_version=neff.compiler_version,
+        cache_key=neff.cache_key,
+        input_names=tuple(t.name for t in neff.inputs),
+        output_names=tuple(t.name for t in neff.outputs),
+        outputs=tuple(TensorInfo(t.name, t.dtype, tuple(t.shape)) for t in neff.outputs),
+        compile_args=tuple(neff.compile_args),
+    )
 
 
 def runtime_requirements(manifest: Manifest, compiled: Sequence[CompiledNeff]) -> list[str]:
@@ -216,17 +232,20 @@ def runtime_requirements(manifest: Manifest, compiled: Sequence[CompiledNeff]) -
     return ["numpy", *(["ml_dtypes"] if "bfloat16" in dtypes else [])]
 
 
-def _kernel_info(kernel: Kernel, neffs: dict) -> dict:
-    return {
-        "frontend": kernel.frontend,
-        "inputs": [{"name": t.name, "dtype": t.dtype} for t in kernel.inputs],
-        "constants": [[name, value] for name, value in kernel.constants],
-        "variants": {v.name: {"inputs": [t.to_json() for t in v.inputs]} for v in kernel.variants},
-        "reference": _module_info(REFERENCE_PACKAGE, kernel.reference),
-        "source": _module_info(SOURCES_PACKAGE, _shipped_source(kernel)),
-        "tolerance": {"rtol": kernel.tolerance.rtol, "atol": kernel.tolerance.atol},
-        "neffs": neffs,
-    }
+def _kernel_info(kernel: Kernel, neffs: dict[str, dict[str, NeffInfo]]) -> KernelInfo:
+    return KernelInfo(
+        frontend=kernel.frontend,
+        inputs=tuple(ArgumentInfo(t.name, t.dtype) for t in kernel.inputs),
+        constants=tuple(kernel.constants),
+        variants={
+            v.name: VariantInfo(tuple(TensorInfo(t.name, t.dtype, t.shape) for t in v.inputs))
+            for v in kernel.variants
+        },
+        reference=_module_info(REFERENCE_PACKAGE, kernel.reference),
+        source=_module_info(SOURCES_PACKAGE, _shipped_source(kernel)),
+        tolerance=ToleranceInfo(kernel.tolerance.rtol, kernel.tolerance.atol),
+        neffs=neffs,
+    )
 
 
 def module_name(source: SourceRef) -> str:
@@ -235,10 +254,10 @@ def module_name(source: SourceRef) -> str:
     return "".join(c if c.isalnum() else "_" for c in stem)
 
 
-def _module_info(package: str, source: SourceRef | None) -> dict | None:
-    if source is None:
+def _module_info(package: str, source: SourceRef | None) -> FunctionRef | None:
+    if source is None or source.function is None:
         return None
-    return {"package": package, "module": module_name(source), "function": source.function}
+    return FunctionRef(package, module_name(source), source.function)
 
 
 def _shipped_source(kernel: Kernel) -> SourceRef | None:

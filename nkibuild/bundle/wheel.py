@@ -59,7 +59,7 @@ def build_wheel(project: BundleProject, dist_dir: Path) -> Path:
         f"{dist_info}/METADATA": metadata(project).encode(),
         f"{dist_info}/WHEEL": _wheel_file().encode(),
     }
-    if "part_of" not in project.build_info:  # tools discover bundles, not their NEFF parts
+    if project.target is None:  # tools discover bundles, not their NEFF parts
         generated[f"{dist_info}/entry_points.txt"] = _entry_points(package.import_name).encode()
     destination = dist_dir / file_name
     with atomic_output(destination) as tmp:
@@ -83,12 +83,13 @@ def core_metadata(package: Package) -> list[str]:
 
 def metadata(project: BundleProject) -> str:
     package, info = project.package, project.build_info
+    requirements = info.requirements if info else ()  # a part carries NEFFs only
     lines = [
         *core_metadata(package),
-        *(f"Requires-Dist: {requirement}" for requirement in info["requirements"]),
+        *(f"Requires-Dist: {requirement}" for requirement in requirements),
     ]
     for part in project.parts:
-        target = part.build_info["target"]
+        target = part.target
         pin = f"{part.package.name}=={Version(part.package.version)}"
         lines += [
             f'Requires-Dist: {pin}; extra == "{target}"',
@@ -97,9 +98,7 @@ def metadata(project: BundleProject) -> str:
     lines += [f"Provides-Extra: {extra}" for extra in _extras(project)]
     if package.neuron_sdk:
         lines.append(f"Requires-External: neuron-sdk ({package.neuron_sdk})")
-    targets = sorted({t for k in info["kernels"].values() for t in k["neffs"]})
-    if "target" in info:
-        targets = [info["target"]]
+    targets = _targets(project)
     lines += [
         f"Keywords: neuron,nki,trainium,{','.join(targets)}",
         f"Platform: {', '.join(targets)}",
@@ -107,8 +106,15 @@ def metadata(project: BundleProject) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _targets(project: BundleProject) -> list[str]:
+    """The targets whose NEFFs the distribution carries."""
+    if project.target:
+        return [project.target]
+    return project.build_info.targets() if project.build_info else []
+
+
 def _extras(project: BundleProject) -> list[str]:
-    targets = [part.build_info["target"] for part in project.parts]
+    targets = [part.target for part in project.parts if part.target]
     return [*targets, "all"] if targets else []
 
 

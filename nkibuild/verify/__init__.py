@@ -26,6 +26,7 @@ from nkibuild.errors import BuildError, UsageError
 from nkibuild.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
+    from nkibuild.bundle.buildinfo import BuildInfo
     from nkibuild.verify.sources import ProjectSources
 
 RUNNER = Path(__file__).with_name("runner.py")
@@ -41,7 +42,7 @@ VERIFY_TIMEOUT_S = 1800
 class BundleUnderTest:
     package: str  # import name
     paths: tuple[Path, ...]  # the directories to import it (and its NEFF parts) from
-    info: dict[str, Any]  # its _build.json
+    info: BuildInfo  # its _build.json
     baseline: Path
     sources: ProjectSources | None = None  # a project's kernel sources; None for a wheel
 
@@ -84,6 +85,8 @@ def bundle_of_project(
     from nkibuild.bundle import load_bundle
 
     project = load_bundle(bundle_dir)
+    if project.build_info is None:  # only a bundle's per-target NEFF parts have none
+        raise UsageError(f"{bundle_dir}: not a bundle (no {BUILD_INFO})")
     paths = (bundle_dir, *(part.directory for part in project.parts))
     baseline = state_dir / "verify-baseline.json"
     package = project.package.import_name
@@ -100,7 +103,12 @@ def bundle_of_wheel(wheel: Path, scratch: Path) -> BundleUnderTest:
     packages = [p.parent.name for p in scratch.glob(f"*/{BUILD_INFO}")]
     if len(packages) != 1:
         raise UsageError(f"{wheel}: not an nkibuild bundle (no single package with {BUILD_INFO})")
-    info = json.loads((scratch / packages[0] / BUILD_INFO).read_text())
+    from nkibuild.bundle.buildinfo import BuildInfo, BuildInfoError
+
+    try:
+        info = BuildInfo.from_text((scratch / packages[0] / BUILD_INFO).read_text())
+    except BuildInfoError as error:
+        raise UsageError(f"{wheel}: {error.of(f'{packages[0]}/{BUILD_INFO}')}") from None
     return BundleUnderTest(packages[0], (scratch,), info, wheel.with_suffix(".verify.json"))
 
 
@@ -112,7 +120,7 @@ def verify(
     label = " (toolchain double's nki)" if doubles else ""
     checks = _judge(bundle, mode, _run(bundle, mode, {}, doubles), label)
     if with_double:
-        for target in _targets(bundle.info):
+        for target in bundle.info.targets():
             env = {"NKIBUILD_TARGET": target}
             results = _run(bundle, "neuron", env, extra_path=[FAKE_RUNTIME])
             checks += _judge(bundle, "neuron", results, f" (toolchain double, {target})")
@@ -157,17 +165,13 @@ def _record_baseline(
         atomic_write_text(path, json.dumps(merged, indent=2, sort_keys=True))
 
 
-def _targets(info: dict[str, Any]) -> list[str]:
-    return sorted({t for kernel in info["kernels"].values() for t in kernel["neffs"]})
-
-
 def _run(
     bundle: BundleUnderTest,
     mode: str,
     env: dict[str, str],
     extra_path: Sequence[Path] = (),
 ) -> dict[str, Any]:
-    tolerances = {name: k.get("tolerance", {}) for name, k in bundle.info["kernels"].items()}
+    tolerances = {name: k.tolerance.to_json() for name, k in bundle.info.kernels.items()}
     request = {"package": bundle.package, "mode": mode, "tolerances": tolerances}
     with tempfile.TemporaryDirectory(prefix="nkibuild-verify-") as scratch:
         request_file = Path(scratch) / "request.json"
@@ -215,13 +219,13 @@ def _judge(bundle: BundleUnderTest, mode: str, run: dict[str, Any], label: str) 
 
 
 def _judge_result(
-    info: dict[str, Any], mode: str, result: dict[str, Any], double: bool, check: Check
+    info: BuildInfo, mode: str, result: dict[str, Any], double: bool, check: Check
 ) -> None:
     reference = result["reference_outputs"]
-    neffs = info["kernels"][check.kernel]["neffs"]
+    neffs = info.kernels[check.kernel].neffs
     for target, variants in sorted(neffs.items()):
         compiled = [
-            {"dtype": t["dtype"], "shape": t["shape"]} for t in variants[check.variant]["outputs"]
+            {"dtype": t.dtype, "shape": list(t.shape)} for t in variants[check.variant].outputs
         ]
         if compiled != reference:
             check.problems.append(
