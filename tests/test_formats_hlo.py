@@ -342,3 +342,24 @@ def test_canonical_module_keeps_paths_without_a_root() -> None:
 )
 def test_portable_source_file(path: str, expected: str) -> None:
     assert portable_source_file(path, "/p/root") == expected
+
+
+def _attributes(**pairs: str) -> bytes:
+    """FrontendAttributes (field 68 of an instruction): map<string, string> entries."""
+    return _field(68, b"".join(_field(1, _field(1, k) + _field(2, v)) for k, v in pairs.items()))
+
+
+def test_names_and_aliases_the_tracer_chose() -> None:
+    # As the real nkipy writes a kernel that writes into its input `acc`.
+    param = _instruction(1, "parameter", _shape(F32, 4), name="acc", parameter_number=0)
+    param += _attributes(neff_input_names="acc.must_alias_input")
+    other = _instruction(2, "parameter", _shape(F32, 4), name="x", parameter_number=1)
+    root = _instruction(3, "tuple", _shape(TUPLE, tuple_shapes=(_shape(F32, 4), _shape(F32, 4))))
+    root += _attributes(neff_output_names="output0,acc")
+    alias = _field(8, _field(1, _field(1, _varint(1)) + _field(2, 0)))  # result[1] -> param 0
+    info = read_hlo(_module(param, other, root, root_id=3) + alias)
+    assert [p.name for p in info.parameters] == ["acc.must_alias_input", "x"]
+    assert info.output_names == ("output0", "acc")
+    assert [(a.output_shape_index, a.parameter) for a in info.aliases] == [((1,), 0)]
+    plain = read_hlo(_module(other.replace(_field(9, 1), _field(9, 0)), root_id=2))
+    assert (plain.output_names, plain.aliases) == ((), ())

@@ -74,12 +74,25 @@ class HloCustomCall:
 
 
 @dataclass(frozen=True)
+class HloAlias:
+    """An output that is written into a parameter's buffer (a kernel that writes into an
+    input: nkipy then also returns that input, named after it)."""
+
+    output_shape_index: tuple[int, ...]  # path into the result tuple
+    parameter: int
+
+
+@dataclass(frozen=True)
 class HloModuleInfo:
     name: str
     entry_computation_name: str
     parameters: tuple[HloParameter, ...]
     result: HloShape
     custom_calls: tuple[HloCustomCall, ...]
+    # The NEFF's output names if the tracer chose them (nkipy's root attribute
+    # `neff_output_names`: "output0,x"), else () (the compiler names them output0, ...).
+    output_names: tuple[str, ...] = ()
+    aliases: tuple[HloAlias, ...] = ()
 
     def outputs(self) -> tuple[HloShape, ...]:
         """The module's outputs: the leaves of the (possibly tuple) result."""
@@ -120,6 +133,19 @@ _MESSAGES: dict[str, tuple[tuple[str, int, int, int, str | None], ...]] = {
     ),
     # xla_data.proto OpMetadata: only the field canonical_module rewrites.
     "OpMetadata": (("source_file", 3, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),),
+    # FrontendAttributes.map (map<string, string>) has the wire format of repeated pairs.
+    "StringPair": (
+        ("key", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+        ("value", 2, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+    ),
+    "FrontendAttributes": (("map", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, "StringPair"),),
+    "AliasEntryProto": (
+        ("output_shape_index", 1, _F.TYPE_INT64, _F.LABEL_REPEATED, None),
+        ("parameter_number", 2, _F.TYPE_INT64, _F.LABEL_OPTIONAL, None),
+    ),
+    "HloInputOutputAliasProto": (
+        ("entries", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, "AliasEntryProto"),
+    ),
     "HloInstructionProto": (
         ("name", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
         ("opcode", 2, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
@@ -131,6 +157,7 @@ _MESSAGES: dict[str, tuple[tuple[str, int, int, int, str | None], ...]] = {
         ("operand_ids", 36, _F.TYPE_INT64, _F.LABEL_REPEATED, None),
         # bytes, not string: some custom-calls carry non-UTF-8 configs.
         ("backend_config", 43, _F.TYPE_BYTES, _F.LABEL_OPTIONAL, None),
+        ("frontend_attributes", 68, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "FrontendAttributes"),
     ),
     "HloComputationProto": (
         ("name", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
@@ -145,6 +172,7 @@ _MESSAGES: dict[str, tuple[tuple[str, int, int, int, str | None], ...]] = {
         ("host_program_shape", 4, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "ProgramShapeProto"),
         ("id", 5, _F.TYPE_INT64, _F.LABEL_OPTIONAL, None),
         ("entry_computation_id", 6, _F.TYPE_INT64, _F.LABEL_OPTIONAL, None),
+        ("input_output_alias", 8, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "HloInputOutputAliasProto"),
     ),
 }
 
@@ -241,6 +269,11 @@ def _module_info(module: Any) -> HloModuleInfo:
         ),
         result=result,
         custom_calls=tuple(_custom_calls(module.computations)),
+        output_names=_output_names(entry),
+        aliases=tuple(
+            HloAlias(tuple(int(i) for i in entry.output_shape_index), int(entry.parameter_number))
+            for entry in module.input_output_alias.entries
+        ),
     )
 
 
@@ -287,13 +320,33 @@ def _root_instruction(computation: Any) -> Any:
 
 
 def _parameter_names(declared: Sequence[str], instructions: Sequence[Any], count: int) -> list[str]:
-    """Per parameter: the declared name, else the instruction's name, else `input{i}`."""
+    """Per parameter: the NEFF input name the tracer chose (nkipy's `neff_input_names`
+    attribute), else the declared name, else the instruction's name, else `input{i}`.
+
+    (The real nkipy names an input the kernel writes into `x.must_alias_input`, in the
+    attribute and the declared names alike; the aliased output is then named `x`.)
+    """
     names = []
     for i in range(count):
+        instruction = instructions[i] if i < len(instructions) else None
+        chosen = _attribute(instruction, "neff_input_names") if instruction is not None else ""
         declared_name = declared[i] if i < len(declared) else ""
-        instruction_name = instructions[i].name if i < len(instructions) else ""
-        names.append(declared_name or instruction_name or f"input{i}")
+        instruction_name = instruction.name if instruction is not None else ""
+        names.append(chosen or declared_name or instruction_name or f"input{i}")
     return names
+
+
+def _attribute(instruction: Any, key: str) -> str:
+    for pair in instruction.frontend_attributes.map:
+        if pair.key == key:
+            return str(pair.value)
+    return ""
+
+
+def _output_names(entry: Any) -> tuple[str, ...]:
+    root = next((i for i in entry.instructions if i.id == entry.root_id), None)
+    names = _attribute(root, "neff_output_names") if root is not None else ""
+    return tuple(names.split(",")) if names else ()
 
 
 def _shape(proto: Any) -> HloShape:
