@@ -18,10 +18,14 @@ from nkibuild.plan import BuildUnit, resolve
 from nkibuild.settings import BuildOptions, resolve_settings
 
 PLAN_CACHE_FILE = "plan.pickle"
+# The code a cached plan depends on: the resolver, the manifest package (the model,
+# the schema generated from it, the converter, the checks) and the modules the model
+# takes its dtype names and size/duration syntax from.
 _PLAN_CODE = (
     Path(__file__).parent / "plan.py",
     *sorted((Path(__file__).parent / "manifest").glob("*.py")),
-    Path(__file__).parent / "manifest" / "nkibuild.schema.json",
+    Path(__file__).parent / "dtypes.py",
+    Path(__file__).parent / "quantities.py",
 )
 
 

@@ -28,10 +28,11 @@ from nkibuild.manifest import (
     SourceRef,
     TensorSpec,
     docgen,
+    generate,
     load_manifest,
     yamlsource,
 )
-from nkibuild.manifest.validate import inline_ref, load_schema
+from nkibuild.manifest.schemagen import inline_ref, load_schema
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_FILE = REPO / "schemas" / "nkibuild.schema.json"
@@ -349,6 +350,44 @@ def test_packaged_schema_is_a_relative_symlink_to_the_source() -> None:
     assert link.is_symlink()
     assert os.readlink(link) == "../../schemas/nkibuild.schema.json"
     assert load_schema() == json.loads(SCHEMA_FILE.read_text())
+
+
+def test_shipped_schema_is_the_one_generated_from_the_model() -> None:
+    actual = SCHEMA_FILE.read_text(encoding="utf-8")
+    assert actual == generate.schema_text(), "run: python -m nkibuild.manifest.generate"
+
+
+def test_generate_check_reports_nothing_stale(capsys: pytest.CaptureFixture[str]) -> None:
+    assert generate.main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_defaults_come_from_the_documented_defaults() -> None:
+    # One source: the model's documented defaults are what an absent key means.
+    from nkibuild.manifest.keys import effective_defaults
+
+    assert effective_defaults(CompileSettings) == DEFAULT_SETTINGS
+    assert CompileSettings(2, "none", "bf16", None, False, ()) == DEFAULT_SETTINGS
+
+
+def test_every_model_key_is_in_the_schema() -> None:
+    # The schema is generated, so this guards the generator: no YAML key is dropped.
+    from nkibuild.manifest.keys import keyed_fields
+    from nkibuild.manifest.model import Kernel, Manifest, Package
+
+    defs = load_schema()["$defs"]
+    expected = {
+        "root": [i.name for _, i in keyed_fields(Manifest) if i.section is None],
+        "package": [i.name for _, i in keyed_fields(Package)],
+        "kernel": [i.name for _, i in keyed_fields(Kernel) if not i.inline],
+        "compileSettings": [i.name for _, i in keyed_fields(CompileSettings)],
+    }
+    found = {
+        "root": [k for k in load_schema()["properties"] if k not in ("defaults", "compiler")],
+        "package": list(defs["package"]["properties"]),
+        "kernel": list(defs["kernel"]["properties"]),
+        "compileSettings": list(defs["compileSettings"]["properties"]),
+    }
+    assert found == expected
 
 
 def _objects(node: Any, path: str = "#") -> Iterator[tuple[str, dict[str, Any]]]:

@@ -28,7 +28,7 @@ from nkibuild.manifest import (
     Manifest,
     load_manifest,
 )
-from nkibuild.manifest.validate import load_schema
+from nkibuild.manifest.schemagen import load_schema
 from nkibuild.plan import resolve
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

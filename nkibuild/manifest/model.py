@@ -1,33 +1,194 @@
-"""Typed model of a validated nkibuild.yaml (format version 1).
+"""Typed model of a validated nkibuild.yaml (format version 1): the one description of it.
 
-Every value here has passed the JSON Schema and the semantic checks; later
-stages never see raw YAML.
+Every value here has passed the JSON Schema and the semantic checks; later stages
+never see raw YAML. The field metadata (`keys.key`, `keys.mapping`) says how each
+field is spelled in YAML and what it means: the JSON Schema (schemas/), the reference
+(docs/manifest.md) and the YAML converter are generated from it, so a key is added
+here and nowhere else. `VALUE_TYPES` are the YAML value types that are not classes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal, get_args
 
+from nkibuild import dtypes
 from nkibuild.errors import Location
+from nkibuild.manifest.keys import Converting, Section, effective_defaults, key, mapping
+from nkibuild.quantities import DURATION_PATTERN, SIZE_PATTERN, parse_duration, parse_size
 
-TARGETS: tuple[str, ...] = ("trn1", "trn2", "trn3")
-FRONTENDS: tuple[str, ...] = ("nki", "nkipy", "jax", "hlo")
-AUTO_CAST: tuple[str, ...] = ("none", "matmult", "all")
-AUTO_CAST_TYPES: tuple[str, ...] = ("bf16", "fp16", "tf32", "fp8_e4m3")
+Target = Literal["trn1", "trn2", "trn3"]
+Frontend = Literal["nki", "nkipy", "jax", "hlo"]
+AutoCast = Literal["none", "matmult", "all"]
+AutoCastType = Literal["bf16", "fp16", "tf32", "fp8_e4m3"]
+OptLevel = Literal[1, 2, 3]
+
+TARGETS: tuple[str, ...] = get_args(Target)
+FRONTENDS: tuple[str, ...] = get_args(Frontend)
+AUTO_CAST: tuple[str, ...] = get_args(AutoCast)
+AUTO_CAST_TYPES: tuple[str, ...] = get_args(AutoCastType)
 DEFAULT_VARIANT = "default"
 
 # A constant is any YAML scalar or a (nested) list of them; lists become tuples.
 Constant = int | float | bool | str | tuple["Constant", ...]
 
 
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/$defs/{name}"}
+
+
+def _names(title: str, definition: str = "identifier") -> dict[str, str]:
+    """The schema of the names of a mapping by name."""
+    return {"title": title, **_ref(definition)}
+
+
+# ------------------------------------------------------------ YAML value types
+
+_SHAPE = _ref("shape")
+_DTYPE = _ref("dtype")
+
+VALUE_TYPES: dict[str, dict[str, Any]] = {
+    "identifier": {
+        "title": "identifier",
+        "description": "A Python identifier in ASCII: letters, digits and underscores, "
+        "not starting with a digit; at most 64 characters.",
+        "type": "string",
+        "pattern": "^[A-Za-z_][A-Za-z0-9_]*$",
+        "maxLength": 64,
+    },
+    "target": {
+        "title": "target",
+        "description": "A Trainium generation.",
+        "type": "string",
+        "enum": list(TARGETS),
+    },
+    "targets": {
+        "title": "targets",
+        "description": "Trainium generations to compile for; one NEFF is built per target.",
+        "type": "array",
+        "items": _ref("target"),
+        "minItems": 1,
+        "uniqueItems": True,
+    },
+    "dtype": {
+        "title": "dtype",
+        "description": "Element type of a tensor, spelled as in NumPy.",
+        "type": "string",
+        "enum": list(dtypes.NAMES),
+    },
+    "shape": {
+        "title": "shape",
+        "description": "Dimensions of a tensor, outermost first; `[]` is a scalar.",
+        "type": "array",
+        "items": {"type": "integer", "minimum": 1},
+    },
+    "tensorChange": {
+        "title": "tensor change",
+        "description": "A variant's shape and/or element type for one input.",
+        "type": "object",
+        "minProperties": 1,
+        "additionalProperties": False,
+        "properties": {
+            "shape": {
+                "title": "Shape",
+                "description": "Dimensions of the input in this variant.",
+                **_SHAPE,
+            },
+            "dtype": {
+                "title": "Element type",
+                "description": "Element type of the input in this variant.",
+                **_DTYPE,
+            },
+        },
+    },
+    "variant": {
+        "title": "variant",
+        "description": "A shape bucket: for each input it names, a shape list or a "
+        "`{shape, dtype}` mapping. Inputs it does not name keep their declared shape "
+        "and dtype.",
+        "type": "object",
+        "propertyNames": _names("input"),
+        "additionalProperties": {
+            "title": "input change",
+            "description": "The input's shape in this variant (a list), or a mapping with "
+            "its `shape` and/or `dtype`.",
+            "anyOf": [_SHAPE, _ref("tensorChange")],
+        },
+    },
+    "constant": {
+        "title": "constant",
+        "description": "A value passed to the kernel function as a keyword argument: a "
+        "number, boolean, string or a (nested) list of them.",
+        "type": ["boolean", "integer", "number", "string", "array"],
+        "items": _ref("constant"),
+    },
+    "sourceRef": {
+        "title": "source reference",
+        "description": "`path/to/file.py:function`, relative to the manifest's directory.",
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 1024,
+    },
+    "glob": {
+        "title": "glob pattern",
+        "description": "A glob pattern relative to the manifest's directory, e.g. "
+        "`kernels/common/*.py`.",
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 1024,
+    },
+    "size": {
+        "title": "size",
+        "description": "An amount of memory: a number with a unit K, M, G or T (powers of "
+        "1024, optional `iB`/`B`), e.g. `16G`, `512MiB`.",
+        "type": "string",
+        "pattern": SIZE_PATTERN,
+        "examples": ["16G", "512MiB", "1.5T"],
+    },
+    "duration": {
+        "title": "duration",
+        "description": "Seconds, or a number with a unit `s`, `m`, `h` or `d`, e.g. `90`, "
+        "`30m`, `2h`.",
+        "oneOf": [
+            {"type": "number", "exclusiveMinimum": 0},
+            {"type": "string", "pattern": DURATION_PATTERN, "examples": ["90s", "30m", "2h"]},
+        ],
+    },
+}
+
+# ------------------------------------------------------------------- classes
+
+
+@mapping(
+    "tensor",
+    "Shape and element type of a tensor argument.",
+    definition="tensor",
+    keyed_by="name",
+)
 @dataclass(frozen=True)
 class TensorSpec:
     """One tensor argument: its name, shape and element type."""
 
     name: str
-    shape: tuple[int, ...]
-    dtype: str
+    shape: tuple[int, ...] = field(
+        metadata=key(
+            "shape",
+            "Shape",
+            "Dimensions, outermost first, each a positive integer.",
+            required=True,
+            schema=_SHAPE,
+        )
+    )
+    dtype: str = field(
+        metadata=key(
+            "dtype",
+            "Element type",
+            "Element type, spelled as in NumPy.",
+            required=True,
+            schema=_DTYPE,
+        )
+    )
 
     def __str__(self) -> str:
         return f"{self.name}: {self.dtype}[{','.join(map(str, self.shape))}]"
@@ -40,18 +201,117 @@ class TensorSpec:
         return cls(str(data["name"]), tuple(int(d) for d in data["shape"]), str(data["dtype"]))
 
 
+def _lnc(value: int | str) -> int | None:
+    return None if value == "auto" else int(value)
+
+
+@mapping(
+    "compile settings",
+    "neuronx-cc settings. A kernel's settings override the defaults; a kernel's "
+    "per-target overrides win over both.",
+    definition="compileSettings",
+    closed=False,  # a mixin: closed by each mapping that takes its keys
+)
 @dataclass(frozen=True)
 class CompileSettings:
-    """A layer of compile settings; None means "inherit from the layer below"."""
+    """A layer of compile settings; None means "inherit from the layer below".
 
-    optlevel: int | None = None
-    auto_cast: str | None = None
-    auto_cast_type: str | None = None
-    lnc: int | None = None  # None also stands for "auto"
-    fast_loading: bool | None = None
-    compiler_args: tuple[str, ...] | None = None
-    compile_memory: int | None = None  # bytes; a scheduling hint, not a compiler flag
-    compile_timeout: float | None = None  # seconds
+    The documented defaults are what the bottom layer means (`DEFAULT_SETTINGS`).
+    """
+
+    optlevel: OptLevel | None = field(
+        default=None,
+        metadata=key(
+            "optlevel",
+            "Optimization level",
+            "`neuronx-cc --optlevel`: 1 compiles fastest, 3 optimizes most.",
+            documented=2,
+        ),
+    )
+    auto_cast: AutoCast | None = field(
+        default=None,
+        metadata=key(
+            "auto-cast",
+            "Auto-cast",
+            "`neuronx-cc --auto-cast`: which operations may be computed in a lower precision.",
+            documented="none",
+        ),
+    )
+    auto_cast_type: AutoCastType | None = field(
+        default=None,
+        metadata=key(
+            "auto-cast-type",
+            "Auto-cast type",
+            "`neuronx-cc --auto-cast-type`: the lower precision used by auto-cast.",
+            documented="bf16",
+        ),
+    )
+    lnc: int | None = field(  # None also stands for "auto"
+        default=None,
+        metadata=key(
+            "lnc",
+            "Logical NeuronCore size",
+            "`neuronx-cc --lnc`: physical NeuronCores per logical core. `auto` is the same as "
+            "leaving the key out: the layer below decides, and if no layer sets a number, trn1 "
+            "gets 1 and trn2/trn3 get 2. trn1 supports only 1.",
+            documented="auto",
+            schema={"type": ["string", "integer"], "enum": ["auto", 1, 2]},
+            parse=_lnc,
+        ),
+    )
+    fast_loading: bool | None = field(
+        default=None,
+        metadata=key(
+            "fast-loading",
+            "Fast loading",
+            "Pass `--enable-fast-loading-neuron-binaries`: faster NEFF loading, possibly "
+            "slower kernels.",
+            documented=False,
+        ),
+    )
+    compiler_args: tuple[str, ...] | None = field(
+        default=None,
+        metadata=key(
+            "compiler-args",
+            "Extra compiler arguments",
+            "Extra neuronx-cc arguments, appended after the ones nkibuild derives from the "
+            "settings above.",
+            documented=[],
+        ),
+    )
+    compile_memory: int | None = field(  # bytes; a scheduling hint, not a compiler flag
+        default=None,
+        metadata=key(
+            "compile-memory",
+            "Compile memory",
+            "Peak memory one neuronx-cc run of this kernel needs. With `--max-compile-memory`, "
+            "parallel compiles are scheduled so their estimates fit the budget; the estimate is "
+            "the larger of this hint and the peak measured at the kernel's last compile.",
+            schema=_ref("size"),
+            parse=parse_size,
+        ),
+    )
+    compile_timeout: float | None = field(  # seconds
+        default=None,
+        metadata=key(
+            "compile-timeout",
+            "Compile timeout",
+            "Stop neuronx-cc (and every process it started) after this long and fail the unit. "
+            "Without it, compiles may run as long as they need.",
+            schema=_ref("duration"),
+            parse=parse_duration,
+        ),
+    )
+
+    def over(self, base: CompileSettings) -> CompileSettings:
+        """`base` with every setting this layer sets replaced."""
+        set_here = {name: value for name, value in vars(self).items() if value is not None}
+        return CompileSettings(**{**vars(base), **set_here})
+
+
+# What the bottom layer means: the documented defaults.
+DEFAULT_SETTINGS: CompileSettings = effective_defaults(CompileSettings)
+DEFAULT_TARGETS: tuple[str, ...] = ("trn2",)
 
 
 @dataclass(frozen=True)
@@ -68,69 +328,464 @@ class SourceRef:
     def __str__(self) -> str:
         return f"{self.path}:{self.function}" if self.function else self.path
 
+    @classmethod
+    def from_yaml(cls, text: str, location: Location | None) -> SourceRef:
+        path, function = split_source(text)
+        return cls(normalize_path(path), function, location)
+
+
+def split_source(text: str) -> tuple[str, str | None]:
+    """`path/to/file.py:function` -> (path, function); a bare path has no function."""
+    path, sep, function = text.rpartition(":")
+    return (path, function) if sep else (text, None)
+
+
+def normalize_path(text: str) -> str:
+    """POSIX form without "." parts or redundant separators (".." is refused earlier)."""
+    import posixpath
+
+    return posixpath.normpath(text)
+
 
 @dataclass(frozen=True)
 class Variant:
-    """A named shape set of a kernel (a shape bucket)."""
+    """A named shape set of a kernel (a shape bucket), its inputs resolved.
+
+    In YAML a variant only restates the inputs it changes (VALUE_TYPES["variant"]).
+    """
 
     name: str
     inputs: tuple[TensorSpec, ...]
     location: Location | None = field(default=None, compare=False)
 
 
+def _variants(data: dict[str, Any] | None, converting: Converting) -> tuple[Variant, ...]:
+    inputs: tuple[TensorSpec, ...] = converting.values["inputs"]
+    base = converting.path[:-1]  # the kernel's
+    if data is None:
+        return (Variant(DEFAULT_VARIANT, inputs, converting.key_location(base)),)
+    return tuple(
+        Variant(
+            name,
+            tuple(_changed(spec, changes.get(spec.name)) for spec in inputs),
+            converting.key_location((*converting.path, name)),
+        )
+        for name, changes in data.items()
+    )
+
+
+def _changed(spec: TensorSpec, change: list[int] | dict[str, Any] | None) -> TensorSpec:
+    """An input as a variant sees it: a bare list is a new shape, a mapping a shape/dtype."""
+    from dataclasses import replace
+
+    if change is None:
+        return spec
+    if isinstance(change, list):
+        return replace(spec, shape=tuple(change))
+    return replace(
+        spec,
+        shape=tuple(change.get("shape", spec.shape)),
+        dtype=change.get("dtype", spec.dtype),
+    )
+
+
+def _constants(pairs: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Constant], ...]:
+    return tuple((name, _constant(value)) for name, value in pairs)
+
+
+def _constant(value: Any) -> Constant:
+    return tuple(_constant(item) for item in value) if isinstance(value, list) else value
+
+
+@mapping(
+    "",
+    "",
+    schema={"minProperties": 1},
+)
 @dataclass(frozen=True)
 class Tolerance:
     """`numpy.allclose` tolerances for `nkibuild verify`; None: a default by dtype."""
 
-    rtol: float | None = None
-    atol: float | None = None
+    rtol: float | None = field(
+        default=None,
+        metadata=key("rtol", "Relative tolerance", "Relative tolerance.", schema={"minimum": 0}),
+    )
+    atol: float | None = field(
+        default=None,
+        metadata=key("atol", "Absolute tolerance", "Absolute tolerance.", schema={"minimum": 0}),
+    )
 
 
+_OVERRIDE_SETTINGS = {
+    "title": "target settings",
+    "description": "Compile settings of the kernel for this target.",
+    "unevaluatedProperties": False,
+}
+
+
+@mapping(
+    "kernel",
+    "One kernel: where its code is, its inputs and how to compile it. Kernel-level compile "
+    "settings override the defaults.",
+    definition="kernel",
+    keyed_by="name",
+)
 @dataclass(frozen=True)
 class Kernel:
     name: str
-    frontend: str
-    source: SourceRef
-    inputs: tuple[TensorSpec, ...]
-    constants: tuple[tuple[str, Constant], ...]
-    variants: tuple[Variant, ...]
-    targets: tuple[str, ...] | None
-    settings: CompileSettings
-    overrides: tuple[tuple[str, CompileSettings], ...]
-    reference: SourceRef | None
-    deps: tuple[str, ...]
-    tolerance: Tolerance = Tolerance()
+    frontend: Frontend = field(
+        metadata=key(
+            "frontend",
+            "Frontend",
+            "How the source becomes HLO: `nki` (an NKI kernel), `nkipy` (a NKIPy kernel), `jax` "
+            "(a JAX function traced on CPU) or `hlo` (a serialized HloModuleProto).",
+            required=True,
+        )
+    )
+    source: SourceRef = field(
+        metadata=key(
+            "source",
+            "Source",
+            "The kernel's code: `path/to/file.py:function`, relative to the manifest's "
+            "directory; for the `hlo` frontend the path of the HloModuleProto file, without a "
+            "function.",
+            required=True,
+            schema=_ref("sourceRef"),
+        )
+    )
+    inputs: tuple[TensorSpec, ...] = field(
+        metadata=key(
+            "inputs",
+            "Inputs",
+            "Tensor arguments of the kernel, by argument name, in call order.",
+            required=True,
+            schema={"minProperties": 1},
+            names=_names("input"),
+        )
+    )
+    constants: tuple[tuple[str, Constant], ...] = field(
+        default=(),
+        metadata=key(
+            "constants",
+            "Constants",
+            "Compile-time keyword arguments of the kernel function, by name. Lists become "
+            "tuples. Not allowed for the `hlo` frontend.",
+            names=_names("constant"),
+            values=_ref("constant"),
+            parse=_constants,
+        ),
+    )
+    variants: tuple[Variant, ...] = field(
+        default=(),
+        metadata=key(
+            "variants",
+            "Variants",
+            "Shape buckets, by name; each is compiled separately. Without variants a kernel has "
+            "one variant, `default`, with the declared inputs. Not allowed for the `hlo` frontend.",
+            schema={
+                "type": "object",
+                "minProperties": 1,
+                "propertyNames": _names("variant"),
+                "additionalProperties": _ref("variant"),
+            },
+            hook=_variants,
+            hook_absent=True,
+        ),
+    )
+    targets: tuple[str, ...] | None = field(
+        default=None,
+        metadata=key(
+            "targets",
+            "Targets",
+            "Targets of this kernel, instead of `defaults.targets`.",
+            schema=_ref("targets"),
+        ),
+    )
+    settings: CompileSettings = field(
+        default=CompileSettings(), metadata=key("", "", "", inline=True)
+    )
+    overrides: tuple[tuple[str, CompileSettings], ...] = field(
+        default=(),
+        metadata=key(
+            "overrides",
+            "Per-target overrides",
+            "Compile settings for one target of this kernel; they win over the kernel's "
+            "settings and the defaults. Every key must be one of the kernel's targets.",
+            names=_names("target", "target"),
+            values=_OVERRIDE_SETTINGS,
+        ),
+    )
+    reference: SourceRef | None = field(
+        default=None,
+        metadata=key(
+            "reference",
+            "Reference implementation",
+            "`path/to/file.py:function` of a CPU (NumPy) implementation with the same "
+            "signature; the generated package falls back to it where Neuron is unavailable, and "
+            "tests compare against it.",
+            schema=_ref("sourceRef"),
+        ),
+    )
+    deps: tuple[str, ...] = field(
+        default=(),
+        metadata=key(
+            "deps",
+            "Extra dependencies",
+            "Glob patterns, relative to the manifest's directory, of further files the kernel's "
+            "code reads (e.g. imported helpers); a change to any of them rebuilds the kernel.",
+            schema={"items": _ref("glob")},
+        ),
+    )
+    tolerance: Tolerance = field(
+        default=Tolerance(),
+        metadata=key(
+            "tolerance",
+            "Verification tolerance",
+            "How close `nkibuild verify` requires the bundle's results to be to the reference: "
+            "`numpy.allclose` with these `rtol` and `atol`. Without it: rtol 1e-5, atol 1e-6 "
+            "for 32-bit floats; 1e-2 for bfloat16 and float16 results.",
+        ),
+    )
     location: Location | None = field(default=None, compare=False)
 
 
+def derived_import_name(distribution: str) -> str:
+    """The import name a distribution name maps to when none is given."""
+    import re
+
+    return re.sub(r"[-_.]+", "_", distribution).lower()
+
+
+def _import_name(value: str | None, converting: Converting) -> str:
+    return value or derived_import_name(converting.values["name"])
+
+
+# PEP 508 names; the semantic checks also match it, as JSON Schema's "$" would accept
+# a final newline.
+DISTRIBUTION_NAME_PATTERN = "^([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]*[A-Za-z0-9])$"
+_SPECIFIER = r"\s*(>=|<=|==|!=|>|<)\s*[0-9]+(\.[0-9]+)*\s*"
+
+
+@mapping("package", "Distribution metadata of the generated wheel.", definition="package")
 @dataclass(frozen=True)
 class Package:
-    name: str
-    version: str
-    import_name: str
-    description: str = ""
-    license: str | None = None
-    requires_python: str = ">=3.10"
-    neuron_sdk: str | None = None  # e.g. ">=2.29,<3"
-    split_targets: bool = False  # one NEFF wheel per target + a main wheel with extras
+    name: str = field(
+        metadata=key(
+            "name",
+            "Distribution name",
+            "Name of the distribution on PyPI (PEP 508): letters, digits, `.`, `_` and `-`, "
+            "starting and ending with a letter or digit.",
+            required=True,
+            schema={"pattern": DISTRIBUTION_NAME_PATTERN, "maxLength": 128},
+        )
+    )
+    version: str = field(
+        metadata=key(
+            "version",
+            "Version",
+            "Version of the distribution (PEP 440), e.g. `0.1.0`. Quote versions that YAML "
+            'would read as a number: `"1.0"`.',
+            required=True,
+            schema={"minLength": 1, "maxLength": 64},
+        )
+    )
+    import_name: str = field(
+        metadata=key(
+            "import-name",
+            "Import name",
+            "Name of the top-level Python package. Default: the distribution name in lower case "
+            "with every run of `-`, `_` and `.` replaced by `_`.",
+            schema=_ref("identifier"),
+            hook=_import_name,
+            hook_absent=True,
+        )
+    )
+    description: str = field(
+        default="",
+        metadata=key("description", "Description", "One-line summary of the distribution."),
+    )
+    license: str | None = field(
+        default=None,
+        metadata=key(
+            "license",
+            "License",
+            "License of the distribution as an SPDX expression, e.g. `Apache-2.0`.",
+            schema={"minLength": 1},
+        ),
+    )
+    requires_python: str = field(
+        default=">=3.10",
+        metadata=key(
+            "requires-python",
+            "Requires-Python",
+            "Python versions the generated wheel supports (a PEP 440 specifier set such as "
+            "`>=3.10`).",
+            schema={"minLength": 1},
+        ),
+    )
+    neuron_sdk: str | None = field(  # e.g. ">=2.29,<3"
+        default=None,
+        metadata=key(
+            "neuron-sdk",
+            "Neuron SDK",
+            "Versions of the Neuron SDK the bundle's NEFFs need at run time, as comma-separated "
+            "clauses such as `>=2.29` or `>=2.29,<3`. Recorded in the wheel (`Requires-External`) "
+            "and checked by the bundle before it loads a NEFF, when the host's SDK version is "
+            "known.",
+            schema={
+                "pattern": f"^{_SPECIFIER}(,{_SPECIFIER})*$",
+                "examples": [">=2.29", ">=2.29,<3"],
+            },
+        ),
+    )
+    split_targets: bool = field(  # one NEFF wheel per target + a main wheel with extras
+        default=False,
+        metadata=key(
+            "split-targets",
+            "One wheel per target",
+            "Put each target's NEFFs in a wheel of its own (`<name>-trn2`, ...) next to a main "
+            "wheel with the code and extras per target (`pip install 'acme-kernels[trn2]'`), so "
+            "a host downloads only its target's NEFFs. Worth it when NEFFs are large (tens of MB "
+            "per target or more); otherwise one wheel is simpler.",
+        ),
+    )
 
 
+@mapping()
 @dataclass(frozen=True)
 class CacheSettings:
-    remote: str | None = None  # fsspec URL
-    read_only: bool = False
+    remote: str | None = field(  # fsspec URL
+        default=None,
+        metadata=key(
+            "remote",
+            "Remote cache",
+            "fsspec URL of a cache shared by machines, e.g. `s3://bucket/nkibuild-cache` (needs "
+            "`nkibuild[remote]`) or `file:///mnt/shared/cache`. `--remote-cache` and "
+            "`NKIBUILD_REMOTE_CACHE` win over it.",
+            schema={
+                "pattern": "^[A-Za-z][A-Za-z0-9+.-]*://",
+                "examples": ["s3://bucket/nkibuild-cache", "file:///mnt/shared/nkibuild-cache"],
+            },
+        ),
+    )
+    read_only: bool = field(
+        default=False,
+        metadata=key(
+            "read-only",
+            "Read only",
+            "Use the caches without writing to them (for CI jobs that consume a cache other "
+            "jobs fill). `--cache-read-only` and `NKIBUILD_CACHE_READ_ONLY=1` also set it.",
+        ),
+    )
 
 
-@dataclass(frozen=True)
+DEFAULTS = Section(
+    "defaults",
+    "Defaults",
+    "Targets and compile settings for every kernel that does not set its own.",
+    definition="defaults",
+    definition_title="defaults",
+    definition_description="Targets and compile settings shared by all kernels.",
+)
+COMPILER = Section(
+    "compiler",
+    "compiler",
+    "Where neuronx-cc is. Without it nkibuild looks at `NKIBUILD_NEURONX_CC`, then `PATH`, "
+    "then the running Python's virtualenv, then the Neuron SDK's virtualenvs under /opt.",
+)
+
+
+def _compiler_path(text: str, converting: Converting) -> Path:
+    return converting.root / Path(text).expanduser()  # an absolute path replaces root
+
+
+@mapping(
+    "nkibuild manifest",
+    "nkibuild.yaml (format version 1): the kernels of one Python distribution and how to "
+    "compile them for AWS Neuron.",
+)
+@dataclass(frozen=True, kw_only=True)
 class Manifest:
     path: Path  # absolute path of nkibuild.yaml
-    package: Package
-    default_targets: tuple[str, ...]
-    defaults: CompileSettings
-    kernels: tuple[Kernel, ...]
-    compiler_path: Path | None = None  # absolute; None: search for neuronx-cc
-    cache: CacheSettings = CacheSettings()
-    verify: bool = False  # run verify's kernel-vs-reference check after the bundle
+    format_version: Literal[1] = field(
+        metadata=key(
+            "format-version",
+            "Format version",
+            "Version of the manifest format. Only 1 exists.",
+            required=True,
+        )
+    )
+    package: Package = field(
+        metadata=key(
+            "package",
+            "Package",
+            "The Python distribution (wheel) that bundles the compiled kernels.",
+            required=True,
+        )
+    )
+    default_targets: tuple[str, ...] = field(
+        default=DEFAULT_TARGETS,
+        metadata=key(
+            "targets",
+            "Default targets",
+            "Targets of kernels that do not list their own.",
+            section=DEFAULTS,
+            schema=_ref("targets"),
+        ),
+    )
+    defaults: CompileSettings = field(
+        default=DEFAULT_SETTINGS,
+        metadata=key(
+            "",
+            "",
+            "",
+            section=DEFAULTS,
+            inline=True,
+            parse=lambda layer: layer.over(DEFAULT_SETTINGS),
+        ),
+    )
+    compiler_path: Path | None = field(  # absolute; None: search for neuronx-cc
+        default=None,
+        metadata=key(
+            "path",
+            "Compiler path",
+            "Path of the `neuronx-cc` executable; `~` is expanded, a relative path is relative "
+            "to the manifest's directory. `--compiler` and `NKIBUILD_NEURONX_CC` win over it.",
+            section=COMPILER,
+            schema={"type": "string", "minLength": 1},
+            hook=_compiler_path,
+        ),
+    )
+    cache: CacheSettings = field(
+        default=CacheSettings(),
+        metadata=key(
+            "cache",
+            "cache",
+            "The shared NEFF caches. Lookups go build dir, local cache, remote cache, then "
+            "compile; compiled NEFFs are published to both caches.",
+        ),
+    )
+    verify: bool = field(  # run verify's kernel-vs-reference check after the bundle
+        default=False,
+        metadata=key(
+            "verify",
+            "Verify",
+            "Run `nkibuild verify`'s kernel-vs-reference check as a build step after the "
+            "bundle: each kernel that can run on the CPU is compared with its reference on the "
+            "sample inputs, and a disagreement fails the build.",
+        ),
+    )
+    kernels: tuple[Kernel, ...] = field(
+        metadata=key(
+            "kernels",
+            "Kernels",
+            "The kernels to build, by name. The name becomes a Python attribute of the "
+            "generated package.",
+            required=True,
+            schema={"minProperties": 1},
+            names=_names("kernel"),
+        )
+    )
     sha256: str = field(default="", compare=False)  # of the manifest bytes
 
     @property

@@ -1,0 +1,372 @@
+"""Checks a schema cannot express, run on the typed model after the schema passed.
+
+Names that become Python names, package metadata, source files, variants, targets
+and settings that clash. Positions (and, where the model normalizes a value, the
+value as written) come from the YAML document, so every diagnostic points at the
+key or value to change.
+"""
+
+from __future__ import annotations
+
+import difflib
+import keyword
+import posixpath
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
+
+from nkibuild.errors import Diagnostic
+from nkibuild.manifest.model import (
+    DISTRIBUTION_NAME_PATTERN,
+    Kernel,
+    Manifest,
+    derived_import_name,
+    normalize_path,
+    split_source,
+)
+from nkibuild.manifest.phrases import did_you_mean, position, show
+from nkibuild.manifest.yamlsource import JsonPath, YamlDocument, json_path
+
+PYTHON_FRONTENDS = frozenset({"nki", "nkipy", "jax"})
+# Names the generated bundle uses itself: a kernel or argument by these names would
+# shadow them (or, for `mode`, repeat the generated keyword-only parameter).
+RESERVED_KERNEL_NAMES = frozenset({"build_info", "KERNELS", "reference", "neff"})
+RESERVED_ARGUMENT_NAMES = frozenset({"mode"})
+_ABSENT = object()
+
+
+def semantic_diagnostics(manifest: Manifest, doc: YamlDocument) -> list[Diagnostic]:
+    """Problems beyond the schema, in document order."""
+    checks = _Checks(manifest, doc)
+    found = [d for check in checks.all() for d in check()]
+    return sorted(found, key=position)
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be a Python name in generated code, or None."""
+    if not (name.isascii() and name.isidentifier()):
+        return f"{show(name)} is not an ASCII Python identifier"
+    if keyword.iskeyword(name):
+        return f"{name!r} is a Python keyword"
+    if name.startswith("__"):
+        return f"{name!r} starts with '__', which Python reserves"
+    return None
+
+
+def _reserved_problem(path: JsonPath) -> str | None:
+    name = str(path[-1])
+    if len(path) == 2 and (name in RESERVED_KERNEL_NAMES or name.startswith("_")):
+        return f"kernel name {name!r} is reserved by the generated bundle (or private)"
+    if len(path) == 4 and path[2] == "inputs" and name in RESERVED_ARGUMENT_NAMES:
+        return f"{name!r} is reserved: generated kernels take a `mode` keyword argument"
+    return None
+
+
+def _base(kernel: Kernel) -> JsonPath:
+    return ("kernels", kernel.name)
+
+
+class _Checks:
+    """The semantic checks, each a generator of diagnostics over the model."""
+
+    def __init__(self, manifest: Manifest, doc: YamlDocument) -> None:
+        self.manifest = manifest
+        self.doc = doc
+        self.root = manifest.root
+
+    def all(self) -> list[Callable[[], Iterator[Diagnostic]]]:
+        return [
+            self.names,
+            self.package,
+            self.sources,
+            self.hlo_inputs_only,
+            self.variant_inputs,
+            self.constant_names,
+            self.override_targets,
+            self.lnc_on_trn1,
+            self.deps,
+        ]
+
+    def at(
+        self,
+        message: str,
+        path: JsonPath,
+        *,
+        key: bool = False,
+        expected: str | None = None,
+        hint: str | None = None,
+    ) -> Diagnostic:
+        where = self.doc.key_location(path) if key else self.doc.location(path)
+        return Diagnostic(message, where, json_path(path), expected, hint)
+
+    def written(self, path: JsonPath) -> Any:
+        """The value at `path` as the document has it (_ABSENT if it has none).
+
+        For what the model normalizes or drops: a source reference as typed, whether a
+        key was given at all, variant entries naming inputs that do not exist.
+        """
+        node: Any = self.doc.data
+        for part in path:
+            if not isinstance(node, dict | list):
+                return _ABSENT
+            try:
+                node = node[part]
+            except (KeyError, IndexError, TypeError):
+                return _ABSENT
+        return node
+
+    def names(self) -> Iterator[Diagnostic]:
+        for path in self._named_entries():
+            problem = name_problem(str(path[-1])) or _reserved_problem(path)
+            if problem:
+                yield self.at(problem, path, key=True, expected="a Python identifier")
+
+    def _named_entries(self) -> Iterator[JsonPath]:
+        # Kernel, input, constant and variant names become Python names in the bundle.
+        # (A kernel without variants has the implicit one, `default`: a valid name.)
+        for kernel in self.manifest.kernels:
+            base = _base(kernel)
+            yield base
+            yield from ((*base, "inputs", spec.name) for spec in kernel.inputs)
+            yield from ((*base, "constants", name) for name, _ in kernel.constants)
+            yield from ((*base, "variants", variant.name) for variant in kernel.variants)
+
+    def package(self) -> Iterator[Diagnostic]:
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
+        package = self.manifest.package
+        # JSON Schema's "$" also matches before a final newline; a name must not end in one.
+        name_ok = re.fullmatch(DISTRIBUTION_NAME_PATTERN, package.name) is not None
+        if not name_ok:
+            yield self.at(f"invalid distribution name {show(package.name)}", ("package", "name"))
+        yield from self._parses(Version, "version", "a PEP 440 version such as 1.0 or 0.2.1rc1")
+        yield from self._parses(
+            SpecifierSet, "requires-python", "a PEP 440 specifier set such as >=3.10"
+        )
+        explicit = self.written(("package", "import-name")) is not _ABSENT
+        if name_ok or explicit:  # else the name's problem is reported already
+            yield from self._import_name(explicit)
+
+    def _parses(
+        self, parse: Callable[[str], object], key: str, expected: str
+    ) -> Iterator[Diagnostic]:
+        value = self.written(("package", key))
+        if value is _ABSENT:
+            return
+        try:
+            parse(value)
+        except ValueError:  # packaging's InvalidVersion and InvalidSpecifier
+            what = "version" if key == "version" else "version specifier"
+            yield self.at(f"invalid {what} {show(value)}", ("package", key), expected=expected)
+
+    def _import_name(self, explicit: bool) -> Iterator[Diagnostic]:
+        package = self.manifest.package
+        problem = name_problem(package.import_name)
+        if explicit:
+            if problem:
+                yield self.at(problem, ("package", "import-name"), expected="a Python identifier")
+            return
+        if problem:
+            derived = derived_import_name(package.name)
+            yield self.at(
+                f"the distribution name gives the import name {derived!r}: {problem}",
+                ("package", "name"),
+                hint="set package.import-name to a valid Python package name",
+            )
+
+    def sources(self) -> Iterator[Diagnostic]:
+        for kernel in self.manifest.kernels:
+            base = _base(kernel)
+            python = kernel.frontend in PYTHON_FRONTENDS
+            yield from self._source_ref((*base, "source"), python)
+            if kernel.reference is not None:
+                yield from self._source_ref((*base, "reference"), True)
+
+    def _source_ref(self, path: JsonPath, python: bool) -> Iterator[Diagnostic]:
+        text = self.written(path)  # as typed: messages quote it, ".." shows before normpath
+        file, function = split_source(text)
+        form = "path/to/file.py:function" if python else "a file path without ':function'"
+        if python and function is None:
+            yield self.at(f"{show(text)} names no function", path, expected=form)
+        elif not python and function is not None:
+            yield self.at(
+                f"{show(text)} names a function, but hlo sources are files",
+                path,
+                expected=form,
+                hint="remove ':' and what follows",
+            )
+        elif function is not None and name_problem(function):
+            yield self.at(name_problem(function) or "", path, expected=form)
+        problem = self._file_problem(file, python)
+        if problem:
+            message, hint = problem
+            yield self.at(message, path, expected=form, hint=hint)
+
+    def _file_problem(self, file: str, python: bool) -> tuple[str, str | None] | None:
+        problem = _relative_path_problem(file)
+        if problem:
+            return problem, "paths are relative to the directory of nkibuild.yaml"
+        if python and not file.endswith(".py"):
+            return f"{show(file)} is not a Python file", "Python code is read from a .py file"
+        return _existing_file_problem(self.root, normalize_path(file))
+
+    def hlo_inputs_only(self) -> Iterator[Diagnostic]:
+        reasons = {
+            "constants": "an HloModuleProto has its constants built in",
+            "variants": "an HloModuleProto has fixed shapes; declare one kernel per shape",
+        }
+        for kernel in self.manifest.kernels:
+            if kernel.frontend != "hlo":
+                continue
+            for section, reason in reasons.items():
+                path = (*_base(kernel), section)
+                if self.written(path) is not _ABSENT:  # even empty: the key is wrong here
+                    yield self.at(
+                        f"the hlo frontend takes no {section}", path, key=True, hint=reason
+                    )
+
+    def variant_inputs(self) -> Iterator[Diagnostic]:
+        for kernel in self.manifest.kernels:
+            inputs = [spec.name for spec in kernel.inputs]
+            written = self.written((*_base(kernel), "variants"))
+            # The model's variants list declared inputs only: read the names as written.
+            for variant, entries in ({} if written is _ABSENT else written).items():
+                for input_name in entries:
+                    if input_name not in inputs:
+                        yield self.at(
+                            f"variant {variant!r} names {show(input_name)}, not an input",
+                            (*_base(kernel), "variants", variant, input_name),
+                            key=True,
+                            expected="one of " + ", ".join(inputs),
+                            hint=did_you_mean(input_name, inputs),
+                        )
+
+    def constant_names(self) -> Iterator[Diagnostic]:
+        for kernel in self.manifest.kernels:
+            inputs = {spec.name for spec in kernel.inputs}
+            for constant, _ in kernel.constants:
+                if constant in inputs:
+                    yield self.at(
+                        f"constant {constant!r} has the name of an input",
+                        (*_base(kernel), "constants", constant),
+                        key=True,
+                        hint="rename one: both are passed to the kernel as keyword arguments",
+                    )
+
+    def _targets(self, kernel: Kernel) -> tuple[str, ...]:
+        return kernel.targets or self.manifest.default_targets
+
+    def override_targets(self) -> Iterator[Diagnostic]:
+        for kernel in self.manifest.kernels:
+            targets = self._targets(kernel)
+            for target, _ in kernel.overrides:
+                if target not in targets:
+                    yield self.at(
+                        f"override for {target}, which kernel {kernel.name!r} does not target",
+                        (*_base(kernel), "overrides", target),
+                        key=True,
+                        expected="one of the kernel's targets: " + ", ".join(targets),
+                        hint=f"add {target} to the targets, or remove this override",
+                    )
+
+    def lnc_on_trn1(self) -> Iterator[Diagnostic]:
+        offenders: dict[JsonPath, list[str]] = defaultdict(list)
+        for kernel in self.manifest.kernels:
+            if "trn1" in self._targets(kernel):
+                path, lnc = self._trn1_lnc(kernel)
+                if lnc == 2:
+                    offenders[path].append(kernel.name)
+        for path, names in offenders.items():
+            yield self.at(
+                f"lnc 2 on trn1 (for {_kernels_phrase(names)})",
+                path,
+                expected="lnc auto or 1 on trn1",
+                hint="trn1 supports only lnc 1 (neuronx-cc refuses lnc 2 there with NCC_EARG001): "
+                "set lnc: 1 under overrides.trn1, or lnc: 2 only under overrides of trn2/trn3",
+            )
+
+    def _trn1_lnc(self, kernel: Kernel) -> tuple[JsonPath, int | None]:
+        # The last layer that sets lnc decides: defaults < kernel < overrides.trn1.
+        # "auto" is None in the model, so it inherits like an absent key.
+        base = _base(kernel)
+        layers = [
+            (("defaults",), self.manifest.defaults),
+            (base, kernel.settings),
+            *(((*base, "overrides", t), s) for t, s in kernel.overrides if t == "trn1"),
+        ]
+        setting: tuple[JsonPath, int | None] = ((), None)
+        for path, layer in layers:
+            if layer.lnc is not None:
+                setting = ((*path, "lnc"), layer.lnc)
+        return setting
+
+    def deps(self) -> Iterator[Diagnostic]:
+        for kernel in self.manifest.kernels:
+            for index, pattern in enumerate(kernel.deps):
+                problem = _relative_path_problem(pattern, dotdot=False)
+                if problem:
+                    yield self.at(
+                        problem,
+                        (*_base(kernel), "deps", index),
+                        expected="a glob pattern relative to the manifest's directory",
+                    )
+
+
+def _kernels_phrase(names: Sequence[str]) -> str:
+    listed = ", ".join(repr(n) for n in names)
+    return f"kernel {listed}" if len(names) == 1 else f"kernels {listed}"
+
+
+def _relative_path_problem(text: str, *, dotdot: bool = True) -> str | None:
+    """Why `text` is not a path (or glob) inside the manifest's directory, or None.
+
+    `dotdot`: whether ".." parts are allowed at all (as long as they stay inside).
+    """
+    if not text:
+        return "the path is empty"
+    if "\\" in text:
+        return f"{show(text)} contains '\\'; use '/' as the separator"
+    if PurePosixPath(text).is_absolute() or PureWindowsPath(text).drive:
+        return f"{show(text)} is absolute"
+    parts = PurePosixPath(text).parts
+    if not dotdot and ".." in parts:
+        return f"{show(text)} contains '..'"
+    normalized = normalize_path(text)
+    if normalized == ".." or normalized.startswith("../"):
+        return f"{show(text)} points outside the manifest's directory"
+    if "\0" in text:
+        return f"{show(text)} contains a NUL character"
+    return None
+
+
+def _existing_file_problem(root: Path, relative: str) -> tuple[str, str | None] | None:
+    target = root / relative
+    try:
+        inside = target.resolve().is_relative_to(root.resolve())
+        is_file = target.is_file()
+        exists = is_file or target.exists()
+    except (OSError, ValueError, RuntimeError):  # unrepresentable name, symlink loop
+        return f"cannot access {show(relative)}", None
+    if not inside:
+        return (
+            f"{show(relative)} leads outside the manifest's directory through a symlink",
+            "copy the file into the project instead of linking to it",
+        )
+    if is_file:
+        return None
+    if exists:
+        return f"{show(relative)} is not a file", None
+    return f"{show(relative)} does not exist", _similar_file(root, relative)
+
+
+def _similar_file(root: Path, relative: str) -> str | None:
+    parent = posixpath.dirname(relative)
+    try:
+        siblings = [p.name for p in (root / parent).iterdir() if p.is_file()]
+    except (OSError, ValueError):
+        return None
+    close = difflib.get_close_matches(posixpath.basename(relative), siblings, n=1)
+    return f"did you mean {posixpath.join(parent, close[0])!r}?" if close else None
