@@ -17,7 +17,7 @@ from pathlib import Path
 from nkibuild.toolchain.worker_pool import WorkerKey, WorkerPool
 
 KERNELS = 20
-KEY = WorkerKey(sys.executable, "jax", None, fake=False)
+KEY = WorkerKey("project", sys.executable, "jax", None)
 
 
 def write_kernels(root: Path) -> list[str]:

@@ -8,8 +8,10 @@ A kernel project's pyproject.toml:
 
 `build_wheel` runs the same task graph as `nkibuild build` (incremental, cached) in
 the project's `build/` and `dist/` and hands the bundle wheel to the frontend.
-Config settings (`pip wheel . -C toolchain=fake`, `python -m build -C...`): `toolchain`,
-`manifest`, `build-dir`, `jobs`, `remote-cache`, `cache-read-only`.
+Config settings (`pip wheel . -C toolchain=fake`, `python -m build -C...`): `manifest`,
+`build-dir` and `jobs`, and the build options of `nkibuild.settings.OPTIONS` (`toolchain`,
+`compiler`, `cache-dir`, `remote-cache`, `cache-read-only`, `max-compile-memory`,
+`compile-timeout`), which go through the same resolver as the command line's.
 
 The project root is the current directory, as PEP 517 defines it (where pyproject.toml
 is); every path, the manifest's included, is relative to it, as on the command line.
@@ -31,13 +33,14 @@ from typing import TYPE_CHECKING, Any
 from nkibuild.errors import NkibuildError, UsageError
 
 if TYPE_CHECKING:
-    from nkibuild.graph.tasks import BuildContext
+    from nkibuild.context import BuildContext
     from nkibuild.manifest.model import Manifest, Package
+    from nkibuild.settings import BuildOptions
 
 ConfigSettings = Mapping[str, str | list[str]] | None
-SETTINGS = ("toolchain", "manifest", "build-dir", "jobs", "remote-cache", "cache-read-only")
-TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
-FALSE_WORDS = frozenset({"", "0", "false", "no", "off"})
+# Where and how the backend builds; every other config setting is a build option
+# (nkibuild.settings.OPTIONS).
+PROJECT_SETTINGS = ("manifest", "build-dir", "jobs")
 PYPROJECT = "pyproject.toml"
 # Never in an sdist, even when a `deps` glob matches them: outputs and bytecode.
 SKIPPED_PARTS = frozenset({"__pycache__"})
@@ -62,10 +65,8 @@ class Project:
     manifest: Path
     build_dir: Path
     dist_dir: Path
-    toolchain: str | None = None  # None: NKIBUILD_TOOLCHAIN, else auto
+    options: BuildOptions  # as the command line's: resolved with environment and manifest
     jobs: int = 1
-    remote_cache: str | None = None
-    cache_read_only: bool = False
 
 
 def get_requires_for_build_wheel(config_settings: ConfigSettings = None) -> list[str]:
@@ -136,24 +137,27 @@ def _reported() -> Iterator[None]:
 
 
 def project_of(config_settings: ConfigSettings) -> Project:
-    unknown = sorted(set(config_settings or {}) - set(SETTINGS))
+    from nkibuild.settings import config_settings as option_settings
+    from nkibuild.settings import options_from_config
+
+    known = PROJECT_SETTINGS + option_settings()
+    unknown = sorted(set(config_settings or {}) - set(known))
     if unknown:
         # Like scikit-build-core's strict config: `-C toolchian=fake` must not quietly
         # build with the default toolchain.
         raise UsageError(
             f"unknown config setting(s) {', '.join(map(repr, unknown))}; "
-            f"nkibuild.build knows {', '.join(SETTINGS)}"
+            f"nkibuild.build knows {', '.join(known)}"
         )
+    last = {name: _setting(config_settings, name) or "" for name in config_settings or {}}
     root = Path.cwd()
     return Project(
         root=root,
-        manifest=root / (_setting(config_settings, "manifest") or "nkibuild.yaml"),
-        build_dir=root / (_setting(config_settings, "build-dir") or "build"),
+        manifest=root / (last.get("manifest") or "nkibuild.yaml"),
+        build_dir=root / (last.get("build-dir") or "build"),
         dist_dir=root / "dist",  # as `nkibuild build`: the wheel is found there later too
-        toolchain=_setting(config_settings, "toolchain"),
+        options=options_from_config(last),
         jobs=_jobs(config_settings),
-        remote_cache=_setting(config_settings, "remote-cache"),
-        cache_read_only=_flag(config_settings, "cache-read-only"),
     )
 
 
@@ -161,13 +165,6 @@ def _setting(config_settings: ConfigSettings, name: str) -> str | None:
     value = (config_settings or {}).get(name)
     # A setting given twice arrives as a list; the last one wins, as on a command line.
     return value[-1] if isinstance(value, list) else value
-
-
-def _flag(config_settings: ConfigSettings, name: str) -> bool:
-    text = (_setting(config_settings, name) or "").strip().lower()
-    if text in TRUE_WORDS | FALSE_WORDS:
-        return text in TRUE_WORDS
-    raise UsageError(f"config setting {name}={text!r}: expected true or false")
 
 
 def _jobs(config_settings: ConfigSettings) -> int:
@@ -184,21 +181,14 @@ def _shown(path: Path, root: Path) -> str:
 
 
 def _context(project: Project) -> BuildContext:
-    from nkibuild.graph.tasks import Layout
-    from nkibuild.project import load_context, load_plan
-    from nkibuild.settings import BuildOptions
+    from nkibuild.context import Layout, load_context, load_plan
 
     # The [project] check comes before the toolchain is resolved: it is the likelier
     # mistake. load_plan caches the plan, so load_context below does not parse again.
     state_dir = Layout(project.build_dir, project.dist_dir).state_dir
     manifest, _ = load_plan(Path(_shown(project.manifest, project.root)), state_dir)
     check_pyproject(project, manifest)
-    options = BuildOptions(
-        toolchain=project.toolchain,
-        remote_cache=project.remote_cache,
-        cache_read_only=project.cache_read_only,
-    )
-    return load_context(manifest.path, project.build_dir, project.dist_dir, options)
+    return load_context(manifest.path, project.build_dir, project.dist_dir, project.options)
 
 
 def _run(context: BuildContext, jobs: int) -> None:

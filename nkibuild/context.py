@@ -1,23 +1,79 @@
-"""Resolve a project once per invocation: manifest -> plan -> toolchain -> BuildContext.
+"""The build context: a project resolved once per invocation (manifest -> plan ->
+settings -> toolchain), where its stages write, and the session that runs it.
 
-The plan of an unchanged manifest is cached in the build's state dir, so a
-no-op build neither parses YAML nor runs the JSON Schema validator.
+Every stage takes a `BuildContext` (or plain data taken from it); `graph/` turns one
+into doit task dicts. The plan of an unchanged manifest is cached in the build's
+state dir, so a no-op build neither parses YAML nor runs the JSON Schema validator.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nkibuild import __version__
 from nkibuild.fsutil import atomic_write_bytes
-from nkibuild.graph.tasks import BuildContext, Layout
 from nkibuild.manifest.model import Manifest
-from nkibuild.plan import BuildUnit, resolve
-from nkibuild.settings import BuildOptions, resolve_settings
+from nkibuild.plan import BuildUnit, ExtractSpec, resolve
+from nkibuild.session import BuildSession
+from nkibuild.settings import BuildOptions, BuildSettings, resolve_settings
+from nkibuild.toolchain import Toolchain
 
 PLAN_CACHE_FILE = "plan.pickle"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where every stage writes, under the build and dist directories (absolute paths)."""
+
+    build_dir: Path
+    dist_dir: Path
+
+    def __post_init__(self) -> None:
+        # doit matches file_dep to targets by exact string: one spelling per file.
+        if not (self.build_dir.is_absolute() and self.dist_dir.is_absolute()):
+            raise ValueError("Layout needs absolute directories")
+
+    @property
+    def state_dir(self) -> Path:
+        return self.build_dir / "state"
+
+    def extract_dir(self, spec: ExtractSpec) -> Path:
+        return Path(self.extract_path(spec))
+
+    def compile_dir(self, unit: BuildUnit) -> Path:
+        return Path(self.compile_path(unit))
+
+    # String forms for task dicts: a no-op build creates thousands of these, and
+    # os.path string joins cost a fraction of pathlib's.
+    def extract_path(self, spec: ExtractSpec) -> str:
+        return os.path.join(self.build_dir, "extract", spec.name)
+
+    def compile_path(self, unit: BuildUnit) -> str:
+        return os.path.join(self.build_dir, "compile", unit.name)
+
+    def bundle_dir(self, manifest: Manifest) -> Path:
+        return self.build_dir / "bundle" / manifest.package.name
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """Everything a build's stages need, resolved once per invocation."""
+
+    manifest: Manifest
+    units: tuple[BuildUnit, ...]
+    toolchain: Toolchain
+    layout: Layout
+    settings: BuildSettings
+    # Owns the workers, budget, locks and processes; shared only by the projects of
+    # one release (one budget for one machine, equal cache keys compiled once).
+    session: BuildSession = field(default_factory=BuildSession, compare=False, repr=False)
+    frontend_versions: dict[str, dict[str, str]] = field(default_factory=dict, compare=False)
+
+
 # The code a cached plan depends on: the resolver, the manifest package (the model,
 # the schema generated from it, the converter, the checks) and the modules the model
 # takes its dtype names and size/duration syntax from.
@@ -58,15 +114,25 @@ def load_context(
     build_dir: Path,
     dist_dir: Path,
     options: BuildOptions,
+    session: BuildSession | None = None,
 ) -> BuildContext:
+    """The project's context, in `session` (a new one unless a release shares its own)."""
     from nkibuild.toolchain import resolve_toolchain
 
+    session = session if session is not None else BuildSession()
     layout = Layout(build_dir.resolve(), dist_dir.resolve())
     manifest, units = load_plan(manifest_path, layout.state_dir)
     settings = resolve_settings(options, manifest)
-    toolchain = resolve_toolchain(settings.toolchain, layout.state_dir, settings.compiler)
+    toolchain = resolve_toolchain(
+        settings.toolchain, layout.state_dir, settings.compiler, session.compiler_versions
+    )
     return BuildContext(
-        manifest=manifest, units=units, toolchain=toolchain, layout=layout, settings=settings
+        manifest=manifest,
+        units=units,
+        toolchain=toolchain,
+        layout=layout,
+        settings=settings,
+        session=session,
     )
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nkibuild.context import load_context
 from nkibuild.graph.report import BuildSummary, TaskOutcome
 from nkibuild.graph.run import RunOptions, run_build
-from nkibuild.project import load_context
 from nkibuild.settings import BuildOptions
 
 

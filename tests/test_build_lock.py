@@ -8,7 +8,7 @@ import pytest
 from conftest import run_nkibuild
 
 from nkibuild.errors import UsageError
-from nkibuild.graph.session import acquire_build_lock
+from nkibuild.session import acquire_build_lock
 
 
 def test_second_build_in_the_same_dir_fails_clearly(example_project: Path) -> None:

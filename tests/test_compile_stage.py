@@ -18,8 +18,8 @@ from conftest import run_nkibuild
 from helpers import build, softmax_manifest, softmax_project
 
 from nkibuild.cache import LocalCache
-from nkibuild.compiler import memory_estimate
 from nkibuild.compiler.budget import MemoryBudget
+from nkibuild.compiler.local import memory_estimate
 from nkibuild.compiler.process import run_process
 from nkibuild.manifest import load_manifest
 from nkibuild.plan import resolve

@@ -9,8 +9,8 @@ import pytest
 from conftest import run_nkibuild
 from helpers import build, pretend_new_compiler, softmax_manifest, softmax_project
 
+from nkibuild.context import load_context
 from nkibuild.graph.explain import Explanation, explain
-from nkibuild.project import load_context
 from nkibuild.settings import BuildOptions
 
 MANIFEST = softmax_manifest(

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from nkibuild.formats.backend_config import NKI_CUSTOM_CALLS
 from nkibuild.formats.hlo import HloModuleInfo, read_hlo
-from nkibuild.frontends.relocation import NKI_CUSTOM_CALLS
-from nkibuild.toolchain.worker_pool import FAKES_DIR
+from nkibuild.testing import FAKES_DIR
 
 KERNELS = Path(__file__).resolve().parents[1] / "examples" / "nki-nkipy" / "kernels"
 

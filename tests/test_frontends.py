@@ -18,7 +18,6 @@ from nkibuild.compiler import CompileOptions, compile_unit
 from nkibuild.errors import BuildError
 from nkibuild.formats.hlo import read_hlo
 from nkibuild.frontends import load_artifact
-from nkibuild.frontends.harvest import DumpedModule, choose_kernel_module, find_modules
 from nkibuild.frontends.relocation import (
     MARKER,
     NKI_CUSTOM_CALLS,
@@ -29,9 +28,10 @@ from nkibuild.frontends.relocation import (
 )
 from nkibuild.manifest import load_manifest
 from nkibuild.plan import resolve
+from nkibuild.testing import FAKES_DIR
 from nkibuild.testing.hlo_writer import build_hlo_module
 from nkibuild.toolchain import resolve_toolchain
-from nkibuild.toolchain.worker_pool import FAKES_DIR
+from nkibuild.toolchain.harvest import DumpedModule, choose_kernel_module, find_modules
 
 KERNELS = """\
 import nki
@@ -80,13 +80,21 @@ def artifact_dir(project: Path, name: str) -> Path:
 
 
 def test_fake_frontend_modules_are_never_importable_by_nkibuild() -> None:
+    # The real nkipy may be installed (CI installs it); the doubles must never be found.
     modules = ("nki", "nkipy", "torch_xla")
-    probe = f"import importlib.util as u; print([u.find_spec(m) is None for m in {modules}])"
+    probe = (
+        "import importlib.util as u\n"
+        f"for m in {modules}:\n"
+        "    spec = u.find_spec(m)\n"
+        "    print(spec.origin if spec else None)\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True
     )
-    assert result.stdout.strip() == "[True, True, True]"
+    origins = result.stdout.split()
+    assert len(origins) == len(modules)
+    assert not [origin for origin in origins if origin.startswith(str(FAKES_DIR))]
     assert (FAKES_DIR / "nki" / "__init__.py").exists()
 
 
@@ -107,7 +115,7 @@ def test_nki_kernel_is_extracted_per_target_and_made_relocatable(project: Path) 
     (call,) = [c for c in read_hlo(stored).custom_calls if c.target in NKI_CUSTOM_CALLS]
     config = json.loads(base64.b64decode(call.backend_config))
     assert config["bir_path"] == MARKER + sidecar
-    assert dict(artifact.toolchain)["nki"].startswith("fake")
+    assert dict(artifact.toolchain)["nki"].endswith("+nkibuild.fake")  # the double, not PyPI nki
 
 
 def test_nkipy_kernel_uses_python_parameter_names_and_constants(project: Path) -> None:
@@ -265,7 +273,7 @@ def test_fake_nki_simulate_runs_the_example_matmul(tmp_path: Path) -> None:
 def test_workers_remove_their_temp_dirs(project: Path) -> None:
     from nkibuild.toolchain.worker_pool import Worker, WorkerKey
 
-    worker = Worker(WorkerKey(sys.executable, "nki", "trn2", fake=True))
+    worker = Worker(WorkerKey(str(project), sys.executable, "nki", "trn2", (str(FAKES_DIR),)))
     scratch = worker.scratch
     assert worker.cache_dir.is_dir()
     worker.close()

@@ -352,7 +352,7 @@ def test_compiler_command_order_puts_user_args_last(tmp_path: Path) -> None:
     extra = {"compiler-args": ["--output", "elsewhere.neff", "--verbose"]}
     (unit,) = plan(tmp_path, {"k": kernel(extra=extra)})
     toolchain = Toolchain(
-        mode="neuron",
+        name="neuron",
         compiler_command=("/opt/neuron/bin/neuronx-cc",),
         compiler_version="2.0.0",
         python=sys.executable,

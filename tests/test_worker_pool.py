@@ -69,7 +69,7 @@ def pool(tmp_path: Path) -> Iterator[WorkerPool]:
     workers.close()
 
 
-KEY = WorkerKey(sys.executable, "jax", None, fake=False)
+KEY = WorkerKey("project", sys.executable, "jax", None)
 
 
 def test_one_worker_process_serves_many_kernels(pool: WorkerPool, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nkibuild.graph.tasks import BuildContext
+    from nkibuild.context import BuildContext
     from nkibuild.manifest.model import Manifest
     from nkibuild.settings import BuildOptions
     from nkibuild.verify import BundleUnderTest, Check
@@ -19,7 +19,7 @@ EXIT_OK, EXIT_BUILD_FAILED = 0, 1
 
 
 def _context(args: argparse.Namespace) -> BuildContext:
-    from nkibuild.project import load_context
+    from nkibuild.context import load_context
 
     options = _build_options(args)
     return load_context(Path(args.manifest), Path(args.build_dir), Path(args.dist_dir), options)
@@ -224,7 +224,7 @@ def list_tasks(args: argparse.Namespace) -> int:
 
 
 def clean(args: argparse.Namespace) -> int:
-    from nkibuild.graph.session import acquire_build_lock
+    from nkibuild.session import acquire_build_lock
 
     build_dir = Path(args.build_dir)
     doomed = [d for d in [build_dir, Path(args.dist_dir)][: 2 if args.all else 1] if d.exists()]

@@ -1,4 +1,4 @@
-"""Admission of concurrent compiles under a memory budget.
+"""Admission of concurrent compiles: under a memory budget, and once per cache key.
 
 doit's `-j N` bounds how many compiles run; this bounds how much memory they may
 need together, so large kernels do not OOM each other. Compiles are admitted in
@@ -73,5 +73,14 @@ class MemoryBudget:
         return self.total is None or self._in_use + charge <= self.total
 
 
-# One per process: doit runs compile actions in threads of this process.
-COMPILE_BUDGET = MemoryBudget()
+class KeyLocks:
+    """One lock per cache key: units with equal keys (the same kernel in two projects of
+    a release) compile once; the second waits, then finds the first's NEFF cached."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def lock(self, digest: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(digest, threading.Lock())

@@ -20,9 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-# Process groups of compilers running now, in any thread.
-_RUNNING: set[int] = set()
-_LOCK = threading.Lock()
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
@@ -39,10 +36,41 @@ class ProcessOutcome:
         return self.returncode == -signal.SIGKILL and not self.timed_out
 
 
+class ProcessRegistry:
+    """Process groups of the compilers a build session runs now, in any of its threads."""
+
+    def __init__(self) -> None:
+        self._groups: set[int] = set()
+        self._lock = threading.Lock()
+
+    def add(self, pid: int) -> None:
+        with self._lock:
+            self._groups.add(pid)
+
+    def discard(self, pid: int) -> None:
+        with self._lock:
+            self._groups.discard(pid)
+
+    def kill_all(self) -> None:
+        """Stop every compile still running: the build was interrupted while other threads
+        waited on compilers (only the main thread sees KeyboardInterrupt)."""
+        with self._lock:
+            groups = list(self._groups)
+        for pid in groups:
+            _kill_group(pid)
+
+
 def run_process(
-    command: list[str], cwd: Path, output: Path, timeout: float | None
+    command: list[str],
+    cwd: Path,
+    output: Path,
+    timeout: float | None,
+    registry: ProcessRegistry | None = None,
 ) -> ProcessOutcome:
-    """Run `command` in `cwd` with stdout and stderr to `output`; OSError if it cannot start."""
+    """Run `command` in `cwd` with stdout and stderr to `output`; OSError if it cannot start.
+
+    While it runs, its process group is in `registry`, so the session can kill it."""
+    registry = registry if registry is not None else ProcessRegistry()
     started = time.monotonic()
     with open(output, "wb") as sink:
         process = subprocess.Popen(
@@ -55,8 +83,7 @@ def run_process(
         )
     expired = threading.Event()
     timer = _kill_after(process.pid, timeout, expired)
-    with _LOCK:
-        _RUNNING.add(process.pid)
+    registry.add(process.pid)
     try:
         # Wait without reaping: while the compiler is a zombie its process group id
         # cannot be reused, so killing the group cannot hit an unrelated process.
@@ -68,8 +95,7 @@ def run_process(
     finally:
         if timer is not None:
             timer.cancel()
-        with _LOCK:
-            _RUNNING.discard(process.pid)
+        registry.discard(process.pid)
     _kill_group(process.pid)  # helpers the compiler left behind
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
@@ -79,15 +105,6 @@ def run_process(
         seconds=time.monotonic() - started,
         timed_out=expired.is_set(),
     )
-
-
-def kill_running() -> None:
-    """Stop every compile still running: the build was interrupted while other threads
-    waited on compilers (only the main thread sees KeyboardInterrupt)."""
-    with _LOCK:
-        groups = list(_RUNNING)
-    for pid in groups:
-        _kill_group(pid)
 
 
 def _die_with_parent() -> Callable[[], None] | None:

@@ -12,65 +12,70 @@ cache URL) as the driver.
 
 from __future__ import annotations
 
-import sys
 import tempfile
-import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from nkibuild.errors import BuildError, UsageError
+from nkibuild.compiler.checks import neff_problem
+from nkibuild.compiler.record import NEFF_FILE
+from nkibuild.errors import BuildError
 from nkibuild.frontends import HloArtifact
 from nkibuild.plan import BuildUnit
 from nkibuild.settings import CacheConfig
 from nkibuild.toolchain import Toolchain
 
-_INIT_LOCK = threading.Lock()
+if TYPE_CHECKING:
+    from nkibuild.cache import CacheKey
+    from nkibuild.compiler import CompileOptions, Produced
+    from nkibuild.session import RayConnection
 
 
-def compile_on_ray(
-    unit: BuildUnit,
-    artifact: HloArtifact,
-    toolchain: Toolchain,
-    cache: CacheConfig,
-    timeout: float | None,
-    address: str | None,
-) -> str:
-    """Compile `unit` on the cluster into the caches (writable: settings checked that);
-    return how the worker got it."""
-    ray = _ray(address)
-    task = ray.remote(_compile_task).options(
-        num_cpus=1, memory=unit.compile_memory or None, name=f"compile {unit.name}"
-    )
-    try:
-        return str(ray.get(task.remote(unit, _pack(artifact), toolchain, cache, timeout)))
-    except ray.exceptions.RayTaskError as error:
-        cause = error.cause if isinstance(error.cause, BuildError) else None
-        if cause is not None:
-            raise cause from None
-        raise BuildError(f"the Ray task compiling {unit.name} failed: {error}") from None
+class RayExecutor:
+    """Compiles on the cluster, then takes the NEFF from the cache the worker published to."""
 
+    def __init__(self, connection: RayConnection, cache: CacheConfig, address: str | None):
+        self.connection = connection
+        self.cache = cache
+        self.address = address
 
-def shutdown() -> None:
-    """End this process's Ray connection, if a build opened one."""
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        ray.shutdown()
+    def produce(
+        self,
+        unit: BuildUnit,
+        artifact: HloArtifact,
+        toolchain: Toolchain,
+        out_dir: Path,
+        key: CacheKey,
+        options: CompileOptions,
+        notices: list[str],
+    ) -> Produced:
+        from nkibuild.compiler import Produced
 
-
-def _ray(address: str | None) -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise UsageError("--executor ray needs Ray: pip install 'nkibuild[ray]'") from None
-    with _INIT_LOCK:  # compile actions run in doit's threads
-        if not ray.is_initialized():
-            ray.init(
-                address=address,
-                ignore_reinit_error=True,
-                include_dashboard=False,
-                log_to_driver=False,
+        ray = self.connection.get(self.address)
+        timeout = unit.compile_timeout or options.timeout
+        task = ray.remote(_compile_task).options(
+            num_cpus=1, memory=unit.compile_memory or None, name=f"compile {unit.name}"
+        )
+        try:
+            ray.get(task.remote(unit, _pack(artifact), toolchain, self.cache, timeout))
+        except ray.exceptions.RayTaskError as error:
+            cause = error.cause if isinstance(error.cause, BuildError) else None
+            if cause is not None:
+                raise cause from None
+            raise BuildError(f"the Ray task compiling {unit.name} failed: {error}") from None
+        hit = options.cache.fetch(key, out_dir / NEFF_FILE) if options.cache else None
+        if hit is None:
+            raise BuildError(
+                "the Ray worker compiled this unit but its NEFF is not in the cache "
+                f"({self.cache.remote_url or self.cache.local_dir}); do the workers share it?",
+                unit=unit.name,
             )
-    return ray
+        problem = neff_problem(unit, artifact, out_dir / NEFF_FILE)
+        if problem is not None:
+            raise BuildError(f"the Ray worker's NEFF is {problem}", unit=unit.name)
+        meta = hit.meta
+        return Produced(
+            "ray", float(meta.get("compile_seconds", 0.0)), int(meta.get("peak_memory", 0))
+        )
 
 
 def _pack(artifact: HloArtifact) -> dict[str, bytes]:

@@ -20,7 +20,9 @@ from nkibuild.plan import ExtractSpec
 from nkibuild.toolchain import Toolchain
 
 if TYPE_CHECKING:
+    from nkibuild.context import BuildContext
     from nkibuild.formats.hlo import HloModuleInfo
+    from nkibuild.toolchain.worker_pool import WorkerPool
 
 HLO_FILE = "model.hlo_module.pb"
 METADATA_FILE = "artifact.json"
@@ -56,12 +58,26 @@ class HloArtifact:
         return materialize(self.portable_hlo(), self.directory)
 
 
-def extract(spec: ExtractSpec, root: Path, out_dir: Path, toolchain: Toolchain) -> HloArtifact:
-    """Produce the HLO artifact for one kernel variant (and target, where it matters)."""
+def run(context: BuildContext, spec: ExtractSpec) -> HloArtifact:
+    """The extract stage of a build: one kernel variant (and target, where it matters)."""
+    return extract(
+        spec,
+        context.manifest.root,
+        context.layout.extract_dir(spec),
+        context.toolchain,
+        context.session.workers,
+    )
+
+
+def extract(
+    spec: ExtractSpec, root: Path, out_dir: Path, toolchain: Toolchain, workers: WorkerPool
+) -> HloArtifact:
+    """Produce the HLO artifact for one kernel variant in `out_dir`; user code runs in
+    one of `workers` that serves this project (`root`) only."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / METADATA_FILE).unlink(missing_ok=True)
     with atomic_output(out_dir / HLO_FILE) as tmp_hlo:
-        versions = _produce_hlo(spec, root, tmp_hlo, toolchain)
+        versions = _produce_hlo(spec, root, tmp_hlo, toolchain, workers)
         module = _read(tmp_hlo.read_bytes(), spec)  # validates before anything else parses it
         data, sidecars = _relocated(_canonical(tmp_hlo.read_bytes()), out_dir, spec)
         tmp_hlo.write_bytes(data)
@@ -144,7 +160,7 @@ def frontend_versions(frontend: str) -> dict[str, str]:
 
 
 def _produce_hlo(
-    spec: ExtractSpec, root: Path, output: Path, toolchain: Toolchain
+    spec: ExtractSpec, root: Path, output: Path, toolchain: Toolchain, workers: WorkerPool
 ) -> dict[str, str]:
     source = root / spec.source.path
     if spec.frontend == "hlo":
@@ -152,9 +168,9 @@ def _produce_hlo(
         return {}
     if spec.frontend not in WORKER_FRONTENDS:
         raise BuildError(f"the {spec.frontend!r} frontend is not available yet", unit=spec.name)
-    from nkibuild.toolchain.worker_pool import POOL, WorkerKey
+    from nkibuild.toolchain.worker_pool import WorkerKey
 
-    key = WorkerKey(toolchain.python, spec.frontend, spec.target, toolchain.is_fake)
+    key = WorkerKey(str(root), toolchain.python, spec.frontend, spec.target, toolchain.worker_path)
     job = {
         "frontend": spec.frontend,
         "root": str(root),
@@ -164,8 +180,9 @@ def _produce_hlo(
         "constants": [[name, value] for name, value in spec.constants],
         "lnc": spec.lnc,
         "output": str(output),
+        "own_modules": list(toolchain.worker_path),
     }
-    result = POOL.run(key, job, timeout=DEFAULT_TIMEOUT_S, unit=spec.name)
+    result = workers.run(key, job, timeout=DEFAULT_TIMEOUT_S, unit=spec.name)
     if "os_error" in result:
         raise OSError(*result["os_error"])
     if not result["ok"]:

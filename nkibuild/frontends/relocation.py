@@ -11,23 +11,24 @@ compiling, wherever the artifact now lives.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import json
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from nkibuild.errors import BuildError
-from nkibuild.formats.hlo import read_hlo, rewrite_backend_configs
+from nkibuild.formats.backend_config import (
+    NKI_CUSTOM_CALLS,
+    decode,
+    rewrite_paths,
+    strings,
+)
+from nkibuild.formats.hlo import read_hlo
 from nkibuild.frontends import SIDECAR_DIR
 
 # The documented target, and the name some torch-neuronx releases reportedly use for
 # NKI kernels: both carry the same base64-JSON backend_config.
-NKI_CUSTOM_CALLS = frozenset({"AwsNeuronCustomNativeKernel", "AwsNeuronNkiKernel"})
 MARKER = "nkibuild-artifact:"
 
 
@@ -77,54 +78,9 @@ def local_references(data: bytes) -> list[tuple[str, str]]:
     """(instruction, absolute path) pairs still present in NKI custom-calls."""
     found: list[tuple[str, str]] = []
     for call in read_hlo(data).custom_calls:
-        config = _decode(call.backend_config) if call.target in NKI_CUSTOM_CALLS else None
+        config = decode(call.backend_config) if call.target in NKI_CUSTOM_CALLS else None
         if config is not None:
             found += [
-                (call.instruction, value) for value in _strings(config[0]) if os.path.isabs(value)
+                (call.instruction, value) for value in strings(config[0]) if os.path.isabs(value)
             ]
     return found
-
-
-def rewrite_paths(
-    data: bytes, wanted: Callable[[str], bool], replace: Callable[[str], str]
-) -> bytes:
-    def rewrite(target: str, backend_config: bytes) -> bytes | None:
-        if target not in NKI_CUSTOM_CALLS:
-            return None
-        decoded = _decode(backend_config)
-        if decoded is None:
-            return None  # not base64 JSON: nothing nkibuild knows how to relocate
-        config, altchars = decoded
-        new = _map_strings(config, lambda value: replace(value) if wanted(value) else value)
-        if new == config:
-            return None
-        text = json.dumps(new, sort_keys=True, separators=(",", ":")).encode()
-        return base64.b64encode(text, altchars=altchars)
-
-    return rewrite_backend_configs(data, rewrite)
-
-
-def _decode(backend_config: bytes) -> tuple[Any, bytes | None] | None:
-    """(JSON value, base64 altchars) or None when the config is not base64 JSON."""
-    altchars = b"-_" if (b"-" in backend_config or b"_" in backend_config) else None
-    try:
-        text = base64.b64decode(backend_config, altchars=altchars, validate=True)
-        return json.loads(text), altchars
-    except (binascii.Error, ValueError):
-        return None
-
-
-def _strings(value: Any) -> list[str]:
-    found: list[str] = []
-    _map_strings(value, lambda text: found.append(text) or text)
-    return found
-
-
-def _map_strings(value: Any, function: Callable[[str], str]) -> Any:
-    if isinstance(value, str):
-        return function(value)
-    if isinstance(value, list):
-        return [_map_strings(item, function) for item in value]
-    if isinstance(value, dict):
-        return {key: _map_strings(item, function) for key, item in value.items()}
-    return value

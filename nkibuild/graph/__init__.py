@@ -1,5 +1,5 @@
-"""Graph stage: resolved build units -> doit tasks (extract, compile, bundle, wheel)."""
+"""Graph stage: a build context -> doit task dicts (extract, compile, bundle, wheel)."""
 
-from nkibuild.graph.tasks import BuildContext, Layout, doit_tasks, task_dicts
+from nkibuild.graph.tasks import doit_tasks, task_dicts
 
-__all__ = ["BuildContext", "Layout", "doit_tasks", "task_dicts"]
+__all__ = ["doit_tasks", "task_dicts"]

@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from nkibuild.graph.tasks import BuildContext, extract_config, extract_files
+from nkibuild.context import BuildContext
+from nkibuild.graph.tasks import extract_config, extract_files
 from nkibuild.plan import BuildUnit
 
 KEY_FIELDS = {

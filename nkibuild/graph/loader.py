@@ -19,9 +19,10 @@ from doit.exceptions import InvalidCommand, InvalidDodoFile
 from doit.loader import generate_tasks
 from doit.task import Task
 
+from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError
 from nkibuild.graph.state import BACKEND_NAME
-from nkibuild.graph.tasks import BuildContext, task_dicts
+from nkibuild.graph.tasks import task_dicts
 
 DEP_FILE = "doit-state.json"
 DEFAULT_TASKS = ["wheel"]
@@ -35,8 +36,15 @@ def doit_config(context: BuildContext) -> dict[str, Any]:
     }
 
 
+# nkibuild's actions print nothing (user code and compilers write to logs), so doit need
+# not capture their output. Capturing would swap the process's sys.stdout/sys.stderr
+# around every action, which under -j N interleaves between threads and between two
+# builds running in one process, and can leave a capture object installed.
+UNCAPTURED: dict[str, Any] = {"io": {"capture": False}, "verbosity": 0}
+
+
 def to_tasks(dicts: list[dict[str, Any]], command_names: list[str]) -> list[Task]:
-    tasks = generate_tasks("nkibuild", (dict(d) for d in dicts))
+    tasks = generate_tasks("nkibuild", ({**UNCAPTURED, **d} for d in dicts))
     clash = {task.name for task in tasks} & set(command_names)
     if clash:
         raise InvalidCommand(f"task names clash with doit commands: {', '.join(sorted(clash))}")
@@ -68,7 +76,7 @@ class NkibuildLoader(TaskLoader2):
     def setup(self, opt_values: dict[str, Any]) -> None:
         if self.context is not None or self.tasks is not None:
             return
-        from nkibuild.project import load_context
+        from nkibuild.context import load_context
         from nkibuild.settings import BuildOptions
 
         try:

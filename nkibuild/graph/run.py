@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import fnmatch
-import gc
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nkibuild.context import BuildContext
 from nkibuild.errors import UsageError, describe_os_error
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.graph import uptodate
 from nkibuild.graph.loader import DEP_FILE, NkibuildLoader, doit_config, to_tasks
 from nkibuild.graph.report import BuildReporter, BuildSummary, Display
-from nkibuild.graph.session import SessionDirs, build_session
-from nkibuild.graph.state import DUMP_FAILURES
-from nkibuild.graph.tasks import BuildContext, task_dicts
+from nkibuild.graph.tasks import task_dicts
+from nkibuild.session import BuildSession, SessionDirs
 
 LAST_RUN_FILE = "last-run.json"
 
@@ -32,21 +30,14 @@ class RunOptions:
 def run_build(context: BuildContext, options: RunOptions, display: Display) -> BuildSummary:
     """Execute the selected tasks (default: everything up to the wheel)."""
     layout = context.layout
-    session = build_session(
+    running = context.session.running(
         [SessionDirs(layout.build_dir, swept=(layout.dist_dir,))],
         max_compile_memory=context.settings.max_compile_memory,
         jobs=options.jobs,
         lock_timeout=options.lock_timeout,
     )
-    # Building and checking thousands of tasks allocates millions of objects and few
-    # cycles; CPython's default GC threshold would scan them dozens of times.
-    thresholds = gc.get_threshold()
-    gc.set_threshold(50_000, 20, 20)
-    try:
-        with session:
-            return _run_locked(context, options, display)
-    finally:
-        gc.set_threshold(*thresholds)
+    with running:
+        return _run_locked(context, options, display)
 
 
 def _run_locked(context: BuildContext, options: RunOptions, display: Display) -> BuildSummary:
@@ -87,14 +78,14 @@ def _report_all_up_to_date(dicts: list[dict], display: Display) -> BuildSummary:
 def _run_doit(
     context: BuildContext, dicts: list[dict], options: RunOptions, display: Display
 ) -> BuildSummary:
-    return run_task_graph(dicts, doit_config(context), options, display)
+    return run_task_graph(context.session, dicts, doit_config(context), options, display)
 
 
 def run_task_graph(
-    dicts: list[dict], config: dict, options: RunOptions, display: Display
+    session: BuildSession, dicts: list[dict], config: dict, options: RunOptions, display: Display
 ) -> BuildSummary:
     """Let doit run task dicts with `config` (dep_file, default_tasks, ...); report through
-    `display`. The caller holds whatever locks the outputs need."""
+    `display`. The caller runs `session` and holds whatever locks the outputs need."""
     reporter = BuildReporter(display)
     loader = NkibuildLoader(extra_config={**config, "reporter": reporter}, tasks=dicts)
     from doit.doit_cmd import DoitMain
@@ -105,16 +96,11 @@ def run_task_graph(
         argv += ["-n", str(options.jobs), "-P", "thread"]
     if options.keep_going:
         argv.append("--continue")
-    # doit's thread runner swaps sys.stdout/stderr per action to capture output; two
-    # actions finishing out of order can leave one of its capture objects installed.
-    streams = sys.stdout, sys.stderr
-    DUMP_FAILURES.clear()
-    try:
+    session.state_failures.clear()
+    with session.current():
         code = DoitMain(loader, config_filenames=()).run([*argv, *options.selection])
-    finally:
-        sys.stdout, sys.stderr = streams
     summary = reporter.summary
-    for error in DUMP_FAILURES:  # the build's progress was not saved: not a success
+    for error in session.state_failures:  # the build's progress was not saved: not a success
         summary.runtime_errors.append(f"doit's state was not saved: {describe_os_error(error)}")
     if code not in (0, 1) and summary.ok:
         summary.runtime_errors.append(f"doit stopped before running the tasks (exit {code})")

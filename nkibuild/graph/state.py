@@ -17,7 +17,6 @@ from typing import Any
 from nkibuild.fsutil import atomic_write_text
 
 BACKEND_NAME = "nkibuild-json"
-DUMP_FAILURES: list[OSError] = []  # state files that could not be saved, for the caller
 
 
 class AtomicJsonDB:
@@ -49,8 +48,14 @@ class AtomicJsonDB:
             try:
                 atomic_write_text(Path(self.name), self.codec.encode(self._db))
             except OSError as error:
-                # doit would print a traceback; the build reports it after doit returns.
-                DUMP_FAILURES.append(error)
+                # doit would print a traceback; the session's build reports it after doit
+                # returns (doit constructs this object, so the session is found, not passed).
+                from nkibuild.session import current_session
+
+                session = current_session()
+                if session is None:
+                    raise
+                session.state_failures.append(error)
                 return
             self._dirty = False
 

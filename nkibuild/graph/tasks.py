@@ -12,7 +12,6 @@ import functools
 import glob
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,59 +19,13 @@ from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 
 from nkibuild import __version__
+from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError, storage_error
 from nkibuild.graph.intact import outputs_checked
 from nkibuild.manifest.model import Kernel, Manifest
 from nkibuild.plan import BuildUnit, ExtractSpec, extract_specs
-from nkibuild.settings import BuildOptions, BuildSettings
-from nkibuild.toolchain import Toolchain
+from nkibuild.settings import BuildOptions
 from nkibuild.toolchain.worker_pool import user_variables
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where every stage writes, under the build and dist directories (absolute paths)."""
-
-    build_dir: Path
-    dist_dir: Path
-
-    def __post_init__(self) -> None:
-        # doit matches file_dep to targets by exact string: one spelling per file.
-        if not (self.build_dir.is_absolute() and self.dist_dir.is_absolute()):
-            raise ValueError("Layout needs absolute directories")
-
-    @property
-    def state_dir(self) -> Path:
-        return self.build_dir / "state"
-
-    def extract_dir(self, spec: ExtractSpec) -> Path:
-        return Path(self.extract_path(spec))
-
-    def compile_dir(self, unit: BuildUnit) -> Path:
-        return Path(self.compile_path(unit))
-
-    # String forms for task dicts: a no-op build creates thousands of these, and
-    # os.path string joins cost a fraction of pathlib's.
-    def extract_path(self, spec: ExtractSpec) -> str:
-        return os.path.join(self.build_dir, "extract", spec.name)
-
-    def compile_path(self, unit: BuildUnit) -> str:
-        return os.path.join(self.build_dir, "compile", unit.name)
-
-    def bundle_dir(self, manifest: Manifest) -> Path:
-        return self.build_dir / "bundle" / manifest.package.name
-
-
-@dataclass(frozen=True)
-class BuildContext:
-    """Everything task creation needs, resolved once per invocation."""
-
-    manifest: Manifest
-    units: tuple[BuildUnit, ...]
-    toolchain: Toolchain
-    layout: Layout
-    settings: BuildSettings
-    frontend_versions: dict[str, dict[str, str]] = field(default_factory=dict, compare=False)
 
 
 def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
@@ -100,7 +53,7 @@ def doit_tasks(
 
     Yields the same tasks the `nkibuild` CLI runs (extract:*, compile:*, bundle, wheel).
     """
-    from nkibuild.project import load_context
+    from nkibuild.context import load_context
 
     options = BuildOptions(toolchain=toolchain)
     context = load_context(Path(manifest), Path(build_dir), Path(dist_dir), options)
@@ -151,7 +104,7 @@ def extract_config(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
         "target": spec.target,
         "lnc": spec.lnc,
         "versions": _frontend_versions(context, spec.frontend),
-        "toolchain": context.toolchain.mode,  # the double's fake frontends trace differently
+        "toolchain": context.toolchain.name,  # the double's frontends trace differently
         "passed_env": user_variables(),
         "nkibuild": __version__,
     }
@@ -178,13 +131,11 @@ def expand_deps(root: Path, patterns: Sequence[str]) -> list[str]:
 def run_extract(
     context: BuildContext, spec: ExtractSpec, config: dict[str, Any], files: list[str]
 ) -> dict[str, str]:
-    from nkibuild.frontends import extract
+    from nkibuild import frontends
     from nkibuild.graph.records import write_extract_record
 
-    root = context.manifest.root
-    out_dir = context.layout.extract_dir(spec)
-    artifact = extract(spec, root, out_dir, context.toolchain)
-    write_extract_record(context.layout.state_dir, spec.name, config, root, files)
+    artifact = frontends.run(context, spec)
+    write_extract_record(context.layout.state_dir, spec.name, config, context.manifest.root, files)
     return {"content_hash": artifact.content_hash}
 
 
@@ -209,40 +160,10 @@ def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
 
 @_guarded
 def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
-    from nkibuild.cache import open_cache_chain
-    from nkibuild.compiler import CompileOptions, cache_key, compile_unit, key_lock
-    from nkibuild.frontends import load_artifact
+    from nkibuild import compiler
 
-    layout = context.layout
-    artifact = load_artifact(layout.extract_dir(unit.extract))
-    settings = context.settings
-    cache = settings.cache
-    chain = open_cache_chain(cache.local_dir, cache.remote_url, read_only=cache.read_only)
-    options = CompileOptions(cache=chain, timeout=settings.compile_timeout)
-    key = cache_key(unit, artifact.content_hash, context.toolchain)
-    remote_origin = None
-    # Held across the Ray task too: an equal unit waits, then finds the NEFF cached.
-    with key_lock(key.digest):
-        if settings.executor == "ray" and not _available(context, unit, key, chain):
-            from nkibuild.compiler.ray_executor import compile_on_ray
-
-            remote_origin = compile_on_ray(
-                unit, artifact, context.toolchain, cache, settings.compile_timeout,
-                settings.ray_address,
-            )  # fmt: skip
-        result = compile_unit(unit, artifact, context.toolchain, layout.compile_dir(unit), options)
-    # A NEFF a Ray worker compiled reaches this build through the cache.
-    origin = "ray" if remote_origin == "compiled" and result.origin == "cache" else result.origin
-    return {"origin": origin, "notices": list(result.notices)}
-
-
-def _available(context: BuildContext, unit: BuildUnit, key: Any, chain: Any) -> bool:
-    """Whether the build dir or a cache already has this NEFF (no need for the cluster)."""
-    from nkibuild.compiler import finished_result
-
-    if finished_result(context.layout.compile_dir(unit), key.digest) is not None:
-        return True
-    return chain is not None and chain.locate(key) is not None
+    result = compiler.run(context, unit)
+    return {"origin": result.origin, "notices": list(result.notices)}
 
 
 def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from nkibuild.cache.key import file_sha256
+from nkibuild.context import BuildContext
 from nkibuild.errors import ManifestError, UsageError
 from nkibuild.graph.report import BuildSummary, Display
-from nkibuild.graph.tasks import BuildContext
+from nkibuild.session import BuildSession
 from nkibuild.settings import BuildOptions
 
 RELEASE_DIR = "build/nkibuild-release"  # under the root: state and staged wheels
@@ -54,20 +55,26 @@ class ReleaseResult:
         return self.summary.ok and not self.refused
 
 
-def load_projects(options: ReleaseOptions) -> list[BuildContext]:
-    """Every selected project, validated together: one ManifestError lists all problems."""
-    from nkibuild.project import load_context
+def load_projects(
+    options: ReleaseOptions, session: BuildSession | None = None
+) -> list[BuildContext]:
+    """Every selected project, validated together: one ManifestError lists all problems.
+
+    All projects run in one `session` (one memory budget for the machine; equal cache
+    keys compile once); its frontend workers are still per project."""
+    from nkibuild.context import load_context
     from nkibuild.release.discover import discover
 
     manifests = discover(options.root)
     if not manifests:
         raise UsageError(f"no nkibuild.yaml under {options.root}")
+    session = session if session is not None else BuildSession()
     contexts, problems = [], []
     staging = options.release_dir / "dist"
     for manifest in manifests:
         try:
             contexts.append(
-                load_context(manifest, manifest.parent / "build", staging, options.build)
+                load_context(manifest, manifest.parent / "build", staging, options.build, session)
             )
         except ManifestError as error:
             problems += error.diagnostics
@@ -143,9 +150,10 @@ def _listed_wheels(out: Path) -> set[str]:
 
 def release(options: ReleaseOptions, display: Display) -> ReleaseResult:
     from nkibuild.graph.run import RunOptions, run_task_graph
-    from nkibuild.graph.session import SessionDirs, build_session
+    from nkibuild.session import SessionDirs
 
-    projects = load_projects(options)
+    session = BuildSession()
+    projects = load_projects(options, session)
     preflight(projects, options)
     dirs = [
         SessionDirs(options.release_dir, swept=(options.out,)),
@@ -153,12 +161,12 @@ def release(options: ReleaseOptions, display: Display) -> ReleaseResult:
     ]
     # Settings come from the command line and environment, which every project shares.
     memory = projects[0].settings.max_compile_memory
-    with build_session(dirs, max_compile_memory=memory, jobs=options.jobs):
+    with session.running(dirs, max_compile_memory=memory, jobs=options.jobs):
         dicts, config = release_graph(projects, options)
         selection = _shard_selection(projects, options) if options.shard else ()
         run = RunOptions(jobs=options.jobs, keep_going=options.keep_going, selection=selection)
         summary = (
-            run_task_graph(dicts, config, run, display)
+            run_task_graph(session, dicts, config, run, display)
             if selection or not options.shard
             else BuildSummary()
         )

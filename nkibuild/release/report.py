@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from nkibuild.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
-    from nkibuild.graph.tasks import BuildContext
+    from nkibuild.context import BuildContext
     from nkibuild.release import ReleaseResult
 
 

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nkibuild.context import BuildContext
 from nkibuild.errors import UsageError
-from nkibuild.graph.tasks import BuildContext
 from nkibuild.plan import BuildUnit
 
 # Seconds per million input elements when a unit has never been compiled: a guess

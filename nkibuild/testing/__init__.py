@@ -4,3 +4,14 @@
 NEFFs (a real container and signature, no executable code). nkibuild's tests and CI use
 these doubles; a real build never uses them unless `--toolchain fake` is chosen.
 """
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FAKES_DIR = HERE / "fakes"  # nki, nkipy, torch, torch_xla stand-ins for frontend workers
+FAKE_RUNTIME_DIR = HERE / "fake_runtime"  # spike, for running bundles
+COMPILER_COMMAND = (sys.executable, "-m", "nkibuild.testing.fake_neuronxcc")
+LABEL = " (nkibuild toolchain double: placeholder NEFFs)"

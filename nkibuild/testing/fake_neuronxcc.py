@@ -312,7 +312,7 @@ def _content_identity(path: str) -> str:
     recording where it was, so the NEFF depends on what is compiled, not on the
     directory the artifact sits in.
     """
-    from nkibuild.frontends.relocation import rewrite_paths
+    from nkibuild.formats.backend_config import rewrite_paths
 
     with open(path, "rb") as f:
         data = f.read()

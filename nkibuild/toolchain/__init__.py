@@ -21,7 +21,6 @@ from nkibuild.fsutil import atomic_write_text
 TOOLCHAIN_MODES = ("auto", "neuron", "fake")
 COMPILER_NAME = "neuronx-cc"
 VERSION_PREFIX = "NeuronX Compiler version "
-FAKE_COMPILER_MODULE = "nkibuild.testing.fake_neuronxcc"
 
 NO_COMPILER_HELP = (
     "neuronx-cc was not found on PATH, in this Python's virtualenv or in a Neuron SDK\n"
@@ -34,24 +33,27 @@ NO_COMPILER_HELP = (
     "  (labelled as such, never loadable on a device)."
 )
 
+VersionMemo = dict[tuple[tuple[str, ...], tuple[int, ...]], str]
+
 
 @dataclass(frozen=True)
 class Toolchain:
-    """The compiler chosen for a build, resolved once."""
+    """The toolchain chosen for a build, resolved once; everything that differs between
+    the real Neuron tools and nkibuild's double is a value here, so no later stage
+    needs to know which one it got."""
 
-    mode: str  # "neuron" or "fake"
+    name: str  # "neuron" or "double": shown to people and part of extraction configs
     compiler_command: tuple[str, ...]  # argv prefix that runs neuronx-cc
     compiler_version: str
     python: str  # interpreter that runs frontend workers
     neuron_cc_flags: str  # NEURON_CC_FLAGS: neuronx-cc appends it, so it changes output
-
-    @property
-    def is_fake(self) -> bool:
-        return self.mode == "fake"
+    worker_path: tuple[str, ...] = ()  # prepended to frontend workers' PYTHONPATH
+    runtime_path: tuple[str, ...] = ()  # prepended to sys.path where bundles run (spike)
+    placeholder_neffs: bool = False  # its NEFFs hold no executable code
+    label: str = ""  # how `describe` qualifies the compiler
 
     def describe(self) -> str:
-        label = " (nkibuild toolchain double: placeholder NEFFs)" if self.is_fake else ""
-        return f"neuronx-cc {self.compiler_version}{label}"
+        return f"neuronx-cc {self.compiler_version}{self.label}"
 
 
 # The Deep Learning AMIs put the Neuron SDK in virtualenvs such as
@@ -85,32 +87,56 @@ def _venv_bin_dirs() -> list[Path]:
     return dirs + sorted(map(Path, glob.glob(SDK_VENV_GLOB)), reverse=True)
 
 
-def resolve_toolchain(mode: str, state_dir: Path, compiler: Path | None = None) -> Toolchain:
-    """Pick the compiler for `mode`; never falls back from auto/neuron to the double."""
+def resolve_toolchain(
+    mode: str,
+    state_dir: Path,
+    compiler: Path | None = None,
+    memo: VersionMemo | None = None,
+) -> Toolchain:
+    """Pick the toolchain for `mode`; never falls back from auto/neuron to the double.
+
+    `memo` holds the versions already asked for in this session (a release resolves
+    one toolchain per project).
+    """
     if mode not in TOOLCHAIN_MODES:
         raise UsageError(f"unknown toolchain {mode!r}; choose one of {', '.join(TOOLCHAIN_MODES)}")
     if mode == "fake":
-        command: tuple[str, ...] = (sys.executable, "-m", FAKE_COMPILER_MODULE)
-        identity = Path(__file__).resolve().parents[1] / "testing"
-    else:
-        found = find_compiler(compiler)
-        if found is None:
-            raise ToolchainError(f"toolchain {mode!r}: {NO_COMPILER_HELP}")
-        command, identity = (str(found),), found
-    version = _cached_version(command, identity, state_dir)
+        return _double(state_dir, memo)
+    found = find_compiler(compiler)
+    if found is None:
+        raise ToolchainError(f"toolchain {mode!r}: {NO_COMPILER_HELP}")
+    command = (str(found),)
     return Toolchain(
-        mode="fake" if mode == "fake" else "neuron",
+        name="neuron",
         compiler_command=command,
-        compiler_version=version,
+        compiler_version=_cached_version(command, found, state_dir, memo),
         python=sys.executable,
         neuron_cc_flags=os.environ.get("NEURON_CC_FLAGS", ""),
     )
 
 
-_VERSIONS: dict[tuple[tuple[str, ...], tuple[int, ...]], str] = {}
+def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
+    """nkibuild's toolchain double: its compiler, and its frontends and spike on the paths."""
+    from nkibuild import testing
+
+    command = testing.COMPILER_COMMAND
+    return Toolchain(
+        name="double",
+        compiler_command=command,
+        # The double's own files decide whether the cached version is still right.
+        compiler_version=_cached_version(command, testing.HERE, state_dir, memo),
+        python=sys.executable,
+        neuron_cc_flags=os.environ.get("NEURON_CC_FLAGS", ""),
+        worker_path=(str(testing.FAKES_DIR),),
+        runtime_path=(str(testing.FAKE_RUNTIME_DIR),),
+        placeholder_neffs=True,
+        label=testing.LABEL,
+    )
 
 
-def _cached_version(command: tuple[str, ...], identity: Path, state_dir: Path) -> str:
+def _cached_version(
+    command: tuple[str, ...], identity: Path, state_dir: Path, memo: VersionMemo | None
+) -> str:
     """`neuronx-cc --version`, re-run only when the compiler's files change.
 
     A no-op build must not pay for starting the compiler, so the answer is
@@ -121,11 +147,11 @@ def _cached_version(command: tuple[str, ...], identity: Path, state_dir: Path) -
     cached = _read_json(cache_file).get(" ".join(command))
     if cached and cached.get("stamp") == stamp:
         return str(cached["version"])
-    # A release resolves one toolchain per project: ask each compiler once per process.
+    memo = {} if memo is None else memo
     memo_key = (command, tuple(stamp))
-    if memo_key not in _VERSIONS:
-        _VERSIONS[memo_key] = read_compiler_version(command)
-    version = _VERSIONS[memo_key]
+    if memo_key not in memo:
+        memo[memo_key] = read_compiler_version(command)
+    version = memo[memo_key]
     entries = _read_json(cache_file)
     entries[" ".join(command)] = {"stamp": stamp, "version": version}
     atomic_write_text(cache_file, json.dumps(entries, indent=2, sort_keys=True))

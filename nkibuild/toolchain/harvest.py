@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nkibuild.errors import BuildError
+from nkibuild.formats.backend_config import NKI_CUSTOM_CALLS
 from nkibuild.formats.hlo import HloFormatError, read_hlo
-from nkibuild.frontends.relocation import NKI_CUSTOM_CALLS
 
 HLO_FILE = "model.hlo_module.pb"
 FLAGS_FILE = "compile_flags.json"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import os
 import re
 import shutil
 import sys
@@ -22,10 +23,16 @@ Tracer = Callable[[Job], tuple[bytes, dict[str, str]]]
 
 
 def load_function(root: str, path: str, function: str) -> Callable[..., Any]:
-    """Import `function` from the file `path` (relative to the manifest dir `root`)."""
-    if root not in sys.path:
-        sys.path.insert(0, root)  # so kernel files can import their siblings
+    """Import `function` from the file `path` (relative to the manifest dir `root`).
+
+    The kernel file imports its siblings (`import utils`) and the project's packages
+    as it would when run as a script: its own directory and the project root are on
+    sys.path. That is safe only because a worker serves one project (worker.serve).
+    """
     file = Path(root, path)
+    for directory in (root, str(file.parent)):
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
     module_name = "nkibuild_user_" + "_".join(Path(path).with_suffix("").parts)
     spec = importlib.util.spec_from_file_location(module_name, file)
     if spec is None or spec.loader is None:
@@ -89,12 +96,15 @@ def sample_arrays(job: Job) -> list[Any]:
     return [np.zeros(tuple(t["shape"]), dtype(t["dtype"])) for t in job["inputs"]]
 
 
-def package_version(module: Any, distribution: str) -> str:
-    """Installed version; the toolchain double's modules say so instead."""
+def package_version(module: Any, distribution: str, job: Job) -> str:
+    """The installed distribution's version; for a module from the toolchain's own
+    additions to the worker's path (`job["own_modules"]`), the version it declares,
+    since an installed distribution of the same name is not what ran."""
     from importlib import metadata
 
-    if "/nkibuild/testing/fakes/" in (getattr(module, "__file__", "") or ""):
-        return f"fake ({getattr(module, '__version__', 'nkibuild toolchain double')})"
+    file = os.path.realpath(getattr(module, "__file__", "") or "")
+    if any(file.startswith(os.path.join(path, "")) for path in job.get("own_modules", ())):
+        return str(getattr(module, "__version__", "unknown"))
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
@@ -110,7 +120,7 @@ def trace_nkipy(job: Job) -> tuple[bytes, dict[str, str]]:
     kernel = NKIPyKernel.trace(function)
     kernel.specialize(*sample_arrays(job), **constants)
     proto = kernel._code.to_proto().SerializeToString()
-    return proto, {"nkipy": package_version(nkipy, "nkipy")}
+    return proto, {"nkipy": package_version(nkipy, "nkipy", job)}
 
 
 def trace_nki(job: Job) -> tuple[bytes, dict[str, str]]:
@@ -123,7 +133,7 @@ def trace_nki(job: Job) -> tuple[bytes, dict[str, str]]:
     import torch
     import torch_xla.core.xla_model as xm
 
-    from nkibuild.frontends.harvest import choose_kernel_module, find_modules, module_dirs
+    from nkibuild.toolchain.harvest import choose_kernel_module, find_modules, module_dirs
 
     cache_dir = Path(job["cache_dir"])
     seen = module_dirs(cache_dir)
@@ -143,8 +153,8 @@ def trace_nki(job: Job) -> tuple[bytes, dict[str, str]]:
     for each in dumped:
         shutil.rmtree(each.directory, ignore_errors=True)
     return module.hlo, {
-        "nki": package_version(nki, "nki"),
-        "torch_xla": package_version(sys.modules["torch_xla"], "torch-xla"),
+        "nki": package_version(nki, "nki", job),
+        "torch_xla": package_version(sys.modules["torch_xla"], "torch-xla", job),
         "compile_flags": json.dumps(list(module.flags)),
     }
 

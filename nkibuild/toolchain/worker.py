@@ -40,13 +40,28 @@ def run_job(job: Job) -> dict[str, Any]:
 
 
 def serve(results: TextIO) -> None:
-    """Answer one JSON job per stdin line with one JSON result line on `results`."""
+    """Answer one JSON job per stdin line with one JSON result line on `results`.
+
+    A worker serves one project: the first job's root. Its modules (kernel files and
+    the helpers they import) stay in `sys.modules`, where another project's files of
+    the same names would find them, so a job from elsewhere is refused."""
+    project = None
     for line in sys.stdin:
         if line.strip():
-            result = run_job(json.loads(line))
+            job = json.loads(line)
+            project = project or job["root"]
+            result = run_job(job) if job["root"] == project else _foreign(job, project)
             result["pid"] = os.getpid()
             results.write(json.dumps(result) + "\n")
             results.flush()
+
+
+def _foreign(job: Job, project: str) -> dict[str, Any]:
+    return {
+        "ok": False,
+        "error": f"this worker serves {project}, not {job['root']} (an nkibuild bug)",
+        "traceback": "",
+    }
 
 
 def stop_when_orphaned(interval: float = 0.2) -> None:

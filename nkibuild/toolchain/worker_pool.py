@@ -1,8 +1,13 @@
-"""Long-lived frontend workers: one process per (interpreter, frontend, target, environment).
+"""Long-lived frontend workers: one process per (project, interpreter, frontend, target, path).
 
 Importing jax, torch or nki costs seconds; tracing a kernel costs milliseconds. So a
 build keeps one worker per distinct environment and sends it every kernel that
 needs it, one job at a time, over a line-based JSON protocol on its stdin/stdout.
+
+A worker serves one project only: kernel files of two projects often share names
+(`kernels/kernels.py`, `kernels/utils.py`), and a module imported for one project
+must never answer for another. Workers live as long as the build session that owns
+the pool.
 
 User code runs only in these workers. Whatever it does (raise, `sys.exit`,
 `os._exit`, crash, hang, print) fails only the job at hand: the job gets a
@@ -12,7 +17,6 @@ the next job.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -30,7 +34,6 @@ from typing import Any, TextIO
 from nkibuild.errors import BuildError, tail
 
 WORKER_MODULE = "nkibuild.toolchain.worker"
-FAKES_DIR = Path(__file__).resolve().parents[1] / "testing" / "fakes"
 # What a worker inherits from the build's environment; everything else is dropped so
 # that a stray variable cannot change an extraction without entering its cache key.
 PASSED_VARIABLES = ("PATH", "HOME", "USER", "LANG", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
@@ -39,14 +42,15 @@ PASSED_PREFIXES = ("LC_", "NEURON_", "NKI_", "XLA_", "JAX_", "PJRT_", "TORCH_", 
 
 @dataclass(frozen=True)
 class WorkerKey:
+    project: str  # the project root: a worker never serves two projects
     python: str
     frontend: str
     target: str | None
-    fake: bool
+    path: tuple[str, ...] = ()  # the toolchain's additions to the worker's PYTHONPATH
 
     def label(self) -> str:
         target = f", target {self.target}" if self.target else ""
-        return f"{self.frontend} worker{target}{' (toolchain double)' if self.fake else ''}"
+        return f"{self.frontend} worker{target} for {self.project}"
 
 
 PASS_ENV = "NKIBUILD_PASS_ENV"  # comma-separated names of more variables for the workers
@@ -69,8 +73,8 @@ def worker_environment(key: WorkerKey, cache_dir: Path) -> dict[str, str]:
     env.setdefault("JAX_PLATFORMS", "cpu")
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["PYTHONUNBUFFERED"] = "1"
-    if key.fake:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKES_DIR), env.get("PYTHONPATH")]))
+    if key.path:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [*key.path, env.get("PYTHONPATH")]))
     if key.frontend == "nki":
         env["NEURON_EXTRACT_GRAPHS_ONLY"] = "1"
         env["NEURON_COMPILE_CACHE_URL"] = str(cache_dir)
@@ -184,15 +188,13 @@ class Worker:
 class WorkerPool:
     """Workers by key, created on first use and replaced when they die."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch_root: Path | None = None) -> None:
         self._workers: dict[WorkerKey, Worker] = {}
         self._locks: dict[WorkerKey, threading.Lock] = {}
         self._guard = threading.Lock()
-        self.scratch_root: Path | None = None  # None: the system's temp dir
-
-    def configure(self, *, scratch_root: Path | None) -> None:
-        """Where new workers keep their files: a build puts them under its build dir,
-        so what a killed build's workers leave is found and removed by the next."""
+        # Where new workers keep their files (None: the system's temp dir). A build puts
+        # them under its build dir, so what a killed build's workers leave is found and
+        # removed by the next.
         self.scratch_root = scratch_root
 
     def run(
@@ -220,7 +222,3 @@ class WorkerPool:
             workers, self._workers = list(self._workers.values()), {}
         for worker in workers:
             worker.close(kill=kill)
-
-
-POOL = WorkerPool()
-atexit.register(POOL.close)

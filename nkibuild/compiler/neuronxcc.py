@@ -1,0 +1,156 @@
+"""The neuronx-cc adapter: one compiler run in its own work directory, its log kept,
+its failure described with the command and the log's tail, its NEFF checked."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+from nkibuild.compiler.checks import neff_problem
+from nkibuild.compiler.process import ProcessOutcome, ProcessRegistry, run_process
+from nkibuild.compiler.record import LOG_FILE, NEFF_FILE
+from nkibuild.errors import BuildError, tail
+from nkibuild.frontends import HloArtifact
+from nkibuild.fsutil import atomic_copy
+from nkibuild.plan import BuildUnit
+from nkibuild.quantities import format_size
+from nkibuild.toolchain import Toolchain
+
+HLO_INPUT = "model.hlo_module.pb"
+STDOUT_FILE = "stdout.log"
+WORK_PREFIX = ".work-"
+
+
+def compiler_command(
+    unit: BuildUnit, toolchain: Toolchain, hlo: Path, output: Path, log: Path
+) -> list[str]:
+    """The exact neuronx-cc invocation; the user's compiler-args come last."""
+    return [
+        *toolchain.compiler_command,
+        "compile", "--framework", "XLA", str(hlo),
+        "--output", str(output),
+        "--logfile", str(log),
+        *unit.compile_args(),
+    ]  # fmt: skip
+
+
+def run_compiler(
+    unit: BuildUnit,
+    artifact: HloArtifact,
+    toolchain: Toolchain,
+    out_dir: Path,
+    timeout: float | None,
+    processes: ProcessRegistry,
+    *,
+    retry: bool = False,
+) -> ProcessOutcome:
+    """One neuronx-cc run; a verified NEFF lands in out_dir or a BuildError is raised.
+
+    A compile killed by SIGKILL is returned, not raised, the first time: the
+    caller retries it alone, since the OOM killer may have picked it for the
+    memory of its neighbours.
+    """
+    _remove_stale_work_dirs(out_dir)
+    # neuronx-cc has no work-dir flag: the cwd is its work dir, so each compile gets its own.
+    work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=out_dir))
+    try:
+        output, log, hlo = work / NEFF_FILE, work / LOG_FILE, work / HLO_INPUT
+        # The artifact may have been built elsewhere: point its references here first.
+        hlo.write_bytes(artifact.compilable_hlo())
+        command = compiler_command(unit, toolchain, hlo, output, log)
+        try:
+            outcome = run_process(command, work, work / STDOUT_FILE, timeout, processes)
+        except OSError as error:
+            raise BuildError(
+                f"could not start neuronx-cc: {error}", unit=unit.name, command=command
+            ) from None
+        _keep_log(work, out_dir)
+        if outcome.killed and not retry:
+            return outcome
+        _check_outcome(unit, command, out_dir, outcome, timeout, retry)
+        if not output.exists() or output.stat().st_size == 0:
+            raise failure(unit, command, out_dir, "neuronx-cc exited 0 but wrote no NEFF")
+        check_neff(unit, artifact, output, command, out_dir)
+        os.replace(output, out_dir / NEFF_FILE)
+        return outcome
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _check_outcome(
+    unit: BuildUnit,
+    command: list[str],
+    out_dir: Path,
+    outcome: ProcessOutcome,
+    timeout: float | None,
+    retry: bool,
+) -> None:
+    if outcome.timed_out:
+        message = f"neuronx-cc did not finish within {timeout:g} s and was stopped"
+    elif outcome.killed:
+        message = (
+            "neuronx-cc was killed (SIGKILL) twice, the second time running alone; "
+            f"peak memory {format_size(outcome.peak_memory)}: most likely out of memory. "
+            "Set compile-memory for this kernel or lower --max-compile-memory / -j"
+        )
+    elif outcome.returncode < 0:
+        message = f"neuronx-cc was killed by {_signal_name(-outcome.returncode)}"
+    elif outcome.returncode != 0:
+        message = "neuronx-cc failed"
+    else:
+        return
+    raise failure(unit, command, out_dir, message, outcome.returncode)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _remove_stale_work_dirs(out_dir: Path) -> None:
+    # Left by a killed build; the build lock guarantees no live compile uses them.
+    for stale in out_dir.glob(WORK_PREFIX + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _keep_log(work: Path, out_dir: Path) -> None:
+    """The compiler's log file followed by what it printed, kept under the build dir."""
+    log = work / LOG_FILE
+    printed = (work / STDOUT_FILE).read_bytes() if (work / STDOUT_FILE).exists() else b""
+    if printed:
+        with open(log, "ab") as handle:
+            handle.write(b"\n--- neuronx-cc stdout/stderr ---\n" + printed)
+    if log.exists():
+        atomic_copy(log, out_dir / LOG_FILE, durable=False)  # for people to read
+
+
+def failure(
+    unit: BuildUnit,
+    command: list[str],
+    out_dir: Path,
+    message: str,
+    returncode: int | None = None,
+) -> BuildError:
+    log = out_dir / LOG_FILE
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return BuildError(
+        message,
+        unit=unit.name,
+        command=command,
+        returncode=returncode,
+        log_tail=tail(text) or "(the compiler wrote no log)",
+        log_path=str(log) if log.exists() else None,
+    )
+
+
+def check_neff(
+    unit: BuildUnit, artifact: HloArtifact, neff: Path, command: list[str], out_dir: Path
+) -> None:
+    problem = neff_problem(unit, artifact, neff)
+    if problem:
+        raise failure(unit, command, out_dir, f"neuronx-cc wrote {problem}")

@@ -1,0 +1,63 @@
+"""File paths inside NKI custom-calls' backend configs (base64 JSON): find and rewrite them.
+
+Pure byte-and-JSON work on an HLO module, shared by the frontends (which relocate the
+files an artifact refers to) and by the toolchain double's compiler (which reads
+them as neuronx-cc does).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable
+from typing import Any
+
+from nkibuild.formats.hlo import rewrite_backend_configs
+
+NKI_CUSTOM_CALLS = frozenset({"AwsNeuronCustomNativeKernel", "AwsNeuronNkiKernel"})
+
+
+def rewrite_paths(
+    data: bytes, wanted: Callable[[str], bool], replace: Callable[[str], str]
+) -> bytes:
+    def rewrite(target: str, backend_config: bytes) -> bytes | None:
+        if target not in NKI_CUSTOM_CALLS:
+            return None
+        decoded = decode(backend_config)
+        if decoded is None:
+            return None  # not base64 JSON: nothing nkibuild knows how to relocate
+        config, altchars = decoded
+        new = map_strings(config, lambda value: replace(value) if wanted(value) else value)
+        if new == config:
+            return None
+        text = json.dumps(new, sort_keys=True, separators=(",", ":")).encode()
+        return base64.b64encode(text, altchars=altchars)
+
+    return rewrite_backend_configs(data, rewrite)
+
+
+def decode(backend_config: bytes) -> tuple[Any, bytes | None] | None:
+    """(JSON value, base64 altchars) or None when the config is not base64 JSON."""
+    altchars = b"-_" if (b"-" in backend_config or b"_" in backend_config) else None
+    try:
+        text = base64.b64decode(backend_config, altchars=altchars, validate=True)
+        return json.loads(text), altchars
+    except (binascii.Error, ValueError):
+        return None
+
+
+def strings(value: Any) -> list[str]:
+    found: list[str] = []
+    map_strings(value, lambda text: found.append(text) or text)
+    return found
+
+
+def map_strings(value: Any, function: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return function(value)
+    if isinstance(value, list):
+        return [map_strings(item, function) for item in value]
+    if isinstance(value, dict):
+        return {key: map_strings(item, function) for key, item in value.items()}
+    return value

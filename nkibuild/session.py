@@ -1,0 +1,185 @@
+"""One build session: everything a build (or a release) owns while it runs.
+
+A `BuildSession` holds the frontend workers, the compile memory budget, the
+per-cache-key locks, the registry of running compiler processes, the compiler
+versions already asked for, the Ray connection it opened and what doit's state
+backend could not save. Nothing of that lives at module level: two sessions in
+one process (two builds in two threads, two PEP 517 hook calls) share nothing.
+
+`BuildSession.running()` is the build's lifetime: it takes the build
+directories' locks, keeps a marker in each while it runs (a marker found by the
+next session means the last one was killed before its cleanup ran, so the temp
+files and staging directories it was writing are swept away; nothing else can
+be using them, since the sweeping session holds the lock), and on the way out
+stops every compiler, worker and Ray connection it started.
+
+doit constructs its state backend itself; the backend finds the session of the
+build that is running doit through `current_session()`, a context variable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import shutil
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nkibuild.compiler.budget import KeyLocks, MemoryBudget
+from nkibuild.compiler.process import ProcessRegistry
+from nkibuild.errors import UsageError
+from nkibuild.fsutil import LEFTOVER_PATTERNS, atomic_write_text, leftovers
+from nkibuild.toolchain.worker_pool import WorkerPool
+
+if TYPE_CHECKING:
+    from filelock import BaseFileLock
+
+LOCK_FILE = "build.lock"
+RUNNING_FILE = "running.json"
+
+_CURRENT: contextvars.ContextVar[BuildSession] = contextvars.ContextVar("nkibuild_session")
+
+
+@dataclass(frozen=True)
+class SessionDirs:
+    """A directory to lock (its `state/` holds the lock and the marker) and the
+    directories whose leftovers an interrupted session there may have left."""
+
+    locked: Path
+    swept: tuple[Path, ...] = ()
+
+
+class RayConnection:
+    """The Ray connection a session opened (Ray itself allows one per process)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._opened = False
+
+    def get(self, address: str | None) -> Any:
+        try:
+            import ray
+        except ImportError:
+            raise UsageError("--executor ray needs Ray: pip install 'nkibuild[ray]'") from None
+        with self._guard:  # compile actions run in doit's threads
+            if not ray.is_initialized():
+                ray.init(
+                    address=address,
+                    ignore_reinit_error=True,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                )
+                self._opened = True
+        return ray
+
+    def close(self) -> None:
+        with self._guard:
+            if self._opened:
+                import ray
+
+                ray.shutdown()
+                self._opened = False
+
+
+class BuildSession:
+    """What one build owns; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.workers = WorkerPool()
+        self.budget = MemoryBudget()
+        self.key_locks = KeyLocks()
+        self.processes = ProcessRegistry()
+        self.ray = RayConnection()
+        # `neuronx-cc --version` answers by (command, compiler stamp): a release resolves
+        # one toolchain per project and asks each compiler once.
+        self.compiler_versions: dict[tuple[tuple[str, ...], tuple[int, ...]], str] = {}
+        self.state_failures: list[OSError] = []  # doit state files that could not be saved
+
+    @contextlib.contextmanager
+    def running(
+        self,
+        dirs: Sequence[SessionDirs],
+        *,
+        max_compile_memory: int | None,
+        jobs: int,
+        lock_timeout: float = 0.0,
+    ) -> Iterator[BuildSession]:
+        with contextlib.ExitStack() as held:
+            for entry in dirs:
+                held.callback(acquire_build_lock(entry.locked, lock_timeout).release)
+            for entry in dirs:
+                _recover(entry)
+            self.budget.configure(max_compile_memory, jobs)
+            self.workers.scratch_root = dirs[0].locked / "state"
+            try:
+                yield self
+            except BaseException:
+                self.processes.kill_all()  # e.g. Ctrl-C: no compiler may outlive the build
+                self._stop_helpers(kill=True)
+                raise
+            self._stop_helpers(kill=False)
+            for entry in dirs:  # a clean exit, even of a failed build: nothing to sweep
+                (entry.locked / "state" / RUNNING_FILE).unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def current(self) -> Iterator[None]:
+        """Make this the session `current_session()` returns in this thread."""
+        token = _CURRENT.set(self)
+        try:
+            yield
+        finally:
+            _CURRENT.reset(token)
+
+    def _stop_helpers(self, *, kill: bool) -> None:
+        # Workers live for one build: the next may see changed user code.
+        self.workers.close(kill=kill)
+        self.ray.close()
+
+
+def current_session() -> BuildSession | None:
+    """The session running doit in this thread (for objects doit constructs itself)."""
+    return _CURRENT.get(None)
+
+
+def acquire_build_lock(build_dir: Path, timeout: float = 0.0) -> BaseFileLock:
+    """The build dir's lock: doit neither locks its state file nor saves it before the
+    end of a run, so two concurrent runs would both execute everything. The lock is
+    an fcntl lock: the kernel drops it when its holder dies, so none is ever stale."""
+    from filelock import FileLock, Timeout
+
+    state_dir = build_dir / "state"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    # Not thread-local: two builds of one directory in one process must exclude each
+    # other as two processes do (filelock's default lock is reentrant per thread).
+    lock = FileLock(str(state_dir / LOCK_FILE), thread_local=False, is_singleton=False)
+    try:
+        lock.acquire(timeout=timeout)
+    except Timeout:
+        raise UsageError(
+            f"another nkibuild build is running in {build_dir} "
+            f"(lock {state_dir / LOCK_FILE}); wait for it or use another --build-dir"
+        ) from None
+    return lock
+
+
+def _recover(entry: SessionDirs) -> None:
+    marker = entry.locked / "state" / RUNNING_FILE
+    if marker.exists():
+        for directory in (entry.locked, *entry.swept):
+            remove_leftovers(directory)
+    atomic_write_text(marker, f'{{"pid": {os.getpid()}}}\n', durable=False)
+
+
+def remove_leftovers(directory: Path) -> int:
+    """Delete what an interrupted writer left under `directory`; how many were removed."""
+    found = leftovers(directory, LEFTOVER_PATTERNS)
+    for path in found:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return len(found)

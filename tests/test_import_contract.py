@@ -1,0 +1,124 @@
+"""The import contract: nkibuild's packages form layers, and every import goes down.
+
+The pipeline reads bottom to top (manifest -> plan -> toolchain -> frontends ->
+cache -> compiler -> session/context -> bundle -> verify -> graph -> release -> entry
+points). An import of a higher layer from a lower one, even inside a function, would
+make a cycle sooner or later; imports only for type checking are exempt, since they
+never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "nkibuild"
+
+# Bottom first; names in one tuple are one layer and may not import each other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "quantities", "dtypes"),
+    ("fsutil",),
+    ("formats",),
+    ("manifest",),
+    ("plan",),
+    ("settings",),
+    ("testing",),  # the toolchain double: what `toolchain` resolves to in fake mode
+    ("toolchain",),
+    ("frontends",),
+    ("cache",),
+    ("compiler",),
+    ("session",),
+    ("context",),
+    ("bundle",),
+    ("verify",),
+    ("graph",),
+    ("release",),
+    ("cli",),
+    ("build",),  # the PEP 517 backend reports through the CLI's plain display
+    ("__main__",),
+)
+RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
+# The double's stand-ins for other people's packages run in frontend workers and
+# bundles, never inside nkibuild: they are not part of nkibuild's import graph.
+OUTSIDE = ("testing/fakes", "testing/fake_runtime")
+
+
+def part_of(module: str) -> str | None:
+    """The top-level part of nkibuild that `module` belongs to (None: not nkibuild's)."""
+    parts = module.split(".")
+    if parts[0] != "nkibuild" or len(parts) == 1:
+        return None
+    return parts[1]
+
+
+def type_checking_lines(tree: ast.Module) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module) for every nkibuild import that can run."""
+    tree = ast.parse(path.read_text())
+    exempt = type_checking_lines(tree)
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom | ast.Import) and node.lineno in exempt:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "nkibuild":  # `from nkibuild import compiler`
+                found += [(node.lineno, f"nkibuild.{a.name}") for a in node.names]
+            else:
+                found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+    return found
+
+
+def modules() -> list[Path]:
+    return [
+        path
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if not any(part in path.relative_to(PACKAGE).as_posix() for part in OUTSIDE)
+    ]
+
+
+def test_every_part_of_nkibuild_has_a_layer() -> None:
+    parts = {path.relative_to(PACKAGE).parts[0].removesuffix(".py") for path in modules()}
+    parts.discard("__init__")
+    assert parts - set(RANK) == set()
+
+
+def test_imports_go_down_the_layers() -> None:
+    upward = []
+    for path in modules():
+        relative = path.relative_to(PACKAGE)
+        importer = relative.parts[0].removesuffix(".py")
+        if importer == "__init__":
+            continue
+        for line, module in imports(path):
+            imported = part_of(module)
+            if imported is None or imported == "__version__" or imported == importer:
+                continue
+            if RANK[imported] >= RANK[importer]:
+                upward.append(f"nkibuild/{relative}:{line} imports {module}")
+    assert upward == []
+
+
+def test_the_contract_sees_function_level_imports(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from nkibuild.release import x\n"
+        "def f():\n"
+        "    from nkibuild.graph import tasks\n"
+        "    import nkibuild.cli.main\n"
+    )
+    assert [i for i in imports(sample) if part_of(i[1])] == [
+        (5, "nkibuild.graph"),
+        (6, "nkibuild.cli.main"),
+    ]
