@@ -1,22 +1,24 @@
-"""Build options resolved once per invocation: command line > environment > manifest.
+"""Build options resolved once per invocation: command line > environment > manifest > defaults.
 
-Like cibuildwheel's options, every source is read here and nowhere else; later
-stages get final values in `BuildSettings`.
+Like cibuildwheel's and scikit-build-core's options, every source is read here and
+nowhere else, and each option is declared once (`OPTIONS`): its `BuildOptions` field,
+its PEP 517 config setting, its environment variable, how its text is parsed and
+where the manifest sets it. The CLI, `nkibuild release` and the PEP 517 backend all
+fill a `BuildOptions` (the backend through `options_from_config`) and get final
+values from `resolve_settings`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any
 
 from nkibuild.errors import UsageError
 from nkibuild.manifest.model import Manifest
 from nkibuild.quantities import parse_duration, parse_size
-
-T = TypeVar("T")
 
 ENV_TOOLCHAIN = "NKIBUILD_TOOLCHAIN"
 ENV_COMPILER = "NKIBUILD_NEURONX_CC"
@@ -26,22 +28,91 @@ ENV_CACHE_READ_ONLY = "NKIBUILD_CACHE_READ_ONLY"
 ENV_MAX_COMPILE_MEMORY = "NKIBUILD_MAX_COMPILE_MEMORY"
 ENV_COMPILE_TIMEOUT = "NKIBUILD_COMPILE_TIMEOUT"
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"", "0", "false", "no", "off"})
 
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """What the caller asked for; None means "not given here, look further"."""
+    """What the caller asked for; None (False for a flag) means "not given here, look
+    further"."""
 
     toolchain: str | None = None
     compiler: Path | None = None
     use_cache: bool = True
     cache_dir: Path | None = None
     remote_cache: str | None = None
-    cache_read_only: bool = False
+    cache_read_only: bool = False  # a flag only switches on: False is "not given"
     max_compile_memory: int | None = None  # bytes
     compile_timeout: float | None = None  # seconds, for units without their own
     executor: str = "local"  # "local" or "ray"
     ray_address: str | None = None  # None with executor ray: a local Ray instance
+
+
+def parse_flag(text: str) -> bool:
+    """`1/true/yes/on` or `0/false/no/off` (any case; empty is false)."""
+    word = text.strip().lower()
+    if word not in TRUE_WORDS | FALSE_WORDS:
+        raise ValueError("expected true or false")
+    return word in TRUE_WORDS
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option and every place it can come from, in precedence order after the
+    command line (which fills `BuildOptions` itself)."""
+
+    field: str  # of BuildOptions
+    setting: str | None  # PEP 517 config setting: `pip wheel . -C <setting>=<value>`
+    env: str | None  # environment variable
+    parse: Callable[[str], Any]  # the text of a config setting or variable -> value
+    manifest: Callable[[Manifest], Any] | None = None  # the manifest's value, None: unset
+    default: Any = None
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("toolchain", "toolchain", ENV_TOOLCHAIN, str, default="auto"),
+    Option("compiler", "compiler", ENV_COMPILER, Path, lambda m: m.compiler_path),
+    Option("cache_dir", "cache-dir", ENV_CACHE_DIR, Path),
+    Option("remote_cache", "remote-cache", ENV_REMOTE_CACHE, str, lambda m: m.cache.remote),
+    Option(
+        "cache_read_only",
+        "cache-read-only",
+        ENV_CACHE_READ_ONLY,
+        parse_flag,
+        lambda m: m.cache.read_only,
+        default=False,
+    ),
+    Option("max_compile_memory", "max-compile-memory", ENV_MAX_COMPILE_MEMORY, parse_size),
+    Option("compile_timeout", "compile-timeout", ENV_COMPILE_TIMEOUT, parse_duration),
+)
+_BY_FIELD = {option.field: option for option in OPTIONS}
+
+
+def config_settings() -> tuple[str, ...]:
+    """The PEP 517 config settings that set build options."""
+    return tuple(option.setting for option in OPTIONS if option.setting)
+
+
+def options_from_config(settings: Mapping[str, str]) -> BuildOptions:
+    """The build options a PEP 517 frontend's config settings give (names already
+    checked; values are text, as on a command line)."""
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        text = settings.get(option.setting or "")
+        if text is None:
+            continue
+        try:
+            values[option.field] = option.parse(text)
+        except ValueError as error:
+            raise UsageError(f"config setting {option.setting}={text!r}: {error}") from None
+    # A config setting given as the empty string or `false` is "not given", as an
+    # absent command-line option is: the environment and the manifest still count.
+    return replace(BuildOptions(), **{k: v for k, v in values.items() if _given(v)})
+
+
+def _given(value: object) -> bool:
+    """Whether a value the caller passed counts: None, "" and a flag left off do not."""
+    return value is not None and value is not False and value != ""
 
 
 @dataclass(frozen=True)
@@ -72,28 +143,52 @@ class BuildSettings:
 def resolve_settings(
     options: BuildOptions, manifest: Manifest, environ: Mapping[str, str] = os.environ
 ) -> BuildSettings:
-    settings = _resolve(options, manifest, environ)
+    """Every option's final value: the first source that gives it wins."""
+    value = _Resolver(options, manifest, environ).value
+    cache = (
+        CacheConfig(
+            value("cache_dir") or default_cache_dir(environ),
+            value("remote_cache"),
+            value("cache_read_only"),
+        )
+        if options.use_cache
+        else NO_CACHE
+    )
+    settings = BuildSettings(
+        toolchain=value("toolchain"),
+        compiler=value("compiler"),
+        cache=cache,
+        max_compile_memory=value("max_compile_memory"),
+        compile_timeout=value("compile_timeout"),
+        executor=options.executor,
+        ray_address=options.ray_address,
+    )
     if settings.executor == "ray" and (not settings.cache.enabled or settings.cache.read_only):
         raise UsageError("--executor ray needs a writable NEFF cache: results travel through it")
     return settings
 
 
-def _resolve(
-    options: BuildOptions, manifest: Manifest, environ: Mapping[str, str]
-) -> BuildSettings:
-    return BuildSettings(
-        toolchain=options.toolchain or environ.get(ENV_TOOLCHAIN) or "auto",
-        compiler=_compiler(options, manifest, environ),
-        cache=_cache(options, manifest, environ) if options.use_cache else NO_CACHE,
-        max_compile_memory=_first(
-            options.max_compile_memory, environ, ENV_MAX_COMPILE_MEMORY, parse_size
-        ),
-        compile_timeout=_first(
-            options.compile_timeout, environ, ENV_COMPILE_TIMEOUT, parse_duration
-        ),
-        executor=options.executor,
-        ray_address=options.ray_address,
-    )
+@dataclass(frozen=True)
+class _Resolver:
+    options: BuildOptions
+    manifest: Manifest
+    environ: Mapping[str, str]
+
+    def value(self, name: str) -> Any:
+        option = _BY_FIELD[name]
+        given = getattr(self.options, name)
+        if _given(given):
+            return given
+        text = self.environ.get(option.env) if option.env else None
+        if text:  # an empty variable is unset, as in most tools
+            try:
+                return option.parse(text)
+            except ValueError as error:
+                raise UsageError(f"{option.env}: {error}") from None
+        from_manifest = option.manifest(self.manifest) if option.manifest else None
+        if from_manifest is not None:
+            return from_manifest
+        return option.default
 
 
 def default_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -103,35 +198,3 @@ def default_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("nkibuild"))
-
-
-def _compiler(options: BuildOptions, manifest: Manifest, environ: Mapping[str, str]) -> Path | None:
-    if options.compiler is not None:
-        return options.compiler
-    if environ.get(ENV_COMPILER):
-        return Path(environ[ENV_COMPILER])
-    return manifest.compiler_path
-
-
-def _cache(options: BuildOptions, manifest: Manifest, environ: Mapping[str, str]) -> CacheConfig:
-    read_only = (
-        options.cache_read_only
-        or environ.get(ENV_CACHE_READ_ONLY, "").strip().lower() in TRUE_WORDS
-        or manifest.cache.read_only
-    )
-    remote = options.remote_cache or environ.get(ENV_REMOTE_CACHE) or manifest.cache.remote
-    return CacheConfig(options.cache_dir or default_cache_dir(environ), remote, read_only)
-
-
-def _first(
-    given: T | None, environ: Mapping[str, str], variable: str, parse: Callable[[str], T]
-) -> T | None:
-    if given is not None:
-        return given
-    text = environ.get(variable)
-    if not text:
-        return None
-    try:
-        return parse(text)
-    except ValueError as error:
-        raise UsageError(f"{variable}: {error}") from None

@@ -81,7 +81,18 @@ def test_a_wheel_is_verified_where_it_lies(project: Path) -> None:
     wheel = project / "dist" / "acme_nki_kernels-0.1.0-py3-none-any.whl"
     result = run_nkibuild(["verify", str(wheel), "--json"], project)
     assert result.returncode == 0, result.stderr
-    assert {c["mode"] for c in checks(result.stdout)} == {"auto -> reference"}
+    found = checks(result.stdout)
+    assert {c["mode"] for c in found if c["status"] == "ok"} == {"auto -> reference"}
+    # A wheel has no kernel source to run on the CPU: said so, and not counted as passed.
+    skipped = [c for c in found if c["status"] == "skipped"]
+    assert {(c["kernel"], c["mode"]) for c in skipped} == {
+        ("matmul_tiled", "nki kernel under nki.simulate"),
+        ("rmsnorm", "nkipy kernel on the CPU"),
+    }
+    assert len(skipped) == 4 and all(
+        c["skipped"].startswith("a wheel holds no kernel source to run: run `nkibuild verify`")
+        for c in skipped
+    )
     assert wheel.with_suffix(".verify.json").is_file()
     not_a_wheel = run_nkibuild(["verify", str(project / "nkibuild.yaml")], project)
     assert not_a_wheel.returncode == 2 and "not a readable wheel" in not_a_wheel.stderr

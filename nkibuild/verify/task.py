@@ -3,10 +3,12 @@
 It runs what verify can check at build time, on any machine: each kernel's own
 source on the CPU against its reference (`sources.py`), and the bundle's reference
 against the NEFFs' output signatures. A disagreement fails the task, so the build
-fails (exit 1). The task sits before `wheel` in the graph, so a build without
-`--keep-going` run serially stops before packing the wheel; with `--keep-going`
-(or when `-j` runs `wheel` alongside it) the wheel is still written, and the build
-still fails. The checks are written to `build/verify/checks.json`.
+fails (exit 1). The checks are written to `build/verify/checks.json`.
+
+The wheel is meant to depend on that report (`verify_outputs` in its `file_dep`): a
+failed verify then withholds the wheel, with or without `--keep-going` (which still
+builds every NEFF and the bundle), and at any `-j`. A wheel whose kernels disagree
+with their references is never the intended output of a build that asked to verify.
 
 No baselines here: those belong to `nkibuild verify`, which a user runs on purpose.
 """
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from nkibuild.verify import Check
 
 REPORT = Path("verify") / "checks.json"  # under the build dir
+TIMINGS = ("seconds", "reference_seconds")  # figures that differ from run to run
 
 
 def verify_task(context: BuildContext) -> dict[str, Any] | None:
@@ -46,10 +49,19 @@ def verify_task(context: BuildContext) -> dict[str, Any] | None:
         "actions": [(run_verify, (context,))],
         # The bundle's stamp orders this task after `bundle` (doit links it to its target).
         "file_dep": [stamp, *_source_files(manifest)],
-        "targets": [str(context.layout.build_dir / REPORT)],
+        "targets": verify_outputs(context),
         "uptodate": [config_changed(_config(context))],
         "clean": True,
     }
+
+
+def verify_outputs(context: BuildContext) -> list[str]:
+    """What the wheel task should list in its `file_dep`, so that a failed verify withholds
+    the wheel (also under --keep-going, where doit reports it blocked): the report's path
+    when the manifest sets `verify: true`, else nothing."""
+    if not context.manifest.verify:
+        return []
+    return [str(context.layout.build_dir / REPORT)]
 
 
 def _config(context: BuildContext) -> dict[str, Any]:
@@ -125,10 +137,16 @@ def build_checks(context: BuildContext) -> list[Check]:
 
 
 def _write_report(path: Path, checks: list[Check]) -> None:
+    """The checks without timings: the same results write the same bytes, so a task
+    that depends on this file (the wheel) is not redone when nothing changed."""
     from nkibuild.fsutil import atomic_write_text
 
+    report = [
+        {key: value for key, value in check.to_json().items() if key not in TIMINGS}
+        for check in checks
+    ]
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps([check.to_json() for check in checks], indent=2))
+    atomic_write_text(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def _failures(failed: list[Check], total: int) -> str:
