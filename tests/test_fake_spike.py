@@ -547,3 +547,24 @@ def test_the_core_checks_memory_and_lifetimes_as_spike_does(
     assert after_reset[0] == "SpikeError"  # a closed runtime's tensors are unusable
     assert unloaded[0] == "SpikeError" and "unloaded model" in unloaded[1]
     assert fresh == ["ok", "Spike"]
+
+
+def test_a_neff_from_a_real_compiler_loads_with_its_io(runtime: Path, tmp_path: Path) -> None:
+    golden = Path(__file__).resolve().parents[2] / "shared" / "testdata" / "neff"
+    if not (golden / "matmul_small.neff").is_file():
+        pytest.skip(f"no real NEFF sample at {golden} (../shared/testdata/neff)")
+    shown, events = run_spike(
+        runtime,
+        f"""
+        m = SpikeModel.load_from_neff({str(golden / "matmul_small.neff")!r})
+        for infos in (m.input_tensors_info, m.output_tensors_info):
+            show({{n: [i.size, i.dtype, i.shape] for n, i in infos.items()}})
+        """,
+        tmp_path,
+    )
+    # Its const tensors (weights baked in by the compiler) are not the caller's I/O.
+    assert shown == [
+        {"y": [65536, "float16", [256, 128]], "x": [65536, "float16", [128, 256]]},
+        {"output0": [32768, "float16", [128, 128]]},
+    ]
+    assert [e["placeholder"] for e in events] == [False]

@@ -2,9 +2,11 @@
 
 A NEFF is a 1024-byte little-endian header (u64 packaging version, u64 header size,
 u64 payload size, ...) followed by a tar payload, gzip-compressed unless the compiler
-wrote a fast-loading NEFF. Each subgraph `sgNN/` has a `tensor_map.json` whose non-const
-entries are the kernel's inputs and outputs; every subgraph lists the same I/O, so the
-first one is read. Only the standard library: this runs where nkibuild is not installed.
+wrote a fast-loading NEFF. Each subgraph `sgNN/` (possibly under `sgLnk/`) has a
+`tensor_map.json` whose non-const entries are the kernel's inputs and outputs; every
+subgraph lists the same I/O, so the first one is read. `neff.json`'s signature, when
+present, gives the parameter order. Only the standard library: this runs where nkibuild
+is not installed.
 """
 
 from __future__ import annotations
