@@ -295,7 +295,7 @@ def neff_io(site: Path, member: str) -> tuple[list[Any], list[Any]]:
 
 
 def test_a_bundle_runs_in_neuron_mode_through_spikes_real_layer(
-    bundle_site: Path, real_runtime: Path, tmp_path: Path
+    real_runtime: Path, bundle_site: Path, tmp_path: Path
 ) -> None:
     log = tmp_path / "spike.jsonl"
     out = run_bundle(
@@ -339,7 +339,7 @@ def test_a_bundle_runs_in_neuron_mode_through_spikes_real_layer(
 
 
 def test_placeholder_neffs_are_refused_on_a_core_that_is_not_the_double(
-    bundle_site: Path, real_runtime: Path, tmp_path: Path
+    real_runtime: Path, bundle_site: Path, tmp_path: Path
 ) -> None:
     # spike's real layer on a core without the double's mark stands for real spike.
     unmarked = tmp_path / "unmarked"
