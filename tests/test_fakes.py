@@ -18,7 +18,7 @@ import pytest
 
 from nkibuild.formats.backend_config import NKI_CUSTOM_CALLS
 from nkibuild.formats.hlo import HloModuleInfo, read_hlo
-from nkibuild.testing import FAKES_DIR
+from nkibuild.testing import FAKE_NKIPY_DIR, FAKES_DIR
 
 KERNELS = Path(__file__).resolve().parents[1] / "examples" / "nki-nkipy" / "kernels"
 
@@ -44,7 +44,7 @@ def run_python(
     """Run `script` in a fresh interpreter (with the fakes importable); return its stdout."""
     base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("NEURON")}
     if fakes:
-        base["PYTHONPATH"] = str(FAKES_DIR)
+        base["PYTHONPATH"] = os.pathsep.join([str(FAKES_DIR), str(FAKE_NKIPY_DIR)])
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
         env={**base, **(env or {})},
@@ -102,10 +102,11 @@ def test_fakes_are_not_importable_without_their_directory() -> None:
     assert [origin for origin in origins if origin.startswith(str(FAKES_DIR))] == []
     assert str(FAKES_DIR) not in sys.path
     assert not (FAKES_DIR / "__init__.py").exists()  # not a package of nkibuild
+    assert not (FAKE_NKIPY_DIR / "__init__.py").exists()
 
 
 def test_every_fake_module_says_it_is_the_toolchain_double() -> None:
-    for path in FAKES_DIR.rglob("*.py"):
+    for path in [*FAKES_DIR.rglob("*.py"), *FAKE_NKIPY_DIR.rglob("*.py")]:
         assert "toolchain double" in path.read_text().split('"""')[1], path
 
 
@@ -281,7 +282,7 @@ def test_tracers_run_in_a_fake_toolchain_worker(tmp_path: Path) -> None:
         "constants": [],
         "lnc": 2,
         "cache_dir": str(cache),
-        "own_modules": [str(FAKES_DIR)],  # as the double's Toolchain value says
+        "own_modules": [str(FAKES_DIR), str(FAKE_NKIPY_DIR)],  # as a Toolchain value says
     }
     rmsnorm = {
         **matmul,

@@ -79,7 +79,7 @@ def extract(
     with atomic_output(out_dir / HLO_FILE) as tmp_hlo:
         versions = _produce_hlo(spec, root, tmp_hlo, toolchain, workers)
         module = _read(tmp_hlo.read_bytes(), spec)  # validates before anything else parses it
-        data, sidecars = _relocated(_canonical(tmp_hlo.read_bytes()), out_dir, spec)
+        data, sidecars = _relocated(_canonical(tmp_hlo.read_bytes(), root), out_dir, spec)
         tmp_hlo.write_bytes(data)
     inputs = _check_signature(spec, module)
     from nkibuild.frontends.relocation import normalized_hash
@@ -112,10 +112,12 @@ def _relocated(data: bytes, out_dir: Path, spec: ExtractSpec) -> tuple[bytes, li
         raise BuildError(error.message, unit=spec.name, log_tail=error.log_tail) from None
 
 
-def _canonical(data: bytes) -> bytes:
+def _canonical(data: bytes, root: Path) -> bytes:
+    """The module as every checkout and machine would trace it: no module id, and
+    source paths relative to the project (nkipy records absolute ones)."""
     from nkibuild.formats.hlo import canonical_module
 
-    return canonical_module(data)
+    return canonical_module(data, str(root.resolve()))
 
 
 def _read(data: bytes, spec: ExtractSpec) -> HloModuleInfo:

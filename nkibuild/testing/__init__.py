@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FAKES_DIR = HERE / "fakes"  # nki, nkipy, torch, torch_xla stand-ins for frontend workers
+FAKES_DIR = HERE / "fakes"  # nki, torch, torch_xla stand-ins for frontend workers
+# nkipy's tracer runs on any CPU: the double adds this stand-in only where the real
+# nkipy is not installed.
+FAKE_NKIPY_DIR = HERE / "fake_nkipy"
 FAKE_RUNTIME_DIR = HERE / "fake_runtime"  # spike, for running bundles
 COMPILER_COMMAND = (sys.executable, "-m", "nkibuild.testing.fake_neuronxcc")
 LABEL = " (nkibuild toolchain double: placeholder NEFFs)"

@@ -116,8 +116,18 @@ def resolve_toolchain(
 
 
 def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
-    """nkibuild's toolchain double: its compiler, and its frontends and spike on the paths."""
+    """nkibuild's toolchain double: its compiler, its frontends and spike on the paths.
+
+    It stands in only for what cannot run here: the real nkipy tracer runs on a CPU,
+    so where it is installed, workers use it rather than the double's.
+    """
+    import importlib.util
+
     from nkibuild import testing
+
+    worker_path = [str(testing.FAKES_DIR)]
+    if importlib.util.find_spec("nkipy") is None:
+        worker_path.append(str(testing.FAKE_NKIPY_DIR))
 
     command = testing.COMPILER_COMMAND
     return Toolchain(
@@ -127,7 +137,7 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
         compiler_version=_cached_version(command, testing.HERE, state_dir, memo),
         python=sys.executable,
         neuron_cc_flags=os.environ.get("NEURON_CC_FLAGS", ""),
-        worker_path=(str(testing.FAKES_DIR),),
+        worker_path=tuple(worker_path),
         runtime_path=(str(testing.FAKE_RUNTIME_DIR),),
         placeholder_neffs=True,
         label=testing.LABEL,
