@@ -30,8 +30,10 @@ from helpers import build
 from test_fake_spike import FAKE_RUNTIME, REAL_SPIKE, real_spike_runtime
 
 from nkibuild.formats.neff import read_neff
+from nkibuild.testing.neff_writer import NeffTensor, write_neff
 
 REPO = Path(__file__).resolve().parents[1]
+RUNTIME = REPO / "nkibuild" / "bundle" / "runtime.py"  # vendored into every bundle
 WHEEL = "acme_kernels-0.1.0-py3-none-any.whl"
 # spike's `spike-run` command line is not part of the double (bundles never use it).
 NOT_IMITATED = frozenset({"cli"})
@@ -371,3 +373,50 @@ def test_the_wheel_holds_no_spike_code(bundle_site: Path) -> None:
     # spike is the host's runtime: a bundle must never ship (a copy of) it.
     with zipfile.ZipFile(bundle_site.parent / "dist" / WHEEL) as wheel:
         assert not [n for n in wheel.namelist() if n.split("/")[0] == "spike"]
+
+
+def test_the_runtime_passes_bool_and_fp8_as_the_neff_stores_them(
+    real_runtime: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("ml_dtypes")
+    neff = tmp_path / "stored.neff"
+    declared = [("m", "bool"), ("q", "float8_e4m3fn"), ("r", "float8_e4m3")]
+    write_neff(
+        neff,
+        compiler_version="2.23.0.0+nkibuild.fake",
+        inputs=[NeffTensor(name, dtype, (4,)) for name, dtype in declared],
+        outputs=[NeffTensor("output0", "float32", (4,))],
+        num_tpb=1,
+        placeholder=True,
+    )
+    script = f"""
+        import importlib.util, json, sys
+        import ml_dtypes, numpy as np
+        sys.path.insert(0, {str(real_runtime)!r})
+        from spike import SpikeModel, SpikeTensor
+        spec = importlib.util.spec_from_file_location("bundle_runtime", {str(RUNTIME)!r})
+        runtime = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(runtime)
+        m = SpikeModel.load_from_neff({str(neff)!r})
+        arrays = {{"m": np.ones(4, bool), "q": np.ones(4, ml_dtypes.float8_e4m3fn),
+                   "r": np.ones(4, ml_dtypes.float8_e4m3)}}
+        for convert in (lambda a: a, runtime.as_neff_storage):
+            inputs = {{n: SpikeTensor.from_numpy(convert(a), n) for n, a in arrays.items()}}
+            try:
+                m(inputs=inputs)
+                print(json.dumps("ok"))
+            except AssertionError as error:
+                print(json.dumps(str(error)))
+        print(json.dumps([runtime.as_neff_storage(a).dtype.name for a in arrays.values()]))
+        """
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    as_given, converted, dtypes = (json.loads(line) for line in result.stdout.splitlines())
+    assert "bool" in as_given  # spike's real layer refuses a bool array for the uint8 tensor
+    assert converted == "ok"
+    assert dtypes == ["uint8", "int8", "float8_e4m3"]  # e4m3 already passes spike's check

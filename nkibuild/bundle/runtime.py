@@ -271,7 +271,7 @@ class Kernel:
         # The NEFF's own input names, in parameter order: input0..., parameter names, ...
         names = self._neff(target, variant)["input_names"]
         return {
-            name: spike.SpikeTensor.from_numpy(array, name)
+            name: spike.SpikeTensor.from_numpy(as_neff_storage(array), name)
             for name, array in zip(names, arrays, strict=True)
         }
 
@@ -314,6 +314,15 @@ def _load_model(package: str, kernel: str, target: str, variant: str) -> Any:
     home = neff.get("package", package)
     with resources.as_file(resources.files(home).joinpath(neff["path"])) as path:
         return spike.SpikeModel.load_from_neff(str(path))
+
+
+def as_neff_storage(array: Any) -> Any:
+    """`array` viewed as the dtype its NEFF tensor has. neuronx-cc stores bool as uint8
+    and fp8 as int8, and spike checks dtypes strictly: it lets only ml_dtypes'
+    float8_e4m3 and float8_e5m2 through for int8, so bool and float8_e4m3fn arrays are
+    reinterpreted (same bytes, no copy)."""
+    stored = {"bool": "uint8", "float8_e4m3fn": "int8"}.get(array.dtype.name)
+    return array if stored is None else array.view(stored)
 
 
 def _core_is_double() -> bool:
