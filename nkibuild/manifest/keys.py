@@ -3,7 +3,7 @@
 The dataclasses in `model.py` are the one description of the manifest. Each field
 that has a YAML key carries a `Key` (its name, title, description, extra JSON Schema
 keywords, how its value is converted); each class that is a YAML mapping carries a
-`Mapping` (its title and description, its `$defs` name if it is shared). The JSON
+`MappingInfo` (its title and description, its `$defs` name if it is shared). The JSON
 Schema (`schemagen.py`), docs/manifest.md (`docgen.py`) and the YAML-to-model
 converter (`convert.py`) are all derived from these.
 
@@ -108,6 +108,12 @@ class MappingInfo:
 def key(name: str, title: str, description: str, **options: Any) -> dict[str, Key]:
     """Metadata of a dataclass field with a YAML key: `field(metadata=key(...))`."""
     return {METADATA: Key(name, title, description, **options)}
+
+
+def mixin(**options: Any) -> dict[str, Key]:
+    """Metadata of a field whose class's keys sit in the parent's mapping (compile settings
+    in a kernel): the parent's schema takes the class's definition as a `$ref`."""
+    return key("", "", "", inline=True, **options)
 
 
 def mapping(title: str = "", description: str = "", **options: Any) -> Callable[[type[T]], type[T]]:

@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args
 
 from nkibuild import dtypes
 from nkibuild.errors import Location
-from nkibuild.manifest.keys import Converting, Section, effective_defaults, key, mapping
+from nkibuild.manifest.keys import Converting, Section, effective_defaults, key, mapping, mixin
 from nkibuild.quantities import DURATION_PATTERN, SIZE_PATTERN, parse_duration, parse_size
 
 Target = Literal["trn1", "trn2", "trn3"]
@@ -397,11 +397,7 @@ def _constant(value: Any) -> Constant:
     return tuple(_constant(item) for item in value) if isinstance(value, list) else value
 
 
-@mapping(
-    "",
-    "",
-    schema={"minProperties": 1},
-)
+@mapping(schema={"minProperties": 1})  # inline where used, titled by that field
 @dataclass(frozen=True)
 class Tolerance:
     """`numpy.allclose` tolerances for `nkibuild verify`; None: a default by dtype."""
@@ -501,9 +497,7 @@ class Kernel:
             schema=_ref("targets"),
         ),
     )
-    settings: CompileSettings = field(
-        default=CompileSettings(), metadata=key("", "", "", inline=True)
-    )
+    settings: CompileSettings = field(default=CompileSettings(), metadata=mixin())
     overrides: tuple[tuple[str, CompileSettings], ...] = field(
         default=(),
         metadata=key(
@@ -651,7 +645,7 @@ class Package:
     )
 
 
-@mapping()
+@mapping()  # inline where used, titled by that field
 @dataclass(frozen=True)
 class CacheSettings:
     remote: str | None = field(  # fsspec URL
@@ -733,16 +727,9 @@ class Manifest:
             schema=_ref("targets"),
         ),
     )
-    defaults: CompileSettings = field(
+    defaults: CompileSettings = field(  # the bottom layer: every setting final
         default=DEFAULT_SETTINGS,
-        metadata=key(
-            "",
-            "",
-            "",
-            section=DEFAULTS,
-            inline=True,
-            parse=lambda layer: layer.over(DEFAULT_SETTINGS),
-        ),
+        metadata=mixin(section=DEFAULTS, parse=lambda layer: layer.over(DEFAULT_SETTINGS)),
     )
     compiler_path: Path | None = field(  # absolute; None: search for neuronx-cc
         default=None,
