@@ -47,6 +47,8 @@ def build(args: argparse.Namespace) -> int:
     from nkibuild.graph.run import RunOptions, run_build
 
     context = _context(args)
+    for notice in context.toolchain.notices:
+        print(f"warning: {notice}", file=sys.stderr)
     if use_rich(sys.stdout) and not args.json_summary:
         display = RichDisplay()
     else:  # with --json, stdout carries only the JSON document
@@ -163,6 +165,8 @@ def release(args: argparse.Namespace) -> int:
         print("release is up to date" if not problems else f"{len(problems)} problems")
         return EXIT_OK if not problems else EXIT_BUILD_FAILED
     result = run_release(options, PlainDisplay(sys.stdout))
+    for notice in result.notices:
+        print(f"warning: {notice}", file=sys.stderr)
     for failure in result.summary.failures:
         print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
     if options.shard:

@@ -62,7 +62,14 @@ def run_compiler(
         hlo.write_bytes(artifact.compilable_hlo())
         command = compiler_command(unit, toolchain, hlo, output, log)
         try:
-            outcome = run_process(command, work, work / STDOUT_FILE, timeout, processes)
+            outcome = run_process(
+                command,
+                work,
+                work / STDOUT_FILE,
+                timeout,
+                processes,
+                toolchain.compiler_environment(),
+            )
         except OSError as error:
             raise BuildError(
                 f"could not start neuronx-cc: {error}", unit=unit.name, command=command

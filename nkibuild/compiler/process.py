@@ -66,6 +66,7 @@ def run_process(
     output: Path,
     timeout: float | None,
     registry: ProcessRegistry | None = None,
+    env: dict[str, str] | None = None,
 ) -> ProcessOutcome:
     """Run `command` in `cwd` with stdout and stderr to `output`; OSError if it cannot start.
 
@@ -80,6 +81,7 @@ def run_process(
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=_die_with_parent(),
+            env=env,
         )
     expired = threading.Event()
     timer = _kill_after(process.pid, timeout, expired)

@@ -54,6 +54,11 @@ class ReleaseResult:
     def ok(self) -> bool:
         return self.summary.ok and not self.refused
 
+    @property
+    def notices(self) -> list[str]:
+        """The projects' toolchain notices, each once (they share the environment)."""
+        return sorted({notice for p in self.projects for notice in p.toolchain.notices})
+
 
 def load_projects(
     options: ReleaseOptions, session: BuildSession | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -51,9 +52,19 @@ class Toolchain:
     runtime_path: tuple[str, ...] = ()  # prepended to sys.path where bundles run (spike)
     placeholder_neffs: bool = False  # its NEFFs hold no executable code
     label: str = ""  # how `describe` qualifies the compiler
+    notices: tuple[str, ...] = ()  # said once at the start of a build
 
     def describe(self) -> str:
         return f"neuronx-cc {self.compiler_version}{self.label}"
+
+    def compiler_environment(self) -> dict[str, str]:
+        """The environment neuronx-cc runs in: NEURON_CC_FLAGS exactly as keys record it."""
+        return compiler_environment(self.neuron_cc_flags)
+
+
+def compiler_environment(flags: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "NEURON_CC_FLAGS"}
+    return {**env, "NEURON_CC_FLAGS": flags} if flags else env
 
 
 # The Deep Learning AMIs put the Neuron SDK in virtualenvs such as
@@ -106,13 +117,50 @@ def resolve_toolchain(
     if found is None:
         raise ToolchainError(f"toolchain {mode!r}: {NO_COMPILER_HELP}")
     command = (str(found),)
+    flags, notices = neuron_cc_flags()
     return Toolchain(
         name="neuron",
         compiler_command=command,
         compiler_version=_cached_version(command, found, state_dir, memo),
         python=sys.executable,
-        neuron_cc_flags=os.environ.get("NEURON_CC_FLAGS", ""),
+        neuron_cc_flags=flags,
+        notices=notices,
     )
+
+
+def neuron_cc_flags() -> tuple[str, tuple[str, ...]]:
+    """NEURON_CC_FLAGS as it enters cache keys, and notices about what was left out.
+
+    `--cache_dir` names torch-neuronx's compile cache: it would override the
+    NEURON_COMPILE_CACHE_URL an extraction worker sets (graphs would land elsewhere)
+    and changes no NEFF, so workers never see it and keys never include it.
+    """
+    flags = os.environ.get("NEURON_CC_FLAGS", "")
+    kept, dropped = without_cache_dir(flags)
+    if not dropped:
+        return flags, ()
+    notice = (
+        f"NEURON_CC_FLAGS sets {' '.join(dropped)}: ignored for extraction (each frontend "
+        "worker dumps graphs into its own directory) and not part of cache keys"
+    )
+    return kept, (notice,)
+
+
+def without_cache_dir(flags: str) -> tuple[str, list[str]]:
+    """`flags` without `--cache_dir X` / `--cache_dir=X`, and the words removed."""
+    words = shlex.split(flags)
+    kept: list[str] = []
+    dropped: list[str] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word == "--cache_dir":
+            dropped += words[index : index + 2]
+            index += 2
+            continue
+        (dropped if word.startswith("--cache_dir=") else kept).append(word)
+        index += 1
+    return (shlex.join(kept) if dropped else flags), dropped
 
 
 def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
@@ -125,6 +173,7 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
 
     from nkibuild import testing
 
+    flags, notices = neuron_cc_flags()
     worker_path = [str(testing.FAKES_DIR)]
     if importlib.util.find_spec("nkipy") is None:
         worker_path.append(str(testing.FAKE_NKIPY_DIR))
@@ -136,11 +185,12 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
         # The double's own files decide whether the cached version is still right.
         compiler_version=_cached_version(command, testing.HERE, state_dir, memo),
         python=sys.executable,
-        neuron_cc_flags=os.environ.get("NEURON_CC_FLAGS", ""),
+        neuron_cc_flags=flags,
         worker_path=tuple(worker_path),
         runtime_path=(str(testing.FAKE_RUNTIME_DIR),),
         placeholder_neffs=True,
         label=testing.LABEL,
+        notices=notices,
     )
 
 
@@ -169,30 +219,62 @@ def _cached_version(
 
 
 def read_compiler_version(command: tuple[str, ...]) -> str:
-    """Parse `NeuronX Compiler version <X>` from `neuronx-cc --version`."""
+    """The version token of `neuronx-cc --version`'s `NeuronX Compiler version <X>` line.
+
+    Only the token: real output may continue the line (AMI, region), and what follows
+    would otherwise enter every cache key. Asked without NEURON_CC_FLAGS, which the
+    compiler would append to `--version` too and which cannot change its answer.
+    """
+    env = compiler_environment("")
     try:
         proc = subprocess.run(
-            [*command, "--version"], capture_output=True, text=True, timeout=120, check=False
+            [*command, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env=env,
         )
     except (OSError, subprocess.TimeoutExpired) as error:
         raise ToolchainError(f"could not run {command[-1]} --version: {error}") from error
     for line in (proc.stdout + proc.stderr).splitlines():
-        if line.startswith(VERSION_PREFIX):
-            return line[len(VERSION_PREFIX) :].strip()
+        version = parse_version_line(line)
+        if version is not None:
+            return version
     raise ToolchainError(
         f"{' '.join(command)} --version printed no '{VERSION_PREFIX}<X>' line "
         f"(exit {proc.returncode}): {(proc.stdout + proc.stderr).strip()[-500:]}"
     )
 
 
+def parse_version_line(line: str) -> str | None:
+    """`2.23.6484.0+3b612583` from `NeuronX Compiler version 2.23.6484.0+3b612583 ...`."""
+    if not line.startswith(VERSION_PREFIX):
+        return None
+    words = line[len(VERSION_PREFIX) :].split()
+    return words[0] if words else None
+
+
 def _stat_stamp(path: Path) -> list[int]:
-    # A directory (the double's package) changes when any file in it does.
-    paths = sorted(path.glob("*.py")) if path.is_dir() else [path]
+    """What changes when the compiler does: a directory (the double's package) with any
+    of its files; a launcher with itself and the installed neuronx-cc package's metadata
+    beside it (an upgrade in place may keep the launcher as it was)."""
+    if path.is_dir():
+        paths = sorted(path.glob("*.py"))
+    else:
+        paths = [path, *_installed_package_records(path)]
     stamp: list[int] = []
     for item in paths:
         info = item.stat()
         stamp += [info.st_mtime_ns, info.st_size]
     return stamp
+
+
+def _installed_package_records(launcher: Path) -> list[Path]:
+    """The neuronx-cc distribution's RECORD in the launcher's virtualenv, if there is one."""
+    environment = launcher.resolve().parent.parent
+    pattern = "lib/python*/site-packages/neuronx_cc-*.dist-info/RECORD"
+    return sorted(environment.glob(pattern))
 
 
 def _read_json(path: Path) -> dict:

@@ -73,6 +73,10 @@ def worker_environment(key: WorkerKey, cache_dir: Path) -> dict[str, str]:
     env.setdefault("JAX_PLATFORMS", "cpu")
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["PYTHONUNBUFFERED"] = "1"
+    if "NEURON_CC_FLAGS" in env:
+        from nkibuild.toolchain import without_cache_dir
+
+        env["NEURON_CC_FLAGS"] = without_cache_dir(env["NEURON_CC_FLAGS"])[0]
     if key.path:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [*key.path, env.get("PYTHONPATH")]))
     if key.frontend == "nki":

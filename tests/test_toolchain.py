@@ -1,0 +1,98 @@
+"""The toolchain value: NEURON_CC_FLAGS as extraction and cache keys see it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import run_nkibuild
+from helpers import softmax_manifest, softmax_project
+
+from nkibuild.toolchain import (
+    neuron_cc_flags,
+    parse_version_line,
+    resolve_toolchain,
+    without_cache_dir,
+)
+from nkibuild.toolchain.worker_pool import WorkerKey, worker_environment
+
+
+@pytest.mark.parametrize(
+    ("flags", "kept", "dropped"),
+    [
+        ("--cache_dir=/tmp/c --verbose", "--verbose", ["--cache_dir=/tmp/c"]),
+        ("--verbose --cache_dir /tmp/c -O2", "--verbose -O2", ["--cache_dir", "/tmp/c"]),
+        ("--verbose  -O2", "--verbose  -O2", []),  # untouched, spacing and all
+        ("--cache_dir='/tmp/a b' --x", "--x", ["--cache_dir=/tmp/a b"]),
+    ],
+)
+def test_cache_dir_is_taken_out_of_neuron_cc_flags(flags: str, kept: str, dropped: list) -> None:
+    assert without_cache_dir(flags) == (kept, dropped)
+
+
+def test_workers_never_see_cache_dir_and_keys_never_include_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--cache_dir=/elsewhere --verbose")
+    key = WorkerKey(str(tmp_path), "python", "nki", "trn2")
+    env = worker_environment(key, tmp_path / "dumps")
+    assert env["NEURON_CC_FLAGS"] == "--verbose"
+    assert env["NEURON_COMPILE_CACHE_URL"] == str(tmp_path / "dumps")
+    flags, notices = neuron_cc_flags()
+    assert flags == "--verbose"
+    (notice,) = notices
+    assert "--cache_dir=/elsewhere" in notice and "ignored for extraction" in notice
+    toolchain = resolve_toolchain("fake", tmp_path / "state")
+    assert toolchain.neuron_cc_flags == flags and toolchain.notices == notices
+
+
+def test_a_build_says_once_that_it_ignores_cache_dir(tmp_path: Path) -> None:
+    project = softmax_project(tmp_path / "p", softmax_manifest())
+    env = {"NEURON_CC_FLAGS": "--cache_dir=/nowhere"}
+    result = run_nkibuild(["build", "--toolchain", "fake"], project, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("warning: NEURON_CC_FLAGS sets --cache_dir=/nowhere") == 1
+    key = json.loads((project / "build/compile/softmax/default/trn2/key.json").read_text())
+    assert "cache_dir" not in json.dumps(key)
+
+
+@pytest.mark.parametrize(
+    ("line", "version"),
+    [
+        ("NeuronX Compiler version 2.23.6484.0+3b612583", "2.23.6484.0+3b612583"),
+        # Real output can go on after the token; only the token may enter cache keys.
+        ("NeuronX Compiler version 2.21.1.0+7d1 (AMI: DLAMI 2024, us-west-2)", "2.21.1.0+7d1"),
+        ("NeuronX Compiler version ", None),
+        ("Python version 3.10", None),
+    ],
+)
+def test_the_version_is_the_token_after_the_prefix(line: str, version: str | None) -> None:
+    assert parse_version_line(line) == version
+
+
+def write_compiler(venv: Path, version: str) -> Path:
+    """A neuronx-cc launcher in a virtualenv layout, with the package's dist-info."""
+    launcher = venv / "bin" / "neuronx-cc"
+    launcher.parent.mkdir(parents=True, exist_ok=True)
+    launcher.write_text(f"#!/bin/sh\necho 'NeuronX Compiler version {version} (extra words)'\n")
+    launcher.chmod(0o755)
+    record = venv / "lib/python3.11/site-packages/neuronx_cc-2.0.dist-info/RECORD"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(f"neuronx_cc/__init__.py,{version}\n")
+    return launcher
+
+
+def test_an_upgrade_behind_an_unchanged_launcher_is_noticed(tmp_path: Path) -> None:
+    launcher = write_compiler(tmp_path / "venv", "2.1.0.0+aaa")
+    state = tmp_path / "state"
+    first = resolve_toolchain("neuron", state, compiler=launcher)
+    assert first.compiler_version == "2.1.0.0+aaa"
+    stat = launcher.stat()
+    # The package is upgraded in place; the launcher keeps its bytes and times.
+    launcher.write_text(launcher.read_text().replace("2.1.0.0+aaa", "2.2.0.0+bbb"))
+    os.utime(launcher, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    record = next((tmp_path / "venv").rglob("RECORD"))
+    record.write_text("neuronx_cc/__init__.py,upgraded and longer\n")
+    assert resolve_toolchain("neuron", state, compiler=launcher).compiler_version == "2.2.0.0+bbb"
