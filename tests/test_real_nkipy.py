@@ -20,7 +20,8 @@ import pytest
 
 from nkibuild.formats.hlo import HloShape, canonical_module, read_hlo
 
-FAKES = Path(__file__).resolve().parents[1] / "nkibuild" / "testing" / "fakes"
+# Every double of nkibuild's (testing/fakes, testing/fake_nkipy) lives under here.
+FAKES = Path(__file__).resolve().parents[1] / "nkibuild" / "testing"
 
 KERNELS = """\
 import numpy as np
