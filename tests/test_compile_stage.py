@@ -180,6 +180,30 @@ def test_a_compile_killed_once_is_retried_alone_and_reported(
     assert "retried alone" in notice
 
 
+@pytest.mark.parametrize(("fault", "retried"), [("exit70", True), ("exit1", False)])
+def test_only_an_internal_error_is_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str, retried: bool
+) -> None:
+    # neuronx-cc exits 70 intermittently on large parallel cold compiles; exit 1 (bad
+    # options, a kernel the compiler rejects) is deterministic and never retried.
+    root = project(tmp_path / "p")
+    counter = tmp_path / "count"
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_FAULT", fault)
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_FAULT_MATCH", "trn2")
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_FAULT_ONCE", str(tmp_path / "fired"))
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_COUNTER", str(counter))
+    summary = build(root, keep_going=True)
+    assert summary.ok is retried, summary.to_json()
+    assert len(counter.read_text().splitlines()) == (3 if retried else 2)
+    if retried:
+        (notice,) = summary.notices
+        assert notice.startswith("compile:softmax/default/trn2: neuronx-cc exited 70")
+        assert "it was retried" in notice
+    else:
+        (failure,) = summary.failures
+        assert "neuronx-cc failed" in failure.detail and "twice" not in failure.detail
+
+
 def test_a_compile_killed_twice_fails_with_advice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -403,7 +427,7 @@ def test_a_consistent_but_wrong_cache_entry_is_refused(
     ("fault", "message", "status"),
     [
         ("exit1", "neuronx-cc failed", "exit status: 1"),
-        ("exit70", "neuronx-cc failed", "exit status: 70"),
+        ("exit70", "neuronx-cc failed with an internal error (exit 70) twice", "exit status: 70"),
         ("empty", "neuronx-cc exited 0 but wrote no NEFF", None),
         ("garbage", "neuronx-cc wrote an invalid NEFF", None),
         ("hugelog", "neuronx-cc failed", "exit status: 1"),

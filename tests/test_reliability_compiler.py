@@ -15,7 +15,7 @@ from nkibuild.testing.fake_neuronxcc import FAULTS
 FAILING_UNIT = "scaled_add/large/trn2"
 EXPECTED = {
     "exit1": "neuronx-cc failed",
-    "exit70": "neuronx-cc failed",
+    "exit70": "neuronx-cc failed with an internal error (exit 70) twice",
     "kill9": "neuronx-cc was killed (SIGKILL) twice",
     "hang": "neuronx-cc did not finish within 3 s and was stopped",
     "empty": "neuronx-cc exited 0 but wrote no NEFF",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,24 @@ def test_an_upgrade_behind_an_unchanged_launcher_is_noticed(tmp_path: Path) -> N
     record = next((tmp_path / "venv").rglob("RECORD"))
     record.write_text("neuronx_cc/__init__.py,upgraded and longer\n")
     assert resolve_toolchain("neuron", state, compiler=launcher).compiler_version == "2.2.0.0+bbb"
+
+
+def test_the_compiler_gets_paths_relative_to_its_work_dir(tmp_path: Path) -> None:
+    # A real NEFF records its --output path: an absolute one would differ per checkout.
+    recorded = tmp_path / "argv.txt"
+    wrapper = tmp_path / "bin" / "neuronx-cc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'echo "$PWD $*" >> {recorded}\n'
+        f'exec {sys.executable} -m nkibuild.testing.fake_neuronxcc "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    project = softmax_project(tmp_path / "p", softmax_manifest(defaults="{targets: [trn2]}"))
+    result = run_nkibuild(["build", "--toolchain", "neuron", "--compiler", str(wrapper)], project)
+    assert result.returncode == 0, result.stderr
+    (compile_line,) = [line for line in recorded.read_text().splitlines() if " compile " in line]
+    cwd, _, argv = compile_line.partition(" ")
+    assert Path(cwd).parent == project / "build/compile/softmax/default/trn2"
+    assert "XLA model.hlo_module.pb --output model.neff --logfile compile.log" in argv
+    assert str(tmp_path) not in argv

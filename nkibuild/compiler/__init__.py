@@ -93,6 +93,7 @@ class CompileOptions:
 
     cache: CacheChain | None = None
     timeout: float | None = None  # for units whose manifest sets none
+    retries: int = 1  # of a compile that was OOM-killed or hit an internal error
     executor: Executor = field(default_factory=LocalExecutor)
     budget: MemoryBudget = field(default_factory=MemoryBudget)
     key_locks: KeyLocks = field(default_factory=KeyLocks)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nkibuild.compiler.neuronxcc import run_compiler
+from nkibuild.compiler.neuronxcc import retryable, run_compiler
 from nkibuild.compiler.process import ProcessOutcome
 from nkibuild.compiler.record import PEAK_FILE
 from nkibuild.frontends import HloArtifact
@@ -50,24 +50,43 @@ def _compile(
     options: CompileOptions,
     notices: list[str],
 ) -> ProcessOutcome:
-    """Compile within the memory budget; a compile the OOM killer took is retried once alone."""
-    budget, processes = options.budget, options.processes
+    """Compile within the memory budget. A compile the OOM killer took, or one that ended
+    with neuronx-cc's internal-error status, is retried (`options.retries` times; after an
+    OOM kill alone); deterministic failures never are."""
     estimate = memory_estimate(unit, out_dir)
-    with budget.reserve(estimate):
-        outcome = run_compiler(unit, artifact, toolchain, out_dir, timeout, processes)
-    if outcome.killed:
-        _record_peak(out_dir, outcome)
-        killed_at = format_size(outcome.peak_memory)
-        with budget.reserve(max(estimate or 0, outcome.peak_memory), alone=True):
+    alone = False
+    for attempt in range(1, options.retries + 2):
+        with options.budget.reserve(estimate, alone=alone):
             outcome = run_compiler(
-                unit, artifact, toolchain, out_dir, timeout, processes, retry=True
+                unit,
+                artifact,
+                toolchain,
+                out_dir,
+                timeout,
+                options.processes,
+                attempt=attempt,
+                last=attempt > options.retries,
             )
-        notices.append(
-            f"neuronx-cc was killed by SIGKILL at {killed_at} (out of memory?); it succeeded "
-            "when retried alone. Set compile-memory for this kernel to schedule it safely"
+        _record_peak(out_dir, outcome)
+        if not retryable(outcome):
+            return outcome
+        notices.append(_retry_notice(outcome, attempt))
+        if outcome.killed:
+            estimate, alone = max(estimate or 0, outcome.peak_memory), True
+    raise AssertionError("run_compiler raises on its last attempt")  # pragma: no cover
+
+
+def _retry_notice(outcome: ProcessOutcome, attempt: int) -> str:
+    if outcome.killed:
+        return (
+            f"neuronx-cc was killed by SIGKILL at {format_size(outcome.peak_memory)} "
+            f"(out of memory?) on attempt {attempt}; it was retried alone. Set compile-memory "
+            "for this kernel to schedule it safely"
         )
-    _record_peak(out_dir, outcome)
-    return outcome
+    return (
+        f"neuronx-cc exited {outcome.returncode} (an internal error, sometimes transient) "
+        f"on attempt {attempt}; it was retried. That attempt's log is in compile.log"
+    )
 
 
 def memory_estimate(unit: BuildUnit, out_dir: Path) -> int | None:

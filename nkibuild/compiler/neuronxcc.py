@@ -20,6 +20,9 @@ from nkibuild.quantities import format_size
 from nkibuild.toolchain import Toolchain
 
 HLO_INPUT = "model.hlo_module.pb"
+# neuronx-cc's exit status for internal errors; seen intermittently on large parallel
+# cold compiles (aws-neuron-sdk#1369) as well as for deterministic internal errors.
+INTERNAL_ERROR_EXIT = 70
 STDOUT_FILE = "stdout.log"
 WORK_PREFIX = ".work-"
 
@@ -45,22 +48,27 @@ def run_compiler(
     timeout: float | None,
     processes: ProcessRegistry,
     *,
-    retry: bool = False,
+    attempt: int = 1,
+    last: bool = True,
 ) -> ProcessOutcome:
     """One neuronx-cc run; a verified NEFF lands in out_dir or a BuildError is raised.
 
-    A compile killed by SIGKILL is returned, not raised, the first time: the
-    caller retries it alone, since the OOM killer may have picked it for the
-    memory of its neighbours.
+    A compile killed by SIGKILL or ending with neuronx-cc's internal-error status is
+    returned, not raised, unless this is the `last` try: the caller may retry it (alone
+    after SIGKILL, since the OOM killer may have picked it for its neighbours' memory).
     """
     _remove_stale_work_dirs(out_dir)
     # neuronx-cc has no work-dir flag: the cwd is its work dir, so each compile gets its own.
     work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=out_dir))
     try:
-        output, log, hlo = work / NEFF_FILE, work / LOG_FILE, work / HLO_INPUT
+        output, hlo = work / NEFF_FILE, work / HLO_INPUT
         # The artifact may have been built elsewhere: point its references here first.
         hlo.write_bytes(artifact.compilable_hlo())
-        command = compiler_command(unit, toolchain, hlo, output, log)
+        # Paths relative to the work dir (the compiler's cwd): a real NEFF records its
+        # output path, which must not differ between checkouts and machines.
+        command = compiler_command(
+            unit, toolchain, Path(HLO_INPUT), Path(NEFF_FILE), Path(LOG_FILE)
+        )
         try:
             outcome = run_process(
                 command,
@@ -75,9 +83,9 @@ def run_compiler(
                 f"could not start neuronx-cc: {error}", unit=unit.name, command=command
             ) from None
         _keep_log(work, out_dir)
-        if outcome.killed and not retry:
+        if retryable(outcome) and not last:
             return outcome
-        _check_outcome(unit, command, out_dir, outcome, timeout, retry)
+        _check_outcome(unit, command, out_dir, outcome, timeout, attempt)
         if not output.exists() or output.stat().st_size == 0:
             raise failure(unit, command, out_dir, "neuronx-cc exited 0 but wrote no NEFF")
         check_neff(unit, artifact, output, command, out_dir)
@@ -87,24 +95,33 @@ def run_compiler(
         shutil.rmtree(work, ignore_errors=True)
 
 
+def retryable(outcome: ProcessOutcome) -> bool:
+    """A failure that may not happen again: an OOM kill, or an internal error."""
+    return outcome.killed or (outcome.returncode == INTERNAL_ERROR_EXIT and not outcome.timed_out)
+
+
 def _check_outcome(
     unit: BuildUnit,
     command: list[str],
     out_dir: Path,
     outcome: ProcessOutcome,
     timeout: float | None,
-    retry: bool,
+    attempt: int,
 ) -> None:
+    tries = {1: "", 2: " twice"}.get(attempt, f" {attempt} times")
     if outcome.timed_out:
         message = f"neuronx-cc did not finish within {timeout:g} s and was stopped"
     elif outcome.killed:
+        alone = ", the last time running alone" if attempt > 1 else ""
         message = (
-            "neuronx-cc was killed (SIGKILL) twice, the second time running alone; "
+            f"neuronx-cc was killed (SIGKILL){tries}{alone}; "
             f"peak memory {format_size(outcome.peak_memory)}: most likely out of memory. "
             "Set compile-memory for this kernel or lower --max-compile-memory / -j"
         )
     elif outcome.returncode < 0:
         message = f"neuronx-cc was killed by {_signal_name(-outcome.returncode)}"
+    elif outcome.returncode == INTERNAL_ERROR_EXIT:
+        message = f"neuronx-cc failed with an internal error (exit {outcome.returncode}){tries}"
     elif outcome.returncode != 0:
         message = "neuronx-cc failed"
     else:
