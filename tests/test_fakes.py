@@ -172,14 +172,13 @@ EXTRACT = f"""
     import sys
     import torch
     import torch_xla.core.xla_model as xm
-    from nki._torch_xla import PyTorchXLAKernel
     sys.path.insert(0, {str(KERNELS)!r})
     from nki_kernels import matmul_tiled as matmul
 
     device = xm.xla_device()
     lhsT = torch.zeros((256, 128), dtype=torch.bfloat16).to(device)
     rhs = torch.zeros((256, 512), dtype=torch.bfloat16).to(device)
-    out = PyTorchXLAKernel(func=matmul)(lhsT, rhs)
+    out = matmul(lhsT, rhs)  # an nki.jit kernel dispatches on XLA tensors (NKI 0.3)
     print(out.shape, out.dtype)
     xm.mark_step()
 """
@@ -341,13 +340,33 @@ def test_nki_launcher_leaves_single_core_kernels_alone(lnc: int | None) -> None:
     assert nki_launcher(kernel, 2) == "grid 2"
 
 
-def test_nki_launcher_wraps_plain_functions_with_their_grid() -> None:
+@pytest.mark.parametrize(
+    ("layout", "wrapper"),
+    [("0.2", "PyTorchXLAKernel"), ("0.3", "JitKernel")],  # NKI 0.3 removed nki._torch_xla
+)
+def test_nki_launcher_wraps_plain_functions_as_the_installed_nki_expects(
+    layout: str, wrapper: str
+) -> None:
     script = """
         from nkibuild.toolchain.tracers import nki_launcher
 
         def kernel(a):
             return a
 
-        print(type(nki_launcher(kernel, 2)).__name__, nki_launcher(kernel, 2).kernel.grid)
+        launched = nki_launcher(kernel, 2)
+        print(type(launched).__name__, getattr(launched, "kernel", launched).grid)
     """
-    assert run_python(script).strip() == "PyTorchXLAKernel 2"
+    env = {"NKIBUILD_FAKE_NKI_LAYOUT": layout}
+    assert run_python(script, env).strip() == f"{wrapper} 2"
+
+
+def test_the_nki_0_3_double_has_no_torch_xla_module() -> None:
+    script = """
+        import nki
+        try:
+            import nki._torch_xla
+        except ImportError as error:
+            print(nki.__version__, "|", error)
+    """
+    version, _, error = run_python(script).strip().partition(" | ")
+    assert version == "0.3.0+nkibuild.fake" and "removed in NKI 0.3" in error

@@ -99,6 +99,40 @@ def test_nki_kernel_is_extracted_per_target_and_made_relocatable(project: Path) 
     assert dict(artifact.toolchain)["nki"].endswith("+nkibuild.fake")  # the double, not PyPI nki
 
 
+PLAIN_NKI = """\
+import nki.language as nl
+
+
+def scale(a, factor):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    nl.store(out, nl.multiply(nl.load(a), factor))
+    return out
+"""
+
+
+@pytest.mark.parametrize("layout", ["0.2", "0.3"])
+def test_a_plain_nki_function_builds_with_either_nki_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    # NKI 0.3 removed nki._torch_xla.PyTorchXLAKernel; the launcher probes for it.
+    monkeypatch.setenv("NKIBUILD_FAKE_NKI_LAYOUT", layout)
+    manifest = (
+        "format-version: 1\npackage: {name: plain, version: 1.0.0}\n"
+        "defaults: {targets: [trn2], lnc: 2}\nkernels:\n  scale:\n    frontend: nki\n"
+        "    source: k.py:scale\n    inputs:\n      a: {shape: [128, 64], dtype: float32}\n"
+        "    constants: {factor: 3.0}\n"
+    )
+    project = write_project(tmp_path / "p", manifest, {"k.py": PLAIN_NKI})
+    summary = build(project)
+    assert summary.ok, summary.to_json()
+    artifact = load_artifact(artifact_dir(project, "scale/default/trn2"))
+    assert dict(artifact.toolchain)["nki"] == f"{layout}.0+nkibuild.fake"
+    (call,) = [
+        c for c in read_hlo(artifact.portable_hlo()).custom_calls if c.target in NKI_CUSTOM_CALLS
+    ]
+    assert json.loads(base64.b64decode(call.backend_config))["grid"] == 2  # lnc as the grid
+
+
 def test_nkipy_kernel_uses_python_parameter_names_and_constants(project: Path) -> None:
     assert build(project).ok
     artifact = load_artifact(artifact_dir(project, "softplus/default"))

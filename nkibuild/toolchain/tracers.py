@@ -162,15 +162,21 @@ def trace_nki(job: Job) -> tuple[bytes, dict[str, str]]:
 def nki_launcher(kernel: Any, lnc: int | None) -> Callable[..., Any]:
     """What to call on XLA tensors: the kernel, on a launch grid of `lnc` if above 1.
 
-    A plain function is wrapped as the NKI docs do (`PyTorchXLAKernel(func=f)`,
-    whose grid is a constructor argument); an `nki.jit` kernel dispatches to
-    PyTorchXLAKernel by itself on torch tensors and takes its grid as `kernel[lnc]`.
+    An `nki.jit` kernel dispatches on XLA tensors by itself and takes its grid as
+    `kernel[lnc]`. A plain function is wrapped as the installed NKI expects, found by
+    probing: before NKI 0.3 as `nki._torch_xla.PyTorchXLAKernel(func=f, grid=lnc)`; from
+    0.3 on (Neuron SDK 2.29), which removed that module, with `nki.jit(f)[lnc]`.
     """
     grid = lnc if lnc is not None and lnc > 1 else None
     if inspect.isfunction(kernel):
-        from nki._torch_xla import PyTorchXLAKernel
+        try:
+            from nki._torch_xla import PyTorchXLAKernel
+        except ImportError:
+            import nki
 
-        return PyTorchXLAKernel(func=kernel, **({"grid": grid} if grid else {}))
+            kernel = nki.jit(kernel)
+        else:
+            return PyTorchXLAKernel(func=kernel, **({"grid": grid} if grid else {}))
     return kernel[grid] if grid else kernel
 
 

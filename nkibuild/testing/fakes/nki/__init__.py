@@ -1,5 +1,8 @@
 """nkibuild toolchain double: fake `nki` (NKI 0.3-style public API, NumPy underneath).
 
+`NKIBUILD_FAKE_NKI_LAYOUT=0.2` makes it the pre-0.3 layout instead: it then also has
+`nki._torch_xla.PyTorchXLAKernel`, which NKI 0.3 removed.
+
 `nki.jit` kernels run on NumPy through `nki.simulate`, as the real CPU simulator
 runs them; called on (fake) torch XLA tensors they are traced through the fake
 torch_xla, as the real `nki.jit` dispatches on its arguments' types. Running on a
@@ -9,13 +12,15 @@ kernels use, `nki.isa` the few instructions of the NKI 0.3 tutorials.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from nki import isa, language  # noqa: F401 - `import nki; nki.language` works as in NKI
 
-__version__ = "0.3.0+nkibuild.fake"
+LAYOUT = os.environ.get("NKIBUILD_FAKE_NKI_LAYOUT", "0.3")
+__version__ = f"{LAYOUT}.0+nkibuild.fake"
 
 
 class JitKernel:
@@ -35,7 +40,7 @@ class JitKernel:
         if self.mode == "simulation":
             return simulate(self)(*args, **kwargs)
         if self.mode == "torchxla" or _has_torch_tensor(args, kwargs):
-            from nki._torch_xla import PyTorchXLAKernel
+            from nki._xla_trace import PyTorchXLAKernel
 
             return PyTorchXLAKernel(func=self)(*args, **kwargs)
         raise RuntimeError(
