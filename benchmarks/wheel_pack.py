@@ -42,6 +42,7 @@ from pathlib import Path
 from unittest import mock
 
 from nkibuild.bundle import BundleProject
+from nkibuild.bundle.buildinfo import BuildInfo
 from nkibuild.bundle.wheel import build_wheel
 from nkibuild.manifest.model import Package
 from nkibuild.testing.neff_writer import NeffTensor, write_neff
@@ -50,7 +51,17 @@ NEFFS = 40
 PAYLOAD_BYTES = 1 << 20
 RUNS = 11
 PACKAGE = Package(name="pack-bench", version="1.0.0", import_name="pack_bench")
-BUILD_INFO = {"requirements": ["numpy"], "kernels": {}}
+BUILD_INFO = BuildInfo(
+    package=PACKAGE.name,
+    version=PACKAGE.version,
+    nkibuild_version="bench",
+    compiler_versions=(),
+    placeholder=False,
+    neuron_sdk=None,
+    requirements=("numpy",),
+    split_targets=(),
+    kernels={},
+)
 
 
 def write_neffs(package_dir: Path) -> list[Path]:
@@ -77,7 +88,7 @@ def make_bundle(root: Path) -> BundleProject:
     package_dir = root / PACKAGE.import_name
     package_dir.mkdir(parents=True)
     (package_dir / "__init__.py").write_text('"""Benchmark bundle."""\n')
-    (package_dir / "_build.json").write_text(json.dumps(BUILD_INFO))
+    (package_dir / "_build.json").write_text(BUILD_INFO.to_text())
     paths = [package_dir / "__init__.py", package_dir / "_build.json", *write_neffs(package_dir)]
     # With their sha256, as the bundle stage records them: the writer checks each file.
     listed = tuple(

@@ -418,7 +418,7 @@ def test_a_consistent_but_wrong_cache_entry_is_refused(
         f"compile:{UNITS[1]}: the cache at {isolated_cache} held a NEFF that does not match"
         in notice
     )
-    assert "1 subgraphs but the unit uses lnc=2" in notice
+    assert "it is for 1 NeuronCore(s) but the unit uses lnc=2" in notice
     assert cache.verify() == [] and len(cache.entries()) == 2  # replaced by the right one
     assert build(project(tmp_path / "c")).origins == {"cache": 2}
 

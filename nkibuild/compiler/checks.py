@@ -26,8 +26,10 @@ def neff_problem(unit: BuildUnit, artifact: HloArtifact, neff: Path) -> str | No
     except NeffFormatError as error:
         return f"an invalid NEFF: {error}"
     problems = _signature_problems(artifact, as_specs(info.inputs), as_specs(info.outputs))
-    if len(info.subgraphs) != unit.lnc:
-        problems.append(f"it has {len(info.subgraphs)} subgraphs but the unit uses lnc={unit.lnc}")
+    # The header's NeuronCore count, not the subgraph count: a real single-core NEFF can
+    # hold two subgraphs (sg00, sg01).
+    if info.num_tpb != unit.lnc:
+        problems.append(f"it is for {info.num_tpb} NeuronCore(s) but the unit uses lnc={unit.lnc}")
     return "a NEFF that does not match the unit: " + "; ".join(problems) if problems else None
 
 
