@@ -10,13 +10,14 @@ to convert a bfloat16 torch tensor.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from typing import Any
 
@@ -26,6 +27,17 @@ TARGET_ENV = "NKIBUILD_TARGET"
 SDK_VERSION_ENV = "NKIBUILD_NEURON_SDK_VERSION"
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 PRODUCT_NAME_FILE = "/sys/devices/virtual/dmi/id/product_name"
+PLATFORM_TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"  # the target NKI lowers for
+TARGETS = ("trn1", "trn2", "trn3")
+# EC2 instance families (the instance type before the dot) and the target of their chips.
+TARGET_OF_FAMILY = {
+    "trn1": "trn1",
+    "trn1n": "trn1",
+    "trn2": "trn2",
+    "trn2u": "trn2",
+    "trn3": "trn3",
+}
+NEURON_FAMILY_PREFIXES = ("trn", "inf")
 SPIKE_HELP = (
     "the Neuron runtime binding 'spike' is not importable. It is not the PyPI project named "
     "'spike' (an unrelated simulator): install it from the aws-neuron/nkipy repository on a "
@@ -48,16 +60,49 @@ def build_info(package: str) -> dict[str, Any]:
 
 
 def host_target() -> str | None:
-    """Trainium family of this host (trn1/trn2/trn3), from NKIBUILD_TARGET or the instance type."""
+    """The Trainium target of this host (trn1/trn2/trn3): NKIBUILD_TARGET, else the instance
+    type's family (`trn1n.32xlarge` -> trn1); None on a host that is no Neuron instance.
+
+    A Neuron family nkibuild does not know (Inferentia, a newer Trainium) is an error,
+    never a quiet fallback to the reference: its NEFFs might run there, or not.
+    """
     override = os.environ.get(TARGET_ENV)
     if override:
+        if override not in TARGETS:
+            raise KernelError(
+                f"{TARGET_ENV}={override!r} is not a target; use one of {', '.join(TARGETS)}"
+            )
         return override
+    instance = _instance_type()
+    family = instance.split(".")[0] if instance else ""
+    if family in TARGET_OF_FAMILY:
+        return TARGET_OF_FAMILY[family]
+    if family.startswith(NEURON_FAMILY_PREFIXES):
+        raise KernelError(
+            f"this host is a {instance} instance, whose Neuron target nkibuild does not know "
+            f"(known families: {', '.join(TARGET_OF_FAMILY)}); set {TARGET_ENV} to the "
+            f"target whose NEFFs it runs, or {MODE_ENV}=reference"
+        )
+    return None
+
+
+def _instance_type() -> str | None:
     try:
         with open(PRODUCT_NAME_FILE, encoding="utf-8") as handle:
-            family = handle.read().strip().split(".")[0]
+            return handle.read().strip()
     except OSError:
         return None
-    return family if family.startswith("trn") else None
+
+
+@cache
+def spike_problem() -> str | None:
+    """Why spike cannot run NEFFs here, or None. Its native core must import: PyPI's
+    unrelated `spike` has none, and a spike built without libnrt fails to load it."""
+    try:
+        importlib.import_module("spike._spike")
+    except ImportError as error:
+        return f"{SPIKE_HELP} ({error})"
+    return None
 
 
 class Kernel:
@@ -208,9 +253,7 @@ class Kernel:
             return "the NEFFs are placeholders from nkibuild's toolchain double"
         if _neff_package_missing(self.package, neff):
             return _install_hint(self.package, target)
-        if importlib.util.find_spec("spike") is None:
-            return SPIKE_HELP
-        return None
+        return spike_problem()
 
     def _announce(self, mode: str, reason: str) -> None:
         if self._announced != mode:
@@ -241,7 +284,7 @@ class Kernel:
             )
         return self._function("reference", reference)(*arrays, **self._constant_values)
 
-    def _run_simulate(self, arrays: Sequence[Any], _variant: str) -> Any:
+    def _run_simulate(self, arrays: Sequence[Any], variant: str) -> Any:
         source = self._info.get("source")
         if self._info["frontend"] != "nki" or source is None:
             raise KernelError(
@@ -254,8 +297,19 @@ class Kernel:
             raise KernelError(
                 f"{self.name}: simulate mode needs the `nki` package (NKI's CPU simulator)"
             ) from None
+        # As the NEFF runs it: the unit's launch grid (lnc) and the target it was built for.
+        target = self._simulate_target()
+        lnc = int(self._neff(target, variant)["lnc"])
         kernel = self._function("source", source)
-        return nki.simulate(kernel)(*arrays, **self._constant_values)
+        if lnc > 1:
+            kernel = (kernel if hasattr(kernel, "__getitem__") else nki.jit(kernel))[lnc]
+        with _platform_target(target):
+            return nki.simulate(kernel)(*arrays, **self._constant_values)
+
+    def _simulate_target(self) -> str:
+        """This host's target if the bundle has NEFFs for it, else the first one built."""
+        host = host_target()
+        return host if host in self.targets else self.targets[0]
 
     def _run_neuron(self, arrays: Sequence[Any], variant: str) -> Any:
         target = self._target(None)
@@ -306,7 +360,7 @@ def _load_model(package: str, kernel: str, target: str, variant: str) -> Any:
             "`nkibuild build --toolchain neuron` on a host with neuronx-cc"
         )
     _check_lnc(f"{package}.{kernel}", neff["lnc"])
-    _check_sdk(f"{package}.{kernel}", info.get("neuron_sdk"), spike)
+    _check_sdk(f"{package}.{kernel}", info.get("neuron_sdk"))
     if _neff_package_missing(package, neff):
         raise KernelError(f"{package}.{kernel}: {_install_hint(package, target)}")
     from importlib import resources
@@ -356,24 +410,44 @@ def _check_lnc(what: str, lnc: int) -> None:
         )
 
 
-def _check_sdk(what: str, required: str | None, spike: Any) -> None:
+def _check_sdk(what: str, required: str | None) -> None:
     """Refuse to load NEFFs into a runtime older than the bundle says it needs.
 
     A newer compiler's NEFF may be refused by an older runtime with an obscure error;
-    this says which versions disagree instead. The installed SDK version comes from
-    NKIBUILD_NEURON_SDK_VERSION or the spike binding's version; if neither is known,
-    nothing is checked.
+    this says which versions disagree instead. spike does not report the runtime's
+    version, so the host's Neuron SDK version is what NKIBUILD_NEURON_SDK_VERSION says;
+    unset, nothing is checked (and a debug log says so).
     """
     if not required:
         return
-    installed = os.environ.get(SDK_VERSION_ENV) or getattr(spike, "__version__", None)
+    installed = os.environ.get(SDK_VERSION_ENV)
     if not installed or _core_is_double():
+        logger.debug(
+            "%s: neuron-sdk %s not checked: set %s to the host's Neuron SDK version",
+            what,
+            required,
+            SDK_VERSION_ENV,
+        )
         return
     if not _version_ok(installed, required):
         raise KernelError(
             f"{what}: built for Neuron SDK {required}, but this host has {installed}; "
             f"install a matching SDK or rebuild the bundle (override: {SDK_VERSION_ENV})"
         )
+
+
+@contextlib.contextmanager
+def _platform_target(target: str) -> Iterator[None]:
+    """NEURON_PLATFORM_TARGET_OVERRIDE set to `target` for one simulated call, unless the
+    user set it: NKI reads it to lower (and simulate) for a target."""
+    if os.environ.get(PLATFORM_TARGET_ENV):
+        yield
+        return
+    os.environ[PLATFORM_TARGET_ENV] = target
+    try:
+        yield
+    finally:
+        os.environ.pop(PLATFORM_TARGET_ENV, None)
 
 
 def _version_ok(installed: str, required: str) -> bool:

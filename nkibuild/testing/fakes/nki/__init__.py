@@ -65,6 +65,16 @@ def jit(func: Callable[..., Any] | None = None, mode: str = "auto", **_options: 
 
 
 def simulate(kernel: Any) -> Callable[..., Any]:
-    """Run a kernel on NumPy arrays (like nki.simulate); returns its outputs."""
+    """Run a kernel on NumPy arrays (like nki.simulate, `nki.simulate(kernel[2])` for a
+    launch grid of 2); returns its outputs."""
     func = kernel.func if isinstance(kernel, JitKernel) else kernel
-    return lambda *args, **kwargs: func(*args, **kwargs)
+    grid = kernel.grid if isinstance(kernel, JitKernel) else 1
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        token = language.GRID.set(grid)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            language.GRID.reset(token)
+
+    return run

@@ -8,6 +8,7 @@ kernels (matmul, elementwise) use is here; it imitates NKI, it does not reimplem
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 import ml_dtypes
@@ -97,3 +98,14 @@ static_range = affine_range
 
 def arange(*args: int) -> np.ndarray:
     return np.arange(*args)
+
+
+# The launch grid of the kernel being simulated (`kernel[2]` under LNC 2): one program
+# per logical NeuronCore. The double runs the programs as one, as a kernel that splits
+# its work by `program_id` would need all of them; it reports the grid it was given.
+GRID: contextvars.ContextVar[int] = contextvars.ContextVar("nki_fake_grid", default=1)
+
+
+def num_programs(axes: int | None = None) -> int:
+    """Programs in the launch grid (nl.num_programs)."""
+    return GRID.get()
