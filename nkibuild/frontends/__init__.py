@@ -81,6 +81,7 @@ def extract(
         module = _read(tmp_hlo.read_bytes(), spec)  # validates before anything else parses it
         data, sidecars = _relocated(_canonical(tmp_hlo.read_bytes(), root), out_dir, spec)
         tmp_hlo.write_bytes(data)
+    _refuse_aliased_outputs(spec, module)
     inputs = _check_signature(spec, module)
     from nkibuild.frontends.relocation import normalized_hash
 
@@ -194,6 +195,25 @@ def _produce_hlo(
             log_tail=tail(result["log"] + result["traceback"]),
         )
     return result["versions"]
+
+
+def _refuse_aliased_outputs(spec: ExtractSpec, module: HloModuleInfo) -> None:
+    """A kernel that writes into an input (nkipy: `acc[...] += x`) gets an extra output
+    aliased to that input's buffer. A bundle could not hand it back to the caller's
+    array, and returning it silently as one more output would break the kernel's
+    signature, so such a kernel is refused with what to write instead."""
+    if not module.aliases:
+        return
+    written = sorted(
+        {spec.inputs[a.parameter].name for a in module.aliases if a.parameter < len(spec.inputs)}
+    )
+    raise BuildError(
+        f"{spec.source} writes into its input(s) {', '.join(written)}: the traced module "
+        "returns them as extra outputs aliased to those inputs, which a bundle cannot hand "
+        "back to your arrays; return new arrays instead (e.g. `return acc + x`, not "
+        "`acc[...] += x`)",
+        unit=spec.name,
+    )
 
 
 def _check_signature(spec: ExtractSpec, module: HloModuleInfo) -> tuple[TensorSpec, ...]:
