@@ -23,6 +23,22 @@ AUTO_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}
 
 
 @dataclass(frozen=True)
+class FrontendDefaults:
+    """How a frontend's own compile path runs neuronx-cc; the manifest's lnc and
+    compiler-args win over these."""
+
+    lnc: int | None = None  # for lnc: auto; None: AUTO_LNC by target
+    compiler_args: tuple[str, ...] = ()
+
+
+# nkipy compiles its kernels with `--lnc 1 --internal-tensorizer-opt-level=2`
+# (nkipy.runtime.compile's nkipy_compiler_args): its kernels are tuned for that.
+FRONTEND_DEFAULTS = {
+    "nkipy": FrontendDefaults(lnc=1, compiler_args=("--internal-tensorizer-opt-level=2",)),
+}
+
+
+@dataclass(frozen=True)
 class ExtractSpec:
     """What one extraction needs: the kernel, one shape variant and (if it matters) a target."""
 
@@ -144,7 +160,8 @@ def layer_settings(*layers: CompileSettings) -> CompileSettings:
 
 
 def _unit(kernel: Kernel, variant: Variant, target: str, settings: CompileSettings) -> BuildUnit:
-    lnc = settings.lnc if settings.lnc is not None else AUTO_LNC[target]
+    frontend = FRONTEND_DEFAULTS.get(kernel.frontend, FrontendDefaults())
+    lnc = settings.lnc if settings.lnc is not None else frontend.lnc or AUTO_LNC[target]
     per_target = kernel.frontend in TARGET_DEPENDENT_FRONTENDS
     extract = ExtractSpec(
         kernel=kernel.name,
@@ -165,10 +182,16 @@ def _unit(kernel: Kernel, variant: Variant, target: str, settings: CompileSettin
         auto_cast=_required(settings.auto_cast),
         auto_cast_type=_required(settings.auto_cast_type),
         fast_loading=bool(settings.fast_loading),
-        compiler_args=settings.compiler_args or (),
+        compiler_args=_compiler_args(frontend.compiler_args, settings.compiler_args or ()),
         compile_memory=settings.compile_memory,
         compile_timeout=settings.compile_timeout,
     )
+
+
+def _compiler_args(defaults: tuple[str, ...], given: tuple[str, ...]) -> tuple[str, ...]:
+    """The frontend's default flags the manifest does not set itself, then the manifest's."""
+    options = {arg.split("=", 1)[0] for arg in given if arg.startswith("-")}
+    return (*(a for a in defaults if a.split("=", 1)[0] not in options), *given)
 
 
 def _required(value: T | None) -> T:

@@ -377,3 +377,24 @@ def test_compiler_command_keeps_a_multi_part_prefix(tmp_path: Path) -> None:
     assert command[:5] == [*prefix, "compile", "--framework"]
     expected_tail = ["XLA", "in.pb", "--output", "o.neff", "--logfile", "l.log"]
     assert command[5:] == [*expected_tail, *unit.compile_args()]
+
+
+# --- frontend defaults -------------------------------------------------------------------
+
+
+def test_nkipy_units_compile_as_nkipy_does(tmp_path: Path) -> None:
+    # nkipy's own compile path: --lnc 1 --internal-tensorizer-opt-level=2, on every target.
+    units = plan(tmp_path, {"k": kernel("nkipy")}, defaults={"targets": ["trn1", "trn2"]})
+    assert [(u.target, u.lnc) for u in units] == [("trn1", 1), ("trn2", 1)]
+    assert all(u.compile_args()[-1] == "--internal-tensorizer-opt-level=2" for u in units)
+    (jax_unit,) = plan(tmp_path / "j", {"k": kernel("jax")}, defaults={"targets": ["trn2"]})
+    assert jax_unit.lnc == 2 and "--internal-tensorizer-opt-level=2" not in jax_unit.compile_args()
+
+
+def test_a_manifest_overrides_nkipys_defaults(tmp_path: Path) -> None:
+    extra = {"lnc": 2, "compiler-args": ["--internal-tensorizer-opt-level=nki", "--verbose"]}
+    (unit,) = plan(tmp_path, {"k": kernel("nkipy", extra)}, defaults={"targets": ["trn2"]})
+    assert unit.lnc == 2
+    args = unit.compile_args()
+    assert args[-2:] == ["--internal-tensorizer-opt-level=nki", "--verbose"]
+    assert "--internal-tensorizer-opt-level=2" not in args
