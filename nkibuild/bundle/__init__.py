@@ -14,6 +14,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nkibuild import __version__
 from nkibuild.bundle import codegen
@@ -33,6 +34,9 @@ from nkibuild.compiler import CompiledNeff
 from nkibuild.errors import BuildError
 from nkibuild.fsutil import staging_dir
 from nkibuild.manifest.model import Kernel, Manifest, Package, SourceRef
+
+if TYPE_CHECKING:
+    from nkibuild.context import BuildContext
 
 STAMP_FILE = "bundle.json"
 REFERENCE_PACKAGE = "reference"  # the manifest's reference implementations
@@ -81,6 +85,15 @@ def distributions(manifest: Manifest) -> list[Package]:
     """Every distribution a build writes a wheel for: the bundle, then its target parts."""
     package = manifest.package
     return [package, *(target_package(package, t) for t in split_targets(manifest))]
+
+
+def run(context: BuildContext) -> BundleProject:
+    """The bundle stage of a build: every unit's finished compile -> the generated project."""
+    from nkibuild.compiler import load_result
+
+    layout = context.layout
+    compiled = [load_result(layout.compile_dir(unit)) for unit in context.units]
+    return generate_bundle(context.manifest, compiled, layout.bundle_dir(context.manifest))
 
 
 def generate_bundle(

@@ -16,6 +16,7 @@ import zipfile
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.tags import Tag
 from packaging.utils import canonicalize_name
@@ -35,10 +36,21 @@ ENTRY_POINT_GROUP = "nkibuild.bundles"
 MIN_DEFLATE_GAIN = 0.05
 SAMPLE_BYTES = 1 << 14
 
+if TYPE_CHECKING:
+    from nkibuild.context import BuildContext
+
 
 def wheel_file_name(package: Package) -> str:
     distribution = canonicalize_name(package.name).replace("-", "_")
     return f"{distribution}-{Version(package.version)}-{TAG}.whl"
+
+
+def run(context: BuildContext) -> list[Path]:
+    """The wheel stage of a build: the generated bundle project -> its wheels in dist/."""
+    from nkibuild.bundle import load_bundle
+
+    bundle_dir = context.layout.bundle_dir(context.manifest)
+    return build_wheels(load_bundle(bundle_dir), context.layout.dist_dir)
 
 
 def build_wheels(project: BundleProject, dist_dir: Path) -> list[Path]:

@@ -194,11 +194,9 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
 
 @_guarded
 def run_bundle(context: BuildContext) -> None:
-    from nkibuild.bundle import generate_bundle
-    from nkibuild.compiler import load_result
+    from nkibuild import bundle
 
-    compiled = [load_result(context.layout.compile_dir(unit)) for unit in context.units]
-    generate_bundle(context.manifest, compiled, context.layout.bundle_dir(context.manifest))
+    bundle.run(context)
 
 
 def _bundle_config(manifest: Manifest) -> dict[str, Any]:
@@ -252,11 +250,10 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
 
 
 @_guarded
-def run_wheel(bundle_dir: Path, dist_dir: Path) -> dict[str, Any]:
-    from nkibuild.bundle import load_bundle
-    from nkibuild.bundle.wheel import build_wheels
+def run_wheel(context: BuildContext) -> dict[str, Any]:
+    from nkibuild.bundle import wheel
 
-    return {"wheels": [str(path) for path in build_wheels(load_bundle(bundle_dir), dist_dir)]}
+    return {"wheels": [str(path) for path in wheel.run(context)]}
 
 
 def _wheel_task(context: BuildContext) -> dict[str, Any]:
@@ -272,7 +269,7 @@ def _wheel_task(context: BuildContext) -> dict[str, Any]:
     return {
         "basename": "wheel",
         "doc": f"pack {manifest.package.name} into a wheel in {dist_dir}",
-        "actions": [(run_wheel, (bundle_dir, dist_dir)), record],
+        "actions": [(run_wheel, (context,)), record],
         "file_dep": [_path(bundle_dir / STAMP_FILE)],
         "targets": wheels,
         "uptodate": [intact],
