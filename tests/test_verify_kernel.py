@@ -42,11 +42,10 @@ kernels:
 %(kernel)s
 """
 
-# The kernel imports a sibling module: the project root must be on sys.path.
+# The kernel imports a sibling module, as a script would (its directory on sys.path).
 JAX_KERNEL = """\
 import jax.numpy as jnp
-
-from kernels.utils import BIAS
+from utils import BIAS
 
 
 def scale(x, alpha):
@@ -171,7 +170,7 @@ def test_a_kernel_that_raises_or_exits_fails_its_own_checks_only(tmp_path: Path)
 
 
 def test_projects_never_share_user_modules(tmp_path: Path) -> None:
-    """Same file names, different bodies: each project runs its own `kernels.utils`."""
+    """Same file names, different bodies: each project runs its own `utils`."""
     agreeing = jax_project(tmp_path / "a", bias=0.0)
     disagreeing = jax_project(tmp_path / "b", bias=5.0)
     again = jax_project(tmp_path / "c", bias=0.0)

@@ -166,8 +166,16 @@ USER_ERRORS = (Exception, SystemExit)
 
 
 def load_user_function(root: str, where: dict[str, str]) -> Any:
-    """Import `function` from the file `path` (relative to the project root `root`)."""
+    """Import `function` from the file `path` (relative to the project root `root`).
+
+    As the frontend tracers do: the file imports its siblings (`import utils`) and the
+    project's packages as it would when run as a script, so its own directory and the
+    project root are on sys.path (safe: this interpreter serves one project only).
+    """
     path = where["path"]
+    for directory in (root, str(Path(root, path).parent)):
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
     module = _USER_MODULES.get(path)
     if module is None:
         # One module per file, however many kernels it holds; the digest keeps
