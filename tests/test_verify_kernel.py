@@ -325,6 +325,17 @@ def test_the_verify_step_names_what_it_skipped(nki_project: Path) -> None:
     )
 
 
+def test_verify_named_before_the_wheel_stops_the_build_before_it(tmp_path: Path) -> None:
+    """Today's wiring (docs/cli.md): `nkibuild build verify wheel` runs them in that order."""
+    project = jax_project(tmp_path / "p", bias=1.0, top="verify: true")
+    summary = build(project, "verify", "wheel")
+    assert [f.name for f in summary.failures] == ["verify"]
+    assert not list((project / "dist").glob("*.whl"))
+    kept_going = build(project, "verify", "wheel", keep_going=True)
+    assert [f.name for f in kept_going.failures] == ["verify"]
+    assert list((project / "dist").glob("*.whl"))  # --keep-going packs it; the build fails
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="needs the graph to run verify in a default build: the wheel task must list "
