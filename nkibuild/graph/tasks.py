@@ -30,9 +30,11 @@ from nkibuild.toolchain.worker_pool import user_variables
 
 def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
     """All tasks of a build as doit task dicts (each with `basename` and, for subtasks, `name`)."""
-    from nkibuild.verify.task import verify_task
+    verify = None
+    if context.manifest.verify:  # opt-in; listed before the wheel
+        from nkibuild.verify.task import verify_task  # not imported by other builds
 
-    verify = verify_task(context)  # opt-in (`verify: true`); listed before the wheel
+        verify = verify_task(context)
     return [
         *(_extract_task(context, spec) for spec in extract_specs(context.units)),
         *(_compile_task(context, unit) for unit in context.units),
