@@ -232,7 +232,10 @@ def test_toolchain_comes_from_the_environment(example_project: Path) -> None:
 
 def test_build_runs_every_task_and_writes_the_wheel(built: Built) -> None:
     out = built.first.stdout
-    assert out.rstrip().endswith("13 ran, 0 up to date, 7 compiled, 0 compile cache hits")
+    assert out.rstrip().endswith(
+        "13 ran, 0 up to date, 7 compiled, 0 reused from build dir, "
+        "0 local cache hits, 0 remote cache hits"
+    )
     assert sorted(done_tasks(out)) == sorted(EXAMPLE_TASKS)
     assert built_files(built.project, "dist/*") == [f"dist/{EXAMPLE_WHEEL}"]
     neffs = built_files(built.project, "build/compile/*/*/*/model.neff")
@@ -241,7 +244,10 @@ def test_build_runs_every_task_and_writes_the_wheel(built: Built) -> None:
 
 def test_second_build_runs_nothing(built: Built) -> None:
     result = ok(run_nkibuild(["build", "--toolchain", "fake"], built.project))
-    assert result.stdout.strip() == "0 ran, 13 up to date, 0 compiled, 0 compile cache hits"
+    assert result.stdout.strip() == (
+        "0 ran, 13 up to date, 0 compiled, 0 reused from build dir, "
+        "0 local cache hits, 0 remote cache hits"
+    )
 
 
 def test_build_json_prints_only_the_summary_on_stdout(built: Built) -> None:
@@ -346,7 +352,7 @@ def test_neuron_cc_flags_are_part_of_the_cache_key(hlo_project: Path) -> None:
     assert flagged["compile_origins"] == {"compiled": 1}  # not a cache hit
     back = build()
     assert SOFTMAX in back["executed"]
-    assert back["compile_origins"] == {"cache": 1}
+    assert back["compile_origins"] == {"cache-local": 1}
 
 
 # --- directories and manifests ---------------------------------------------------------
@@ -519,7 +525,8 @@ def test_keep_going_finishes_the_other_compiles_and_still_exits_1(example_projec
     assert summary["blocked"] == ["bundle", "wheel"]  # not run: not failures of their own
     assert summary["compile_origins"] == {"compiled": 6}
     assert (
-        "10 ran, 0 up to date, 6 compiled, 0 compile cache hits, "
+        "10 ran, 0 up to date, 6 compiled, 0 reused from build dir, "
+        "0 local cache hits, 0 remote cache hits, "
         "1 failed, 2 not run (a dependency failed)\n"
     ) in result.stderr
     assert f"{SOFTMAX} failed:" in result.stderr

@@ -271,7 +271,7 @@ def test_another_checkout_gets_every_neff_from_the_cache(
     shutil.copytree(first, second, ignore=shutil.ignore_patterns("build", "dist"))
     counter = tmp_path / "count"
     monkeypatch.setenv("NKIBUILD_FAKE_CC_COUNTER", str(counter))
-    assert build(second).origins == {"cache": 2}
+    assert build(second).origins == {"cache-local": 2}
     assert not counter.exists()
     for unit in UNITS:
         neffs = [root / "build" / "compile" / unit / "model.neff" for root in (first, second)]
@@ -299,7 +299,7 @@ def test_read_only_cache_is_used_but_never_written(tmp_path: Path, isolated_cach
     assert summary.ok and LocalCache(isolated_cache).entries() == []
     assert build(project(tmp_path / "b")).origins == {"compiled": 2}
     reader = fake_options(cache_read_only=True)
-    assert build(project(tmp_path / "c"), options=reader).origins == {"cache": 2}
+    assert build(project(tmp_path / "c"), options=reader).origins == {"cache-local": 2}
 
 
 def test_concurrent_builds_share_one_cache_without_corruption(
@@ -412,7 +412,7 @@ def test_a_consistent_but_wrong_cache_entry_is_refused(
     record["sha256"] = json.loads((trn1 / "entry.json").read_text())["sha256"]
     (trn2 / "entry.json").write_text(json.dumps(record))
     summary = build(project(tmp_path / "b"))
-    assert summary.origins == {"cache": 1, "compiled": 1}
+    assert summary.origins == {"cache-local": 1, "compiled": 1}
     (notice,) = summary.notices
     assert (
         f"compile:{UNITS[1]}: the cache at {isolated_cache} held a NEFF that does not match"
@@ -420,7 +420,7 @@ def test_a_consistent_but_wrong_cache_entry_is_refused(
     )
     assert "it is for 1 NeuronCore(s) but the unit uses lnc=2" in notice
     assert cache.verify() == [] and len(cache.entries()) == 2  # replaced by the right one
-    assert build(project(tmp_path / "c")).origins == {"cache": 2}
+    assert build(project(tmp_path / "c")).origins == {"cache-local": 2}
 
 
 @pytest.mark.parametrize(

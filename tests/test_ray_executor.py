@@ -47,4 +47,4 @@ def test_a_release_compiles_on_ray_once_per_distinct_unit(tmp_path: Path) -> Non
     assert len(counter.read_text().splitlines()) == 3  # shared kernels compile once
     report = json.loads((root / "dist-all" / "release-report.json").read_text())
     origins = [u["origin"] for p in report["projects"] for u in p["units"]]
-    assert sorted(origins) == ["cache"] * 3 + ["ray"] * 3
+    assert sorted(origins) == ["cache-local"] * 3 + ["ray"] * 3

@@ -15,6 +15,7 @@ from nkibuild.cache.store import NeffStore
 class CacheHit:
     meta: dict[str, Any]
     location: str  # which tier served it
+    kind: str  # "local" or "remote": summaries count them apart
 
 
 class CacheChain:
@@ -38,7 +39,7 @@ class CacheChain:
             meta = self._guard(tier, "read from", lambda t=tier: t.fetch(key, destination))
             if meta is not None:
                 self._backfill(self.tiers[:index], key, destination, meta)
-                return CacheHit(meta, tier.location)
+                return CacheHit(meta, tier.location, tier.kind)
         return None
 
     def locate(self, key: CacheKey) -> str | None:

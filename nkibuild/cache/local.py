@@ -43,6 +43,8 @@ class CacheEntry:
 class LocalCache:
     """A directory of NEFF entries keyed by `CacheKey.digest`."""
 
+    kind = "local"
+
     def __init__(self, root: Path, *, read_only: bool = False) -> None:
         self.root = root
         self.read_only = read_only

@@ -39,6 +39,8 @@ STORAGE_FIELDS = ("neff", "log")
 class RemoteCache:
     """NEFF entries under an fsspec URL, keyed by `CacheKey.digest`."""
 
+    kind = "remote"
+
     def __init__(
         self,
         url: str,

@@ -24,6 +24,7 @@ class NeffStore(Protocol):
     """
 
     location: str  # a directory or URL, for messages
+    kind: str  # "local" (this machine's directory) or "remote" (shared)
     read_only: bool
     notices: list[str]
 

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import TextIO
 
-from nkibuild.graph.report import BuildSummary, TaskOutcome
+from nkibuild.graph.report import BuildSummary, TaskOutcome, compile_counts
 
 
 def use_rich(stream: TextIO) -> bool:
@@ -25,15 +25,17 @@ def use_rich(stream: TextIO) -> bool:
 
 
 def summary_line(summary: BuildSummary) -> str:
-    origins = summary.origins
+    counts = compile_counts(summary.origins)
     parts = [
         f"{len(summary.executed)} ran",
         f"{len(summary.up_to_date)} up to date",
-        f"{origins.get('compiled', 0) + origins.get('ray', 0)} compiled",
-        f"{origins.get('cache', 0) + origins.get('build-dir', 0)} compile cache hits",
+        f"{counts['compiled']} compiled",
+        f"{counts['reused_from_build_dir']} reused from build dir",
+        f"{counts['local_cache_hits']} local cache hits",
+        f"{counts['remote_cache_hits']} remote cache hits",
     ]
-    if origins.get("ray"):
-        parts[2] += f" ({origins['ray']} on Ray)"
+    if counts["compiled_on_ray"]:
+        parts[2] += f" ({counts['compiled_on_ray']} on Ray)"
     if summary.failures:
         parts.append(f"{len(summary.failures)} failed")
     blocked = summary.names("blocked")

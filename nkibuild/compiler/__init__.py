@@ -66,7 +66,7 @@ __all__ = [
 class Produced:
     """How an executor got a unit's NEFF into the unit's directory."""
 
-    origin: str  # "compiled" here, or "ray"
+    origin: str  # "compiled" here, "ray", or "cache-local"/"cache-remote" for a hit
     seconds: float
     peak_memory: int  # bytes (0: unknown)
 
@@ -165,7 +165,7 @@ def _compile_unit(
         hit = _cache_hit(cache, key, unit, artifact, out_dir, notices)
         if hit is not None:
             produced = Produced(
-                "cache",
+                f"cache-{hit.kind}",  # cache-local or cache-remote
                 float(hit.meta.get("compile_seconds", 0.0)),
                 int(hit.meta.get("peak_memory", 0)),
             )

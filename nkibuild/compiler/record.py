@@ -35,7 +35,7 @@ class CompiledNeff:
     placeholder: bool
     inputs: tuple[TensorSpec, ...]  # the NEFF's own names, in parameter order
     outputs: tuple[TensorSpec, ...]
-    origin: str  # "compiled", "cache" or "build-dir"
+    origin: str  # "compiled", "ray", "cache-local", "cache-remote" or "build-dir"
     compile_seconds: float
     peak_memory: int = 0  # bytes, of the compile that made the NEFF (0: unknown)
     compile_args: tuple[str, ...] = ()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,7 +44,7 @@ class BuildSummary:
 
     @property
     def origins(self) -> Counter[str]:
-        """How compiles were satisfied: compiled, cache, build-dir."""
+        """How compiles were satisfied: compiled, ray, cache-local, cache-remote, build-dir."""
         # A release namespaces tasks: "<distribution>/compile:<unit>".
         return Counter(
             o.detail
@@ -67,9 +68,25 @@ class BuildSummary:
             "failed": {o.name: o.detail for o in self.failures},
             "blocked": self.names("blocked"),
             "compile_origins": dict(self.origins),
+            "compiles": compile_counts(self.origins),
             "notices": self.notices,
             "runtime_errors": self.runtime_errors,
         }
+
+
+def compile_counts(origins: Mapping[str, int]) -> dict[str, int]:
+    """Where the NEFFs of the compiles that ran came from, one count per source.
+
+    The one place these categories are defined: the summary line, `build --json`
+    and the release report all show these counts, so they cannot disagree.
+    """
+    return {
+        "compiled": origins.get("compiled", 0) + origins.get("ray", 0),
+        "compiled_on_ray": origins.get("ray", 0),
+        "reused_from_build_dir": origins.get("build-dir", 0),
+        "local_cache_hits": origins.get("cache-local", 0),
+        "remote_cache_hits": origins.get("cache-remote", 0),
+    }
 
 
 class Display(Protocol):

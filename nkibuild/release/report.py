@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nkibuild.fsutil import atomic_write_text
+from nkibuild.graph.report import compile_counts
 
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext
@@ -36,8 +38,7 @@ def build_report(result: ReleaseResult) -> dict[str, Any]:
         "totals": {
             "projects": len(projects),
             "units": len(units),
-            "compiled": sum(u["origin"] == "compiled" for u in units),
-            "cache_hits": sum(u["origin"] == "cache" for u in units),
+            **_origin_totals(units),
             "up_to_date": sum(u["status"] == "up-to-date" for u in units),
             "compile_seconds": round(sum(u["compile_seconds"] or 0 for u in units), 3),
             "neff_bytes": sum(u["neff_bytes"] or 0 for u in units),
@@ -47,6 +48,12 @@ def build_report(result: ReleaseResult) -> dict[str, Any]:
         "failures": failures,
         "notices": result.summary.notices,
     }
+
+
+def _origin_totals(units: list[dict[str, Any]]) -> dict[str, int]:
+    """The build summary's counts (`compile_counts`), plus cache_hits: local + remote."""
+    counts = compile_counts(Counter(u["origin"] for u in units))
+    return {**counts, "cache_hits": counts["local_cache_hits"] + counts["remote_cache_hits"]}
 
 
 def _project(project: BuildContext, statuses: dict[str, Any]) -> dict[str, Any]:
@@ -89,8 +96,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         "# Release report",
         "",
         f"**{'OK' if report['ok'] else 'FAILED'}**: {totals['projects']} projects, "
-        f"{totals['units']} units; {totals['compiled']} compiled, {totals['cache_hits']} "
-        f"from the cache, {totals['up_to_date']} up to date; {totals['compile_seconds']:.1f} s "
+        f"{totals['units']} units; {totals['compiled']} compiled, "
+        f"{totals['reused_from_build_dir']} reused from build dir, "
+        f"{totals['local_cache_hits']} local cache hits, "
+        f"{totals['remote_cache_hits']} remote cache hits, "
+        f"{totals['up_to_date']} up to date; {totals['compile_seconds']:.1f} s "
         f"of compiling; {totals['neff_bytes']} bytes of NEFFs.",
         "",
         "| project | unit | status | origin | compile s | NEFF bytes | compiler |",

@@ -1,0 +1,93 @@
+"""What a new user sees (issue 16): honest summaries, CI heartbeats, help that matches
+the docs, and messages outside a project."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES, run_nkibuild
+from helpers import write_project
+
+SOFTMAX = "compile:softmax/default/trn2"
+HLO_ONLY = """\
+format-version: 1
+package: {name: ux-kernels, version: 0.1.0}
+kernels:
+  softmax:
+    frontend: hlo
+    source: kernels/softmax.hlo.pb
+    inputs:
+      logits: {shape: [64, 1024], dtype: float32}
+"""
+
+
+@pytest.fixture
+def hlo_project(tmp_path: Path) -> Path:
+    """A one-kernel project from the example's prebuilt HLO: builds in about a second."""
+    hlo = (EXAMPLES / "kernels" / "softmax.hlo.pb").read_bytes()
+    return write_project(tmp_path / "hlo", HLO_ONLY, {"kernels/softmax.hlo.pb": hlo})
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert "Traceback" not in result.stderr
+    return result
+
+
+# --- item 4: the summary counts each origin of a NEFF apart ----------------------------
+
+
+def _build_json(project: Path, env: dict[str, str]) -> tuple[dict, str]:
+    command = ["build", "--json", "--toolchain", "fake"]
+    result = ok(run_nkibuild(command, project, env=env))
+    return json.loads(result.stdout), result.stderr
+
+
+def _copy(project: Path, to: Path) -> Path:
+    shutil.copytree(project, to, ignore=shutil.ignore_patterns("build", "dist"))
+    return to
+
+
+def test_summary_counts_compiled_build_dir_local_and_remote_apart(
+    hlo_project: Path, tmp_path: Path
+) -> None:
+    remote = {"NKIBUILD_REMOTE_CACHE": (tmp_path / "remote").as_uri()}
+    first, _ = _build_json(hlo_project, remote)
+    assert first["compile_origins"] == {"compiled": 1}
+
+    # Another machine: an empty local cache, the same remote one.
+    elsewhere = {**remote, "NKIBUILD_CACHE_DIR": str(tmp_path / "other-local")}
+    second, progress = _build_json(_copy(hlo_project, tmp_path / "b"), elsewhere)
+    assert second["compile_origins"] == {"cache-remote": 1}
+    assert second["compiles"] == {
+        "compiled": 0,
+        "compiled_on_ray": 0,
+        "reused_from_build_dir": 0,
+        "local_cache_hits": 0,
+        "remote_cache_hits": 1,
+    }
+    assert f"done   {SOFTMAX} " in progress and "(cache-remote)" in progress
+    assert progress.rstrip().endswith(
+        "4 ran, 0 up to date, 0 compiled, 0 reused from build dir, "
+        "0 local cache hits, 1 remote cache hits"
+    )
+
+    # The remote hit was copied into that machine's local cache.
+    third_project = _copy(hlo_project, tmp_path / "c")
+    third, progress = _build_json(third_project, elsewhere)
+    assert third["compiles"]["local_cache_hits"] == 1 and third["compile_origins"] == {
+        "cache-local": 1
+    }
+    assert "0 compiled, 0 reused from build dir, 1 local cache hits, 0 remote" in progress
+
+    # Lost build state (a build killed before doit saved it): the NEFF in the build dir
+    # is reused, which is not a cache hit.
+    (third_project / "build" / "state" / "doit-state.json").unlink()
+    (third_project / "build" / "state" / "up-to-date.json").unlink(missing_ok=True)
+    fourth, progress = _build_json(third_project, elsewhere)
+    assert fourth["compile_origins"] == {"build-dir": 1}
+    assert "0 compiled, 1 reused from build dir, 0 local cache hits, 0 remote" in progress
