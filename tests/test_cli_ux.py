@@ -3,14 +3,20 @@ the docs, and messages outside a project."""
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, run_nkibuild
 from helpers import write_project
+
+from nkibuild.cli.display import PlainDisplay, format_elapsed
+from nkibuild.graph.report import BuildSummary
 
 SOFTMAX = "compile:softmax/default/trn2"
 HLO_ONLY = """\
@@ -91,3 +97,53 @@ def test_summary_counts_compiled_build_dir_local_and_remote_apart(
     fourth, progress = _build_json(third_project, elsewhere)
     assert fourth["compile_origins"] == {"build-dir": 1}
     assert "0 compiled, 1 reused from build dir, 0 local cache hits, 0 remote" in progress
+
+
+# --- item 5: plain output on long work -------------------------------------------------
+
+
+def test_plain_output_prints_a_heartbeat_while_a_compile_runs(hlo_project: Path) -> None:
+    env = {"NKIBUILD_HEARTBEAT": "1s", "NKIBUILD_FAKE_CC_CPU_SECONDS": "2.5"}
+    out = ok(run_nkibuild(["build", "--toolchain", "fake"], hlo_project, env=env)).stdout
+    beats = [line for line in out.splitlines() if " running " in line]
+    assert beats, out
+    assert all(re.fullmatch(rf"\[1/4\] running {SOFTMAX} \([0-3]s\)", b) for b in beats), out
+    # The heartbeat comes before the compile's own line and stops with the build.
+    lines = out.splitlines()
+    assert lines.index(beats[-1]) < next(i for i, x in enumerate(lines) if f"done   {SOFTMAX}" in x)
+    assert lines[-1].startswith("4 ran, 0 up to date, 1 compiled")
+
+
+def test_heartbeat_lists_the_longest_running_tasks_first_and_stops_at_finish() -> None:
+    stream = io.StringIO()
+    display = PlainDisplay(stream, heartbeat_s=0.05)
+    display.start(3)
+    display.task_started("compile:old/default/trn2")
+    time.sleep(0.01)
+    display.task_started("compile:new/default/trn2")
+    deadline = time.monotonic() + 10
+    while "running" not in stream.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    display.finish(BuildSummary())
+    text = stream.getvalue()
+    assert re.search(
+        r"^\[0/3\] running compile:old/default/trn2 \(0s\), compile:new/default/trn2 \(0s\)$",
+        text,
+        flags=re.MULTILINE,
+    ), text
+    time.sleep(0.2)
+    assert stream.getvalue() == text and text.endswith("remote cache hits\n")
+
+
+def test_a_bad_heartbeat_setting_is_a_usage_error(hlo_project: Path) -> None:
+    result = run_nkibuild(
+        ["build", "--toolchain", "fake"], hlo_project, {"NKIBUILD_HEARTBEAT": "soon"}
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "NKIBUILD_HEARTBEAT: 'soon' is not a duration such as 90s" in result.stderr
+
+
+def test_elapsed_times_read_as_a_person_would_say_them() -> None:
+    assert [format_elapsed(s) for s in (0.4, 59, 61, 3599, 3600, 7325)] == [
+        "0s", "59s", "1m 01s", "59m 59s", "1h 00m", "2h 02m"
+    ]  # fmt: skip

@@ -56,7 +56,10 @@ def build(args: argparse.Namespace) -> int:
     options = RunOptions(
         selection=tuple(args.tasks), jobs=max(1, args.jobs), keep_going=args.keep_going
     )
-    summary = run_build(context, options, display)
+    try:
+        summary = run_build(context, options, display)
+    finally:  # an interrupted build leaves no heartbeat thread or live display behind
+        display.close()
     for failure in summary.failures:
         print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
     for error in summary.runtime_errors:
@@ -110,7 +113,11 @@ def _built_bundle(args: argparse.Namespace) -> BundleUnderTest | None:
     from nkibuild.verify.sources import project_sources
 
     context = _context(args)
-    summary = run_build(context, RunOptions(selection=("bundle",)), PlainDisplay(sys.stderr))
+    display = PlainDisplay(sys.stderr)
+    try:
+        summary = run_build(context, RunOptions(selection=("bundle",)), display)
+    finally:
+        display.close()
     for failure in summary.failures:
         print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
     if not summary.ok:
@@ -164,7 +171,11 @@ def release(args: argparse.Namespace) -> int:
             print(problem)
         print("release is up to date" if not problems else f"{len(problems)} problems")
         return EXIT_OK if not problems else EXIT_BUILD_FAILED
-    result = run_release(options, PlainDisplay(sys.stdout))
+    display = PlainDisplay(sys.stdout)
+    try:
+        result = run_release(options, display)
+    finally:
+        display.close()
     for notice in result.notices:
         print(f"warning: {notice}", file=sys.stderr)
     for failure in result.summary.failures:

@@ -12,9 +12,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from typing import TextIO
 
+from nkibuild.errors import UsageError
 from nkibuild.graph.report import BuildSummary, TaskOutcome, compile_counts
+from nkibuild.quantities import parse_duration
 
 
 def use_rich(stream: TextIO) -> bool:
@@ -44,31 +47,105 @@ def summary_line(summary: BuildSummary) -> str:
     return ", ".join(parts)
 
 
-class PlainDisplay:
-    """One line per finished task; up-to-date tasks are counted, not listed."""
+HEARTBEAT_ENV = "NKIBUILD_HEARTBEAT"
+DEFAULT_HEARTBEAT_S = 60.0
+HEARTBEAT_TASKS = 8  # listed by name in one heartbeat line; the rest are counted
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+
+def heartbeat_interval() -> float:
+    """Seconds between heartbeats of the plain display (0: none), from NKIBUILD_HEARTBEAT."""
+    text = os.environ.get(HEARTBEAT_ENV, "").strip()
+    if not text:
+        return DEFAULT_HEARTBEAT_S
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise UsageError(f"{HEARTBEAT_ENV}: {error} (0 turns the heartbeat off)") from None
+
+
+def format_elapsed(seconds: float) -> str:
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+
+
+class PlainDisplay:
+    """One line per finished task; up-to-date tasks are counted, not listed.
+
+    A compile can take hours, and CI systems kill steps that print nothing for a while,
+    so every `heartbeat_s` seconds (default: `heartbeat_interval()`) a line says which
+    tasks are still running and for how long.
+    """
+
+    def __init__(self, stream: TextIO | None = None, heartbeat_s: float | None = None) -> None:
         self.stream = stream if stream is not None else sys.stdout
         self.total = 0
         self.finished = 0
+        self.heartbeat_s = heartbeat_interval() if heartbeat_s is None else heartbeat_s
+        self.running: dict[str, float] = {}  # task -> time.monotonic() when it started
         # doit's thread runner reports from its worker threads too: keep each line whole.
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
 
     def start(self, tasks: int) -> None:
         self.total = tasks
+        if self.heartbeat_s > 0 and self._beat is None:
+            self._stop = threading.Event()
+            # A daemon: a build that dies without calling finish() must not hang on it.
+            self._beat = threading.Thread(
+                target=self._beat_until_stopped, name="nkibuild-heartbeat", daemon=True
+            )
+            self._beat.start()
 
     def task_started(self, name: str) -> None:
-        pass
+        with self._lock:
+            self.running[name] = time.monotonic()
 
     def task_finished(self, outcome: TaskOutcome) -> None:
         with self._lock:
+            self.running.pop(outcome.name, None)
             self.finished += 1
             if outcome.status != "up-to-date":
                 self._write(self._line(outcome))
 
     def finish(self, summary: BuildSummary) -> None:
+        self.close()
         with self._lock:
             self._write(summary_line(summary) + "\n")
+
+    def close(self) -> None:
+        """Stop the heartbeat (finish() does; callers whose build raised call this)."""
+        beat, self._beat = self._beat, None
+        if beat is not None:
+            self._stop.set()
+            beat.join()
+
+    def heartbeat(self) -> None:
+        """Write which tasks are running and for how long (nothing if none is)."""
+        with self._lock:
+            if not self.running:
+                return
+            now = time.monotonic()
+            oldest = sorted(self.running.items(), key=lambda item: item[1])
+            shown = [f"{name} ({format_elapsed(now - t)})" for name, t in oldest[:HEARTBEAT_TASKS]]
+            more = len(oldest) - len(shown)
+            width = len(str(self.total))
+            self._write(
+                f"[{self.finished:>{width}}/{self.total}] running {', '.join(shown)}"
+                + (f" and {more} more" if more else "")
+                + "\n"
+            )
+
+    def _beat_until_stopped(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.heartbeat()
+            except (OSError, ValueError):  # stdout closed (`| head`) or gone: stop quietly
+                return
 
     def _line(self, outcome: TaskOutcome) -> str:
         width = len(str(self.total))
@@ -138,9 +215,13 @@ class RichDisplay:
             self.console.print(f"[red]✗ {outcome.name}[/]")
 
     def finish(self, summary: BuildSummary) -> None:
-        self.progress.stop()
+        self.close()
         style = "green" if summary.ok else "red"
         self.console.print(f"[{style}]{summary_line(summary)}[/]")
+
+    def close(self) -> None:
+        """Give the terminal back (finish() does; callers whose build raised call this)."""
+        self.progress.stop()
 
     def _describe(self) -> None:
         running = ", ".join(list(self.running)[:3]) + (" …" if len(self.running) > 3 else "")
