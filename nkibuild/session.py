@@ -119,9 +119,9 @@ class BuildSession:
                 yield self
             except BaseException:
                 self.processes.kill_all()  # e.g. Ctrl-C: no compiler may outlive the build
-                self._stop_helpers(kill=True)
+                self._stop_helpers()
                 raise
-            self._stop_helpers(kill=False)
+            self._stop_helpers()
             for entry in dirs:  # a clean exit, even of a failed build: nothing to sweep
                 (entry.locked / "state" / RUNNING_FILE).unlink(missing_ok=True)
 
@@ -134,9 +134,9 @@ class BuildSession:
         finally:
             _CURRENT.reset(token)
 
-    def _stop_helpers(self, *, kill: bool) -> None:
+    def _stop_helpers(self) -> None:
         # Workers live for one build: the next may see changed user code.
-        self.workers.close(kill=kill)
+        self.workers.close()
         self.ray.close()
 
 

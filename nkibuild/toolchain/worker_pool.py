@@ -79,6 +79,9 @@ def worker_environment(key: WorkerKey, cache_dir: Path) -> dict[str, str]:
         env["NEURON_CC_FLAGS"] = without_cache_dir(env["NEURON_CC_FLAGS"])[0]
     if key.path:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [*key.path, env.get("PYTHONPATH")]))
+    # Temp files of the frontend (NKI's compiled kernels) stay in the worker's own
+    # scratch dir: the only place outside the project an extraction may take files from.
+    env["TMPDIR"] = str(cache_dir.parent / "tmp")
     if key.frontend == "nki":
         env["NEURON_EXTRACT_GRAPHS_ONLY"] = "1"
         env["NEURON_COMPILE_CACHE_URL"] = str(cache_dir)
@@ -97,6 +100,7 @@ class Worker:
         self.scratch = Path(tempfile.mkdtemp(prefix=".worker-", dir=scratch_root))
         self.cache_dir = self.scratch / "neuron-cache"
         self.cache_dir.mkdir()
+        (self.scratch / "tmp").mkdir()
         self.log_path = self.scratch / "worker.log"
         # Held open for the worker's life (it is the worker's stderr); closed in close().
         self._log: TextIO = open(  # noqa: SIM115
@@ -126,22 +130,17 @@ class Worker:
         line = self._read_line(timeout, unit, log_start)
         result: dict[str, Any] = json.loads(line)
         result["log"] = self._output_since(log_start)
+        result["scratch"] = str(self.scratch)  # where this worker's files may be
         return result
 
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def close(self, *, kill: bool = False) -> None:
-        """Let the worker finish and exit (killed after 5 s), or with `kill` stop it now."""
-        if kill:
-            self._kill()
-        elif self.alive():
-            try:
-                assert self.process.stdin is not None
-                self.process.stdin.close()
-                self.process.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                self._kill()
+    def close(self) -> None:
+        """Stop the worker and its process group now. Between jobs it holds no work (each
+        job's output is written before its answer), and an interpreter with jax or torch
+        loaded takes a tenth of a second or more to tear itself down."""
+        self._kill()
         self._log.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -221,8 +220,8 @@ class WorkerPool:
                     del self._workers[key]
                 raise
 
-    def close(self, *, kill: bool = False) -> None:
+    def close(self) -> None:
         with self._guard:
             workers, self._workers = list(self._workers.values()), {}
         for worker in workers:
-            worker.close(kill=kill)
+            worker.close()
