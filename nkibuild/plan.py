@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TypeVar
 
 from nkibuild.manifest.model import (
@@ -142,21 +142,13 @@ def _kernel_units(manifest: Manifest, kernel: Kernel) -> Iterable[BuildUnit]:
     targets = kernel.targets or manifest.default_targets
     for variant in kernel.variants:
         for target in targets:
-            settings = layer_settings(manifest.defaults, kernel.settings, _override(kernel, target))
+            # Later layers win wherever they set a value.
+            settings = _override(kernel, target).over(kernel.settings.over(manifest.defaults))
             yield _unit(kernel, variant, target, settings)
 
 
 def _override(kernel: Kernel, target: str) -> CompileSettings:
     return dict(kernel.overrides).get(target, CompileSettings())
-
-
-def layer_settings(*layers: CompileSettings) -> CompileSettings:
-    """Later layers win wherever they set a value."""
-    merged = layers[0]
-    for layer in layers[1:]:
-        updates = {key: value for key, value in vars(layer).items() if value is not None}
-        merged = replace(merged, **updates)
-    return merged
 
 
 def _unit(kernel: Kernel, variant: Variant, target: str, settings: CompileSettings) -> BuildUnit:
