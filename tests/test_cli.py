@@ -452,6 +452,7 @@ def test_init_scaffolds_a_project_that_builds(tmp_path: Path) -> None:
         "created nkibuild.yaml",
         "created kernels/kernels.py",
         "created kernels/reference.py",
+        "created .gitignore",
         "next: nkibuild build --toolchain fake",
     ]
     ok(run_nkibuild(["build", "--toolchain", "fake"], project))

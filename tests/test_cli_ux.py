@@ -147,3 +147,71 @@ def test_elapsed_times_read_as_a_person_would_say_them() -> None:
     assert [format_elapsed(s) for s in (0.4, 59, 61, 3599, 3600, 7325)] == [
         "0s", "59s", "1m 01s", "59m 59s", "1h 00m", "2h 02m"
     ]  # fmt: skip
+
+
+# --- item 6: outside a project, and init -----------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["build", "validate", "plan", "list", "explain"])
+def test_outside_a_project_says_so_and_how_to_get_into_one(tmp_path: Path, command: str) -> None:
+    result = run_nkibuild([command], tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        f"error: no nkibuild.yaml in {tmp_path}: this is not an nkibuild project",
+        "  start a project here:       nkibuild init",
+        f"  use the project in DIR:     nkibuild -C DIR {command}",
+        f"  use another manifest file:  nkibuild {command} -f FILE",
+    ]
+    assert result.stdout == ""
+
+
+def test_a_missing_manifest_named_with_f_is_named(tmp_path: Path) -> None:
+    result = run_nkibuild(["build", "-f", "exp.yaml"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: exp.yaml: no such manifest (in {tmp_path})"
+
+
+def _ignored(repo: Path, *paths: str) -> list[str]:
+    checked = subprocess.run(
+        ["git", "check-ignore", *paths], cwd=repo, capture_output=True, text=True, check=False
+    )
+    return checked.stdout.splitlines()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_init_into_a_directory_says_how_to_get_there_and_ignores_the_outputs(
+    tmp_path: Path,
+) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    result = ok(run_nkibuild(["init", "kernels/my proj"], tmp_path))
+    assert result.stdout.splitlines() == [
+        "created kernels/my proj/nkibuild.yaml",
+        "created kernels/my proj/kernels/kernels.py",
+        "created kernels/my proj/kernels/reference.py",
+        "created kernels/my proj/.gitignore",
+        "next: cd 'kernels/my proj' && nkibuild build --toolchain fake",
+    ]
+    paths = ["kernels/my proj/build/x", "kernels/my proj/dist/y.whl", "kernels/my proj/kernels/x"]
+    assert _ignored(tmp_path, *paths) == paths[:2]
+
+
+def test_init_with_dash_C_names_the_directory_from_where_the_user_is(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    result = ok(run_nkibuild(["-C", "repo", "init", "sub"], tmp_path))
+    assert result.stdout.splitlines()[-1] == "next: cd repo/sub && nkibuild build --toolchain fake"
+    (tmp_path / "here").mkdir()
+    here = ok(run_nkibuild(["init"], tmp_path / "here"))
+    assert here.stdout.splitlines()[-1] == "next: nkibuild build --toolchain fake"
+
+
+def test_init_appends_to_an_existing_gitignore(tmp_path: Path) -> None:
+    (tmp_path / ".gitignore").write_text("*.pyc\nbuild/")
+    result = ok(run_nkibuild(["init"], tmp_path))
+    assert "updated .gitignore" in result.stdout.splitlines()
+    lines = (tmp_path / ".gitignore").read_text().splitlines()
+    assert lines == [
+        "*.pyc",
+        "build/",
+        "# nkibuild's outputs (nkibuild clean removes them)",
+        "/dist/",
+    ]

@@ -16,11 +16,13 @@ if TYPE_CHECKING:
     from nkibuild.verify import BundleUnderTest, Check
 
 EXIT_OK, EXIT_BUILD_FAILED = 0, 1
+DEFAULT_MANIFEST = "nkibuild.yaml"
 
 
 def _context(args: argparse.Namespace) -> BuildContext:
     from nkibuild.context import load_context
 
+    _require_manifest(args)
     options = _build_options(args)
     return load_context(Path(args.manifest), Path(args.build_dir), Path(args.dist_dir), options)
 
@@ -334,13 +336,47 @@ def inspect(args: argparse.Namespace) -> int:
 def init(args: argparse.Namespace) -> int:
     from nkibuild.cli.scaffold import scaffold
 
-    for path in scaffold(Path(args.path)):
-        print(f"created {path}")
-    print("next: nkibuild build --toolchain fake")
+    directory = Path(args.path)
+    for done in scaffold(directory):
+        print(done)
+    print(f"next: {_cd_into(directory, args.invoked_in)}nkibuild build --toolchain fake")
     return EXIT_OK
+
+
+def _cd_into(directory: Path, invoked_in: Path) -> str:
+    """`cd DIR && ` to get from where the user ran nkibuild (before -C) into `directory`."""
+    import os
+    import shlex
+
+    target = directory.resolve()
+    if target == invoked_in.resolve():
+        return ""
+    relative = os.path.relpath(target, invoked_in)
+    # A short relative path is what the user typed; climbing out of the tree reads worse.
+    shown = str(target) if relative.startswith("..") else relative
+    return f"cd {shlex.quote(shown)} && "
 
 
 def _load(args: argparse.Namespace) -> Manifest:
     from nkibuild.manifest import load_manifest
 
+    _require_manifest(args)
     return load_manifest(Path(args.manifest))
+
+
+def _require_manifest(args: argparse.Namespace) -> None:
+    """A missing manifest usually means "not in a project": say so and how to get into one."""
+    from nkibuild.errors import UsageError
+
+    manifest = Path(args.manifest)
+    if manifest.exists():
+        return
+    if args.manifest != DEFAULT_MANIFEST:  # the user named it with -f
+        raise UsageError(f"error: {manifest}: no such manifest (in {Path.cwd()})")
+    command = getattr(args, "command", "build")
+    raise UsageError(
+        f"error: no {DEFAULT_MANIFEST} in {Path.cwd()}: this is not an nkibuild project\n"
+        f"  start a project here:       nkibuild init\n"
+        f"  use the project in DIR:     nkibuild -C DIR {command}\n"
+        f"  use another manifest file:  nkibuild {command} -f FILE"
+    )

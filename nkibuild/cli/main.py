@@ -19,6 +19,7 @@ EXIT_USAGE = 2
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.invoked_in = Path.cwd()  # before -C: what `init` tells the user to `cd` to
     if args.directory:
         try:
             os.chdir(args.directory)
@@ -161,7 +162,7 @@ def _add(
     *parents: argparse.ArgumentParser,
 ) -> argparse.ArgumentParser:
     sub = commands.add_parser(name, help=help_text, description=help_text, parents=list(parents))
-    sub.set_defaults(handler=handler)
+    sub.set_defaults(handler=handler, command=name)
     return sub
 
 

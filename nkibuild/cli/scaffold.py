@@ -53,8 +53,16 @@ def scaled_add(x, y, alpha):
 '''
 
 
-def scaffold(directory: Path) -> list[Path]:
-    """Create the files; refuses to overwrite an existing manifest or kernel file."""
+GITIGNORE_HEADER = "# nkibuild's outputs (nkibuild clean removes them)"
+IGNORED = ("/build/", "/dist/")
+
+
+def scaffold(directory: Path) -> list[str]:
+    """Create the files and what it did to each, e.g. "created nkibuild.yaml".
+
+    Refuses (writing nothing) to overwrite an existing manifest or kernel file; an
+    existing .gitignore gets the missing entries appended instead.
+    """
     name = _project_name(directory)
     files = {
         directory / "nkibuild.yaml": MANIFEST.format(name=name),
@@ -66,7 +74,22 @@ def scaffold(directory: Path) -> list[Path]:
         raise UsageError(f"nkibuild init: would overwrite {', '.join(existing)}")
     for path, text in files.items():
         atomic_write_text(path, text)
-    return list(files)
+    done = [f"created {path}" for path in files]
+    gitignore = _ignore_outputs(directory / ".gitignore")
+    return [*done, gitignore] if gitignore else done
+
+
+def _ignore_outputs(gitignore: Path) -> str | None:
+    """Make git ignore build/ and dist/; what was done, or None if it already does."""
+    existing = gitignore.read_text(encoding="utf-8") if gitignore.exists() else ""
+    present = {line.strip().strip("/") for line in existing.splitlines()}
+    missing = [entry for entry in IGNORED if entry.strip("/") not in present]
+    if not missing:
+        return None
+    separator = "\n" if existing and not existing.endswith("\n") else ""
+    addition = "\n".join([GITIGNORE_HEADER, *missing]) + "\n"
+    atomic_write_text(gitignore, existing + separator + addition)
+    return f"{'updated' if existing else 'created'} {gitignore}"
 
 
 def _project_name(directory: Path) -> str:
