@@ -27,6 +27,8 @@ ENV_REMOTE_CACHE = "NKIBUILD_REMOTE_CACHE"
 ENV_CACHE_READ_ONLY = "NKIBUILD_CACHE_READ_ONLY"
 ENV_MAX_COMPILE_MEMORY = "NKIBUILD_MAX_COMPILE_MEMORY"
 ENV_COMPILE_TIMEOUT = "NKIBUILD_COMPILE_TIMEOUT"
+ENV_COMPILE_RETRIES = "NKIBUILD_COMPILE_RETRIES"
+MAX_COMPILE_RETRIES = 10
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"", "0", "false", "no", "off"})
 
@@ -44,6 +46,7 @@ class BuildOptions:
     cache_read_only: bool = False  # a flag only switches on: False is "not given"
     max_compile_memory: int | None = None  # bytes
     compile_timeout: float | None = None  # seconds, for units without their own
+    compile_retries: int | None = None  # of an OOM-killed or internal-error compile
     executor: str = "local"  # "local" or "ray"
     ray_address: str | None = None  # None with executor ray: a local Ray instance
 
@@ -54,6 +57,17 @@ def parse_flag(text: str) -> bool:
     if word not in TRUE_WORDS | FALSE_WORDS:
         raise ValueError("expected true or false")
     return word in TRUE_WORDS
+
+
+def parse_retries(text: str) -> int:
+    """A retry count: a whole number from 0 to MAX_COMPILE_RETRIES."""
+    try:
+        count = int(text.strip())
+    except ValueError:
+        raise ValueError(f"expected a whole number of retries, not {text!r}") from None
+    if not 0 <= count <= MAX_COMPILE_RETRIES:
+        raise ValueError(f"expected 0 to {MAX_COMPILE_RETRIES} retries, not {count}")
+    return count
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("max_compile_memory", "max-compile-memory", ENV_MAX_COMPILE_MEMORY, parse_size),
     Option("compile_timeout", "compile-timeout", ENV_COMPILE_TIMEOUT, parse_duration),
+    Option("compile_retries", "compile-retries", ENV_COMPILE_RETRIES, parse_retries, default=1),
 )
 _BY_FIELD = {option.field: option for option in OPTIONS}
 
@@ -138,6 +153,7 @@ class BuildSettings:
     compile_timeout: float | None
     executor: str = "local"
     ray_address: str | None = None
+    compile_retries: int = 1  # of a compile that was OOM-killed or hit an internal error
 
 
 def resolve_settings(
@@ -160,6 +176,7 @@ def resolve_settings(
         cache=cache,
         max_compile_memory=value("max_compile_memory"),
         compile_timeout=value("compile_timeout"),
+        compile_retries=value("compile_retries"),
         executor=options.executor,
         ray_address=options.ray_address,
     )

@@ -43,7 +43,8 @@ def intervals(times: Path) -> list[tuple[float, float]]:
 
 
 def compiler_processes(marker: Path) -> list[int]:
-    """PIDs of live processes whose command line mentions `marker` (a test's own dir)."""
+    """PIDs of live fake compilers working under `marker` (a test's own dir): their
+    command line names only work-dir-relative paths, so their cwd tells."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -51,9 +52,10 @@ def compiler_processes(marker: Path) -> list[int]:
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             state = (entry / "stat").read_text().split(") ")[-1][:1]
+            cwd = os.readlink(entry / "cwd")
         except OSError:
             continue
-        if str(marker) in cmdline and "fake_neuronxcc" in cmdline and state != "Z":
+        if cwd.startswith(str(marker)) and "fake_neuronxcc" in cmdline and state != "Z":
             found.append(int(entry.name))
     return found
 
@@ -202,6 +204,34 @@ def test_only_an_internal_error_is_retried(
     else:
         (failure,) = summary.failures
         assert "neuronx-cc failed" in failure.detail and "twice" not in failure.detail
+
+
+@pytest.mark.parametrize(("setting", "compiles", "times"), [("0", 1, ""), ("2", 3, " 3 times")])
+def test_the_number_of_retries_is_a_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str, compiles: int, times: str
+) -> None:
+    root = project(tmp_path / "p")
+    counter = tmp_path / "count"
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_FAULT", "exit70")
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_FAULT_MATCH", "trn2")
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_COUNTER", str(counter))
+    monkeypatch.setenv("NKIBUILD_COMPILE_RETRIES", setting)
+    summary = build(root, "compile:softmax/default/trn2")
+    (failure,) = summary.failures
+    assert len(counter.read_text().splitlines()) == compiles
+    assert f"neuronx-cc failed with an internal error (exit 70){times}\n" in failure.detail
+
+
+def test_a_bad_retry_count_is_a_usage_error(tmp_path: Path) -> None:
+    root = project(tmp_path / "p")
+    for value in ("-1", "many", "11"):
+        result = run_nkibuild(["build", "--toolchain", "fake", "--compile-retries", value], root)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert "--compile-retries" in result.stderr and "retries" in result.stderr
+    env = {"NKIBUILD_COMPILE_RETRIES": "lots"}
+    result = run_nkibuild(["build", "--toolchain", "fake"], root, env=env)
+    assert result.returncode == 2
+    assert "NKIBUILD_COMPILE_RETRIES: expected a whole number of retries" in result.stderr
 
 
 def test_a_compile_killed_twice_fails_with_advice(

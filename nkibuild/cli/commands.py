@@ -39,6 +39,7 @@ def _build_options(args: argparse.Namespace) -> BuildOptions:
         cache_read_only=getattr(args, "cache_read_only", False),
         max_compile_memory=getattr(args, "max_compile_memory", None),
         compile_timeout=getattr(args, "compile_timeout", None),
+        compile_retries=getattr(args, "compile_retries", None),
         executor=getattr(args, "executor", "local"),
         ray_address=getattr(args, "ray_address", None),
     )

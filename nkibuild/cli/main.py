@@ -209,6 +209,15 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _retries(text: str) -> int:
+    from nkibuild.settings import parse_retries
+
+    try:
+        return parse_retries(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _compile_options() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument(
@@ -228,6 +237,11 @@ def _compile_options() -> argparse.ArgumentParser:
         "--compile-timeout", type=_duration, metavar="DURATION",
         help="stop a compile after this long, e.g. 2h, unless its kernel sets "
         "compile-timeout [default: env NKIBUILD_COMPILE_TIMEOUT, else none]",
+    )  # fmt: skip
+    options.add_argument(
+        "--compile-retries", type=_retries, metavar="N",
+        help="retry a compile the OOM killer took, or that hit neuronx-cc's internal error "
+        "(exit 70), up to N times [default: env NKIBUILD_COMPILE_RETRIES, else 1]",
     )  # fmt: skip
     return options
 

@@ -124,6 +124,7 @@ def compile_options(context: BuildContext) -> CompileOptions:
     return CompileOptions(
         cache=open_cache_chain(cache.local_dir, cache.remote_url, read_only=cache.read_only),
         timeout=settings.compile_timeout,
+        retries=settings.compile_retries,
         executor=executor,
         budget=session.budget,
         key_locks=session.key_locks,

@@ -24,7 +24,7 @@ Environment variables that make it misbehave on purpose, for tests:
     - `garbage`: write non-NEFF bytes to the output and exit 0;
     - `hugelog`: write a ~5 MB log, then exit 1.
 - `NKIBUILD_FAKE_CC_FAULT_MATCH`: apply the fault only if this substring occurs in the
-  input or output path (to fail one unit of a build).
+  input or output path, made absolute (to fail one unit of a build).
 - `NKIBUILD_FAKE_CC_FAULT_ONCE`: a file path; the fault fires only for the compile that
   creates it (the first), so a retry succeeds.
 - `NKIBUILD_FAKE_CC_CPU_SECONDS`: busy-loop this many (wall-clock) seconds first.
@@ -266,7 +266,9 @@ def _fault(args: argparse.Namespace) -> str | None:
             f"NKIBUILD_FAKE_CC_FAULT={fault!r} is not one of {', '.join(FAULTS)}", exit_code=2
         )
     match = os.environ.get("NKIBUILD_FAKE_CC_FAULT_MATCH", "")
-    if match and match not in args.input and match not in args.output:
+    # nkibuild passes paths relative to the compile's work dir, which lies in the unit's.
+    paths = (os.path.abspath(args.input), os.path.abspath(args.output))
+    if match and not any(match in path for path in paths):
         return None
     once = os.environ.get("NKIBUILD_FAKE_CC_FAULT_ONCE")
     if once:
