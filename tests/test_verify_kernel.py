@@ -326,21 +326,18 @@ def test_the_verify_step_names_what_it_skipped(nki_project: Path) -> None:
 
 
 def test_verify_named_before_the_wheel_stops_the_build_before_it(tmp_path: Path) -> None:
-    """Today's wiring (docs/cli.md): `nkibuild build verify wheel` runs them in that order."""
+    """`nkibuild build verify wheel`: a failed verify withholds the wheel, with or
+    without --keep-going (the wheel depends on the verify report)."""
     project = jax_project(tmp_path / "p", bias=1.0, top="verify: true")
     summary = build(project, "verify", "wheel")
     assert [f.name for f in summary.failures] == ["verify"]
     assert not list((project / "dist").glob("*.whl"))
     kept_going = build(project, "verify", "wheel", keep_going=True)
     assert [f.name for f in kept_going.failures] == ["verify"]
-    assert list((project / "dist").glob("*.whl"))  # --keep-going packs it; the build fails
+    assert "wheel" in kept_going.names("blocked")
+    assert not list((project / "dist").glob("*.whl"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the graph to run verify in a default build: the wheel task must list "
-    "build/verify/checks.json in its file_dep when the manifest sets verify: true",
-)
 def test_a_default_build_runs_verify_and_withholds_the_wheel(tmp_path: Path) -> None:
     project = jax_project(tmp_path / "p", bias=1.0, top="verify: true")
     summary = build(project, keep_going=True)

@@ -268,11 +268,16 @@ def _wheel_task(context: BuildContext) -> dict[str, Any]:
     dist_dir = context.layout.dist_dir
     wheels = [_path(dist_dir / wheel_file_name(p)) for p in packages]
     record, intact = outputs_checked(wheels)
+    checked: list[str] = []
+    if manifest.verify:  # a failed verify withholds the wheel, also under --keep-going
+        from nkibuild.verify.task import verify_outputs
+
+        checked = verify_outputs(context)
     return {
         "basename": "wheel",
         "doc": f"pack {manifest.package.name} into a wheel in {dist_dir}",
         "actions": [(run_wheel, (context,)), record],
-        "file_dep": [_path(bundle_dir / STAMP_FILE)],
+        "file_dep": [_path(bundle_dir / STAMP_FILE), *checked],
         "targets": wheels,
         "uptodate": [intact],
         "clean": True,
