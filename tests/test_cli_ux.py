@@ -3,19 +3,24 @@ the docs, and messages outside a project."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
+import logging
 import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
-from conftest import EXAMPLES, run_nkibuild
+from conftest import EXAMPLES, REPO, run_nkibuild
 from helpers import write_project
 
+from nkibuild.bundle import runtime
 from nkibuild.cli.display import PlainDisplay, format_elapsed
+from nkibuild.cli.main import EXIT_CODES, build_parser
 from nkibuild.graph.report import BuildSummary
 
 SOFTMAX = "compile:softmax/default/trn2"
@@ -214,4 +219,76 @@ def test_init_appends_to_an_existing_gitignore(tmp_path: Path) -> None:
         "build/",
         "# nkibuild's outputs (nkibuild clean removes them)",
         "/dist/",
+    ]
+
+
+# --- item 7: help and docs agree -------------------------------------------------------
+
+
+def cli_commands() -> list[str]:
+    """The subcommands the argparse parser defines, in its order."""
+    parser = build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return list(subparsers.choices)
+
+
+def test_readme_command_table_lists_exactly_the_cli_commands() -> None:
+    rows = re.findall(r"^\| `nkibuild ([a-z]+)\b", (REPO / "README.md").read_text(), re.M)
+    assert sorted(rows) == sorted(cli_commands())
+
+
+def test_cli_doc_command_table_lists_exactly_the_cli_commands_each_with_a_section() -> None:
+    text = (REPO / "docs" / "cli.md").read_text()
+    rows = re.findall(r"^\| \[`([a-z]+)`\]\(#nkibuild-([a-z]+)\) \|", text, re.M)
+    assert [name for name, _ in rows] == cli_commands()  # in --help's order
+    assert all(name == anchor for name, anchor in rows)
+    sections = re.findall(r"^## `nkibuild ([a-z]+)`", text, re.M)
+    assert sorted(sections) == sorted(cli_commands())
+
+
+def test_help_readme_and_cli_doc_give_the_same_exit_codes(tmp_path: Path) -> None:
+    shown = ok(run_nkibuild(["--help"], tmp_path)).stdout
+    assert " ".join(EXIT_CODES.split()) in " ".join(shown.split())
+    assert EXIT_CODES in (REPO / "README.md").read_text()
+    table = (REPO / "docs" / "cli.md").read_text().split("## Exit codes")[1].split("\n## ")[0]
+    codes = re.findall(r"^\| (\d+) \|", table, re.M)
+    assert codes == re.findall(r"\b(\d+) [a-z]", EXIT_CODES.removeprefix("Exit codes: "))
+
+
+# --- item 8: small things --------------------------------------------------------------
+
+
+def kernel_of_a_bundle(monkeypatch: pytest.MonkeyPatch) -> runtime.Kernel:
+    """A bundle kernel with one variant, a placeholder NEFF for trn2 and a reference."""
+    tensor = {"name": "x", "dtype": "float32", "shape": [4]}
+    info = {
+        "inputs": [{"name": "x", "dtype": "float32"}],
+        "variants": {"default": {"inputs": [tensor]}},
+        "constants": [],
+        "neffs": {"trn2": {"default": {"placeholder": True, "lnc": 2}}},
+        "frontend": "jax",
+        "reference": {"module": "ref", "function": "double"},
+        "source": None,
+    }
+    monkeypatch.setattr(runtime, "build_info", lambda package: {"kernels": {"double": info}})
+    monkeypatch.setattr(runtime, "_shipped_function", lambda package, where: lambda x: 2 * x)
+    monkeypatch.setattr(runtime, "PRODUCT_NAME_FILE", "/nonexistent/product_name")
+    for variable in (runtime.TARGET_ENV, runtime.MODE_ENV):
+        monkeypatch.delenv(variable, raising=False)
+    return runtime.Kernel("acme", "double")
+
+
+def test_a_mode_that_fails_is_not_announced(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    kernel = kernel_of_a_bundle(monkeypatch)
+    x = np.ones(4, dtype=np.float32)
+    with caplog.at_level(logging.INFO, logger="nkibuild.bundle"):
+        with pytest.raises(runtime.KernelError, match="cannot tell the Trainium target"):
+            kernel(x, mode="neuron")
+        assert caplog.messages == []  # not "runs in neuron mode on the Neuron device"
+        assert kernel.last_mode is None
+        assert (kernel(x, mode="reference") == 2 * x).all()
+    assert caplog.messages == [
+        "acme.double runs in reference mode on the CPU: requested (argument)"
     ]

@@ -70,6 +70,8 @@ def test_a_changed_flag_names_the_arguments_and_the_cache_lookup(project: Path) 
     explained = why(project, TRN1)[TRN1]
     assert explained.reasons == ("the NEFF of the last build is missing or damaged",)
     assert explained.outcome.startswith("no compile: key ")  # the shared cache has it
+    assert explained.render().startswith(f"{TRN1}: NEFF taken from the cache (no compile)\n")
+    assert explained.action == "fetch" and explained.rebuild
 
 
 def test_compiler_version_and_neuron_cc_flags_are_named(
@@ -98,9 +100,26 @@ def test_cli_explain_text_json_and_unknown_units(project: Path) -> None:
     manifest.write_text(manifest.read_text().replace("optlevel: 2", "optlevel: 1"))
     text = run_nkibuild(["explain", "--toolchain", "fake", TRN1], project)
     assert text.returncode == 0
-    assert text.stdout.startswith(f"{TRN1}: would be rebuilt\n  - compiler arguments: ")
+    assert text.stdout.startswith(f"{TRN1}: recompiled\n  - compiler arguments: ")
     data = json.loads(run_nkibuild(["explain", "--toolchain", "fake", "--json"], project).stdout)
     assert [e["unit"] for e in data] == [TRN1, "softmax/default/trn2"]
-    assert all(e["rebuild"] for e in data)
+    assert all(e["rebuild"] and e["action"] == "compile" for e in data)
     unknown = run_nkibuild(["explain", "--toolchain", "fake", "softmax/default/trn9"], project)
     assert unknown.returncode == 2 and "did you mean softmax/default/trn" in unknown.stderr
+
+
+def test_a_re_extraction_whose_hlo_stays_the_same_is_not_called_a_rebuild(
+    tmp_path: Path,
+) -> None:
+    manifest = softmax_manifest(kernel="    deps: [kernels/helpers.py]\n")
+    root = softmax_project(tmp_path / "p", manifest, {"kernels/helpers.py": "X = 1\n"})
+    assert build(root).ok
+    (root / "kernels" / "helpers.py").write_text("X = 2\n")
+    explained = why(root, TRN1)[TRN1]
+    assert explained.action == "re-extract" and not explained.rebuild
+    head, reason = explained.render().splitlines()[:2]
+    assert head == f"{TRN1}: re-extracted; recompiled only if its HLO changes"
+    assert reason.startswith("  - file kernels/helpers.py changed (sha256 ")
+    assert "the NEFF in the build directory is kept (no compile)" in explained.outcome
+    summary = build(root)  # and that is what the build does
+    assert summary.executed == ["extract:softmax/default"] and not summary.origins

@@ -149,14 +149,16 @@ class Kernel:
         arrays, device = self._bind(args, kwargs)
         variant = self._select_variant(arrays)
         chosen, reason = self._resolve_mode(mode, variant)
-        self._announce(chosen, reason)
-        self.last_mode = chosen
         runner: Callable[[list[Any], str], Any] = {
             "neuron": self._run_neuron,
             "simulate": self._run_simulate,
             "reference": self._run_reference,
         }[chosen]
         result = runner(arrays, variant)
+        # Said after the run: a mode that then fails (no target, no spike) must not have
+        # been logged as the one this kernel runs in; its error says what happened.
+        self._announce(chosen, reason)
+        self.last_mode = chosen
         return result if device is None else _as_torch(result, device)
 
     def load(self, target: str | None = None, variant: str | None = None) -> Any:

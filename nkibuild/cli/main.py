@@ -1,4 +1,4 @@
-"""`nkibuild` command line. Exit codes: 0 ok, 1 build failure, 2 usage or manifest error."""
+"""`nkibuild` command line; exit codes in EXIT_CODES (also in README.md and docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,11 @@ from nkibuild.errors import NkibuildError, storage_error
 from nkibuild.quantities import parse_duration, parse_size
 
 EXIT_USAGE = 2
+# tests/test_cli_ux.py checks that README.md says exactly this.
+EXIT_CODES = (
+    "Exit codes: 0 ok, 1 build failure or failed check, 2 usage, manifest or toolchain "
+    "error (nothing was built), 130 interrupted."
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nkibuild",
         description="Declarative builds of AWS Neuron kernels: nkibuild.yaml -> NEFFs -> wheels.",
-        epilog="Exit codes: 0 ok, 1 build failure, 2 usage or manifest error.",
+        epilog=EXIT_CODES,
     )
     parser.add_argument("--version", action="version", version=f"nkibuild {__version__}")
     parser.add_argument("-C", dest="directory", metavar="DIR", help="run as if started in DIR")
@@ -72,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         commands,
         "explain",
         cmd.explain,
-        "say why build units would be rebuilt (which input of their key changed)",
+        "say what the next build does with each unit and why",
         project,
         _toolchain_option(),
         _cache_options(),

@@ -26,23 +26,42 @@ KEY_FIELDS = {
 }
 
 
+# What the next build does for a unit, and the head line that says so. Only the last
+# three replace the NEFF for certain: a re-extraction whose HLO comes out the same
+# keeps the NEFF in the build directory, so it must not read as "rebuilt".
+ACTIONS = {
+    "none": "up to date",
+    "re-extract": "re-extracted; recompiled only if its HLO changes",
+    "re-extract-and-rebuild": "re-extracted, then rebuilt (compiled or from a cache)",
+    "fetch": "NEFF taken from the cache (no compile)",
+    "compile": "recompiled",
+}
+REBUILDS = ("re-extract-and-rebuild", "fetch", "compile")
+
+
 @dataclass(frozen=True)
 class Explanation:
     unit: str
-    rebuild: bool
+    action: str  # a key of ACTIONS
     reasons: tuple[str, ...]
-    outcome: str  # what the next build would do for this unit
+    outcome: str  # what the next build would do for this unit, in words
+
+    @property
+    def rebuild(self) -> bool:
+        """Whether the next build replaces the unit's NEFF for certain."""
+        return self.action in REBUILDS
 
     def to_json(self) -> dict[str, Any]:
         return {
             "unit": self.unit,
+            "action": self.action,
             "rebuild": self.rebuild,
             "reasons": list(self.reasons),
             "outcome": self.outcome,
         }
 
     def render(self) -> str:
-        head = f"{self.unit}: {'would be rebuilt' if self.rebuild else 'up to date'}"
+        head = f"{self.unit}: {ACTIONS[self.action]}"
         lines = [head, *(f"  - {reason}" for reason in self.reasons), f"  => {self.outcome}"]
         return "\n".join(lines)
 
@@ -57,10 +76,8 @@ def explain_unit(context: BuildContext, unit: BuildUnit) -> Explanation:
         compile_reasons = _key_changes(recorded, _current_key_fields(context, unit, hlo_hash))
     if not extract_reasons and not compile_reasons and not _neff_intact(context, unit, recorded):
         compile_reasons.append("the NEFF of the last build is missing or damaged")
-    reasons = (*extract_reasons, *compile_reasons)
-    return Explanation(
-        unit.name, bool(reasons), reasons, _outcome(context, unit, hlo_hash, reasons)
-    )
+    action, outcome = _next_step(context, unit, hlo_hash, bool(extract_reasons), compile_reasons)
+    return Explanation(unit.name, action, (*extract_reasons, *compile_reasons), outcome)
 
 
 def _extract_changes(context: BuildContext, unit: BuildUnit) -> list[str]:
@@ -176,13 +193,27 @@ def _neff_intact(context: BuildContext, unit: BuildUnit, recorded: dict[str, Any
     return finished_result(context.layout.compile_dir(unit), digest) is not None
 
 
-def _outcome(
-    context: BuildContext, unit: BuildUnit, hlo_hash: str | None, reasons: tuple[str, ...]
-) -> str:
-    if not reasons:
-        return "nothing to do: the NEFF in the build directory is current"
-    if hlo_hash is None:
-        return "re-extract first; whether the NEFF is cached is known once the new HLO is"
+def _next_step(
+    context: BuildContext,
+    unit: BuildUnit,
+    hlo_hash: str | None,
+    re_extract: bool,
+    compile_reasons: list[str],
+) -> tuple[str, str]:
+    """The action (a key of ACTIONS) and what it means for this unit, in words."""
+    if re_extract and not compile_reasons:
+        # Every kernel of an edited file re-extracts; most come out with the same HLO.
+        return "re-extract", (
+            "re-extract; if the HLO comes out the same, the NEFF in the build directory is "
+            "kept (no compile), otherwise it is compiled or taken from a cache"
+        )
+    if re_extract or hlo_hash is None:
+        return "re-extract-and-rebuild", (
+            "re-extract first, then compile or take the NEFF from a cache: which one is "
+            "known once the new HLO is"
+        )
+    if not compile_reasons:
+        return "none", "nothing to do: the NEFF in the build directory is current"
     from nkibuild.cache import open_cache_chain
     from nkibuild.compiler import cache_key
 
@@ -191,8 +222,8 @@ def _outcome(
     chain = open_cache_chain(settings.local_dir, settings.remote_url, read_only=True)
     where = chain.locate(key) if chain else None
     if where is None:
-        return f"compile with neuronx-cc: key {key.digest[:16]} is in no cache"
-    return f"no compile: key {key.digest[:16]} is in the cache at {where}"
+        return "compile", f"compile with neuronx-cc: key {key.digest[:16]} is in no cache"
+    return "fetch", f"no compile: key {key.digest[:16]} is in the cache at {where}"
 
 
 def _show(value: Any) -> str:
