@@ -4,6 +4,7 @@ the docs, and messages outside a project."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import json
 import logging
@@ -18,6 +19,7 @@ import pytest
 from conftest import EXAMPLES, REPO, run_nkibuild
 from helpers import write_project
 
+from nkibuild import __version__
 from nkibuild.bundle import runtime
 from nkibuild.cli.display import PlainDisplay, format_elapsed
 from nkibuild.cli.main import EXIT_CODES, build_parser
@@ -292,3 +294,70 @@ def test_a_mode_that_fails_is_not_announced(
     assert caplog.messages == [
         "acme.double runs in reference mode on the CPU: requested (argument)"
     ]
+
+
+def test_doctor_shows_the_caches_and_the_extras(tmp_path: Path) -> None:
+    env = {
+        "NKIBUILD_CACHE_DIR": str(tmp_path / "neffs"),
+        "NKIBUILD_REMOTE_CACHE": "s3://key:secret@bucket/prefix?token=t",
+    }
+    text = ok(run_nkibuild(["doctor"], tmp_path, env=env)).stdout
+    lines = text.splitlines()
+    assert (
+        f"local NEFF cache: {tmp_path / 'neffs'} (from NKIBUILD_CACHE_DIR, not created yet)"
+        in lines
+    )
+    assert "remote NEFF cache: s3://bucket/prefix (from NKIBUILD_REMOTE_CACHE)" in lines
+    assert "secret" not in text
+    for extra, module in (("remote", "fsspec"), ("ray", "ray")):
+        (line,) = [x for x in lines if x.startswith(f"extra [{extra}]: ")]
+        installed = importlib.util.find_spec(module) is not None
+        assert line.startswith(f"extra [{extra}]: {'installed' if installed else 'not installed'}")
+
+    document = json.loads(ok(run_nkibuild(["doctor", "--json"], tmp_path, env=env)).stdout)
+    assert document["caches"]["local"] == {
+        "path": str(tmp_path / "neffs"),
+        "from": "NKIBUILD_CACHE_DIR",
+        "exists": False,
+    }
+    assert document["caches"]["remote"]["url"] == "s3://bucket/prefix"
+    assert document["extras"]["ray"]["installed"] == (importlib.util.find_spec("ray") is not None)
+    assert document["nkibuild"] == __version__ and "neuronx_cc" in document
+
+
+def test_doctor_says_how_to_install_a_missing_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nkibuild.cli import doctor
+    from nkibuild.toolchain import doctor as toolchain_doctor
+
+    real = toolchain_doctor._version
+    monkeypatch.setattr(
+        toolchain_doctor, "_version", lambda m, d: None if m == "ray" else real(m, d)
+    )
+    lines = doctor.render(doctor.report())
+    assert (
+        "extra [ray]: not installed (ray missing) — needed for compiles on a Ray cluster "
+        "(--executor ray): pip install 'nkibuild[ray]'"
+    ) in lines
+
+
+def release_root(tmp_path: Path) -> Path:
+    hlo = (EXAMPLES / "kernels" / "softmax.hlo.pb").read_bytes()
+    write_project(tmp_path / "repo" / "k", HLO_ONLY, {"kernels/softmax.hlo.pb": hlo})
+    return tmp_path / "repo"
+
+
+def test_release_json_prints_only_the_report_on_stdout(tmp_path: Path) -> None:
+    root = release_root(tmp_path)
+    command = ["release", ".", "--out", "out", "--toolchain", "fake", "--json"]
+    result = ok(run_nkibuild(command, root))
+    document = json.loads(result.stdout)
+    assert document == {
+        **json.loads((root / "out" / "release-report.json").read_text()),
+        "out": str(root / "out"),
+    }
+    assert document["ok"] and document["published"] == ["ux_kernels-0.1.0-py3-none-any.whl"]
+    assert document["totals"]["compiled"] == 1 and document["totals"]["local_cache_hits"] == 0
+    assert "ux-kernels/compile:softmax/default/trn2" in result.stderr  # progress on stderr
+
+    check = run_nkibuild([*command, "--check"], root)
+    assert check.returncode == 0 and json.loads(check.stdout) == {"ok": True, "problems": []}

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext
     from nkibuild.manifest.model import Manifest
+    from nkibuild.release import ReleaseResult
     from nkibuild.settings import BuildOptions
     from nkibuild.verify import BundleUnderTest, Check
 
@@ -170,11 +171,15 @@ def release(args: argparse.Namespace) -> int:
     )
     if args.check:
         problems = check(options)
-        for problem in problems:
-            print(problem)
-        print("release is up to date" if not problems else f"{len(problems)} problems")
+        if args.json:
+            print(json.dumps({"ok": not problems, "problems": problems}, indent=2))
+        else:
+            for problem in problems:
+                print(problem)
+            print("release is up to date" if not problems else f"{len(problems)} problems")
         return EXIT_OK if not problems else EXIT_BUILD_FAILED
-    display = PlainDisplay(sys.stdout)
+    # With --json, stdout carries only the JSON document; progress goes to stderr.
+    display = PlainDisplay(sys.stderr if args.json else sys.stdout)
     try:
         result = run_release(options, display)
     finally:
@@ -184,16 +189,28 @@ def release(args: argparse.Namespace) -> int:
     for failure in result.summary.failures:
         print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
     if options.shard:
-        index, count = options.shard
-        compiled = [
-            o.name for o in result.summary.outcomes if ":" in o.name and "/compile" in o.name
-        ]
-        print(f"shard {index}/{count}: {len(compiled)} compile units, NEFFs in the caches")
-        return EXIT_OK if result.summary.ok else EXIT_BUILD_FAILED
+        return _shard_done(result, options.shard, args.json)
     for refused in result.refused:
         print(f"refused: {refused}", file=sys.stderr)
-    print(f"{len(result.published)} wheels in {options.out}; see release-report.md")
+    if args.json:
+        from nkibuild.release.report import build_report
+
+        print(json.dumps({**build_report(result), "out": str(options.out)}, indent=2))
+    else:
+        print(f"{len(result.published)} wheels in {options.out}; see release-report.md")
     return EXIT_OK if result.ok else EXIT_BUILD_FAILED
+
+
+def _shard_done(result: ReleaseResult, shard: tuple[int, int], as_json: bool) -> int:
+    index, count = shard
+    outcomes = result.summary.outcomes
+    compiled = [o.name for o in outcomes if ":" in o.name and "/compile" in o.name]
+    if as_json:
+        document = {"shard": {"index": index, "count": count}, "compile_units": compiled}
+        print(json.dumps({**document, **result.summary.to_json()}, indent=2))
+    else:
+        print(f"shard {index}/{count}: {len(compiled)} compile units, NEFFs in the caches")
+    return EXIT_OK if result.summary.ok else EXIT_BUILD_FAILED
 
 
 def plan(args: argparse.Namespace) -> int:
@@ -259,11 +276,9 @@ def clean(args: argparse.Namespace) -> int:
 
 
 def doctor(args: argparse.Namespace) -> int:
-    from nkibuild.toolchain.doctor import diagnose
+    from nkibuild.cli.doctor import run
 
-    for line in diagnose():
-        print(line)
-    return EXIT_OK
+    return run(args.json)
 
 
 def cache(args: argparse.Namespace) -> int:

@@ -139,11 +139,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-mixed-compilers", action="store_true",
         help="allow projects compiled by different neuronx-cc versions",
     )  # fmt: skip
+    release.add_argument(
+        "--json", action="store_true",
+        help="print the release report (or --check's problems, a shard's summary) as JSON",
+    )  # fmt: skip
     _add(commands, "validate", cmd.validate, "check the manifest and report every problem", project)
     _add(commands, "list", cmd.list_tasks, "list the build's tasks", project, _toolchain_option())
     clean = _add(commands, "clean", cmd.clean, "remove the build directory", project)
     clean.add_argument("--all", action="store_true", help="also remove the dist directory")
-    _add(commands, "doctor", cmd.doctor, "show which toolchain pieces are found", project)
+    doctor = _add(
+        commands, "doctor", cmd.doctor, "show which toolchain pieces and caches are found", project
+    )
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     cache = _add(commands, "cache", cmd.cache, "show, verify or trim the local NEFF cache")
     cache.add_argument("action", choices=("stats", "verify", "prune", "clear"))
     cache.add_argument("--cache-dir", type=Path, help="[default: NKIBUILD_CACHE_DIR or user cache]")

@@ -1,4 +1,8 @@
-"""`nkibuild doctor`: which toolchain pieces this host has and what `auto` would pick."""
+"""`nkibuild doctor`: which toolchain pieces this host has and what `auto` would pick.
+
+`diagnose()` returns a JSON-ready document (`doctor --json` prints it as it is);
+`render()` turns it into the lines `doctor` prints.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import importlib.util
 import platform
 import sys
 from importlib import metadata
+from typing import Any
 
 from nkibuild import __version__
 from nkibuild.errors import ToolchainError
@@ -21,6 +26,11 @@ PIECES = (
     ("torch_xla", "torch-xla", "nki frontend (graph extraction)"),
     ("spike", None, "running NEFFs on a device (from aws-neuron/nkipy, not PyPI)"),
 )
+# nkibuild's optional extras (pyproject.toml): (extra, (import name, distribution)..., use)
+EXTRAS = (
+    ("remote", (("fsspec", "fsspec"), ("s3fs", "s3fs")), "a remote NEFF cache (--remote-cache)"),
+    ("ray", (("ray", "ray"),), "compiles on a Ray cluster (--executor ray)"),
+)
 
 
 def instance_type() -> str | None:
@@ -31,34 +41,89 @@ def instance_type() -> str | None:
         return None
 
 
-def diagnose() -> list[str]:
-    lines = [
-        f"nkibuild {__version__} on Python {platform.python_version()} ({sys.executable})",
-        f"host instance type: {instance_type() or 'unknown (not an EC2 Neuron instance)'}",
-    ]
+def diagnose() -> dict[str, Any]:
     compiler = find_compiler()
-    if compiler is None:
-        lines.append("neuronx-cc: not found")
-    else:
-        try:
-            version = read_compiler_version((str(compiler),))
-        except ToolchainError as error:
-            version = f"unusable: {error}"
-        lines.append(f"neuronx-cc: {compiler} ({version})")
-    lines += [_piece(module, dist, purpose) for module, dist, purpose in PIECES]
-    if compiler is None:
+    return {
+        "nkibuild": __version__,
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "instance_type": instance_type(),
+        "neuronx_cc": _compiler(compiler),
+        "packages": {
+            module: {"version": _version(module, dist), "for": purpose}
+            for module, dist, purpose in PIECES
+        },
+        "extras": {
+            extra: {
+                "installed": all(_version(m, d) is not None for m, d in packages),
+                "packages": {dist: _version(module, dist) for module, dist in packages},
+                "for": purpose,
+            }
+            for extra, packages, purpose in EXTRAS
+        },
+        "toolchain_auto": {
+            "compiler": str(compiler) if compiler else None,
+            "stops_with": None if compiler else NO_COMPILER_HELP,
+        },
+    }
+
+
+def render(report: dict[str, Any]) -> list[str]:
+    python = report["python"]
+    instance = report["instance_type"] or "unknown (not an EC2 Neuron instance)"
+    lines = [
+        f"nkibuild {report['nkibuild']} on Python {python['version']} ({python['executable']})",
+        f"host instance type: {instance}",
+        _compiler_line(report["neuronx_cc"]),
+    ]
+    for module, piece in report["packages"].items():
+        if piece["version"] is None:
+            lines.append(f"{module}: not importable — needed for {piece['for']}")
+        else:
+            lines.append(f"{module}: {piece['version']} — {piece['for']}")
+    lines += [_extra_line(name, extra) for name, extra in report["extras"].items()]
+    auto = report["toolchain_auto"]
+    if auto["compiler"] is None:
         lines.append("--toolchain auto: would stop with this message:")
-        lines += [f"  {line}" for line in NO_COMPILER_HELP.splitlines()]
+        lines += [f"  {line}" for line in auto["stops_with"].splitlines()]
     else:
-        lines.append(f"--toolchain auto: uses the real compiler at {compiler}")
+        lines.append(f"--toolchain auto: uses the real compiler at {auto['compiler']}")
     return lines
 
 
-def _piece(module: str, distribution: str | None, purpose: str) -> str:
+def _compiler(compiler: Any) -> dict[str, str | None]:
+    if compiler is None:
+        return {"path": None, "version": None, "problem": "not found"}
+    try:
+        return {"path": str(compiler), "version": read_compiler_version((str(compiler),)),
+                "problem": None}  # fmt: skip
+    except ToolchainError as error:
+        return {"path": str(compiler), "version": None, "problem": f"unusable: {error}"}
+
+
+def _compiler_line(found: dict[str, str | None]) -> str:
+    if found["path"] is None:
+        return "neuronx-cc: not found"
+    return f"neuronx-cc: {found['path']} ({found['version'] or found['problem']})"
+
+
+def _extra_line(name: str, extra: dict[str, Any]) -> str:
+    packages = extra["packages"]
+    if extra["installed"]:
+        versions = ", ".join(f"{dist} {version}" for dist, version in packages.items())
+        return f"extra [{name}]: installed ({versions}) — {extra['for']}"
+    missing = ", ".join(dist for dist, version in packages.items() if version is None)
+    return (
+        f"extra [{name}]: not installed ({missing} missing) — needed for {extra['for']}: "
+        f"pip install 'nkibuild[{name}]'"
+    )
+
+
+def _version(module: str, distribution: str | None) -> str | None:
+    """The installed version, "unknown version" without package metadata, None if absent."""
     if importlib.util.find_spec(module) is None:
-        return f"{module}: not importable — needed for {purpose}"
+        return None
     version = "unknown version"
     if distribution:
         with contextlib.suppress(metadata.PackageNotFoundError):
             version = metadata.version(distribution)
-    return f"{module}: {version} — {purpose}"
+    return version

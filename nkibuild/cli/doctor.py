@@ -1,0 +1,82 @@
+"""`nkibuild doctor`: the toolchain report plus where this host's NEFF caches are."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+
+def report(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The JSON document of `doctor --json`."""
+    from nkibuild.toolchain.doctor import diagnose
+
+    return {**diagnose(), "caches": caches(environ)}
+
+
+def caches(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The caches a build here would use by default: what the environment says.
+
+    A build's --cache-dir, --remote-cache and the manifest's `cache:` can change them;
+    doctor reports the host, not a project.
+    """
+    from nkibuild.settings import (
+        ENV_CACHE_DIR,
+        ENV_CACHE_READ_ONLY,
+        ENV_REMOTE_CACHE,
+        default_cache_dir,
+    )
+
+    local = default_cache_dir(environ)
+    remote = environ.get(ENV_REMOTE_CACHE) or None
+    read_only = environ.get(ENV_CACHE_READ_ONLY, "").lower() in ("1", "true", "yes", "on")
+    return {
+        "local": {
+            "path": str(local),
+            "from": ENV_CACHE_DIR if environ.get(ENV_CACHE_DIR) else "the user cache directory",
+            "exists": local.is_dir(),
+        },
+        "remote": {
+            "url": _shown_url(remote) if remote else None,
+            "from": ENV_REMOTE_CACHE if remote else None,
+        },
+        "read_only": read_only,
+    }
+
+
+def render(document: dict[str, Any]) -> list[str]:
+    from nkibuild.toolchain.doctor import render as render_toolchain
+
+    local, remote = document["caches"]["local"], document["caches"]["remote"]
+    created = "" if local["exists"] else ", not created yet"
+    lines = [f"local NEFF cache: {local['path']} (from {local['from']}{created})"]
+    if remote["url"] is None:
+        lines.append(
+            "remote NEFF cache: none in the environment (a build also takes --remote-cache "
+            "or the manifest's `cache: remote:`)"
+        )
+    else:
+        lines.append(f"remote NEFF cache: {remote['url']} (from {remote['from']})")
+    if document["caches"]["read_only"]:
+        lines.append("caches are read-only (NKIBUILD_CACHE_READ_ONLY)")
+    return [*render_toolchain(document), *lines]
+
+
+def run(as_json: bool) -> int:
+    """Print the report; always exit 0 (it reports, it does not check)."""
+    document = report()
+    if as_json:
+        print(json.dumps(document, indent=2))
+    else:
+        print("\n".join(render(document)))
+    return 0
+
+
+def _shown_url(url: str) -> str:
+    """`url` without credentials, as the cache's messages show it."""
+    try:
+        from nkibuild.cache.remote import public_url
+    except ImportError:  # no [remote] extra: show the scheme only, the rest may hold secrets
+        return url.partition("://")[0] + "://..."
+    return public_url(url)
