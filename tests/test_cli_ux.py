@@ -8,9 +8,11 @@ import importlib.util
 import io
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -361,3 +363,29 @@ def test_release_json_prints_only_the_report_on_stdout(tmp_path: Path) -> None:
 
     check = run_nkibuild([*command, "--check"], root)
     assert check.returncode == 0 and json.loads(check.stdout) == {"ok": True, "problems": []}
+
+
+def run_with_stdout_closed(args: list[str], cwd: Path) -> tuple[int, str]:
+    """Run the CLI with the reading end of its stdout closed at once (as `| head -0`)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nkibuild", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "CI": "true"},
+        text=True,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    stderr = process.stderr.read()
+    return process.wait(timeout=120), stderr
+
+
+def test_a_closed_stdout_stops_a_report_quietly_and_a_build_still_finishes(
+    hlo_project: Path,
+) -> None:
+    code, stderr = run_with_stdout_closed(["doctor"], hlo_project)
+    assert (code, stderr) == (141, "")
+    code, stderr = run_with_stdout_closed(["build", "--toolchain", "fake"], hlo_project)
+    assert (code, stderr) == (0, "")
+    assert (hlo_project / "dist" / "ux_kernels-0.1.0-py3-none-any.whl").is_file()

@@ -86,6 +86,7 @@ class PlainDisplay:
         self.finished = 0
         self.heartbeat_s = heartbeat_interval() if heartbeat_s is None else heartbeat_s
         self.running: dict[str, float] = {}  # task -> time.monotonic() when it started
+        self.output_lost = False  # the stream was closed under us: write nothing more
         # doit's thread runner reports from its worker threads too: keep each line whole.
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -141,11 +142,8 @@ class PlainDisplay:
             )
 
     def _beat_until_stopped(self) -> None:
-        while not self._stop.wait(self.heartbeat_s):
-            try:
-                self.heartbeat()
-            except (OSError, ValueError):  # stdout closed (`| head`) or gone: stop quietly
-                return
+        while not self._stop.wait(self.heartbeat_s) and not self.output_lost:
+            self.heartbeat()
 
     def _line(self, outcome: TaskOutcome) -> str:
         width = len(str(self.total))
@@ -157,8 +155,15 @@ class PlainDisplay:
         return line + "".join(f"    warning: {notice}\n" for notice in outcome.notices)
 
     def _write(self, text: str) -> None:
-        self.stream.write(text)
-        self.stream.flush()
+        if self.output_lost:
+            return
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            # The reader went away (`nkibuild build | head`): the build itself goes on,
+            # its outputs are what matters; only the progress lines have nowhere to go.
+            self.output_lost = True
 
 
 class RichDisplay:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import sys
@@ -14,10 +15,11 @@ from nkibuild.errors import NkibuildError, storage_error
 from nkibuild.quantities import parse_duration, parse_size
 
 EXIT_USAGE = 2
+EXIT_OUTPUT_CLOSED = 141  # 128 + SIGPIPE, as the shell reports a C tool the pipe killed
 # tests/test_cli_ux.py checks that README.md says exactly this.
 EXIT_CODES = (
     "Exit codes: 0 ok, 1 build failure or failed check, 2 usage, manifest or toolchain "
-    "error (nothing was built), 130 interrupted."
+    "error (nothing was built), 130 interrupted, 141 output closed (e.g. by `| head`)."
 )
 
 
@@ -35,10 +37,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # sets this once; a library caller's process is left as it is.
     gc.set_threshold(50_000, 20, 20)
     try:
-        return int(args.handler(args))
+        code = int(args.handler(args))
+        sys.stdout.flush()  # a closed pipe shows here, where it is handled, not at exit
+        return code
     except NkibuildError as error:
         print(error.render(), file=sys.stderr)
         return error.exit_code
+    except BrokenPipeError:
+        return _output_closed()
     except OSError as error:
         refused = storage_error(error)
         if refused is None:
@@ -48,6 +54,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _output_closed() -> int:
+    """Whoever read our output went away (`nkibuild plan | head`): stop quietly, as a C
+    tool killed by SIGPIPE would. The streams go to /dev/null so that the interpreter's
+    last flush of them cannot print a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(devnull, stream.fileno())
+    return EXIT_OUTPUT_CLOSED
 
 
 def build_parser() -> argparse.ArgumentParser:
