@@ -389,3 +389,17 @@ def test_a_closed_stdout_stops_a_report_quietly_and_a_build_still_finishes(
     code, stderr = run_with_stdout_closed(["build", "--toolchain", "fake"], hlo_project)
     assert (code, stderr) == (0, "")
     assert (hlo_project / "dist" / "ux_kernels-0.1.0-py3-none-any.whl").is_file()
+
+
+def test_cache_json_prints_only_the_document_on_stdout(
+    hlo_project: Path, isolated_cache: Path
+) -> None:
+    ok(run_nkibuild(["build", "--toolchain", "fake"], hlo_project))
+    stats = json.loads(ok(run_nkibuild(["cache", "stats", "--json"], hlo_project)).stdout)
+    (neff,) = isolated_cache.glob("neff/*/*/model.neff")
+    assert stats["action"] == "stats" and stats["ok"] is True
+    assert stats["root"] == str(isolated_cache) and stats["entries"] == 1
+    assert stats["bytes"] >= neff.stat().st_size
+    cleared = ok(run_nkibuild(["cache", "clear", "--json"], hlo_project))
+    assert json.loads(cleared.stdout) == {**stats, "action": "clear", "entries": 0, "bytes": 0}
+    assert "removed 1 entries" in cleared.stderr
