@@ -403,3 +403,32 @@ def test_cache_json_prints_only_the_document_on_stdout(
     cleared = ok(run_nkibuild(["cache", "clear", "--json"], hlo_project))
     assert json.loads(cleared.stdout) == {**stats, "action": "clear", "entries": 0, "bytes": 0}
     assert "removed 1 entries" in cleared.stderr
+
+
+def test_verify_of_a_wheel_keeps_its_baseline_out_of_the_wheels_folder(tmp_path: Path) -> None:
+    manifest = HLO_ONLY.replace(
+        "    source: kernels/softmax.hlo.pb\n",
+        "    source: kernels/softmax.hlo.pb\n    reference: kernels/reference.py:softmax\n",
+    )
+    kernels = EXAMPLES / "kernels"
+    project = write_project(
+        tmp_path / "p",
+        manifest,
+        {
+            "kernels/softmax.hlo.pb": (kernels / "softmax.hlo.pb").read_bytes(),
+            "kernels/reference.py": (kernels / "reference.py").read_text(),
+        },
+    )
+    ok(run_nkibuild(["build", "--toolchain", "fake"], project))
+    release = tmp_path / "release"
+    release.mkdir()
+    wheel = shutil.copy(project / "dist" / "ux_kernels-0.1.0-py3-none-any.whl", release)
+    record = "ux_kernels-0.1.0-py3-none-any.whl.verify.json"
+
+    default = ok(run_nkibuild(["verify", str(wheel)], project)).stdout
+    assert default.rstrip().endswith(f"baseline: build/state/verify-baselines/{record}")
+    assert (project / "build/state/verify-baselines" / record).is_file()
+    out = ok(run_nkibuild(["verify", str(wheel), "--out", str(tmp_path / "v")], project)).stdout
+    assert out.rstrip().endswith(f"baseline: {tmp_path / 'v' / record}")
+    assert (tmp_path / "v" / record).is_file()
+    assert sorted(p.name for p in release.iterdir()) == ["ux_kernels-0.1.0-py3-none-any.whl"]

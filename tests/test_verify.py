@@ -93,6 +93,8 @@ def test_a_wheel_is_verified_where_it_lies(project: Path) -> None:
         c["skipped"].startswith("a wheel holds no kernel source to run: run `nkibuild verify`")
         for c in skipped
     )
-    assert wheel.with_suffix(".verify.json").is_file()
+    # The baseline goes to the project's build dir, never next to the wheel.
+    assert not wheel.with_suffix(".verify.json").exists()
+    assert (project / "build/state/verify-baselines" / f"{wheel.name}.verify.json").is_file()
     not_a_wheel = run_nkibuild(["verify", str(project / "nkibuild.yaml")], project)
     assert not_a_wheel.returncode == 2 and "not a readable wheel" in not_a_wheel.stderr

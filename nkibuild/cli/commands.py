@@ -99,6 +99,7 @@ def verify(args: argparse.Namespace) -> int:
             bundle = _built_bundle(args)
             if bundle is None:
                 return EXIT_BUILD_FAILED
+        bundle = _with_baseline(args, bundle)
         checks = run_checks(
             bundle, args.mode, with_double=args.with_double, update_baseline=args.update_baseline
         )
@@ -107,6 +108,24 @@ def verify(args: argparse.Namespace) -> int:
     else:
         _print_checks(checks, bundle.baseline)
     return EXIT_OK if all(c.ok for c in checks) else EXIT_BUILD_FAILED
+
+
+def _with_baseline(args: argparse.Namespace, bundle: BundleUnderTest) -> BundleUnderTest:
+    """The bundle with its baseline where --out says, else in the project's build dir.
+
+    Never next to a wheel: that is often a release folder, whose contents SHA256SUMS lists.
+    """
+    from dataclasses import replace
+
+    wheel_record = f"{args.wheel.name}.verify.json" if args.wheel is not None else None
+    if args.out is not None:
+        baseline = args.out / (wheel_record or bundle.baseline.name)
+    elif wheel_record is not None:
+        baseline = Path(args.build_dir) / "state" / "verify-baselines" / wheel_record
+    else:
+        return bundle  # the project's own: build/state/verify-baseline.json
+    baseline.parent.mkdir(parents=True, exist_ok=True)
+    return replace(bundle, baseline=baseline)
 
 
 def _built_bundle(args: argparse.Namespace) -> BundleUnderTest | None:

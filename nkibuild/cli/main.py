@@ -126,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--update-baseline", action="store_true", help="record these results as the baseline"
     )
     verify.add_argument("--json", action="store_true", help="print the checks as JSON")
+    verify.add_argument(
+        "--out", type=Path, metavar="DIR",
+        help="where the baseline is kept [default: BUILD_DIR/state/, also for a WHEEL]",
+    )  # fmt: skip
     release = _add(
         commands,
         "release",
