@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from nkibuild.manifest.model import Manifest
     from nkibuild.release import ReleaseResult
     from nkibuild.settings import BuildOptions
+    from nkibuild.toolchain import Toolchain
     from nkibuild.verify import BundleUnderTest, Check
 
 EXIT_OK, EXIT_BUILD_FAILED = 0, 1
@@ -100,9 +101,8 @@ def verify(args: argparse.Namespace) -> int:
             if bundle is None:
                 return EXIT_BUILD_FAILED
         bundle = _with_baseline(args, bundle)
-        checks = run_checks(
-            bundle, args.mode, with_double=args.with_double, update_baseline=args.update_baseline
-        )
+        double = _toolchain_double(Path(scratch)) if args.with_double else None
+        checks = run_checks(bundle, args.mode, double=double, update_baseline=args.update_baseline)
     if args.json:
         print(json.dumps([c.to_json() for c in checks], indent=2))
     else:
@@ -126,6 +126,13 @@ def _with_baseline(args: argparse.Namespace, bundle: BundleUnderTest) -> BundleU
         return bundle  # the project's own: build/state/verify-baseline.json
     baseline.parent.mkdir(parents=True, exist_ok=True)
     return replace(bundle, baseline=baseline)
+
+
+def _toolchain_double(state_dir: Path) -> Toolchain:
+    """The toolchain double, resolved as a build resolves it (`--toolchain fake`)."""
+    from nkibuild.toolchain import resolve_toolchain
+
+    return resolve_toolchain("fake", state_dir)
 
 
 def _built_bundle(args: argparse.Namespace) -> BundleUnderTest | None:

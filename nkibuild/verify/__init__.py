@@ -27,11 +27,10 @@ from nkibuild.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
     from nkibuild.bundle.buildinfo import BuildInfo
+    from nkibuild.toolchain import Toolchain
     from nkibuild.verify.sources import ProjectSources
 
 RUNNER = Path(__file__).with_name("runner.py")
-FAKE_RUNTIME = Path(__file__).resolve().parents[1] / "testing" / "fake_runtime"  # spike
-FAKE_FRONTENDS = Path(__file__).resolve().parents[1] / "testing" / "fakes"  # nki
 BUILD_INFO = "_build.json"
 ERROR_GROWTH = 2.0  # an error this many times the baseline's is a regression
 SLOWDOWN = 1.10  # and so is a benchmark this much slower
@@ -113,18 +112,26 @@ def bundle_of_wheel(wheel: Path, scratch: Path) -> BundleUnderTest:
 
 
 def verify(
-    bundle: BundleUnderTest, mode: str, *, with_double: bool = False, update_baseline: bool = False
+    bundle: BundleUnderTest,
+    mode: str,
+    *,
+    double: Toolchain | None = None,
+    update_baseline: bool = False,
 ) -> list[Check]:
-    """Run every check; record the baseline if there is none (or when asked) and all passed."""
-    doubles = [FAKE_FRONTENDS] if with_double and mode == "simulate" else []
-    label = " (toolchain double's nki)" if doubles else ""
-    checks = _judge(bundle, mode, _run(bundle, mode, {}, doubles), label)
-    if with_double:
+    """Run every check; record the baseline if there is none (or when asked) and all passed.
+
+    With `double` (the toolchain double, resolved by the caller), simulate mode uses its
+    nki and neuron mode runs for every target through its spike core."""
+    frontends = [Path(p) for p in double.worker_path] if double and mode == "simulate" else []
+    label = " (toolchain double's nki)" if frontends else ""
+    checks = _judge(bundle, mode, _run(bundle, mode, {}, frontends), label)
+    if double is not None:
+        runtime = [Path(p) for p in double.runtime_path]
         for target in bundle.info.targets():
             env = {"NKIBUILD_TARGET": target}
-            results = _run(bundle, "neuron", env, extra_path=[FAKE_RUNTIME])
+            results = _run(bundle, "neuron", env, extra_path=runtime)
             checks += _judge(bundle, "neuron", results, f" (toolchain double, {target})")
-    checks += _source_checks(bundle, with_double)
+    checks += _source_checks(bundle, double)
     baseline = _read_baseline(bundle.baseline)
     if not update_baseline:
         _compare_with_baseline(checks, baseline)
@@ -138,7 +145,7 @@ def bundle_checks(bundle: BundleUnderTest, mode: str) -> list[Check]:
     return _judge(bundle, mode, _run(bundle, mode, {}), "")
 
 
-def _source_checks(bundle: BundleUnderTest, with_double: bool) -> list[Check]:
+def _source_checks(bundle: BundleUnderTest, double: Toolchain | None) -> list[Check]:
     """Each kernel's own source against its reference (a wheel has no source: skipped)."""
     from dataclasses import replace
 
@@ -146,10 +153,10 @@ def _source_checks(bundle: BundleUnderTest, with_double: bool) -> list[Check]:
 
     if bundle.sources is None:
         return wheel_source_checks(bundle.info)
-    if not with_double:
+    if double is None:
         return source_checks(bundle.sources)
     # The double's nki.simulate really executes NKI kernels (on NumPy).
-    sources = replace(bundle.sources, extra_path=(FAKE_FRONTENDS,))
+    sources = replace(bundle.sources, extra_path=tuple(Path(p) for p in double.worker_path))
     return source_checks(sources, " (toolchain double's nki)")
 
 
