@@ -22,6 +22,7 @@ from nkibuild.cache import CacheChain, CacheKey
 from nkibuild.cache.chain import CacheHit
 from nkibuild.compiler.budget import KeyLocks, MemoryBudget
 from nkibuild.compiler.checks import neff_problem, verified_result
+from nkibuild.compiler.job import CompileJob, Produced
 from nkibuild.compiler.key import cache_key
 from nkibuild.compiler.local import LocalExecutor
 from nkibuild.compiler.neuronxcc import compiler_command
@@ -49,6 +50,7 @@ __all__ = [
     "COMPILE_OUTPUTS",
     "KEY_FILE",
     "RESULT_FILE",
+    "CompileJob",
     "CompileOptions",
     "CompiledNeff",
     "Executor",
@@ -62,28 +64,10 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Produced:
-    """How an executor got a unit's NEFF into the unit's directory."""
-
-    origin: str  # "compiled" here, "ray", or "cache-local"/"cache-remote" for a hit
-    seconds: float
-    peak_memory: int  # bytes (0: unknown)
-
-
 class Executor(Protocol):
-    """Puts a NEFF for `unit` at `out_dir/model.neff`, or raises BuildError."""
+    """Puts a NEFF for `job.unit` at `job.out_dir/model.neff`, or raises BuildError."""
 
-    def produce(
-        self,
-        unit: BuildUnit,
-        artifact: HloArtifact,
-        toolchain: Toolchain,
-        out_dir: Path,
-        key: CacheKey,
-        options: CompileOptions,
-        notices: list[str],
-    ) -> Produced: ...
+    def produce(self, job: CompileJob, options: CompileOptions, notices: list[str]) -> Produced: ...
 
 
 @dataclass(frozen=True)
@@ -165,15 +149,10 @@ def _compile_unit(
     with options.key_locks.lock(key.digest):
         hit = _cache_hit(cache, key, unit, artifact, out_dir, notices)
         if hit is not None:
-            produced = Produced(
-                f"cache-{hit.kind}",  # cache-local or cache-remote
-                float(hit.meta.get("compile_seconds", 0.0)),
-                int(hit.meta.get("peak_memory", 0)),
-            )
+            produced = Produced.from_cache(f"cache-{hit.kind}", hit.meta)  # local or remote
         else:
-            produced = options.executor.produce(
-                unit, artifact, toolchain, out_dir, key, options, notices
-            )
+            job = CompileJob(unit, artifact, toolchain, out_dir, key)
+            produced = options.executor.produce(job, options, notices)
         result = verified_result(
             unit, artifact, toolchain, out_dir, key.digest, produced.origin, produced.seconds
         )

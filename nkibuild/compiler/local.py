@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nkibuild.compiler.job import CompileJob, Produced
 from nkibuild.compiler.neuronxcc import retryable, run_compiler
 from nkibuild.compiler.process import ProcessOutcome
 from nkibuild.compiler.record import PEAK_FILE
@@ -17,27 +18,17 @@ from nkibuild.quantities import format_size
 from nkibuild.toolchain import Toolchain
 
 if TYPE_CHECKING:
-    from nkibuild.cache import CacheKey
-    from nkibuild.compiler import CompileOptions, Produced
+    from nkibuild.compiler import CompileOptions
 
 
 class LocalExecutor:
     """Runs the compiler in this process's session (the default executor)."""
 
-    def produce(
-        self,
-        unit: BuildUnit,
-        artifact: HloArtifact,
-        toolchain: Toolchain,
-        out_dir: Path,
-        key: CacheKey,
-        options: CompileOptions,
-        notices: list[str],
-    ) -> Produced:
-        from nkibuild.compiler import Produced
-
-        timeout = unit.compile_timeout or options.timeout
-        outcome = _compile(unit, artifact, toolchain, out_dir, timeout, options, notices)
+    def produce(self, job: CompileJob, options: CompileOptions, notices: list[str]) -> Produced:
+        timeout = job.unit.compile_timeout or options.timeout
+        outcome = _compile(
+            job.unit, job.artifact, job.toolchain, job.out_dir, timeout, options, notices
+        )
         return Produced("compiled", outcome.seconds, outcome.peak_memory)
 
 

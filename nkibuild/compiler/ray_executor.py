@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nkibuild.compiler.checks import neff_problem
+from nkibuild.compiler.job import CompileJob, Produced
 from nkibuild.compiler.record import NEFF_FILE
 from nkibuild.errors import BuildError
 from nkibuild.frontends import HloArtifact
@@ -25,8 +26,7 @@ from nkibuild.settings import CacheConfig
 from nkibuild.toolchain import Toolchain
 
 if TYPE_CHECKING:
-    from nkibuild.cache import CacheKey
-    from nkibuild.compiler import CompileOptions, Produced
+    from nkibuild.compiler import CompileOptions
     from nkibuild.session import RayConnection
 
 
@@ -38,31 +38,21 @@ class RayExecutor:
         self.cache = cache
         self.address = address
 
-    def produce(
-        self,
-        unit: BuildUnit,
-        artifact: HloArtifact,
-        toolchain: Toolchain,
-        out_dir: Path,
-        key: CacheKey,
-        options: CompileOptions,
-        notices: list[str],
-    ) -> Produced:
-        from nkibuild.compiler import Produced
-
+    def produce(self, job: CompileJob, options: CompileOptions, notices: list[str]) -> Produced:
+        unit, artifact, out_dir = job.unit, job.artifact, job.out_dir
         ray = self.connection.get(self.address)
         timeout = unit.compile_timeout or options.timeout
         task = ray.remote(_compile_task).options(
             num_cpus=1, memory=unit.compile_memory or None, name=f"compile {unit.name}"
         )
         try:
-            ray.get(task.remote(unit, _pack(artifact), toolchain, self.cache, timeout))
+            ray.get(task.remote(unit, _pack(artifact), job.toolchain, self.cache, timeout))
         except ray.exceptions.RayTaskError as error:
             cause = error.cause if isinstance(error.cause, BuildError) else None
             if cause is not None:
                 raise cause from None
             raise BuildError(f"the Ray task compiling {unit.name} failed: {error}") from None
-        hit = options.cache.fetch(key, out_dir / NEFF_FILE) if options.cache else None
+        hit = options.cache.fetch(job.key, out_dir / NEFF_FILE) if options.cache else None
         if hit is None:
             raise BuildError(
                 "the Ray worker compiled this unit but its NEFF is not in the cache "
@@ -72,10 +62,7 @@ class RayExecutor:
         problem = neff_problem(unit, artifact, out_dir / NEFF_FILE)
         if problem is not None:
             raise BuildError(f"the Ray worker's NEFF is {problem}", unit=unit.name)
-        meta = hit.meta
-        return Produced(
-            "ray", float(meta.get("compile_seconds", 0.0)), int(meta.get("peak_memory", 0))
-        )
+        return Produced.from_cache("ray", hit.meta)
 
 
 def _pack(artifact: HloArtifact) -> dict[str, bytes]:
