@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nkibuild.errors import NkibuildError, UsageError
+from nkibuild.text import printable
 
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext
@@ -235,12 +236,15 @@ def _read_toml(path: Path) -> dict[str, Any]:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10: nkibuild depends on tomli there
         import tomli as tomllib  # type: ignore[no-redef]
-    try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
-    except FileNotFoundError:
+    from nkibuild.confine import OutsideProject, read_confined
+
+    if not os.path.lexists(path):
         return {}
-    except tomllib.TOMLDecodeError as error:
+    try:  # the project's own file: a symlink out of the project is not read
+        return tomllib.loads(read_confined(path, (path.parent,)).decode("utf-8"))
+    except OutsideProject as refused:
+        raise UsageError(refused.render()) from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise UsageError(f"{path}: {error}") from None
 
 
@@ -266,21 +270,26 @@ def sdist_files(project: Project, manifest: Manifest) -> list[str]:
 
 
 def _inside(project: Project, path: Path) -> str:
-    """`path` relative to the project root; a file outside it cannot be in the sdist."""
+    """`path` relative to the project root; a file outside it (also through a
+    symlink), or not a regular file, cannot be in the sdist."""
+    from nkibuild.confine import file_problem
+
     normal = Path(os.path.normpath(path))
-    if not normal.is_relative_to(project.root):
+    problem = file_problem(normal, (project.root,))
+    if problem is not None or not normal.is_relative_to(project.root):
         raise UsageError(
-            f"{normal} is outside the project ({project.root}), so a source distribution "
-            "cannot carry it; move it into the project or build wheels only"
+            f"{printable(str(normal))} {problem or 'is outside the project'}, so a source "
+            "distribution cannot carry it; move it into the project or build wheels only"
         )
     return normal.relative_to(project.root).as_posix()
 
 
 def sdist_bytes(project: Project, manifest: Manifest, base: str) -> bytes:
     from nkibuild.bundle.wheel import core_metadata, source_epoch
+    from nkibuild.confine import read_confined
 
     members = {
-        f"{base}/{path}": (project.root / path).read_bytes()
+        f"{base}/{path}": read_confined(project.root / path, (project.root,))
         for path in sdist_files(project, manifest)
     }
     members[f"{base}/PKG-INFO"] = ("\n".join(core_metadata(manifest.package)) + "\n").encode()

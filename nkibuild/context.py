@@ -89,7 +89,8 @@ def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[Bui
     """The validated manifest and its build units, from the plan cache when still valid.
 
     The cache is keyed by the manifest's bytes and location and by the code that
-    resolves it. It is a pickle: the build dir is written only by nkibuild and is
+    resolves it, and used only while the files the manifest names pass the checks
+    validation made. It is a pickle: the build dir is written only by nkibuild and is
     trusted like the source tree beside it.
     """
     from nkibuild.manifest import load_manifest
@@ -99,7 +100,7 @@ def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[Bui
     cache_file = state_dir / PLAN_CACHE_FILE
     if key is not None:
         cached = _read_plan(cache_file, key)
-        if cached is not None:
+        if cached is not None and _files_still_pass(cached[0]):
             return cached
     manifest = load_manifest(manifest_path)  # errors show the path as the user typed it
     units = resolve(manifest)
@@ -146,6 +147,17 @@ def _plan_key(path: Path) -> str | None:
         info = code.stat()
         digest.update(f"{code}\0{info.st_mtime_ns}\0{info.st_size}".encode())
     return digest.hexdigest()
+
+
+def _files_still_pass(manifest: Manifest) -> bool:
+    """Whether every file check `validate` made still holds: sources and references can
+    change (be deleted, become a directory or a symlink out of the project) while the
+    manifest does not. If one fails, the manifest is validated again and says where."""
+    from nkibuild.confine import file_problem
+
+    root = manifest.root
+    refs = [ref for kernel in manifest.kernels for ref in (kernel.source, kernel.reference) if ref]
+    return all(file_problem(root / ref.path, (root,)) is None for ref in refs)
 
 
 def _read_plan(cache_file: Path, key: str) -> tuple[Manifest, tuple[BuildUnit, ...]] | None:

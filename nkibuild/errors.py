@@ -10,6 +10,8 @@ import errno
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nkibuild.text import printable, printable_lines
+
 
 @dataclass(frozen=True)
 class Location:
@@ -34,14 +36,16 @@ class Diagnostic:
     hint: str | None = None
 
     def render(self) -> str:
-        where = f"{self.location}: " if self.location else ""
-        lines = [f"{where}error: {self.message}"]
+        # Every part may quote the file (a key, a value, its path): none may drive the
+        # terminal or start a line of its own.
+        where = f"{printable(str(self.location))}: " if self.location else ""
+        lines = [f"{where}error: {printable(self.message)}"]
         if self.json_path:
-            lines.append(f"  at: {self.json_path}")
+            lines.append(f"  at: {printable(self.json_path)}")
         if self.expected:
-            lines.append(f"  expected: {self.expected}")
+            lines.append(f"  expected: {printable(self.expected)}")
         if self.hint:
-            lines.append(f"  hint: {self.hint}")
+            lines.append(f"  hint: {printable(self.hint)}")
         return "\n".join(lines)
 
 
@@ -51,7 +55,9 @@ class NkibuildError(Exception):
     exit_code = 1
 
     def render(self) -> str:
-        return str(self)
+        """The message as the CLI prints it: lines nkibuild wrote kept, anything else
+        that could drive a terminal (ESC, bidi overrides) escaped."""
+        return printable_lines(str(self))
 
 
 class UsageError(NkibuildError):
@@ -105,16 +111,18 @@ class BuildError(NkibuildError):
     def render(self) -> str:
         import shlex
 
-        lines = [f"{self.unit}: {self.message}" if self.unit else self.message]
+        message = printable_lines(self.message)
+        lines = [f"{self.unit}: {message}" if self.unit else message]
         if self.command:
-            lines.append(f"  command: {shlex.join(self.command)}")
+            lines.append(f"  command: {printable(shlex.join(self.command))}")
         if self.returncode is not None:
             lines.append(f"  exit status: {describe_returncode(self.returncode)}")
         if self.log_path:
-            lines.append(f"  full log: {self.log_path}")
-        if self.log_tail:
+            lines.append(f"  full log: {printable(self.log_path)}")
+        if self.log_tail:  # a compiler's or user code's output: colours and all
             lines.append("  log tail:")
-            lines.extend(f"    {line}" for line in self.log_tail.rstrip("\n").splitlines())
+            tail_lines = self.log_tail.rstrip("\n").split("\n")
+            lines.extend("    " + printable_lines(line.rstrip("\r")) for line in tail_lines)
         return "\n".join(lines)
 
 
@@ -123,7 +131,7 @@ class StorageError(NkibuildError):
 
     def __init__(self, error: OSError) -> None:
         path = refused_path(error)
-        where = f"{path}: " if path else ""
+        where = f"{printable(path)}: " if path else ""
         super().__init__(f"{where}{error.strerror}{_STORAGE_HINTS[error.errno]}")
 
 

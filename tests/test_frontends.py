@@ -196,21 +196,21 @@ def test_relocation_hash_depends_on_content_not_location(tmp_path: Path, target:
         bir.parent.mkdir()
         bir.write_bytes(content)
         artifact = tmp_path / place / "artifact"
-        data, sidecars = relocate(bir_module(bir, target=target), artifact)
+        data, sidecars = relocate(bir_module(bir, target=target), artifact, [tmp_path / place])
         hashes.append(normalized_hash(data, artifact, sidecars))
     assert hashes[0] == hashes[1] != hashes[2]
 
 
 def test_relocation_refuses_a_missing_file_and_leaves_other_configs(tmp_path: Path) -> None:
     with pytest.raises(BuildError, match="does not exist"):
-        relocate(bir_module(tmp_path / "gone.klir"), tmp_path / "artifact")
+        relocate(bir_module(tmp_path / "gone.klir"), tmp_path / "artifact", [tmp_path])
     opaque = build_hlo_module(
         "m",
         [("p0", "float32", (4,))],
         [("float32", (4,))],
         ("AwsNeuronCustomNativeKernel", b"{not base64"),
     )
-    assert relocate(opaque, tmp_path / "artifact") == (opaque, [])
+    assert relocate(opaque, tmp_path / "artifact", [tmp_path]) == (opaque, [])
 
 
 def dump(cache: Path, name: str, module: bytes) -> Path:

@@ -16,8 +16,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nkibuild"
 
 # Bottom first; names in one tuple are one layer and may not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("text",),  # escaping of file-derived text, used by every message
     ("errors", "quantities", "dtypes"),
-    ("fsutil",),
+    ("fsutil", "confine"),
     ("formats",),
     ("manifest",),
     ("plan",),

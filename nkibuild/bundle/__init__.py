@@ -319,7 +319,18 @@ def _copy_modules(
     (pkg / subpackage / "__init__.py").write_text(f'"""Shipped {subpackage} modules."""\n')
     for source in paths.values():
         target = pkg / subpackage / f"{module_name(source)}.py"
-        shutil.copyfile(manifest.root / source.path, target)
+        _copy_project_file(manifest.root, source.path, target)
+
+
+def _copy_project_file(root: Path, path: str, target: Path) -> None:
+    """Copy a file the manifest names into the bundle, if it is still a regular file
+    inside the project (it may have become a symlink out of it since it was checked)."""
+    from nkibuild.confine import OutsideProject, copy_confined
+
+    try:
+        copy_confined(root / path, target, (root,))
+    except OutsideProject as refused:
+        raise BuildError(f"{path}: {refused.reason}; it is not shipped") from None
 
 
 def _neff_path(neff: CompiledNeff) -> str:

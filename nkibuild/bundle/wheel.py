@@ -24,9 +24,10 @@ from packaging.version import Version
 
 from nkibuild import __version__
 from nkibuild.bundle import BundleProject
-from nkibuild.errors import BuildError
+from nkibuild.errors import BuildError, UsageError
 from nkibuild.fsutil import atomic_output
 from nkibuild.manifest.model import Package
+from nkibuild.text import printable
 
 TAG = Tag("py3", "none", "any")
 DEFAULT_EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can carry
@@ -86,7 +87,7 @@ def core_metadata(package: Package) -> list[str]:
         f"Name: {package.name}",
         f"Version: {Version(package.version)}",
         f"Summary: {_one_line(package.description)}",
-        f"Requires-Python: {package.requires_python}",
+        f"Requires-Python: {specifier(package.requires_python)}",
     ]
     if package.license:
         lines.append(f"License: {_one_line(package.license)}")
@@ -109,7 +110,7 @@ def metadata(project: BundleProject) -> str:
         ]
     lines += [f"Provides-Extra: {extra}" for extra in _extras(project)]
     if package.neuron_sdk:
-        lines.append(f"Requires-External: neuron-sdk ({package.neuron_sdk})")
+        lines.append(f"Requires-External: neuron-sdk ({specifier(package.neuron_sdk)})")
     targets = _targets(project)
     lines += [
         f"Keywords: neuron,nki,trainium,{','.join(targets)}",
@@ -131,7 +132,21 @@ def _extras(project: BundleProject) -> list[str]:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """A header value: whitespace runs (line breaks too) become one space, and control
+    characters are escaped, so a value can neither end the headers nor add one."""
+    return printable(" ".join(text.split()))
+
+
+def specifier(text: str) -> str:
+    """A version specifier set as packaging writes it: no spaces, no line breaks (the
+    manifest's `>=3.10\\n` would otherwise end METADATA's headers). Text packaging
+    cannot parse (the manifest check refuses it) is still kept on one line."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        return str(SpecifierSet(text))
+    except InvalidSpecifier:
+        return _one_line(text)
 
 
 def _wheel_file() -> str:
@@ -147,9 +162,29 @@ def _entry_points(import_name: str) -> str:
     return f"[{ENTRY_POINT_GROUP}]\n{import_name} = {import_name}\n"
 
 
+# The last second a ZIP member's date can hold (2107-12-31 23:59:58 UTC).
+LAST_ZIP_EPOCH = 4354819198
+
+
 def source_epoch() -> int:
-    """The timestamp of every archived file: SOURCE_DATE_EPOCH, never before 1980."""
-    return max(int(os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH)), DEFAULT_EPOCH)
+    """The timestamp of every archived file: SOURCE_DATE_EPOCH, never before 1980.
+
+    The reproducible-builds spec makes it a decimal count of seconds; anything else
+    (`1e9`, `yesterday`, 400 digits, a date past what a ZIP can hold) is an error
+    naming the variable, not a traceback or a silently different archive."""
+    text = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if not text:  # unset or empty: unset, as in other tools
+        return DEFAULT_EPOCH
+    if not (text.isascii() and text.isdigit()):
+        raise UsageError(
+            f"SOURCE_DATE_EPOCH={text[:40]!r} is not a whole number of seconds "
+            "since 1970 (e.g. SOURCE_DATE_EPOCH=$(git log -1 --format=%ct))"
+        )
+    if len(text) > 12 or int(text) > LAST_ZIP_EPOCH:
+        raise UsageError(
+            f"SOURCE_DATE_EPOCH={text[:40]} is after 2107, the last year a ZIP archive can record"
+        )
+    return max(int(text), DEFAULT_EPOCH)
 
 
 def _date_time() -> tuple[int, int, int, int, int, int]:

@@ -356,20 +356,28 @@ def inspect(args: argparse.Namespace) -> int:
         if info.placeholder
         else "compiled"
     )
+    from nkibuild.text import printable
+
+    def _dims(shape: tuple[int, ...]) -> str:
+        return ",".join(map(str, shape))
+
+    # Every string below comes from the file: escaped, so a NEFF cannot drive the
+    # terminal or add lines (--json escapes them as JSON does).
     version = ".".join(map(str, info.format_version))
-    cores = f"{info.num_tpb} ({len(info.subgraphs)} subgraphs: {', '.join(info.subgraphs)})"
+    subgraphs = printable(", ".join(info.subgraphs))
+    cores = f"{info.num_tpb} ({len(info.subgraphs)} subgraphs: {subgraphs})"
     lines = [
-        f"{args.neff}: NEFF, {kind}",
-        f"  compiler:   neuronx-cc {info.compiler_version}",
+        f"{printable(str(args.neff))}: NEFF, {kind}",
+        f"  compiler:   neuronx-cc {printable(info.compiler_version)}",
         f"  format:     packaging {info.packaging_version}, version {version}",
-        f"  build:      {info.build}",
+        f"  build:      {printable(info.build)}",
         f"  cores:      {cores}",
         f"  checksum:   {'ok' if info.checksum_ok else 'MISMATCH (payload corrupt)'}",
         f"  payload:    {info.payload_size} bytes",
         "  inputs:",
-        *(f"    {t.name}: {t.dtype}[{','.join(map(str, t.shape))}]" for t in info.inputs),
+        *(f"    {printable(t.name)}: {printable(t.dtype)}[{_dims(t.shape)}]" for t in info.inputs),
         "  outputs:",
-        *(f"    {t.name}: {t.dtype}[{','.join(map(str, t.shape))}]" for t in info.outputs),
+        *(f"    {printable(t.name)}: {printable(t.dtype)}[{_dims(t.shape)}]" for t in info.outputs),
     ]
     print("\n".join(lines))
     return EXIT_OK if info.checksum_ok else EXIT_BUILD_FAILED

@@ -17,6 +17,7 @@ from nkibuild.errors import BuildError, tail
 from nkibuild.fsutil import atomic_output, atomic_write_text
 from nkibuild.manifest.model import TensorSpec
 from nkibuild.plan import ExtractSpec
+from nkibuild.text import printable
 from nkibuild.toolchain import Toolchain
 
 if TYPE_CHECKING:
@@ -77,9 +78,10 @@ def extract(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / METADATA_FILE).unlink(missing_ok=True)
     with atomic_output(out_dir / HLO_FILE) as tmp_hlo:
-        versions = _produce_hlo(spec, root, tmp_hlo, toolchain, workers)
+        versions, allowed = _produce_hlo(spec, root, tmp_hlo, toolchain, workers)
         module = _read(tmp_hlo.read_bytes(), spec)  # validates before anything else parses it
-        data, sidecars = _relocated(_canonical(tmp_hlo.read_bytes(), root), out_dir, spec)
+        canonical = _canonical(tmp_hlo.read_bytes(), root)
+        data, sidecars = _relocated(canonical, out_dir, spec, allowed)
         tmp_hlo.write_bytes(data)
     _refuse_aliased_outputs(spec, module)
     inputs = _check_signature(spec, module)
@@ -102,13 +104,16 @@ def extract(
     return artifact
 
 
-def _relocated(data: bytes, out_dir: Path, spec: ExtractSpec) -> tuple[bytes, list[str]]:
-    """Copy files the module names by absolute path into the artifact (NKI's BIR files)."""
+def _relocated(
+    data: bytes, out_dir: Path, spec: ExtractSpec, allowed: tuple[Path, ...]
+) -> tuple[bytes, list[str]]:
+    """Copy files the module names by absolute path into the artifact (NKI's BIR files),
+    from `allowed` dirs only."""
     from nkibuild.frontends.relocation import relocate
 
     shutil.rmtree(out_dir / SIDECAR_DIR, ignore_errors=True)  # no stale sidecars
     try:
-        return relocate(data, out_dir)
+        return relocate(data, out_dir, allowed)
     except BuildError as error:
         raise BuildError(error.message, unit=spec.name, log_tail=error.log_tail) from None
 
@@ -127,7 +132,9 @@ def _read(data: bytes, spec: ExtractSpec) -> HloModuleInfo:
     try:
         return read_hlo(data)
     except HloFormatError as error:
-        raise BuildError(f"the HLO module is not valid: {error}", unit=spec.name) from None
+        raise BuildError(
+            f"the HLO module is not valid: {printable(str(error))}", unit=spec.name
+        ) from None
 
 
 def load_artifact(directory: Path) -> HloArtifact:
@@ -164,11 +171,13 @@ def frontend_versions(frontend: str) -> dict[str, str]:
 
 def _produce_hlo(
     spec: ExtractSpec, root: Path, output: Path, toolchain: Toolchain, workers: WorkerPool
-) -> dict[str, str]:
-    source = root / spec.source.path
+) -> tuple[dict[str, str], tuple[Path, ...]]:
+    """Write the module to `output`; return the frontend's versions and the dirs its
+    custom-calls may name files in: the project for a prebuilt module, and also the
+    worker's own scratch dir (dump and temp dirs) for a traced one."""
     if spec.frontend == "hlo":
-        shutil.copyfile(source, output)
-        return {}
+        output.write_bytes(_project_file(root, spec))
+        return {}, (root,)
     if spec.frontend not in WORKER_FRONTENDS:
         raise BuildError(f"the {spec.frontend!r} frontend is not available yet", unit=spec.name)
     from nkibuild.toolchain.worker_pool import WorkerKey
@@ -190,11 +199,22 @@ def _produce_hlo(
         raise OSError(*result["os_error"])
     if not result["ok"]:
         raise BuildError(
-            f"tracing {spec.source} failed: {result['error']}",
+            f"tracing {spec.source} failed: {printable(result['error'])}",
             unit=spec.name,
             log_tail=tail(result["log"] + result["traceback"]),
         )
-    return result["versions"]
+    return result["versions"], (root, Path(result["scratch"]))
+
+
+def _project_file(root: Path, spec: ExtractSpec) -> bytes:
+    """The source file's bytes, if it is still a regular file inside the project (it
+    may have been replaced by a symlink since the manifest was checked)."""
+    from nkibuild.confine import OutsideProject, read_confined
+
+    try:
+        return read_confined(root / spec.source.path, (root,))
+    except OutsideProject as refused:
+        raise BuildError(f"{spec.source.path}: {refused.reason}", unit=spec.name) from None
 
 
 def _refuse_aliased_outputs(spec: ExtractSpec, module: HloModuleInfo) -> None:
@@ -230,7 +250,7 @@ def _check_signature(spec: ExtractSpec, module: HloModuleInfo) -> tuple[TensorSp
         if found != (declared.dtype, declared.shape):
             problems.append(
                 f"input {declared.name!r} is declared {_format(declared.dtype, declared.shape)} "
-                f"but HLO parameter {parameter.index} ({parameter.name}) is "
+                f"but HLO parameter {parameter.index} ({printable(parameter.name)}) is "
                 f"{_format(*found)}"
             )
     if problems:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from nkibuild.confine import OutsideProject, read_confined
 from nkibuild.errors import BuildError
 from nkibuild.formats.backend_config import (
     NKI_CUSTOM_CALLS,
@@ -26,28 +26,36 @@ from nkibuild.formats.backend_config import (
 )
 from nkibuild.formats.hlo import read_hlo
 from nkibuild.frontends import SIDECAR_DIR
+from nkibuild.text import printable
 
 # The documented target, and the name some torch-neuronx releases reportedly use for
 # NKI kernels: both carry the same base64-JSON backend_config.
 MARKER = "nkibuild-artifact:"
 
 
-def relocate(data: bytes, artifact_dir: Path) -> tuple[bytes, list[str]]:
-    """Copy referenced files into `artifact_dir/sidecars/`; return the rewritten module."""
+def relocate(data: bytes, artifact_dir: Path, allowed: Sequence[Path]) -> tuple[bytes, list[str]]:
+    """Copy referenced files into `artifact_dir/sidecars/`; return the rewritten module.
+
+    Only regular files under `allowed` are carried: the project for a prebuilt module
+    (whose custom-calls are plain data anyone could have written, naming
+    `/proc/self/environ` or `~/.aws/credentials`), plus the frontend worker's own
+    scratch dir (its dump and temp dirs, where NKI leaves compiled kernels) for a
+    traced one."""
     sidecars: set[str] = set()
 
     def to_marker(path: str) -> str:
-        source = Path(path)
-        if not source.is_file():
+        try:
+            content = read_confined(path, allowed)
+        except OutsideProject as refused:
             raise BuildError(
-                f"the HLO module's NKI kernel custom-call refers to {path}, "
-                "which does not exist: the kernel's compiled file cannot be carried along"
-            )
-        content = source.read_bytes()
-        relative = f"{SIDECAR_DIR}/{hashlib.sha256(content).hexdigest()[:16]}-{source.name}"
+                f"the HLO module's NKI kernel custom-call refers to {printable(path)}, which "
+                f"{refused.reason}: only files inside the project are carried along"
+            ) from None
+        name = printable(Path(path).name)
+        relative = f"{SIDECAR_DIR}/{hashlib.sha256(content).hexdigest()[:16]}-{name}"
         target = artifact_dir / relative
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
+        target.write_bytes(content)
         sidecars.add(relative)
         return MARKER + relative
 

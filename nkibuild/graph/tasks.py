@@ -9,7 +9,6 @@ through `config_changed`, so an edit reruns exactly the tasks it affects.
 from __future__ import annotations
 
 import functools
-import glob
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -119,13 +118,13 @@ def extract_files(context: BuildContext, spec: ExtractSpec) -> list[str]:
 
 
 def expand_deps(root: Path, patterns: Sequence[str]) -> list[str]:
-    """Files matching a kernel's `deps` globs (recursive `**`), absolute and sorted."""
-    found = {
-        _path(Path(match))
-        for pattern in patterns
-        for match in glob.glob(str(root / pattern), recursive=True)
-        if os.path.isfile(match)
-    }
+    """Files matching a kernel's `deps` globs (recursive `**`), absolute and sorted.
+
+    Matched in the project only (nkibuild.confine.glob_files): a match that leads
+    outside it through a symlink is refused, a symlink loop is not followed."""
+    from nkibuild.confine import glob_files
+
+    found = {_path(match) for pattern in patterns for match in glob_files(root, pattern)}
     return sorted(found)
 
 

@@ -10,7 +10,8 @@ passed the JSON Schema: shapes are not checked again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin
 
@@ -67,14 +68,17 @@ class _Converter:
             value = self.mapping(without_none(hint), data, path, {})
         elif info.hook is not None and (info.name in data or info.hook_absent):
             where = (*path, info.name)
-            return info.hook(
-                data.get(info.name), Converting(where, values, self.root, self.key_location)
-            )
+            converting = Converting(where, values, self.root, self.key_location)
+            with _invalid_at(where):
+                return info.hook(data.get(info.name), converting)
         elif info.name in data:
             value = self.value(hint, data[info.name], (*path, info.name))
         else:
             return _ABSENT  # the dataclass default
-        return info.parse(value) if info.parse is not None else value
+        if info.parse is None:
+            return value
+        with _invalid_at((*path, info.name)):
+            return info.parse(value)
 
     def value(self, hint: Any, raw: Any, path: JsonPath) -> Any:
         hint = without_none(hint)
@@ -110,3 +114,21 @@ class _Converter:
 
 
 _ABSENT = object()
+
+
+class InvalidValue(Exception):
+    """A schema-valid value that its field's parse or hook refuses (a 400-digit size,
+    NaN as a timeout, `~nosuchuser/` in a path): reported at `path` like any problem."""
+
+    def __init__(self, path: JsonPath, message: str) -> None:
+        self.path = path
+        self.message = message
+        super().__init__(message)
+
+
+@contextlib.contextmanager
+def _invalid_at(path: JsonPath) -> Iterator[None]:
+    try:
+        yield
+    except ValueError as error:
+        raise InvalidValue(path, str(error)) from None

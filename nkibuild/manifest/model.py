@@ -690,7 +690,13 @@ COMPILER = Section(
 
 
 def _compiler_path(text: str, converting: Converting) -> Path:
-    return converting.root / Path(text).expanduser()  # an absolute path replaces root
+    try:
+        expanded = Path(text).expanduser()
+    except RuntimeError:  # `~nosuchuser/...`, or `~` without a home directory
+        user = text[1:].split("/", 1)[0]
+        whose = f"user {user!r}" if user else "this user (no HOME)"
+        raise ValueError(f"cannot expand {text!r}: no home directory for {whose}") from None
+    return converting.root / expanded  # an absolute path replaces root
 
 
 @mapping(

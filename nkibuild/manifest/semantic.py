@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
+from nkibuild.confine import file_problem
 from nkibuild.errors import Diagnostic
 from nkibuild.manifest.model import (
     DISTRIBUTION_NAME_PATTERN,
@@ -87,6 +88,7 @@ class _Checks:
             self.override_targets,
             self.lnc_on_trn1,
             self.deps,
+            self.encodable,
         ]
 
     def at(
@@ -314,6 +316,32 @@ class _Checks:
                         expected="a glob pattern relative to the manifest's directory",
                     )
 
+    def encodable(self) -> Iterator[Diagnostic]:
+        """Every string must be writable as UTF-8: YAML's `"\\ud800"` escape gives a lone
+        surrogate, which no generated file (METADATA, pyproject.toml, a loader) can hold."""
+        for path, text, is_key in _strings(self.doc.data, ()):
+            if any("\ud800" <= char <= "\udfff" for char in text):
+                yield self.at(
+                    f"{show(text)} contains a lone surrogate, which cannot be written as UTF-8",
+                    path,
+                    key=is_key,
+                    hint="write the character itself, or a pair of surrogates as one \\U escape",
+                )
+
+
+def _strings(node: Any, path: JsonPath) -> Iterator[tuple[JsonPath, str, bool]]:
+    """(path, string, whether it is a key) for every string in a YAML document."""
+    if isinstance(node, str):
+        yield path, node, False
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if isinstance(key, str):
+                yield (*path, key), key, True
+            yield from _strings(value, (*path, key))
+    elif isinstance(node, list):
+        for index, item in enumerate(node):
+            yield from _strings(item, (*path, index))
+
 
 def _kernels_phrase(names: Sequence[str]) -> str:
     listed = ", ".join(repr(n) for n in names)
@@ -343,23 +371,21 @@ def _relative_path_problem(text: str, *, dotdot: bool = True) -> str | None:
 
 
 def _existing_file_problem(root: Path, relative: str) -> tuple[str, str | None] | None:
-    target = root / relative
-    try:
-        inside = target.resolve().is_relative_to(root.resolve())
-        is_file = target.is_file()
-        exists = is_file or target.exists()
-    except (OSError, ValueError, RuntimeError):  # unrepresentable name, symlink loop
-        return f"cannot access {show(relative)}", None
-    if not inside:
+    """The check every reader of project files makes (nkibuild.confine), phrased for
+    the manifest; a cached plan is reused only while it still passes (context.py)."""
+    problem = file_problem(root / relative, (root,))
+    if problem is None:
+        return None
+    if problem.kind == "missing":
+        return f"{show(relative)} does not exist", _similar_file(root, relative)
+    if problem.kind == "outside":
         return (
             f"{show(relative)} leads outside the manifest's directory through a symlink",
             "copy the file into the project instead of linking to it",
         )
-    if is_file:
-        return None
-    if exists:
-        return f"{show(relative)} is not a file", None
-    return f"{show(relative)} does not exist", _similar_file(root, relative)
+    if problem.kind == "unreadable":  # unrepresentable name, symlink loop, no permission
+        return f"cannot access {show(relative)}", None
+    return f"{show(relative)} is not a file", None
 
 
 def _similar_file(root: Path, relative: str) -> str | None:

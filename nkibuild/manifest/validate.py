@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nkibuild.errors import ManifestError
-from nkibuild.manifest.convert import to_model
+from nkibuild.errors import Diagnostic, ManifestError
+from nkibuild.manifest.convert import InvalidValue, to_model
 from nkibuild.manifest.model import Manifest
 from nkibuild.manifest.schema import schema_diagnostics
 from nkibuild.manifest.semantic import semantic_diagnostics
-from nkibuild.manifest.yamlsource import YamlDocument
+from nkibuild.manifest.yamlsource import YamlDocument, json_path
 
 
 def validated(doc: YamlDocument, path: Path, sha256: str) -> Manifest:
@@ -25,7 +25,12 @@ def validated(doc: YamlDocument, path: Path, sha256: str) -> Manifest:
     if diagnostics:
         raise ManifestError(diagnostics)
     # The converter and the semantic checks rely on the shapes the schema guarantees.
-    manifest = to_model(doc.data, path, sha256, doc.location, doc.key_location)
+    try:
+        manifest = to_model(doc.data, path, sha256, doc.location, doc.key_location)
+    except InvalidValue as invalid:
+        where = json_path(invalid.path)
+        diagnostic = Diagnostic(invalid.message, doc.location(invalid.path), where)
+        raise ManifestError([diagnostic]) from None
     diagnostics = semantic_diagnostics(manifest, doc)
     if diagnostics:
         raise ManifestError(diagnostics)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nkibuild.errors import ToolchainError, UsageError
 from nkibuild.fsutil import atomic_write_text
+from nkibuild.text import printable
 
 TOOLCHAIN_MODES = ("auto", "neuron", "fake")
 COMPILER_NAME = "neuronx-cc"
@@ -75,12 +76,7 @@ SDK_VENV_GLOB = "/opt/aws_neuronx_venv_*/bin"
 def find_compiler(configured: Path | None = None) -> Path | None:
     """The real neuronx-cc: as configured, else PATH, this Python's virtualenv, the SDK's."""
     if configured is not None:
-        if not (configured.is_file() and os.access(configured, os.X_OK)):
-            raise ToolchainError(
-                f"the configured neuronx-cc {configured} is not an executable file "
-                "(set by --compiler, NKIBUILD_NEURONX_CC or `compiler: path:` in the manifest)"
-            )
-        return configured
+        return _configured_compiler(configured)
     found = shutil.which(COMPILER_NAME)
     if found:
         return Path(found)
@@ -89,6 +85,27 @@ def find_compiler(configured: Path | None = None) -> Path | None:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+_SET_BY = "(set by --compiler, NKIBUILD_NEURONX_CC or `compiler: path:` in the manifest)"
+
+
+def _configured_compiler(configured: Path) -> Path:
+    """The configured compiler, `~` and `~user` expanded (a shell leaves `--compiler=~/x`
+    and a quoted variable alone)."""
+    try:
+        expanded = configured.expanduser()
+    except RuntimeError:  # `~nosuchuser/...`, or `~` without HOME
+        raise ToolchainError(
+            f"the configured neuronx-cc {printable(str(configured))}: its '~' names no user "
+            f"with a home directory {_SET_BY}"
+        ) from None
+    if not (expanded.is_file() and os.access(expanded, os.X_OK)):
+        raise ToolchainError(
+            f"the configured neuronx-cc {printable(str(expanded))} is not an executable file "
+            f"{_SET_BY}"
+        )
+    return expanded
 
 
 def _venv_bin_dirs() -> list[Path]:

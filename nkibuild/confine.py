@@ -1,0 +1,193 @@
+"""What a build may read: regular files inside the project (or an allowed directory).
+
+One check for every place that reads or copies a file the project names (kernel
+sources, references, `deps` globs, the sdist, files an HLO module refers to): a
+path is followed through every symlink to the file it really is, and that file must
+be a regular file under one of the allowed roots. A symlink under the project that
+leads to `~/.ssh/id_rsa` or `/proc/self/environ` is refused with the path and the
+reason, never read.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+from nkibuild.errors import NkibuildError
+from nkibuild.text import printable
+
+
+class OutsideProject(NkibuildError):
+    """A file the project names is outside it, or not a regular file (exit code 2)."""
+
+    exit_code = 2
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        self.path = os.fspath(path)
+        self.reason = reason
+        super().__init__(f"{printable(self.path)}: {reason}")
+
+
+def is_inside(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike[str]]) -> bool:
+    """Whether `path`, with every symlink and `..` resolved, lies under one of `roots`
+    (each resolved the same way)."""
+    real = os.path.realpath(path)
+    return any(_under(real, os.path.realpath(root)) for root in roots)
+
+
+def _under(real: str, root: str) -> bool:
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+class Problem(NamedTuple):
+    """Why a path may not be read: `kind` for callers that phrase it their own way."""
+
+    kind: Literal["missing", "unreadable", "outside", "not-regular"]
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def file_problem(
+    path: str | os.PathLike[str], roots: Sequence[str | os.PathLike[str]]
+) -> Problem | None:
+    """Why `path` may not be read as a project file, or None: it does not exist, it
+    leads outside `roots` (through a symlink or as an absolute path), or it is not a
+    regular file (a directory, FIFO, device or socket)."""
+    try:
+        real = os.path.realpath(path, strict=True)
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        return Problem("missing", "does not exist")
+    except (OSError, ValueError, RuntimeError) as error:  # a loop, a NUL, no permission
+        return Problem(
+            "unreadable", f"cannot be accessed ({getattr(error, 'strerror', None) or error})"
+        )
+    if not any(_under(real, os.path.realpath(root)) for root in roots):
+        return Problem("outside", _outside(path, real, roots))
+    if not stat.S_ISREG(mode):
+        return Problem("not-regular", "is not a regular file")
+    return None
+
+
+def _outside(
+    path: str | os.PathLike[str], real: str, roots: Sequence[str | os.PathLike[str]]
+) -> str:
+    shown = ", ".join(printable(os.fspath(root)) for root in roots)
+    written = os.path.normpath(os.path.abspath(path))
+    if any(_under(written, os.path.normpath(os.path.abspath(root))) for root in roots):
+        return (
+            f"leads outside the project through a symlink (to {printable(real)}; allowed: {shown})"
+        )
+    return f"is outside the project (allowed: {shown})"
+
+
+def checked_file(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike[str]]) -> Path:
+    """`path` if it may be read as a project file; OutsideProject saying why not."""
+    problem = file_problem(path, roots)
+    if problem is not None:
+        raise OutsideProject(path, problem.reason)
+    return Path(path)
+
+
+def read_confined(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike[str]]) -> bytes:
+    """The bytes of a regular file inside `roots`. The file is opened at its resolved
+    path without following a symlink there, and checked again through the open
+    descriptor, so one swapped in after the check is not read either."""
+    checked_file(path, roots)
+    real = os.path.realpath(path)
+    try:
+        fd = os.open(
+            real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        )
+    except OSError as error:
+        raise OutsideProject(path, f"cannot be read ({error.strerror})") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OutsideProject(path, "is not a regular file")
+        return handle.read()
+
+
+def copy_confined(
+    source: str | os.PathLike[str],
+    destination: str | os.PathLike[str],
+    roots: Sequence[str | os.PathLike[str]],
+) -> None:
+    """Copy a regular file inside `roots` to `destination` (which is nkibuild's own)."""
+    Path(destination).write_bytes(read_confined(source, roots))
+
+
+def glob_files(root: Path, pattern: str) -> list[Path]:
+    """Regular files under `root` that `pattern` matches, as `glob.glob(root/pattern,
+    recursive=True)` would list them (`**` for any depth, hidden names only when the
+    pattern spells their dot), sorted.
+
+    Unlike glob, `root` is never parsed as a pattern (a project in `proj[1]/` works),
+    a directory is entered only if it really lies inside `root` and not again below
+    itself (a symlink loop ends the walk, not the build), and a match that leads
+    outside `root` raises OutsideProject instead of being read."""
+    real_root = os.path.realpath(root)
+    parts = [part for part in pattern.split("/") if part not in ("", ".")]
+    found: set[str] = set()
+    if parts:
+        _walk(os.fspath(root), parts, real_root, frozenset({real_root}), found)
+    return sorted(Path(path) for path in found)
+
+
+def _walk(
+    directory: str, parts: list[str], real_root: str, chain: frozenset[str], found: set[str]
+) -> None:
+    head, rest = parts[0], parts[1:]
+    if head == "**":
+        if rest:
+            _walk(directory, rest, real_root, chain, found)  # `**` as zero directories
+        for name in _names(directory, "*"):
+            path = os.path.join(directory, name)
+            if not rest:
+                _take(path, real_root, found)
+            _enter(path, parts, real_root, chain, found)
+        return
+    for name in _names(directory, head):
+        path = os.path.join(directory, name)
+        if rest:
+            _enter(path, rest, real_root, chain, found)
+        else:
+            _take(path, real_root, found)
+
+
+def _names(directory: str, part: str) -> list[str]:
+    """Entries of `directory` that one pattern segment matches (glob's rules)."""
+    import fnmatch
+    import glob
+
+    if not glob.has_magic(part):
+        return [part] if os.path.lexists(os.path.join(directory, part)) else []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    hidden = part.startswith(".")
+    return [n for n in names if (hidden or not n.startswith(".")) and fnmatch.fnmatchcase(n, part)]
+
+
+def _enter(
+    path: str, parts: list[str], real_root: str, chain: frozenset[str], found: set[str]
+) -> None:
+    real = os.path.realpath(path)
+    if not os.path.isdir(real) or real in chain:  # a file, or a loop back up: not entered
+        return
+    if not _under(real, real_root):  # what is below it would match: refuse, don't skip
+        raise OutsideProject(path, _outside(path, real, (real_root,)))
+    _walk(path, parts, real_root, chain | {real}, found)
+
+
+def _take(path: str, real_root: str, found: set[str]) -> None:
+    problem = file_problem(path, (real_root,))
+    if problem is None:
+        found.add(path)
+    elif problem.kind == "outside":
+        raise OutsideProject(path, problem.reason)

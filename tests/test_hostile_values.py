@@ -1,0 +1,424 @@
+"""What nkibuild prints and writes is escaped; numbers and environment values are
+checked (issue 15, parts 4 and 5).
+
+Printed text: a NEFF, an HLO module or a log cannot drive the terminal or forge a
+line. Written text: METADATA, pyproject.toml and the generated loaders are correct
+for every value the schema accepts (hypothesis). Numbers and variables: NaN,
+infinity, 400 digits, `~user` paths and bad SOURCE_DATE_EPOCH values are errors that
+name the setting, through the real CLI.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_nkibuild
+from helpers import softmax_manifest, softmax_project, write_project
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from packaging.specifiers import SpecifierSet
+
+from nkibuild.bundle import codegen
+from nkibuild.bundle.wheel import core_metadata
+from nkibuild.errors import BuildError, Diagnostic, Location
+from nkibuild.manifest.model import Kernel, Package, SourceRef, TensorSpec, Variant
+from nkibuild.manifest.semantic import RESERVED_KERNEL_NAMES, name_problem
+from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.testing.neff_writer import NeffTensor, write_neff
+from nkibuild.text import printable
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+ESC = "\x1b"
+# Terminal and line-forging payloads: colours, a title change, clear screen, a bidi
+# override, a carriage return over the line, a forged line, NUL and DEL.
+PAYLOADS = [
+    f"{ESC}[31mred{ESC}[0m",
+    f"{ESC}]0;owned\x07",
+    f"{ESC}[2J{ESC}[H",
+    "evil\u202egnp.exe",
+    "ok\rFAKE",
+    "x\nerror: forged line",
+    "nul\x00del\x7f",
+    "c1\x9bcsi",
+    "ls\u2028ps\u2029",
+]
+
+
+def no_raw_controls(text: str) -> bool:
+    """Only line breaks and tabs may be raw; nothing a terminal would interpret."""
+    return all(char in "\n\t" or printable(char) == char for char in text)
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_printable_escapes_every_payload(payload: str) -> None:
+    shown = printable(payload)
+    assert "\n" not in shown and no_raw_controls(shown)
+    assert printable(shown) == shown  # escaping twice changes nothing more
+
+
+def test_errors_render_file_derived_text_escaped() -> None:
+    payload = "".join(PAYLOADS)
+    error = BuildError(
+        f"bad {payload}",
+        unit="k/v",
+        command=["cc", payload],
+        log_tail=f"l1 {payload}\nl2\t{ESC}[1m",
+    )
+    rendered = error.render()
+    assert no_raw_controls(rendered) and "\\x1b[31m" in rendered
+    # nkibuild's own lines stay; the log keeps one line per line of the log
+    assert rendered.splitlines()[0].startswith("k/v: bad ")
+    diagnostic = Diagnostic(
+        payload, Location(f"m{ESC}.yaml", 1, 2), f"$.{payload}", payload, payload
+    )
+    assert no_raw_controls(diagnostic.render()) and len(diagnostic.render().splitlines()) == 4
+
+
+def hostile_neff(path: Path) -> Path:
+    write_neff(
+        path,
+        compiler_version=f"2.23{ESC}[2J\nforged: line",
+        inputs=[
+            NeffTensor(f"x{ESC}]0;pwn\x07", "float16", (2,)),
+            NeffTensor("y\u202egnp", "float16", (2,)),
+        ],
+        outputs=[NeffTensor("o\nchecksum:   ok", "float16", (2,))],
+        num_tpb=1,
+        placeholder=False,
+        build=f"b{ESC}[31m",
+    )
+    return path
+
+
+def test_inspect_escapes_every_field_from_the_file(tmp_path: Path) -> None:
+    result = run_nkibuild(["inspect", str(hostile_neff(tmp_path / "m.neff"))], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert no_raw_controls(result.stdout)
+    lines = result.stdout.splitlines()
+    assert len(lines) == 12  # no forged line
+    assert "  compiler:   neuronx-cc 2.23\\x1b[2J\\nforged: line" in lines
+    assert "    o\\nchecksum:   ok: float16[2]" in lines
+    data = run_nkibuild(["inspect", "--json", str(tmp_path / "m.neff")], tmp_path).stdout
+    assert data.isascii() and ESC not in data
+
+
+def test_a_hostile_hlo_parameter_name_is_escaped_in_the_error(tmp_path: Path) -> None:
+    name = f"p0{ESC}[2J\nerror: forged"
+    module = build_hlo_module("m", [(name, "float32", (4, 8))], [("float32", (4, 8))])
+    manifest = (
+        "format-version: 1\npackage: {name: hostile, version: 1.0.0}\n"
+        "defaults: {targets: [trn2]}\nkernels:\n  k:\n    frontend: hlo\n    source: k.pb\n"
+        "    inputs: {x: {shape: [8, 4], dtype: float32}}\n"
+    )
+    project = write_project(tmp_path / "p", manifest, {"k.pb": module})
+    result = run_nkibuild(["build", "--toolchain", "fake"], project, timeout=60)
+    assert result.returncode == 1
+    assert "HLO parameter 0 (p0\\x1b[2J\\nerror: forged) is float32[4,8]" in result.stderr
+    assert no_raw_controls(result.stderr + result.stdout)
+    assert not any(line.startswith("error: forged") for line in result.stderr.splitlines())
+
+
+# Values the schema accepts for free-text fields: any text but lone surrogates (which the
+# manifest check refuses: no UTF-8 file can hold them).
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+SPECIFIERS = st.sampled_from([">=3.10", ">=3.10,<4", "~=3.11", "==3.12.*", "!=3.11.1,>=3.9"])
+SPACING = st.sampled_from(["", " ", "\n", "\t", "\r\n", " \n "])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    description=TEXT,
+    license=st.none() | TEXT,
+    requires=SPECIFIERS,
+    neuron_sdk=st.none() | SPECIFIERS,
+    before=SPACING,
+    after=SPACING,
+)
+def test_metadata_and_pyproject_hold_any_accepted_value(
+    description: str,
+    license: str | None,
+    requires: str,
+    neuron_sdk: str | None,
+    before: str,
+    after: str,
+) -> None:
+    package = Package(
+        "demo-kernels",
+        "1.0",
+        "demo_kernels",
+        description=description,
+        license=license,
+        requires_python=before + requires + after,
+        neuron_sdk=None if neuron_sdk is None else before + neuron_sdk + after,
+    )
+    text = codegen.pyproject(package, ["numpy"], extras={"trn2": ["demo-kernels-trn2"]})
+    project = tomllib.loads(text)["project"]  # valid TOML for any Unicode
+    assert project["description"] == description
+    assert project["requires-python"] == package.requires_python
+    assert project.get("license") == (license or None)
+    lines = core_metadata(package)
+    assert all(no_raw_controls(line) and "\n" not in line for line in lines)
+    headers = email.parser.Parser().parsestr("\n".join(lines) + "\n\n")
+    expected = ["Metadata-Version", "Name", "Version", "Summary", "Requires-Python"]
+    assert headers.keys() == expected + (["License"] if license else [])
+    assert headers["Requires-Python"] == str(SpecifierSet(requires))
+
+
+# Names the loaders use themselves, builtins they call and stdlib modules they import:
+# every one a kernel or an input may legally be called.
+SHADOWING = [
+    "importlib", "annotations", "builtins", "typing", "TYPE_CHECKING", "Any", "ArrayLike",
+    "Kernel", "getattr", "globals", "sorted", "AttributeError", "name", "kernel", "module",
+    "str", "list", "dict", "print", "sys", "os", "json",
+]  # fmt: skip
+IDENTIFIERS = st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,12}", fullmatch=True)
+
+
+def kernel_names(name: str) -> bool:
+    return name_problem(name) is None and name not in RESERVED_KERNEL_NAMES
+
+
+def input_names(name: str) -> bool:
+    return name_problem(name) is None and name != "mode"
+
+
+STUB_RUNTIME = """
+class Kernel:
+    def __init__(self, package, name):
+        self.name = name
+        self.variants = self.targets = self.signature = ()
+        self.load = self.benchmark = None
+        self.frontend = "jax"
+
+    def __call__(self, *args, mode=None):
+        return (self.name, args, mode)
+"""
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    kernels=st.lists(
+        st.sampled_from(SHADOWING) | IDENTIFIERS, min_size=1, max_size=4, unique=True
+    ).map(lambda names: [n for n in names if kernel_names(n)] or ["k"]),
+    inputs=st.lists(
+        st.sampled_from([*SHADOWING, "_kernel", "_Kernel", "_x"]) | IDENTIFIERS,
+        min_size=1,
+        max_size=4,
+        unique=True,
+    ).map(lambda names: [n for n in names if input_names(n)] or ["x"]),
+)
+def test_generated_loaders_are_immune_to_shadowing_names(
+    tmp_path: Path, kernels: list[str], inputs: list[str]
+) -> None:
+    import uuid
+
+    package_name = f"bundle_{uuid.uuid4().hex}"
+    specs = tuple(TensorSpec(name, (2,), "float32") for name in inputs)
+    source = SourceRef("k.py", "f")
+    models = [
+        Kernel(name, "jax", source, specs, variants=(Variant("default", specs),))
+        for name in kernels
+    ]
+    package = Package(package_name.replace("_", "-"), "1.0", package_name)
+    pkg = tmp_path / package_name
+    (pkg / "_kernels").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(codegen.package_init(package, models))
+    (pkg / "_kernels" / "__init__.py").write_text("")
+    (pkg / "_runtime.py").write_text(STUB_RUNTIME)
+    for model in models:
+        (pkg / "_kernels" / f"{model.name}.py").write_text(
+            codegen.kernel_module(package_name, model)
+        )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module(package_name)
+        for _ in range(2):  # first use loads through __getattr__, then from globals
+            for name in kernels:
+                args = tuple(range(len(inputs)))
+                assert getattr(module, name)(*args) == (name, args, None)
+        assert set(kernels) <= set(dir(module))
+        with pytest.raises(AttributeError):
+            module.not_a_kernel  # noqa: B018
+    finally:
+        sys.path.remove(str(tmp_path))
+        for loaded in [m for m in sys.modules if m.startswith(package_name)]:
+            del sys.modules[loaded]
+
+
+def test_a_lone_surrogate_is_refused_at_validate_time(tmp_path: Path) -> None:
+    manifest = softmax_manifest('{name: s, version: 1.0.0, description: "a \\ud800 b"}')
+    project = softmax_project(tmp_path / "p", manifest)
+    result = run_nkibuild(["validate"], project)
+    assert result.returncode == 2
+    assert "nkibuild.yaml:2:" in result.stderr and "lone surrogate" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_requires_python_with_a_newline_gives_valid_metadata(tmp_path: Path) -> None:
+    import zipfile
+
+    manifest = softmax_manifest(
+        '{name: s, version: 1.0.0, requires-python: ">=3.10\\n", description: "a\\nForged: x"}'
+    )
+    project = softmax_project(tmp_path / "p", manifest)
+    result = run_nkibuild(["build", "--toolchain", "fake"], project, timeout=120)
+    assert result.returncode == 0, result.stderr
+    (wheel,) = (project / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        text = archive.read("s-1.0.0.dist-info/METADATA").decode()
+    headers = email.parser.Parser().parsestr(text)
+    assert headers["Requires-Python"] == ">=3.10" and headers["Summary"] == "a Forged: x"
+    assert "Forged" not in headers
+
+
+# Part 5: numbers and environment values, through the CLI.
+HUGE = "9" * 400
+
+ENV_CASES = [
+    ("NKIBUILD_COMPILE_TIMEOUT", "nan", "is not a duration"),
+    ("NKIBUILD_COMPILE_TIMEOUT", "inf", "is not a duration"),
+    ("NKIBUILD_COMPILE_TIMEOUT", HUGE, "is longer than a year"),
+    ("NKIBUILD_COMPILE_TIMEOUT", HUGE + "s", "is longer than a year"),
+    ("NKIBUILD_COMPILE_TIMEOUT", "-5s", "is not a duration"),
+    ("NKIBUILD_MAX_COMPILE_MEMORY", HUGE + "G", "is larger than 1 EiB"),
+    ("NKIBUILD_MAX_COMPILE_MEMORY", HUGE, "is larger than 1 EiB"),
+    ("NKIBUILD_MAX_COMPILE_MEMORY", "nan", "is not a size"),
+    ("NKIBUILD_MAX_COMPILE_MEMORY", "1e400", "is not a size"),
+]
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), ENV_CASES)
+def test_bad_numbers_in_the_environment_name_the_variable(
+    tmp_path: Path, variable: str, value: str, message: str
+) -> None:
+    project = softmax_project(tmp_path / "p", softmax_manifest())
+    result = run_nkibuild(["build", "--toolchain", "fake"], project, env={variable: value})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith(f"{variable}: ") and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+OPTION_CASES = [
+    ("--compile-timeout", "nan", "is not a duration"),
+    ("--compile-timeout", HUGE, "is longer than a year"),
+    ("--max-compile-memory", HUGE + "T", "is larger than 1 EiB"),
+    ("--max-compile-memory", "inf", "is not a size"),
+]
+
+
+@pytest.mark.parametrize(("option", "value", "message"), OPTION_CASES)
+def test_bad_numbers_on_the_command_line_name_the_option(
+    tmp_path: Path, option: str, value: str, message: str
+) -> None:
+    project = softmax_project(tmp_path / "p", softmax_manifest())
+    result = run_nkibuild(["build", "--toolchain", "fake", f"{option}={value}"], project)
+    assert result.returncode == 2
+    assert f"argument {option}: " in result.stderr and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+MANIFEST_CASES = [
+    ("compile-timeout: .nan", "nan is not a number"),
+    ("compile-timeout: .inf", "inf is not a finite duration"),
+    ("compile-timeout: -.inf", "is not a number"),  # refused by the schema's minimum
+    (f"compile-timeout: {HUGE}", "is longer than a year"),
+    (f"compile-timeout: '{HUGE}s'", "is longer than a year"),
+    (f"compile-memory: '{HUGE}G'", "is larger than 1 EiB"),
+    (f"compile-memory: '{HUGE}'", "is larger than 1 EiB"),
+    ("compile-timeout: 1e400", "is not a finite duration"),
+]
+
+
+@pytest.mark.parametrize(("setting", "message"), MANIFEST_CASES)
+def test_bad_numbers_in_the_manifest_are_diagnostics(
+    tmp_path: Path, setting: str, message: str
+) -> None:
+    manifest = softmax_manifest(defaults="{targets: [trn2], " + setting + "}")
+    project = softmax_project(tmp_path / "p", manifest)
+    result = run_nkibuild(["validate"], project)
+    assert result.returncode == 2, result.stdout
+    assert "nkibuild.yaml:3:" in result.stderr and "Traceback" not in result.stderr
+    assert message in result.stderr or "expected" in result.stderr, result.stderr
+
+
+def test_a_tilde_user_compiler_path_is_an_error_naming_the_setting(tmp_path: Path) -> None:
+    manifest = softmax_manifest(top="compiler: {path: ~nosuchuser-nkibuild/bin/neuronx-cc}")
+    project = softmax_project(tmp_path / "p", manifest)
+    result = run_nkibuild(["validate"], project)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "nkibuild.yaml:4:" in result.stderr
+    assert "no home directory for user 'nosuchuser-nkibuild'" in result.stderr
+    project = softmax_project(tmp_path / "q", softmax_manifest())
+    for args, env in (
+        (["--compiler", "~nosuchuser-nkibuild/neuronx-cc"], {}),
+        ([], {"NKIBUILD_NEURONX_CC": "~nosuchuser-nkibuild/neuronx-cc"}),
+    ):
+        result = run_nkibuild(["build", "--toolchain", "neuron", *args], project, env=env)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert "its '~' names no user with a home directory" in result.stderr
+        assert "NKIBUILD_NEURONX_CC" in result.stderr
+
+
+def test_a_tilde_compiler_path_is_expanded(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "bin").mkdir(parents=True)
+    project = softmax_project(tmp_path / "q", softmax_manifest())
+    result = run_nkibuild(
+        ["build", "--toolchain", "neuron", "--compiler", "~/bin/neuronx-cc"],
+        project,
+        env={"HOME": str(home)},
+    )
+    assert result.returncode == 2
+    assert f"the configured neuronx-cc {home}/bin/neuronx-cc is not an executable" in result.stderr
+
+
+EPOCH_CASES = [
+    ("abc", "is not a whole number of seconds"),
+    ("1e9", "is not a whole number of seconds"),
+    ("-5", "is not a whole number of seconds"),
+    ("1700000000.5", "is not a whole number of seconds"),
+    ("\u0661\u0662", "is not a whole number of seconds"),  # Arabic-Indic digits: isdigit()
+    (HUGE, "is after 2107"),
+    ("4354819199", "is after 2107"),
+]
+
+
+def test_bad_source_date_epochs_name_the_variable(tmp_path: Path) -> None:
+    project = softmax_project(tmp_path / "p", softmax_manifest())
+    assert run_nkibuild(["build", "--toolchain", "fake"], project).returncode == 0
+    for value, message in EPOCH_CASES:
+        for wheel in (project / "dist").glob("*.whl"):
+            wheel.unlink()
+        result = run_nkibuild(
+            ["build", "--toolchain", "fake", "wheel"], project, env={"SOURCE_DATE_EPOCH": value}
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode == 1, (value, output)
+        assert "SOURCE_DATE_EPOCH=" in output and message in output, (value, output)
+        assert "Traceback" not in output
+    fine = run_nkibuild(
+        ["build", "--toolchain", "fake", "wheel"], project, env={"SOURCE_DATE_EPOCH": " 0 "}
+    )
+    assert fine.returncode == 0, fine.stderr
+
+
+def test_an_sdist_refuses_a_bad_source_date_epoch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nkibuild import build as backend
+
+    project = softmax_project(tmp_path / "p", softmax_manifest())
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "tomorrow")
+    with pytest.raises(backend.BackendError, match="SOURCE_DATE_EPOCH='tomorrow' is not a whole"):
+        backend.build_sdist(str(tmp_path / "out"))
