@@ -1146,3 +1146,22 @@ def test_names_the_generated_bundle_uses_are_refused(
     assert message in diagnostic.message
     assert diagnostic.location is not None
     assert (diagnostic.location.line, diagnostic.location.column) == position
+
+
+def test_nkipy_64_bit_inputs_are_refused_with_the_dtype_it_traces(tmp_path: Path) -> None:
+    # The real nkipy traces float64 as float32 and int64 as int32 (../shared/thirdparty).
+    (tmp_path / "k.py").write_text("def f(x, n, y):\n    return x\n")
+    path = tmp_path / "nkibuild.yaml"
+    path.write_text(
+        "format-version: 1\npackage: {name: n64, version: 1.0.0}\nkernels:\n  k:\n"
+        "    frontend: nkipy\n    source: k.py:f\n    inputs:\n"
+        "      x: {shape: [4], dtype: float64}\n      n: {shape: [4], dtype: int64}\n"
+        "      y: {shape: [4], dtype: float32}\n"
+    )
+    found = problems(path)
+    assert [(d.message, d.json_path, at(d)) for d in found] == [
+        ("nkipy traces float64 inputs as float32", "$.kernels.k.inputs.x.dtype", (8, 30)),
+        ("nkipy traces int64 inputs as int32", "$.kernels.k.inputs.n.dtype", (9, 30)),
+    ]
+    path.write_text(path.read_text().replace("nkipy", "jax"))  # jax keeps 64-bit types
+    assert load_manifest(path).kernels[0].inputs[0].dtype == "float64"

@@ -38,6 +38,10 @@ RESERVED_ARGUMENT_NAMES = frozenset({"mode"})
 _ABSENT = object()
 
 
+# What the real nkipy tracer turns 64-bit inputs into (NeuronCores have no 64-bit types).
+NKIPY_NARROWED = {"float64": "float32", "int64": "int32"}
+
+
 def semantic_diagnostics(manifest: Manifest, doc: YamlDocument) -> list[Diagnostic]:
     """Problems beyond the schema, in document order."""
     checks = _Checks(manifest, doc)
@@ -83,6 +87,7 @@ class _Checks:
             self.package,
             self.sources,
             self.hlo_inputs_only,
+            self.nkipy_narrowed_inputs,
             self.variant_inputs,
             self.constant_names,
             self.override_targets,
@@ -228,6 +233,22 @@ class _Checks:
                 if self.written(path) is not _ABSENT:  # even empty: the key is wrong here
                     yield self.at(
                         f"the hlo frontend takes no {section}", path, key=True, hint=reason
+                    )
+
+    def nkipy_narrowed_inputs(self) -> Iterator[Diagnostic]:
+        """nkipy traces 64-bit inputs as 32-bit: the NEFF would take another dtype than
+        the one declared, which the bundle would then refuse at every call."""
+        for kernel in self.manifest.kernels:
+            if kernel.frontend != "nkipy":
+                continue
+            for spec in kernel.inputs:
+                narrowed = NKIPY_NARROWED.get(spec.dtype)
+                if narrowed:
+                    yield self.at(
+                        f"nkipy traces {spec.dtype} inputs as {narrowed}",
+                        (*_base(kernel), "inputs", spec.name, "dtype"),
+                        expected=narrowed,
+                        hint=f"declare {narrowed}: the traced kernel and its NEFF take {narrowed}",
                     )
 
     def variant_inputs(self) -> Iterator[Diagnostic]:
