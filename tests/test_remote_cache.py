@@ -109,22 +109,37 @@ def test_a_read_only_cache_reports_but_keeps_a_corrupt_entry(
     assert not (tmp_path / "out.neff").exists()
 
 
+def _edited(**fields: Any) -> Any:
+    """entry.json as published, with `fields` replaced (None: removed)."""
+
+    def edit(record: dict[str, Any]) -> bytes:
+        record = {**record, **fields}
+        return json.dumps({k: v for k, v in record.items() if v is not None}).encode()
+
+    return edit
+
+
 @pytest.mark.parametrize(
     ("entry_json", "why"),
     [
-        (b"{not json", "unreadable entry.json"),
-        (b"\xff\xfe", "unreadable entry.json"),
-        (b"[1, 2]", "not an object"),
-        (b'{"neff": "x.neff"}', "no sha256"),
-        (b'{"sha256": "00"}', "no valid NEFF object"),
-        (b'{"sha256": "00", "neff": "../../elsewhere.neff"}', "no valid NEFF object"),
+        (lambda _: b"{not json", "unreadable entry.json"),
+        (lambda _: b"\xff\xfe", "unreadable entry.json"),
+        (lambda _: b"[1, 2]", "not an object"),
+        (lambda _: b'{"neff": "x.neff"}', "another key"),
+        (_edited(sha256=None), "no valid sha256"),
+        (_edited(sha256="00"), "no valid sha256"),
+        (_edited(neff=None), "no valid NEFF object"),
+        (_edited(neff="../../elsewhere.neff"), "no valid NEFF object"),
+        (_edited(neff="/etc/passwd"), "no valid NEFF object"),
+        (_edited(log="../x.log"), "invalid log object"),
     ],
 )
 def test_a_garbage_entry_json_is_corrupt(
-    cache: RemoteCache, tmp_path: Path, entry_json: bytes, why: str
+    cache: RemoteCache, tmp_path: Path, entry_json: Any, why: str
 ) -> None:
     key, _ = publish(cache, tmp_path, "a")
-    cache.fs.pipe_file(f"{cache.entry_dir(key)}/entry.json", entry_json)
+    record = entry_record(cache, key)
+    cache.fs.pipe_file(f"{cache.entry_dir(key)}/entry.json", entry_json(record))
     assert cache.fetch(key, tmp_path / "a.neff") is None
     (notice,) = cache.notices
     assert "corrupt" in notice and why in notice

@@ -9,6 +9,7 @@ from typing import Any
 
 from nkibuild.cache.key import CacheKey
 from nkibuild.cache.store import NeffStore
+from nkibuild.cache.trust import CacheTrust, trust_from_environment
 
 
 @dataclass(frozen=True)
@@ -81,16 +82,29 @@ class CacheChain:
 
 
 def open_cache_chain(
-    local_dir: Path | None, remote_url: str | None, *, read_only: bool = False
+    local_dir: Path | None,
+    remote_url: str | None,
+    *,
+    read_only: bool = False,
+    trust: CacheTrust | None = None,
 ) -> CacheChain | None:
-    """The configured tiers, or None when caching is off."""
+    """The configured tiers, or None when caching is off.
+
+    `trust` (entry signing) defaults to the environment's NKIBUILD_CACHE_HMAC_KEY /
+    _KEY_FILE and NKIBUILD_REQUIRE_SIGNED_CACHE, which `--cache-key-file` and
+    `--require-signed-cache` set: so every opener (compile, explain, Ray workers on
+    this machine) applies the same policy. Raises CacheConfigError for unusable settings.
+    """
+    if local_dir is None and not remote_url:
+        return None
+    trust = trust_from_environment() if trust is None else trust
     tiers: list[NeffStore] = []
     if local_dir is not None:
         from nkibuild.cache.local import LocalCache
 
-        tiers.append(LocalCache(local_dir, read_only=read_only))
+        tiers.append(LocalCache(local_dir, read_only=read_only, trust=trust))
     if remote_url:
         from nkibuild.cache.remote import RemoteCache
 
-        tiers.append(RemoteCache(remote_url, read_only=read_only))
-    return CacheChain(tiers) if tiers else None
+        tiers.append(RemoteCache(remote_url, read_only=read_only, trust=trust))
+    return CacheChain(tiers)

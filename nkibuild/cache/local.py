@@ -12,13 +12,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nkibuild.cache import safefs
 from nkibuild.cache.key import CacheKey, file_sha256
 from nkibuild.cache.store import (
     ENTRY_FILE,
@@ -28,9 +31,25 @@ from nkibuild.cache.store import (
     corrupt_notice,
     entry_record,
 )
+from nkibuild.cache.trust import (
+    MAX_NEFF_BYTES,
+    MAX_RECORD_BYTES,
+    NO_SIGNING,
+    CacheTrust,
+    caller_meta,
+    check_size,
+    parse_record,
+)
 from nkibuild.fsutil import atomic_output
 
 UNFINISHED_AFTER_S = 3600.0  # far longer than any publish takes
+
+# The only names nkibuild writes in a local cache. Nothing else is ever removed.
+OWN_FILES = frozenset({NEFF_FILE, LOG_FILE, ENTRY_FILE})
+_SHARD = re.compile(r"[0-9a-f]{2}")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+# A publish's staging dir (tempfile.mkdtemp's 8 random characters) and a discard's.
+_UNFINISHED = re.compile(r"\.[0-9a-f]{64}\.(?:[a-z0-9_]{8}\.new|discard-\d+(?:-[0-9a-f]{8})?)")
 
 
 @dataclass(frozen=True)
@@ -41,40 +60,78 @@ class CacheEntry:
 
 
 class LocalCache:
-    """A directory of NEFF entries keyed by `CacheKey.digest`."""
+    """A directory of NEFF entries keyed by `CacheKey.digest`.
+
+    Nothing under the root is trusted: paths are walked without following symlinks,
+    only regular files of bounded size are read, and only nkibuild's own names are
+    ever removed (see `safefs`).
+    """
 
     kind = "local"
 
-    def __init__(self, root: Path, *, read_only: bool = False) -> None:
+    def __init__(
+        self, root: Path, *, read_only: bool = False, trust: CacheTrust = NO_SIGNING
+    ) -> None:
         self.root = root
         self.read_only = read_only
+        self.trust = trust
         self.location = str(root)
         self.notices: list[str] = []
+        self.failures: list[str] = []  # removals the filesystem refused (for `cache clear`)
 
     def entry_dir(self, key: CacheKey | str) -> Path:
         digest = key if isinstance(key, str) else key.digest
         return self.root / "neff" / digest[:2] / digest
 
     def contains(self, key: CacheKey) -> bool:
-        return (self.entry_dir(key) / ENTRY_FILE).is_file()
+        try:
+            with (
+                safefs.opened_dir(self.root, _parts(key.digest)) as fd,
+                safefs.opened_file(fd, ENTRY_FILE, MAX_RECORD_BYTES),
+            ):
+                return True
+        except (OSError, CorruptEntry):
+            return False
 
     def fetch(self, key: CacheKey, destination: Path) -> dict[str, Any] | None:
-        entry = self.entry_dir(key)
         try:
-            meta = json.loads((entry / ENTRY_FILE).read_text())
+            record = self._checked_copy(key.digest, destination)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as error:
-            self._corrupt(key, f"unreadable {ENTRY_FILE} ({error})")
-            return None
-        try:
-            _verified_copy(entry / NEFF_FILE, destination, meta.get("sha256"))
         except CorruptEntry as error:
             self._corrupt(key, str(error))
             return None
         if not self.read_only:
-            _touch(entry / ENTRY_FILE)  # last use, for `nkibuild cache prune`
-        return meta
+            _touch(self.entry_dir(key) / ENTRY_FILE)  # last use, for `nkibuild cache prune`
+        return caller_meta(record)
+
+    def _checked_copy(self, digest: str, destination: Path) -> dict[str, Any]:
+        """The entry's record, once its NEFF is at `destination` and matches it.
+
+        FileNotFoundError: no entry. CorruptEntry: an entry that proves nothing (or
+        cannot be read). Other OSErrors are `destination`'s (the build dir's disk)."""
+        with contextlib.ExitStack() as stack:
+            record, fd = self._open_entry(stack, digest)
+            _verified_copy(fd, destination, record)
+        return record
+
+    def _open_entry(self, stack: contextlib.ExitStack, digest: str) -> tuple[dict[str, Any], int]:
+        """The validated record and an open descriptor of the entry's NEFF."""
+        try:
+            entry_fd = stack.enter_context(safefs.opened_dir(self.root, _parts(digest)))
+            with safefs.opened_file(entry_fd, ENTRY_FILE, MAX_RECORD_BYTES) as (fd, _):
+                raw = safefs.read_small_fd(fd, MAX_RECORD_BYTES)
+        except FileNotFoundError:
+            raise
+        except OSError as error:
+            raise CorruptEntry(f"unreadable {ENTRY_FILE} ({error.strerror or error})") from None
+        record = parse_record(raw, digest, self.trust)
+        try:
+            fd, size = stack.enter_context(safefs.opened_file(entry_fd, NEFF_FILE, MAX_NEFF_BYTES))
+        except OSError as error:
+            raise CorruptEntry(f"unreadable {NEFF_FILE} ({error.strerror or error})") from None
+        check_size(size, record)
+        return record, fd
 
     def publish(
         self, key: CacheKey, neff: Path, meta: dict[str, Any], log: Path | None = None
@@ -82,15 +139,23 @@ class LocalCache:
         if self.read_only:
             return
         entry = self.entry_dir(key)
-        if entry.exists():
+        try:
+            # Made (or found) one component at a time: a symlinked neff/ or shard dir
+            # must not take the entry outside the cache.
+            safefs.make_dirs(self.root, _parts(key.digest)[:-1])
+        except CorruptEntry as error:
+            self.notices.append(f"not publishing to {self.location}: {error}")
             return
-        entry.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(entry):
+            return
         stage = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".new", dir=entry.parent))
         try:
             shutil.copyfile(neff, stage / NEFF_FILE)
             if log is not None and log.exists():
                 shutil.copyfile(log, stage / LOG_FILE)
-            record = entry_record(key, file_sha256(stage / NEFF_FILE), meta)
+            neff_file = stage / NEFF_FILE
+            record = entry_record(key, file_sha256(neff_file), meta, neff_file.stat().st_size)
+            record = self.trust.sign(record)
             (stage / ENTRY_FILE).write_text(json.dumps(record, indent=2, sort_keys=True))
             os.rename(stage, entry)
         except OSError:
@@ -104,38 +169,83 @@ class LocalCache:
 
     def entries(self) -> list[CacheEntry]:
         """Every complete entry (a published entry.json), least recently used first."""
-        found = []
-        for meta_file in self.root.glob(f"neff/??/*/{ENTRY_FILE}"):
-            entry = meta_file.parent
-            if entry.name.startswith("."):
-                continue  # a publish or discard in progress
-            try:
-                size = sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
-                used = meta_file.stat().st_mtime  # touched on every hit
-            except OSError:
-                continue
-            found.append(CacheEntry(entry, size, used))
-        return sorted(found, key=lambda e: e.last_used)
+        return sorted(self._scan()[0], key=lambda e: e.last_used)
+
+    def _scan(self) -> tuple[list[CacheEntry], list[str]]:
+        """(entries, things in the layout's place that are not entries: symlinks, ...)."""
+        found: list[CacheEntry] = []
+        strays: list[str] = []
+        try:
+            with safefs.opened_dir(self.root, ("neff",)) as neff_fd:
+                shards, odd = safefs.child_dirs(neff_fd, _SHARD.fullmatch)
+                strays += [f"neff/{name}" for name in odd]
+                for shard in shards:
+                    self._scan_shard(neff_fd, shard, found, strays)
+        except FileNotFoundError:
+            pass
+        except CorruptEntry as error:
+            strays.append(f"neff: {error}")
+        except OSError as error:
+            strays.append(f"neff: {error.strerror or error}")
+        return found, strays
+
+    def _scan_shard(
+        self, neff_fd: int, shard: str, found: list[CacheEntry], strays: list[str]
+    ) -> None:
+        def is_entry(name: str) -> bool:
+            return _DIGEST.fullmatch(name) is not None and name.startswith(shard)
+
+        with safefs.opened_dir(neff_fd, (shard,)) as shard_fd:
+            names, odd = safefs.child_dirs(shard_fd, is_entry)
+            strays += [f"neff/{shard}/{name}" for name in odd]
+            for name in names:
+                entry = self._entry(shard_fd, name)
+                if entry is not None:
+                    found.append(entry)
+
+    def _entry(self, shard_fd: int, name: str) -> CacheEntry | None:
+        try:
+            with safefs.opened_dir(shard_fd, (name,)) as fd:
+                files = safefs.regular_files(fd)
+        except (OSError, CorruptEntry):
+            return None
+        record = files.get(ENTRY_FILE)
+        if record is None:
+            return None  # not complete: not an entry
+        size = sum(
+            status.st_size
+            for file, status in files.items()
+            if file in OWN_FILES and _is_regular(status)
+        )
+        return CacheEntry(self.entry_dir(name), size, record.st_mtime)
 
     def verify(self) -> list[str]:
-        """Check every entry's NEFF against its recorded sha256; discard and report the bad."""
-        problems = []
-        for entry in self.entries():
+        """Check every entry as a fetch would (key, record, signature, NEFF file and
+        sha256); discard and report the bad ones, and report what is not nkibuild's."""
+        entries, strays = self._scan()
+        problems = [
+            f"{self.root / stray}: not an entry (not followed, left in place)" for stray in strays
+        ]
+        for entry in entries:
+            digest = entry.directory.name
             try:
-                meta = json.loads((entry.directory / ENTRY_FILE).read_text())
-                ok = file_sha256(entry.directory / NEFF_FILE) == meta["sha256"]
-                why = "NEFF does not match its recorded sha256"
-            except (OSError, ValueError, KeyError) as error:
-                ok, why = False, f"unreadable entry ({error})"
-            if not ok:
-                problems.append(f"{entry.directory}: {why}")
+                with tempfile.TemporaryDirectory(prefix="nkibuild-verify-") as scratch:
+                    self._checked_copy(digest, Path(scratch) / NEFF_FILE)
+            except CorruptEntry as error:
+                problems.append(f"{entry.directory}: {error}")
                 self._discard(entry.directory)
+            except OSError as error:
+                problems.append(f"{entry.directory}: unreadable entry ({error.strerror or error})")
+                self._discard(entry.directory)
+        problems += self.notices
+        self.notices.clear()
         return problems
 
     def prune(
         self, *, max_bytes: int | None = None, max_age_s: float | None = None
     ) -> list[CacheEntry]:
-        """Drop entries older than `max_age_s`, then the least recently used beyond `max_bytes`."""
+        """Drop entries older than `max_age_s`, then the least recently used beyond
+        `max_bytes`; the entries actually removed (refusals are in `failures`)."""
         entries = self.entries()
         now = time.time()
         doomed = [e for e in entries if max_age_s is not None and now - e.last_used > max_age_s]
@@ -146,53 +256,105 @@ class LocalCache:
                 break
             doomed.append(entry)
             total -= entry.size
-        for entry in doomed:
-            self._discard(entry.directory)
-        return doomed
+        return [entry for entry in doomed if self._discard(entry.directory)]
 
     def clear(self) -> list[CacheEntry]:
         return self.prune(max_bytes=0)
 
     def remove_unfinished(self, *, older_than_s: float) -> int:
-        """Remove publishes and discards a killed build left (hidden entry dirs); only
-        old ones, since another build may be publishing into a shared cache right now."""
+        """Remove publishes and discards a killed build left (hidden entry dirs of the
+        names nkibuild gives them); only old ones, since another build may be
+        publishing into a shared cache right now."""
         now = time.time()
         removed = 0
-        for stale in self.root.glob("neff/??/.*"):
-            with contextlib.suppress(OSError):
-                if now - stale.stat().st_mtime > older_than_s:
-                    shutil.rmtree(stale)
+        try:
+            with safefs.opened_dir(self.root, ("neff",)) as neff_fd:
+                shards, _ = safefs.child_dirs(neff_fd, _SHARD.fullmatch)
+                for shard in shards:
+                    removed += self._remove_unfinished(neff_fd, shard, now - older_than_s)
+        except (OSError, CorruptEntry):
+            pass  # no neff/ (or not a real one): nothing of nkibuild's to remove
+        return removed
+
+    def _remove_unfinished(self, neff_fd: int, shard: str, before: float) -> int:
+        removed = 0
+        with safefs.opened_dir(neff_fd, (shard,)) as shard_fd:
+            names, _ = safefs.child_dirs(shard_fd, _UNFINISHED.fullmatch)
+            for name in names:
+                try:
+                    if os.stat(name, dir_fd=shard_fd, follow_symlinks=False).st_mtime > before:
+                        continue
+                    safefs.remove_owned_dir(shard_fd, name, OWN_FILES.__contains__)
                     removed += 1
+                except CorruptEntry as error:
+                    self.notices.append(
+                        f"{self.root / 'neff' / shard / name}: {error}; left in place"
+                    )
+                except OSError as error:
+                    self.failures.append(
+                        f"could not remove {self.root / 'neff' / shard / name}: "
+                        f"{error.strerror or error}"
+                    )
         return removed
 
     def _corrupt(self, key: CacheKey, why: str) -> None:
         self.notices.append(corrupt_notice(self.location, key, why, not self.read_only))
         self._discard(self.entry_dir(key))
+        self.notices += self.failures  # a removal the filesystem refused is news here too
+        self.failures.clear()
 
-    def _discard(self, entry: Path) -> None:
+    def _discard(self, entry: Path) -> bool:
+        """Remove an entry directory of nkibuild's layout holding only nkibuild's files.
+
+        It is renamed aside first, so a concurrent reader never sees it half-deleted.
+        Anything that is not nkibuild's (a symlink, a foreign file) is left in place
+        and reported; a refusal of the filesystem is recorded in `failures`."""
         if self.read_only:
-            return
-        # Rename first so a concurrent reader never sees a half-deleted entry.
-        doomed = entry.with_name(f".{entry.name}.discard-{os.getpid()}")
+            return False
+        parts = _parts(entry.name)
         try:
-            os.rename(entry, doomed)
-        except OSError:
-            return
-        shutil.rmtree(doomed, ignore_errors=True)
-
-
-def _verified_copy(source: Path, destination: Path, sha256: object) -> None:
-    """Copy, then check the copy: what the build uses is exactly what was verified."""
-    with atomic_output(destination) as copy:
-        try:
-            shutil.copyfile(source, copy)
+            with safefs.opened_dir(self.root, parts[:-1]) as shard_fd:
+                with safefs.opened_dir(shard_fd, parts[-1:]) as entry_fd:
+                    others = safefs.foreign(entry_fd, OWN_FILES.__contains__)
+                    if others:
+                        raise CorruptEntry(
+                            f"it holds files nkibuild did not write ({', '.join(others[:5])})"
+                        )
+                doomed = f".{entry.name}.discard-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                os.rename(entry.name, doomed, src_dir_fd=shard_fd, dst_dir_fd=shard_fd)
+                safefs.remove_owned_dir(shard_fd, doomed, OWN_FILES.__contains__)
+        except FileNotFoundError:
+            return False
+        except CorruptEntry as error:
+            self.notices.append(f"{entry}: {error}; not removed, left in place")
+            return False
         except OSError as error:
-            raise CorruptEntry(f"unreadable NEFF ({error})") from None
-        found = file_sha256(copy)
-        if found != sha256:
-            raise CorruptEntry(f"NEFF sha256 {found[:16]}... differs from the recorded {sha256}")
+            self.failures.append(f"could not remove {entry}: {error.strerror or error}")
+            return False
+        return True
+
+
+def _parts(digest: str) -> tuple[str, str, str]:
+    return ("neff", digest[:2], digest)
+
+
+def _is_regular(status: os.stat_result) -> bool:
+    import stat
+
+    return stat.S_ISREG(status.st_mode)
+
+
+def _verified_copy(fd: int, destination: Path, record: dict[str, Any]) -> None:
+    """Copy from the opened entry file, hashing what is written: what the build uses is
+    exactly what was verified."""
+    with atomic_output(destination) as copy:
+        found, _ = safefs.copy_hashed(fd, copy, MAX_NEFF_BYTES)
+        if found != record["sha256"]:
+            raise CorruptEntry(
+                f"NEFF sha256 {found[:16]}... differs from the recorded {record['sha256']}"
+            )
 
 
 def _touch(path: Path) -> None:
     with contextlib.suppress(OSError):  # a cache on a read-only mount still serves hits
-        os.utime(path)
+        os.utime(path, follow_symlinks=False)

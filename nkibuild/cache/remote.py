@@ -15,8 +15,11 @@ Network and auth errors propagate: `CacheChain` turns them into notices.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import os
 import posixpath
+import re
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -26,14 +29,29 @@ from urllib.parse import urlsplit, urlunsplit
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from nkibuild.cache import safefs
 from nkibuild.cache.key import CacheKey, file_sha256
 from nkibuild.cache.store import ENTRY_FILE, CorruptEntry, corrupt_notice, entry_record
+from nkibuild.cache.trust import (
+    MAX_NEFF_BYTES,
+    MAX_RECORD_BYTES,
+    NO_SIGNING,
+    CacheTrust,
+    caller_meta,
+    check_size,
+    parse_record,
+)
 from nkibuild.fsutil import atomic_output
 
 # entry.json fields that describe the remote layout, not the NEFF: kept out of
 # the metadata `fetch` returns, so a hit backfilled into the local tier does
 # not carry object names that mean nothing there.
 STORAGE_FIELDS = ("neff", "log")
+# The object names nkibuild writes in an entry (content-addressed, and their temp
+# names on a local filesystem): a discard removes these and nothing else.
+_OBJECT = re.compile(r"[0-9a-f]{64}\.(?:neff|log)")
+_OWN_NAME = re.compile(r"entry\.json|[0-9a-f]{64}\.(?:neff|log)|\..+\.[0-9a-f]{32}\.tmp")
+_CHUNK = 1 << 20
 
 
 class RemoteCache:
@@ -47,9 +65,11 @@ class RemoteCache:
         *,
         read_only: bool = False,
         storage_options: dict[str, Any] | None = None,
+        trust: CacheTrust = NO_SIGNING,
     ) -> None:
         self.fs, self.root = fsspec.core.url_to_fs(url, **(storage_options or {}))
         self.read_only = read_only
+        self.trust = trust
         self.location = public_url(url)
         self.notices: list[str] = []
         # Local filesystems can rename atomically but need directories created.
@@ -63,18 +83,36 @@ class RemoteCache:
         return self._exists(posixpath.join(self.entry_dir(key), ENTRY_FILE))
 
     def fetch(self, key: CacheKey, destination: Path) -> dict[str, Any] | None:
-        entry = self.entry_dir(key)
         try:
-            raw = self.fs.cat_file(posixpath.join(entry, ENTRY_FILE))
+            raw = self._read_record(key.digest)
         except FileNotFoundError:
             return None
-        try:
-            record = _parse_record(raw)
-            self._verified_download(posixpath.join(entry, record["neff"]), destination, record)
         except CorruptEntry as error:
             self._corrupt(key, str(error))
             return None
-        return {k: v for k, v in record.items() if k not in STORAGE_FIELDS}
+        try:
+            record = parse_record(raw, key.digest, self.trust)
+            _check_object_names(record)
+            self._verified_download(key.digest, record, destination)
+        except CorruptEntry as error:
+            self._corrupt(key, str(error))
+            return None
+        return caller_meta(record)
+
+    def _read_record(self, digest: str) -> bytes:
+        """entry.json's bytes, at most MAX_RECORD_BYTES of them; FileNotFoundError: a miss."""
+        if self._local:
+            try:
+                return safefs.read_small(self.root, _parts(digest), ENTRY_FILE, MAX_RECORD_BYTES)
+            except (FileNotFoundError, CorruptEntry):
+                raise
+            except OSError as error:
+                raise CorruptEntry(f"unreadable {ENTRY_FILE} ({error.strerror})") from None
+        path = posixpath.join(self.entry_dir(digest), ENTRY_FILE)
+        raw = self.fs.cat_file(path, start=0, end=MAX_RECORD_BYTES + 1)
+        if len(raw) > MAX_RECORD_BYTES:
+            raise CorruptEntry(f"{ENTRY_FILE} is more than {MAX_RECORD_BYTES} bytes")
+        return bytes(raw)
 
     def publish(
         self, key: CacheKey, neff: Path, meta: dict[str, Any], log: Path | None = None
@@ -88,11 +126,12 @@ class RemoteCache:
         if self._local:
             self.fs.makedirs(entry, exist_ok=True)
         sha256 = file_sha256(neff)
-        record = entry_record(key, sha256, meta)
+        record = entry_record(key, sha256, meta, neff.stat().st_size)
         record["neff"] = self._upload(neff, entry, f"{sha256}.neff")
         record["log"] = None
         if log is not None and log.exists():
             record["log"] = self._upload(log, entry, f"{sha256}.log")
+        record = self.trust.sign(record)
         # Last: from this moment readers see the entry, and everything it names is there.
         data = json.dumps(record, indent=2, sort_keys=True).encode()
         self._write_atomically(entry_file, lambda path: self.fs.pipe_file(path, data))
@@ -107,18 +146,55 @@ class RemoteCache:
         pattern = posixpath.join(self.root, "neff", "*", "*", ENTRY_FILE)
         return sorted(posixpath.basename(posixpath.dirname(p)) for p in self.fs.glob(pattern))
 
-    def _verified_download(self, source: str, destination: Path, record: dict[str, Any]) -> None:
-        """Download, then check the copy: what the build uses is exactly what was verified."""
+    def _verified_download(self, digest: str, record: dict[str, Any], destination: Path) -> None:
+        """Download, hashing what is written: what the build uses is exactly what was
+        verified. The object must be a regular file (on a local filesystem) of the
+        recorded size, and never more than MAX_NEFF_BYTES are read."""
+        name = record["neff"]
         with atomic_output(destination) as copy:
             try:
-                self.fs.get_file(source, str(copy))
+                if self._local:
+                    found = self._copy_local(digest, record, copy)
+                else:
+                    found = self._copy_remote(
+                        posixpath.join(self.entry_dir(digest), name), record, copy
+                    )
             except FileNotFoundError:
-                raise CorruptEntry(f"its NEFF object {record['neff']} is missing") from None
-            found = file_sha256(copy)
+                raise CorruptEntry(f"its NEFF object {name} is missing") from None
             if found != record["sha256"]:
                 raise CorruptEntry(
                     f"NEFF sha256 {found[:16]}... differs from the recorded {record['sha256']}"
                 )
+
+    def _copy_local(self, digest: str, record: dict[str, Any], copy: Path) -> str:
+        try:
+            with (
+                safefs.opened_dir(self.root, _parts(digest)) as entry_fd,
+                safefs.opened_file(entry_fd, record["neff"], MAX_NEFF_BYTES) as (fd, size),
+            ):
+                check_size(size, record)
+                return safefs.copy_hashed(fd, copy, MAX_NEFF_BYTES)[0]
+        except (FileNotFoundError, CorruptEntry):
+            raise
+        except OSError as error:
+            if error.filename == str(copy):
+                raise  # the build dir's disk, not the entry
+            raise CorruptEntry(f"unreadable NEFF object ({error.strerror})") from None
+
+    def _copy_remote(self, source: str, record: dict[str, Any], copy: Path) -> str:
+        size = self.fs.info(source).get("size")
+        if not isinstance(size, int) or size > MAX_NEFF_BYTES:
+            raise CorruptEntry(f"its NEFF object is {size} bytes (at most {MAX_NEFF_BYTES})")
+        check_size(size, record)
+        digest, total = hashlib.sha256(), 0
+        with self.fs.open(source, "rb") as remote, open(copy, "wb") as out:
+            while block := remote.read(_CHUNK):
+                total += len(block)
+                if total > MAX_NEFF_BYTES:
+                    raise CorruptEntry(f"its NEFF object is more than {MAX_NEFF_BYTES} bytes")
+                digest.update(block)
+                out.write(block)
+        return digest.hexdigest()
 
     def _upload(self, source: Path, entry: str, name: str) -> str:
         self._write_atomically(
@@ -156,27 +232,51 @@ class RemoteCache:
             self._discard(self.entry_dir(key))
 
     def _discard(self, entry: str) -> None:
-        # entry.json first, so readers stop seeing the entry before its objects go.
+        """entry.json first, so readers stop seeing the entry before its objects go;
+        then only the objects nkibuild names (never another writer's foreign files)."""
+        if self._local:
+            self._discard_local(posixpath.basename(entry))
+            return
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(posixpath.join(entry, ENTRY_FILE))
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(entry, recursive=True)
+            for path in self.fs.ls(entry, detail=False):
+                if _OWN_NAME.fullmatch(posixpath.basename(path.rstrip("/"))):
+                    with contextlib.suppress(FileNotFoundError):
+                        self.fs.rm_file(path)
+
+    def _discard_local(self, digest: str) -> None:
+        try:
+            with safefs.opened_dir(self.root, _parts(digest)[:-1]) as shard_fd:
+                with (
+                    contextlib.suppress(FileNotFoundError),
+                    safefs.opened_dir(shard_fd, (digest,)) as entry_fd,
+                ):
+                    if safefs.regular_files(entry_fd).get(ENTRY_FILE) is not None:
+                        os.unlink(ENTRY_FILE, dir_fd=entry_fd)
+                safefs.remove_owned_dir(shard_fd, digest, _is_own_name)
+        except FileNotFoundError:
+            return
+        except CorruptEntry as error:
+            self.notices.append(f"{self.entry_dir(digest)}: {error}; not removed, left in place")
 
 
-def _parse_record(raw: bytes) -> dict[str, Any]:
-    try:
-        record = json.loads(raw)
-    except ValueError as error:  # includes undecodable bytes
-        raise CorruptEntry(f"unreadable {ENTRY_FILE} ({error})") from None
-    if not isinstance(record, dict):
-        raise CorruptEntry(f"{ENTRY_FILE} is not an object")
-    neff, sha256 = record.get("neff"), record.get("sha256")
-    if not isinstance(sha256, str):
-        raise CorruptEntry(f"{ENTRY_FILE} records no sha256")
-    # A plain name inside the entry: a bad record must not send a fetch elsewhere.
-    if not isinstance(neff, str) or not neff or "/" in neff or neff.startswith("."):
-        raise CorruptEntry(f"{ENTRY_FILE} names no valid NEFF object ({neff!r})")
-    return record
+def _is_own_name(name: str) -> bool:
+    return _OWN_NAME.fullmatch(name) is not None
+
+
+def _parts(digest: str) -> tuple[str, str, str]:
+    return ("neff", digest[:2], digest)
+
+
+def _check_object_names(record: dict[str, Any]) -> None:
+    """Plain content-addressed names inside the entry: a bad record must not send a
+    fetch elsewhere (`../../x`, an absolute path, another scheme)."""
+    neff, log = record.get("neff"), record.get("log")
+    if not isinstance(neff, str) or not _OBJECT.fullmatch(neff) or not neff.endswith(".neff"):
+        raise CorruptEntry(f"{ENTRY_FILE} names no valid NEFF object ({neff!r:.60})")
+    if log is not None and not (isinstance(log, str) and _OBJECT.fullmatch(log)):
+        raise CorruptEntry(f"{ENTRY_FILE} names an invalid log object ({log!r:.60})")
 
 
 def public_url(url: str) -> str:

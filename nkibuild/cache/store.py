@@ -47,9 +47,11 @@ class NeffStore(Protocol):
         ...
 
 
-def entry_record(key: CacheKey, sha256: str, meta: dict[str, Any]) -> dict[str, Any]:
-    """entry.json: the caller's metadata plus what makes the entry self-describing."""
-    return {**meta, "key": key.to_json(), "digest": key.digest, "sha256": sha256}
+def entry_record(key: CacheKey, sha256: str, meta: dict[str, Any], size: int) -> dict[str, Any]:
+    """entry.json: the caller's metadata plus what makes the entry self-describing (a
+    signature, if any, is added by the tier's `CacheTrust`)."""
+    meta = {k: v for k, v in meta.items() if k != "signature"}
+    return {**meta, "key": key.to_json(), "digest": key.digest, "sha256": sha256, "size": size}
 
 
 def corrupt_notice(location: str, key: CacheKey, why: str, discarded: bool) -> str:

@@ -27,6 +27,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.invoked_in = Path.cwd()  # before -C: what `init` tells the user to `cd` to
+    if getattr(args, "cache_key_file", None) is not None:
+        args.cache_key_file = args.cache_key_file.absolute()  # before -C, as the user typed it
     if args.directory:
         try:
             os.chdir(args.directory)
@@ -37,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # sets this once; a library caller's process is left as it is.
     gc.set_threshold(50_000, 20, 20)
     try:
+        _export_cache_trust(args)
         code = int(args.handler(args))
         sys.stdout.flush()  # a closed pipe shows here, where it is handled, not at exit
         return code
@@ -54,6 +57,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _export_cache_trust(args: argparse.Namespace) -> None:
+    """Cache entry signing flags go to the environment, where every opener of the cache
+    chain (compile, explain, Ray workers on this machine) reads them; checked here so a
+    bad key stops the command at once (exit 2), before anything is built."""
+    key_file = getattr(args, "cache_key_file", None)
+    required = getattr(args, "require_signed_cache", False)
+    if key_file is None and not required:
+        return
+    from nkibuild.cache.trust import ENV_KEY, ENV_KEY_FILE, ENV_REQUIRE, trust_from_environment
+
+    if key_file is not None:
+        os.environ[ENV_KEY_FILE] = str(key_file)
+        os.environ.pop(ENV_KEY, None)  # the command line wins over the environment
+    if required:
+        os.environ[ENV_REQUIRE] = "1"
+    trust_from_environment()
 
 
 def _output_closed() -> int:
@@ -184,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument(
         "--max-age", type=float, metavar="DAYS", help="prune: drop entries unused this long"
     )
+    _signing_options(cache)
     inspect = _add(commands, "inspect", cmd.inspect, "show what a NEFF file holds")
     inspect.add_argument("neff", type=Path, help="a .neff file")
     inspect.add_argument("--json", action="store_true", help="print the fields as JSON")
@@ -298,7 +320,21 @@ def _cache_options() -> argparse.ArgumentParser:
         "--cache-read-only", action="store_true",
         help="use the caches but never write to them (CI consumers)",
     )  # fmt: skip
+    _signing_options(options)
     return options
+
+
+def _signing_options(options: argparse.ArgumentParser) -> None:
+    options.add_argument(
+        "--cache-key-file", type=Path, metavar="FILE",
+        help="sign cache entries with the shared secret in FILE and check signed ones "
+        "[default: env NKIBUILD_CACHE_HMAC_KEY_FILE or NKIBUILD_CACHE_HMAC_KEY]",
+    )  # fmt: skip
+    options.add_argument(
+        "--require-signed-cache", action="store_true",
+        help="refuse cache entries not signed with that secret "
+        "[default: env NKIBUILD_REQUIRE_SIGNED_CACHE]",
+    )  # fmt: skip
 
 
 def _build_options() -> argparse.ArgumentParser:

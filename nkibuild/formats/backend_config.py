@@ -13,9 +13,18 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from nkibuild.formats.hlo import rewrite_backend_configs
+from nkibuild.formats.hlo import HloFormatError, rewrite_backend_configs
+from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, JsonSyntaxError, load_json
 
 NKI_CUSTOM_CALLS = frozenset({"AwsNeuronCustomNativeKernel", "AwsNeuronNkiKernel"})
+# A config names a kernel and a few files; even one carrying a serialized kernel is
+# a few MB. Beyond these bounds decoding is refused, not attempted.
+MAX_CONFIG_BYTES = 64 << 20  # base64 text
+CONFIG_JSON = JsonLimits(max_bytes=MAX_CONFIG_BYTES, max_depth=64)
+
+
+class BackendConfigError(HloFormatError):
+    """A custom-call config that is base64 JSON beyond the bounds nkibuild reads."""
 
 
 def rewrite_paths(
@@ -38,13 +47,27 @@ def rewrite_paths(
 
 
 def decode(backend_config: bytes) -> tuple[Any, bytes | None] | None:
-    """(JSON value, base64 altchars) or None when the config is not base64 JSON."""
+    """(JSON value, base64 altchars) or None when the config is not base64 JSON.
+
+    Raises BackendConfigError for a config too large or too deeply nested to read:
+    skipping it would also skip relocating (and confining) the files it names.
+    """
+    if len(backend_config) > MAX_CONFIG_BYTES:
+        raise BackendConfigError(
+            f"a custom-call backend_config of {len(backend_config)} bytes "
+            f"(at most {MAX_CONFIG_BYTES} are read)"
+        )
     altchars = b"-_" if (b"-" in backend_config or b"_" in backend_config) else None
     try:
         text = base64.b64decode(backend_config, altchars=altchars, validate=True)
-        return json.loads(text), altchars
     except (binascii.Error, ValueError):
         return None
+    try:
+        return load_json(text, CONFIG_JSON), altchars
+    except JsonSyntaxError:
+        return None
+    except JsonLimitError as error:
+        raise BackendConfigError(f"a custom-call backend_config is {error}") from None
 
 
 def strings(value: Any) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,12 +107,28 @@ def read_hlo(data: bytes) -> HloModuleInfo:
 
 def read_hlo_file(path: str | os.PathLike[str]) -> HloModuleInfo:
     """Parse an HloModuleProto file; errors name the file."""
+    origin = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        # O_NONBLOCK: a FIFO must not hang the reader; only a regular file is read.
+        fd = os.open(origin, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            status = os.fstat(f.fileno())
+            if not stat.S_ISREG(status.st_mode):
+                raise HloFormatError(f"{origin}: not a regular file")
+            if status.st_size > MAX_MODULE_BYTES:
+                raise HloFormatError(f"{origin}: {_too_large(status.st_size)}")
+            data = f.read(MAX_MODULE_BYTES + 1)
     except OSError as exc:
-        raise HloFormatError(f"cannot read HLO module {os.fspath(path)}: {exc.strerror}") from None
-    return _read(data, os.fspath(path))
+        raise HloFormatError(f"cannot read HLO module {origin}: {exc.strerror}") from None
+    return _read(data, origin)
+
+
+# protobuf cannot parse a message of 2 GiB or more.
+MAX_MODULE_BYTES = (2 << 30) - 1
+
+
+def _too_large(size: int) -> str:
+    return f"{size} bytes is more than a serialized HloModuleProto can be ({MAX_MODULE_BYTES})"
 
 
 # --- schema -------------------------------------------------------------------------
@@ -228,6 +245,8 @@ def _read(data: bytes, origin: str) -> HloModuleInfo:
         raise TypeError(f"read_hlo expects bytes, not {type(data).__name__}")
     if not data:
         raise HloFormatError(f"{origin}: empty file, expected a serialized HloModuleProto")
+    if len(data) > MAX_MODULE_BYTES:
+        raise HloFormatError(f"{origin}: {_too_large(len(data))}")
     module = _module_class()()
     try:
         module.ParseFromString(bytes(data))

@@ -40,20 +40,25 @@ no single rewrite can make one pass for a real kernel.
 
 from __future__ import annotations
 
+import _compression
+import bz2
+import gzip
 import hashlib
 import io
-import json
+import lzma
 import os
 import re
+import stat
 import struct
 import tarfile
 import uuid
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
 
 from nkibuild.errors import NkibuildError
+from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, load_json
 
 HEADER_SIZE = 1024
 # The packaging version whose header layout (and checksum layout) is documented.
@@ -141,40 +146,91 @@ class NeffInfo:
 # --- reading ---------------------------------------------------------------------------
 
 
-def read_neff(source: str | os.PathLike[str] | bytes, *, verify_checksum: bool = True) -> NeffInfo:
+_NEFF_JSON = JsonLimits(max_bytes=64 << 20)
+
+
+@dataclass(frozen=True)
+class NeffLimits:
+    """What the reader accepts before calling a file "not a valid NEFF": every bound an
+    input could otherwise turn into unbounded memory or time (bombs, sparse members,
+    pax headers, millions of members, deep JSON). Kernel NEFFs are far below each."""
+
+    file_bytes: int = 4 << 30
+    payload_bytes: int = 4 << 30  # the decompressed tar stream
+    member_bytes: int = 64 << 20  # one metadata member (read into memory)
+    metadata_bytes: int = 256 << 20  # all metadata members together
+    members: int = 50_000
+    extended_header_bytes: int = 64 << 10  # one pax or GNU long-name header
+    names_bytes: int = 16 << 20  # all member names together
+    json: JsonLimits = _NEFF_JSON
+
+
+DEFAULT_LIMITS = NeffLimits()
+_CHUNK = 1 << 20
+
+
+def read_neff(
+    source: str | os.PathLike[str] | bytes,
+    *,
+    verify_checksum: bool = True,
+    limits: NeffLimits = DEFAULT_LIMITS,
+) -> NeffInfo:
     """Read a NEFF's header and signature; raise NeffFormatError if it is not a NEFF.
 
     A checksum that was verified and does not match raises when `verify_checksum`, else
-    yields `checksum_ok=False`. One that cannot be verified only adds a warning.
+    yields `checksum_ok=False`. One that cannot be verified only adds a warning. Memory
+    stays bounded whatever the input: the payload is streamed, never held whole.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
-        data, origin = bytes(source), "NEFF data"
-    else:
-        origin = os.fspath(source)
-        try:
-            with open(source, "rb") as f:
-                data = f.read()
-        except OSError as exc:
-            raise NeffFormatError(f"cannot read NEFF {origin}: {exc.strerror}") from None
+        data = bytes(source)
+        return _parse_named(io.BytesIO(data), len(data), "NEFF data", verify_checksum, limits)
+    origin = os.fspath(source)
+    with _open_regular(origin) as stream:
+        size = os.fstat(stream.fileno()).st_size
+        return _parse_named(stream, size, origin, verify_checksum, limits)
+
+
+def _open_regular(path: str) -> io.BufferedReader:
+    """Open for reading without blocking on a FIFO; only a regular file is a NEFF."""
     try:
-        return _parse(data, verify_checksum)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise NeffFormatError(f"cannot read NEFF {path}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NeffFormatError(f"{path}: not a valid NEFF: not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _parse_named(
+    stream: IO[bytes], size: int, origin: str, verify_checksum: bool, limits: NeffLimits
+) -> NeffInfo:
+    try:
+        return _parse(stream, size, verify_checksum, limits)
     except NeffFormatError as exc:
-        raise NeffFormatError(f"{origin}: {exc}") from None
+        raise NeffFormatError(f"{origin}: not a valid NEFF: {exc}") from None
+    except OSError as exc:  # the file itself failed while being read (EIO, ...)
+        raise NeffFormatError(f"cannot read NEFF {origin}: {exc.strerror or exc}") from None
 
 
-def _parse(data: bytes, verify_checksum: bool) -> NeffInfo:
-    header = _read_header(data)
-    payload = data[HEADER_SIZE:]
-    checksum, warnings = _checksum(header, payload)
+def _parse(stream: IO[bytes], size: int, verify_checksum: bool, limits: NeffLimits) -> NeffInfo:
+    if size > limits.file_bytes:
+        raise NeffFormatError(f"{size} bytes is more than the {limits.file_bytes} a NEFF may have")
+    header = _read_header(stream.read(HEADER_SIZE), size)
+    checksum, warnings = _checksum(header, _payload_md5_field(stream))
     if verify_checksum and checksum == "mismatch":
         raise NeffFormatError("payload MD5 does not match the header (corrupted file?)")
-    members, names = _read_members(payload)
-    info = _json_object(members, _INFO)
+    stream.seek(HEADER_SIZE)
+    members, names = _read_members(stream, limits)
+    info = _json_object(members, _INFO, limits)
     build_text = _c_string(header.build)
     maps = _tensor_maps(names)
-    subgraphs = _subgraph_names(_json_object(members, _KELF), maps)
-    first_map = _json_object(members, maps.get(subgraphs[0]) or _first_map(maps))
-    inputs, fallback = _inputs(members.get(_NEFF), first_map)
+    subgraphs = _subgraph_names(_json_object(members, _KELF, limits), maps)
+    first_map = _json_object(members, maps.get(subgraphs[0]) or _first_map(maps), limits)
+    inputs, fallback = _inputs(members.get(_NEFF), first_map, limits)
     if fallback:
         warnings = (*warnings, fallback)
     return NeffInfo(
@@ -200,32 +256,40 @@ def _parse(data: bytes, verify_checksum: bool) -> NeffInfo:
     )
 
 
-def _read_header(data: bytes) -> _Header:
+def _read_header(data: bytes, size: int) -> _Header:
     if len(data) < HEADER_SIZE:
-        raise NeffFormatError(
-            f"not a NEFF: {len(data)} bytes is shorter than the {HEADER_SIZE}-byte header"
-        )
+        raise NeffFormatError(f"{len(data)} bytes is shorter than the {HEADER_SIZE}-byte header")
     header = _Header._make(HEADER.unpack_from(data))
     if header.header_size != HEADER_SIZE:
-        raise NeffFormatError(f"not a NEFF: header size field is {header.header_size}, not 1024")
-    if header.payload_size != len(data) - HEADER_SIZE:
+        raise NeffFormatError(f"header size field is {header.header_size}, not 1024")
+    if header.payload_size != size - HEADER_SIZE:
         raise NeffFormatError(
             f"payload size field says {header.payload_size} bytes but "
-            f"{len(data) - HEADER_SIZE} follow the header (truncated or padded file?)"
+            f"{size - HEADER_SIZE} follow the header (truncated or padded file?)"
         )
     return header
 
 
+def _payload_md5_field(stream: IO[bytes]) -> bytes:
+    digest = hashlib.md5(usedforsecurity=False)
+    for block in iter(lambda: stream.read(_CHUNK), b""):
+        digest.update(block)
+    return _md5_words(digest.digest())
+
+
 def payload_md5_field(payload: bytes) -> bytes:
     """The header's MD5 layout: the big-endian digest re-packed as little-endian u32s."""
-    digest = hashlib.md5(payload, usedforsecurity=False).digest()
+    return _md5_words(hashlib.md5(payload, usedforsecurity=False).digest())
+
+
+def _md5_words(digest: bytes) -> bytes:
     return struct.pack("<4I", *struct.unpack(">4I", digest))
 
 
-def _checksum(header: _Header, payload: bytes) -> tuple[str, tuple[str, ...]]:
+def _checksum(header: _Header, payload_md5: bytes) -> tuple[str, tuple[str, ...]]:
     """("ok" | "mismatch" | "unverified", warnings). Only a documented, non-empty field
     that does not match is a mismatch: anything else the reader cannot judge."""
-    if header.md5 == payload_md5_field(payload):
+    if header.md5 == payload_md5:
         return "ok", ()
     if header.md5 == bytes(16):
         return "unverified", ("checksum not verified: the header's MD5 field is empty",)
@@ -249,30 +313,133 @@ def _wanted(name: str) -> bool:
     return name in (_INFO, _NEFF, _KELF) or _TENSOR_MAP.fullmatch(name) is not None
 
 
-def _read_members(payload: bytes) -> tuple[dict[str, bytes], frozenset[str]]:
-    """The metadata members' bytes, and the names of all members."""
+def _read_members(stream: IO[bytes], limits: NeffLimits) -> tuple[dict[str, bytes], frozenset[str]]:
+    """The metadata members' bytes, and the names of all members.
+
+    The tar is read as a stream through a byte budget, so neither a compression bomb
+    nor a member that declares a huge size can take more than the limits allow; the
+    archive's own bookkeeping (tarfile keeps every header it read) is dropped as it goes.
+    """
     members: dict[str, bytes] = {}
     names: set[str] = set()
+    budget = _Budget(_decompressed(stream), limits.payload_bytes)
+    tarinfo = type("BoundedTarInfo", (_BoundedTarInfo,), {"limits": limits})
+    counts = {"members": 0, "names": 0, "metadata": 0}
     try:
-        # "r:*": fast-loading NEFFs (--enable-fast-loading-neuron-binaries) are uncompressed.
-        with tarfile.open(fileobj=io.BytesIO(payload), mode="r:*") as tar:
-            for member in tar:
+        with tarfile.open(fileobj=budget, mode="r|", tarinfo=tarinfo) as tar:
+            while (member := tar.next()) is not None:
+                tar.members.clear()
                 name = _member_name(member.name)
+                _count(counts, "members", 1, limits.members, "members")
+                _count(counts, "names", len(name), limits.names_bytes, "bytes of member names")
                 names.add(name)
                 if member.isfile() and _wanted(name):
-                    extracted = tar.extractfile(member)
-                    members[name] = extracted.read() if extracted else b""
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+                    members[name] = _member_data(tar, member, name, counts, limits)
+    except _READ_ERRORS as exc:
         raise NeffFormatError(f"payload is not a readable (gzip) tar archive: {exc}") from None
     return members, frozenset(names)
 
 
-def _json_object(members: Mapping[str, bytes], name: str) -> dict[str, Any]:
+# What decompressors and tarfile raise for bytes they cannot read.
+_READ_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError, ValueError)
+_XZ_MEMORY = 96 << 20  # xz declares its dictionary size: cap what a header can demand
+
+
+def _decompressed(stream: IO[bytes]) -> Any:
+    """The payload's tar stream: gunzipped, unxz'd, bunzipped, or as is (fast-loading
+    NEFFs, `--enable-fast-loading-neuron-binaries`, are uncompressed)."""
+    start = stream.tell()
+    magic = stream.read(6)
+    stream.seek(start)
+    if magic.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=stream, mode="rb")
+    if magic.startswith(b"BZh"):
+        return bz2.BZ2File(stream, mode="rb")
+    if magic.startswith(b"\xfd7zXZ\x00"):
+        reader = _compression.DecompressReader(
+            stream, lzma.LZMADecompressor, trailing_error=lzma.LZMAError, memlimit=_XZ_MEMORY
+        )
+        return io.BufferedReader(reader)
+    return stream
+
+
+class _Budget:
+    """A reader that refuses to yield more than `limit` bytes in total."""
+
+    def __init__(self, raw: Any, limit: int) -> None:
+        self.raw, self.limit, self.total = raw, limit, 0
+
+    def read(self, size: int = -1) -> bytes:
+        room = self.limit - self.total + 1
+        data = self.raw.read(room if size is None or size < 0 else min(size, room))
+        self.total += len(data)
+        if self.total > self.limit:
+            raise NeffFormatError(f"payload decompresses to more than {self.limit} bytes")
+        return bytes(data)
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """Refuses, before tarfile reads them into memory, extended headers (pax, GNU long
+    names) beyond the limit, and sparse members (a few bytes that expand to any size;
+    a NEFF has none)."""
+
+    limits: NeffLimits = DEFAULT_LIMITS
+
+    def _proc_member(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _EXTENDED_TYPES and self.size > self.limits.extended_header_bytes:
+            raise NeffFormatError(
+                f"an extended tar header of {self.size} bytes "
+                f"(at most {self.limits.extended_header_bytes})"
+            )
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise NeffFormatError(f"member {self.name!r} is a sparse file")
+        return super()._proc_member(tar)  # type: ignore[misc]
+
+    def _proc_gnusparse_00(self, *args: Any) -> None:
+        raise NeffFormatError(f"member {self.name!r} is a sparse file")
+
+    _proc_gnusparse_01 = _proc_gnusparse_10 = _proc_gnusparse_00
+
+
+_EXTENDED_TYPES = frozenset(
+    {
+        tarfile.XHDTYPE,
+        tarfile.XGLTYPE,
+        tarfile.SOLARIS_XHDTYPE,
+        tarfile.GNUTYPE_LONGNAME,
+        tarfile.GNUTYPE_LONGLINK,
+    }
+)
+
+
+def _count(counts: dict[str, int], what: str, amount: int, limit: int, unit: str) -> None:
+    counts[what] += amount
+    if counts[what] > limit:
+        raise NeffFormatError(f"payload has more than {limit} {unit}")
+
+
+def _member_data(
+    tar: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    name: str,
+    counts: dict[str, int],
+    limits: NeffLimits,
+) -> bytes:
+    if member.size > limits.member_bytes:
+        raise NeffFormatError(
+            f"member {name} is {member.size} bytes (at most {limits.member_bytes})"
+        )
+    _count(counts, "metadata", member.size, limits.metadata_bytes, "bytes of metadata members")
+    extracted = tar.extractfile(member)
+    return extracted.read(limits.member_bytes + 1) if extracted else b""
+
+
+def _json_object(members: Mapping[str, bytes], name: str, limits: NeffLimits) -> dict[str, Any]:
     if name not in members:
         raise NeffFormatError(f"payload has no member {name}")
     try:
-        value = json.loads(members[name])
-    except (ValueError, UnicodeDecodeError) as exc:
+        value = load_json(members[name], limits.json)
+    except JsonLimitError as exc:
         raise NeffFormatError(f"member {name} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise NeffFormatError(f"member {name} is not a JSON object")
@@ -314,12 +481,12 @@ def _subgraph_names(kelf: Mapping[str, Any], maps: Mapping[str, str]) -> tuple[s
 
 
 def _inputs(
-    neff_json: bytes | None, tensor_map: Mapping[str, Any]
+    neff_json: bytes | None, tensor_map: Mapping[str, Any], limits: NeffLimits
 ) -> tuple[tuple[NeffTensor, ...], str | None]:
     """The inputs from neff.json's signature, else from the tensor map (with a warning)."""
     entries = None
     if neff_json is not None:
-        neff = _json_object({_NEFF: neff_json}, _NEFF)
+        neff = _json_object({_NEFF: neff_json}, _NEFF, limits)
         try:
             entries = neff["metadata"]["signatures"]["default"]["inputs"]
         except (KeyError, TypeError):
@@ -365,7 +532,7 @@ def _tensor(name: str, entry: Any, shape_key: str, where: str) -> NeffTensor:
     where = f"{where} {name!r}"
     dtype = _field(entry, "dtype", str, where)
     shape = _field(entry, shape_key, list, where)
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in shape):
         raise NeffFormatError(f"{where}: {shape_key} {shape!r} is not a list of sizes")
     return NeffTensor(name, dtype, tuple(shape))
 

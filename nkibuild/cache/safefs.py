@@ -1,0 +1,194 @@
+"""Cache directories on a local filesystem, walked without ever following a symlink.
+
+A shared cache directory is writable by others: anything in it may be a symlink to
+`/etc/passwd`, a FIFO that blocks a reader forever, a device, or a sparse file of
+10 GB. Everything here opens path components one at a time relative to the parent's
+descriptor with `O_NOFOLLOW` (so a symlinked `neff/`, `neff/ab/` or entry directory is
+refused, never entered), opens files with `O_NONBLOCK` (a FIFO cannot block) and
+checks with `fstat` that what was opened is a regular file of bounded size.
+
+Removal is just as careful: only names the caller recognizes as nkibuild's own
+(`ours`), only regular files, and a directory only once it is empty. Whatever else
+is found is left in place and described.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from nkibuild.cache.store import CorruptEntry
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
+_CHUNK = 1 << 20
+
+
+@contextlib.contextmanager
+def opened_dir(root: str | Path | int, parts: Sequence[str]) -> Iterator[int]:
+    """A descriptor of `root/parts...`; `root` itself may be a symlink (the user chose
+    it), no component below it may be. FileNotFoundError when a component is missing,
+    CorruptEntry when one is a symlink or not a directory. `root` may be a descriptor
+    (not closed here)."""
+    if isinstance(root, int):
+        fd = os.dup(root)
+    else:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    try:
+        for part in parts:
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as error:
+                if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise CorruptEntry(f"{part} is a symbolic link or not a directory") from None
+                raise
+            os.close(fd)
+            fd = child
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def make_dirs(root: str | Path, parts: Sequence[str]) -> None:
+    """Create `root/parts...` as needed, never through a symlink (CorruptEntry if one
+    is in the way)."""
+    root_path = Path(root)
+    root_path.mkdir(parents=True, exist_ok=True)
+    for depth, part in enumerate(parts):
+        with opened_dir(root_path, parts[:depth]) as parent, contextlib.suppress(FileExistsError):
+            os.mkdir(part, dir_fd=parent)
+    with opened_dir(root_path, parts):
+        pass  # every component is a real directory
+
+
+@contextlib.contextmanager
+def opened_file(dir_fd: int, name: str, max_bytes: int) -> Iterator[tuple[int, int]]:
+    """(descriptor, size) of a regular file of at most `max_bytes` in `dir_fd`."""
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise CorruptEntry(f"{name} is a symbolic link") from None
+        raise
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise CorruptEntry(f"{name} is not a regular file ({_kind(status.st_mode)})")
+        if status.st_size > max_bytes:
+            raise CorruptEntry(f"{name} is {status.st_size} bytes, more than {max_bytes}")
+        yield fd, status.st_size
+    finally:
+        os.close(fd)
+
+
+def read_small(root: str | Path | int, parts: Sequence[str], name: str, max_bytes: int) -> bytes:
+    with opened_dir(root, parts) as dir_fd, opened_file(dir_fd, name, max_bytes) as (fd, _):
+        return read_small_fd(fd, max_bytes)
+
+
+def copy_hashed(fd: int, destination: Path, max_bytes: int) -> tuple[str, int]:
+    """Copy an open file to `destination` (hashing what is written); (sha256, size).
+    Stops past `max_bytes` even if the file grows while it is read."""
+    digest, size = hashlib.sha256(), 0
+    with open(destination, "wb") as out:
+        while block := _read(fd, _CHUNK):
+            size += len(block)
+            if size > max_bytes:
+                raise CorruptEntry(f"the NEFF grew past {max_bytes} bytes while being read")
+            digest.update(block)
+            out.write(block)
+    return digest.hexdigest(), size
+
+
+def read_small_fd(fd: int, max_bytes: int) -> bytes:
+    chunks, size = [], 0
+    while block := _read(fd, min(_CHUNK, max_bytes + 1 - size)):
+        chunks.append(block)
+        size += len(block)
+        if size > max_bytes:
+            raise CorruptEntry(f"more than {max_bytes} bytes")
+    return b"".join(chunks)
+
+
+def _read(fd: int, size: int) -> bytes:
+    """A read of the entry's file; its failure (EIO) is the entry's, not the reader's."""
+    try:
+        return os.read(fd, size)
+    except OSError as error:
+        raise CorruptEntry(f"unreadable ({error.strerror or error})") from None
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def child_dirs(dir_fd: int, wanted: Callable[[str], bool]) -> tuple[list[str], list[str]]:
+    """(real subdirectories whose names are `wanted`, wanted names that are symlinks or
+    other non-directories). Other names are not nkibuild's and are not looked at."""
+    found, strays = [], []
+    for name in sorted(os.listdir(dir_fd)):
+        if not wanted(name):
+            continue
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            continue
+        (found if stat.S_ISDIR(mode) else strays).append(name)
+    return found, strays
+
+
+def regular_files(dir_fd: int) -> dict[str, os.stat_result]:
+    """Every name in `dir_fd` with its lstat (symlinks are not followed)."""
+    found = {}
+    for name in os.listdir(dir_fd):
+        with contextlib.suppress(FileNotFoundError):
+            found[name] = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    return found
+
+
+def foreign(dir_fd: int, ours: Callable[[str], bool]) -> list[str]:
+    """What in `dir_fd` nkibuild did not write: other names, or its names as non-files."""
+    return sorted(
+        name
+        for name, status in regular_files(dir_fd).items()
+        if not (ours(name) and stat.S_ISREG(status.st_mode))
+    )
+
+
+def remove_owned_dir(parent_fd: int, name: str, ours: Callable[[str], bool]) -> None:
+    """Remove `parent/name`: its regular files named `ours`, then the directory.
+
+    Raises CorruptEntry (nothing removed) when it holds anything else, OSError when
+    the filesystem refuses (read-only, permissions)."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise CorruptEntry(f"{name} is a symbolic link or not a directory") from None
+        raise
+    try:
+        others = foreign(fd, ours)
+        if others:
+            raise CorruptEntry(f"it holds files nkibuild did not write ({', '.join(others[:5])})")
+        for child, status in regular_files(fd).items():
+            if ours(child) and stat.S_ISREG(status.st_mode):  # re-checked: it may have changed
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(child, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)

@@ -1,0 +1,213 @@
+"""What an entry must prove before its NEFF is used: its record, its key, its signature.
+
+`entry.json` is data anyone with write access to a shared cache could have written.
+`parse_record` accepts it only if it is bounded JSON of the documented shape, records
+exactly the key that was looked up (an entry copied under another key is refused),
+and, with a shared secret configured, carries a valid HMAC-SHA256 over the whole
+record, which includes the NEFF's sha256. The NEFF itself is then checked against
+that sha256 by the tier (see docs/cache.md, "Trust").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nkibuild.cache.key import CacheKey
+from nkibuild.cache.store import ENTRY_FILE, CorruptEntry
+from nkibuild.errors import UsageError
+from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, load_json
+
+MAX_NEFF_BYTES = 4 << 30  # what a cache hands out; a kernel NEFF is far smaller
+MAX_RECORD_BYTES = 1 << 20
+RECORD_JSON = JsonLimits(
+    max_bytes=MAX_RECORD_BYTES, max_depth=16, max_int_digits=20, allow_nonfinite=False
+)
+ENV_KEY = "NKIBUILD_CACHE_HMAC_KEY"
+ENV_KEY_FILE = "NKIBUILD_CACHE_HMAC_KEY_FILE"
+ENV_REQUIRE = "NKIBUILD_REQUIRE_SIGNED_CACHE"
+MIN_SECRET_BYTES = 16
+MAX_KEY_FILE_BYTES = 4096
+_SIGNATURE_CONTEXT = b"nkibuild cache entry v1\n"  # a MAC of nothing else can pass for it
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_TEXT_FIELDS = ("unit", "compiler_version")
+MAX_TEXT = 1000
+MAX_SECONDS = 10.0**9  # 30 years
+
+
+class CacheConfigError(UsageError):
+    """Cache signing settings that cannot be used (a missing or too short key)."""
+
+
+@dataclass(frozen=True)
+class CacheTrust:
+    """The shared secret entries are signed with, and whether unsigned ones are refused."""
+
+    secret: bytes | None = None
+    require_signed: bool = False
+
+    def sign(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """`record` with its signature (unchanged without a secret)."""
+        unsigned = {k: v for k, v in record.items() if k != "signature"}
+        if self.secret is None:
+            return unsigned
+        return {**unsigned, "signature": _mac(self.secret, unsigned)}
+
+    def check(self, record: Mapping[str, Any]) -> None:
+        signature = record.get("signature")
+        if signature is None:
+            if self.require_signed:
+                raise CorruptEntry("it is unsigned and signed entries are required")
+            return
+        if not isinstance(signature, str) or not _HEX64.fullmatch(signature):
+            raise CorruptEntry(f"{ENTRY_FILE} has a malformed signature")
+        if self.secret is None:
+            return  # cannot check it; nothing was asked of it either
+        unsigned = {k: v for k, v in record.items() if k != "signature"}
+        if not hmac.compare_digest(signature, _mac(self.secret, unsigned)):
+            raise CorruptEntry("its signature does not verify (another key, or altered)")
+
+
+NO_SIGNING = CacheTrust()
+
+
+def _mac(secret: bytes, record: Mapping[str, Any]) -> str:
+    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hmac.new(secret, _SIGNATURE_CONTEXT + canonical.encode(), hashlib.sha256).hexdigest()
+
+
+def parse_record(raw: bytes, digest: str, trust: CacheTrust) -> dict[str, Any]:
+    """The validated entry.json of the entry stored under `digest`; CorruptEntry if not."""
+    try:
+        record = load_json(raw, RECORD_JSON)
+    except JsonLimitError as error:
+        raise CorruptEntry(f"unreadable {ENTRY_FILE} ({error})") from None
+    if not isinstance(record, dict):
+        raise CorruptEntry(f"{ENTRY_FILE} is not an object")
+    _check_key(record, digest)
+    sha256 = record.get("sha256")
+    if not isinstance(sha256, str) or not _HEX64.fullmatch(sha256):
+        raise CorruptEntry(f"{ENTRY_FILE} records no valid sha256")
+    size = record.get("size")
+    if size is not None and not _is_int(size, 0, MAX_NEFF_BYTES):
+        raise CorruptEntry(f"{ENTRY_FILE} records an invalid size ({_short(size)})")
+    _check_meta(record)
+    trust.check(record)
+    return record
+
+
+def _check_key(record: Mapping[str, Any], digest: str) -> None:
+    """The entry must be for this key: its recorded inputs hash to the digest looked up."""
+    inputs = record.get("key")
+    if record.get("digest") != digest or not isinstance(inputs, dict):
+        raise CorruptEntry(f"{ENTRY_FILE} is for another key ({_short(record.get('digest'))})")
+    if CacheKey(tuple(sorted(inputs.items()))).digest != digest:
+        raise CorruptEntry(f"{ENTRY_FILE}'s recorded key inputs do not hash to its key")
+
+
+def _check_meta(record: Mapping[str, Any]) -> None:
+    for field in _TEXT_FIELDS:
+        value = record.get(field)
+        if value is not None and not (isinstance(value, str) and len(value) <= MAX_TEXT):
+            raise CorruptEntry(f"{ENTRY_FILE}: {field} is not a string ({_short(value)})")
+    seconds = record.get("compile_seconds")
+    if seconds is not None and not _is_number(seconds, MAX_SECONDS):
+        raise CorruptEntry(f"{ENTRY_FILE}: compile_seconds is invalid ({_short(seconds)})")
+    memory = record.get("peak_memory")
+    if memory is not None and not _is_int(memory, 0, 2**63 - 1):
+        raise CorruptEntry(f"{ENTRY_FILE}: peak_memory is invalid ({_short(memory)})")
+
+
+def check_size(size: int, record: Mapping[str, Any]) -> None:
+    """Before reading: a NEFF larger than its record says is refused unread (a 10 GB
+    sparse file under a small entry). The sha256 decides the rest; the size is only
+    the reading bound."""
+    recorded = record.get("size")
+    if recorded is not None and size > recorded:
+        raise CorruptEntry(f"its NEFF is {size} bytes, more than the recorded {recorded}")
+
+
+def caller_meta(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What a hit returns: the validated fields only (nothing unknown travels on)."""
+    fields = ("key", "digest", "sha256", "size", *_TEXT_FIELDS, "compile_seconds", "peak_memory")
+    return {name: record[name] for name in fields if record.get(name) is not None}
+
+
+def _is_int(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_number(value: object, high: float) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and 0 <= value <= high
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# --- configuration ---------------------------------------------------------------------
+
+
+def trust_from_environment(environ: Mapping[str, str] | None = None) -> CacheTrust:
+    """The signing settings: a secret from NKIBUILD_CACHE_HMAC_KEY or from the file named
+    by NKIBUILD_CACHE_HMAC_KEY_FILE, and NKIBUILD_REQUIRE_SIGNED_CACHE. Errors name the
+    setting, never the secret."""
+    from nkibuild.settings import parse_flag
+
+    env = os.environ if environ is None else environ
+    text, path = env.get(ENV_KEY) or None, env.get(ENV_KEY_FILE) or None
+    if text is not None and path is not None:
+        raise CacheConfigError(f"set one of {ENV_KEY} and {ENV_KEY_FILE}, not both")
+    secret = text.encode() if text is not None else None
+    if path is not None:
+        secret = _read_key_file(Path(path).expanduser())
+    if secret is not None and len(secret) < MIN_SECRET_BYTES:
+        where = ENV_KEY if text is not None else f"{ENV_KEY_FILE} ({path})"
+        raise CacheConfigError(
+            f"the cache signing key in {where} is {len(secret)} bytes; use at least "
+            f"{MIN_SECRET_BYTES} (e.g. the output of `openssl rand -hex 32`)"
+        )
+    try:
+        required = parse_flag(env.get(ENV_REQUIRE, ""))
+    except ValueError as error:
+        raise CacheConfigError(f"{ENV_REQUIRE}={env.get(ENV_REQUIRE)!r}: {error}") from None
+    if required and secret is None:
+        raise CacheConfigError(
+            f"signed cache entries are required ({ENV_REQUIRE} or --require-signed-cache) "
+            f"but no key is set: set {ENV_KEY} or {ENV_KEY_FILE} (--cache-key-file)"
+        )
+    return CacheTrust(secret, required)
+
+
+def _read_key_file(path: Path) -> bytes:
+    """The secret in `path`: a regular file (secret mounts are often symlinks: followed),
+    opened without blocking on a FIFO."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_KEY_FILE_BYTES:
+                raise CacheConfigError(
+                    f"{ENV_KEY_FILE} ({path}): not a regular file of at most "
+                    f"{MAX_KEY_FILE_BYTES} bytes"
+                )
+            data = os.read(fd, MAX_KEY_FILE_BYTES + 1)
+        finally:
+            os.close(fd)
+    except OSError as error:
+        raise CacheConfigError(f"{ENV_KEY_FILE} ({path}): {error.strerror or error}") from None
+    return data.strip()

@@ -1,0 +1,96 @@
+"""JSON from untrusted files, with bounds: size, nesting depth, integer length, non-numbers.
+
+`json.loads` alone turns a deeply nested document into a RecursionError (not a
+ValueError), accepts 4,300-digit integers and `NaN`, and a recursive walker run on
+what it returns can still blow the stack. Every reader of JSON that a file or a
+cache entry supplies goes through `load_json`, which raises only `JsonLimitError`
+(a ValueError) for anything it refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+class JsonLimitError(ValueError):
+    """The text is not JSON, or is JSON beyond the bounds given."""
+
+
+class JsonSyntaxError(JsonLimitError):
+    """The text is not JSON at all (as opposed to JSON beyond a bound)."""
+
+
+@dataclass(frozen=True)
+class JsonLimits:
+    max_bytes: int = 64 << 20
+    max_depth: int = 64  # containers inside containers; real metadata nests < 10
+    max_int_digits: int = 40  # beyond any 128-bit value; a guard against bignum work
+    allow_nonfinite: bool = True  # NaN / Infinity (Python's json accepts them)
+
+
+def load_json(data: bytes | str, limits: JsonLimits = JsonLimits()) -> Any:
+    """Parse `data`; raise JsonLimitError (never RecursionError, never OverflowError)."""
+    if len(data) > limits.max_bytes:
+        raise JsonLimitError(f"{len(data)} bytes long, more than the {limits.max_bytes} allowed")
+    try:
+        value = json.loads(
+            data,
+            parse_int=_int_parser(limits.max_int_digits),
+            parse_float=_float_parser(limits.allow_nonfinite),
+            parse_constant=_constant_parser(limits.allow_nonfinite),
+        )
+    except JsonLimitError:
+        raise
+    except RecursionError:
+        raise JsonLimitError(f"nested more than {limits.max_depth} levels deep") from None
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+        raise JsonSyntaxError(str(error)) from None
+    check_depth(value, limits.max_depth)
+    return value
+
+
+def check_depth(value: Any, max_depth: int) -> None:
+    """Iteratively (so a deep value cannot exhaust the stack here either)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > max_depth:
+            raise JsonLimitError(f"nested more than {max_depth} levels deep")
+        stack.extend((child, depth + 1) for child in children)
+
+
+def _int_parser(max_digits: int) -> Any:
+    def parse(text: str) -> int:
+        if len(text.lstrip("-")) > max_digits:
+            raise JsonLimitError(f"holding an integer of {len(text)} digits (at most {max_digits})")
+        return int(text)
+
+    return parse
+
+
+def _float_parser(allow_nonfinite: bool) -> Any:
+    def parse(text: str) -> float:
+        value = float(text)
+        if not allow_nonfinite and not math.isfinite(value):
+            raise JsonLimitError(f"holding {text[:40]}, out of range")
+        return value
+
+    return parse
+
+
+def _constant_parser(allow_nonfinite: bool) -> Any:
+    def parse(name: str) -> float:
+        if not allow_nonfinite:
+            raise JsonLimitError(f"holding {name}, not a number")
+        return float(name)
+
+    return parse
