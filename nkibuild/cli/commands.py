@@ -309,11 +309,12 @@ def doctor(args: argparse.Namespace) -> int:
 
 def cache(args: argparse.Namespace) -> int:
     from nkibuild.cache import UNFINISHED_AFTER_S, LocalCache
+    from nkibuild.cache.trust import trust_from_environment
     from nkibuild.errors import UsageError
     from nkibuild.quantities import format_size, parse_size
     from nkibuild.settings import default_cache_dir
 
-    store = LocalCache(args.cache_dir or default_cache_dir())
+    store = LocalCache(args.cache_dir or default_cache_dir(), trust=trust_from_environment())
     if args.action == "prune" and args.max_size is None and args.max_age is None:
         raise UsageError("cache prune needs --max-size and/or --max-age")
     problems: list[str] = []
@@ -321,7 +322,7 @@ def cache(args: argparse.Namespace) -> int:
     if args.action == "verify":
         problems = store.verify()
         for problem in problems:
-            print(f"corrupt, discarded: {problem}")
+            print(problem if "left in place" in problem else f"corrupt, discarded: {problem}")
         print(f"{len(problems)} corrupt entries")
     elif args.action == "clear":
         removed = store.clear()
@@ -338,9 +339,13 @@ def cache(args: argparse.Namespace) -> int:
         unfinished = store.remove_unfinished(older_than_s=UNFINISHED_AFTER_S)
         if unfinished:
             print(f"removed {unfinished} unfinished writes (from killed builds)")
+    for notice in store.notices:  # things found in the cache that are not nkibuild's
+        print(f"warning: {notice}", file=sys.stderr)
+    for failure in store.failures:  # e.g. a read-only cache: say so, never "removed"
+        print(f"error: {failure}", file=sys.stderr)
     entries = store.entries()
     print(f"{store.root}: {len(entries)} entries, {format_size(sum(e.size for e in entries))}")
-    return EXIT_BUILD_FAILED if problems else EXIT_OK
+    return EXIT_BUILD_FAILED if problems or store.failures else EXIT_OK
 
 
 def inspect(args: argparse.Namespace) -> int:
