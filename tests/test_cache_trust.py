@@ -570,6 +570,17 @@ def test_file_remote_objects_that_are_not_files_are_refused(tmp_path: Path, outs
     assert snapshot(outside) == before
 
 
+def test_file_remote_publish_never_writes_through_a_symlink(tmp_path: Path, outside: Path) -> None:
+    remote_dir = tmp_path / "remote"
+    remote_dir.mkdir()
+    (remote_dir / "neff").symlink_to(outside)
+    cache = RemoteCache(remote_dir.as_uri())
+    before = snapshot(outside)
+    publish(cache, tmp_path, "a")
+    assert snapshot(outside) == before
+    assert any("not publishing" in notice for notice in cache.notices)
+
+
 def test_s3_entries_prove_their_key_and_signature(
     s3_endpoint: str,  # noqa: F811
     s3_url: str,  # noqa: F811

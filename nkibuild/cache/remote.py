@@ -124,7 +124,11 @@ class RemoteCache:
         if self._exists(entry_file):
             return
         if self._local:
-            self.fs.makedirs(entry, exist_ok=True)
+            try:  # never through a symlinked neff/, shard or entry dir
+                safefs.make_dirs(self.root, _parts(key.digest))
+            except CorruptEntry as error:
+                self.notices.append(f"not publishing to {self.location}: {error}")
+                return
         sha256 = file_sha256(neff)
         record = entry_record(key, sha256, meta, neff.stat().st_size)
         record["neff"] = self._upload(neff, entry, f"{sha256}.neff")
