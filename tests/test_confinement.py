@@ -229,7 +229,7 @@ def test_deps_globs_survive_symlink_loops(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("directory", ["proj[1]", "proj*", "proj?x", "[!a]", "p{a,b}"])
+@pytest.mark.parametrize("directory", ["proj[1]", "[!a]", "r[ab]"])
 def test_deps_globs_work_under_a_root_with_glob_characters(tmp_path: Path, directory: str) -> None:
     project = deps_project(tmp_path / directory, "'kernels/**/*.py', 'kernels/[rh]*.py'")
     assert expand_deps(project, ["kernels/**/*.py", "kernels/[rh]*.py"]) == [

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import run_nkibuild
 from helpers import softmax_manifest, softmax_project, write_project
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.specifiers import SpecifierSet
 
@@ -133,16 +133,17 @@ SPECIFIERS = st.sampled_from([">=3.10", ">=3.10,<4", "~=3.11", "==3.12.*", "!=3.
 SPACING = st.sampled_from(["", " ", "\n", "\t", "\r\n", " \n "])
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    description=TEXT,
-    license=st.none() | TEXT,
-    requires=SPECIFIERS,
-    neuron_sdk=st.none() | SPECIFIERS,
-    before=SPACING,
-    after=SPACING,
-)
-def test_metadata_and_pyproject_hold_any_accepted_value(
+METADATA_VALUES = {
+    "description": TEXT,
+    "license": st.none() | TEXT,
+    "requires": SPECIFIERS,
+    "neuron_sdk": st.none() | SPECIFIERS,
+    "before": SPACING,
+    "after": SPACING,
+}
+
+
+def metadata_and_pyproject_hold(
     description: str,
     license: str | None,
     requires: str,
@@ -170,6 +171,18 @@ def test_metadata_and_pyproject_hold_any_accepted_value(
     expected = ["Metadata-Version", "Name", "Version", "Summary", "Requires-Python"]
     assert headers.keys() == expected + (["License"] if license else [])
     assert headers["Requires-Python"] == str(SpecifierSet(requires))
+
+
+test_metadata_and_pyproject_hold_any_accepted_value = settings(max_examples=300, deadline=None)(
+    given(**METADATA_VALUES)(metadata_and_pyproject_hold)
+)
+test_metadata_and_pyproject_campaign = pytest.mark.campaign(
+    pytest.mark.slow(
+        settings(max_examples=10_000, deadline=None)(
+            given(**METADATA_VALUES)(metadata_and_pyproject_hold)
+        )
+    )
+)
 
 
 # Names the loaders use themselves, builtins they call and stdlib modules they import:
@@ -203,23 +216,28 @@ class Kernel:
 """
 
 
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    kernels=st.lists(
+LOADER_NAMES = {
+    "kernels": st.lists(
         st.sampled_from(SHADOWING) | IDENTIFIERS, min_size=1, max_size=4, unique=True
     ).map(lambda names: [n for n in names if kernel_names(n)] or ["k"]),
-    inputs=st.lists(
+    "inputs": st.lists(
         st.sampled_from([*SHADOWING, "_kernel", "_Kernel", "_x"]) | IDENTIFIERS,
         min_size=1,
         max_size=4,
         unique=True,
     ).map(lambda names: [n for n in names if input_names(n)] or ["x"]),
-)
-def test_generated_loaders_are_immune_to_shadowing_names(
-    tmp_path: Path, kernels: list[str], inputs: list[str]
-) -> None:
+}
+
+
+def loaders_work(kernels: list[str], inputs: list[str]) -> None:
+    """Generate a bundle package (with a stub runtime), import it, call every kernel."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        generate_and_call(Path(directory), kernels, inputs)
+
+
+def generate_and_call(tmp_path: Path, kernels: list[str], inputs: list[str]) -> None:
     import uuid
 
     package_name = f"bundle_{uuid.uuid4().hex}"
@@ -255,6 +273,16 @@ def test_generated_loaders_are_immune_to_shadowing_names(
             del sys.modules[loaded]
 
 
+test_generated_loaders_are_immune_to_shadowing_names = settings(max_examples=40, deadline=None)(
+    given(**LOADER_NAMES)(loaders_work)
+)
+test_generated_loaders_campaign = pytest.mark.campaign(
+    pytest.mark.slow(
+        settings(max_examples=1_000, deadline=None)(given(**LOADER_NAMES)(loaders_work))
+    )
+)
+
+
 def test_a_lone_surrogate_is_refused_at_validate_time(tmp_path: Path) -> None:
     manifest = softmax_manifest('{name: s, version: 1.0.0, description: "a \\ud800 b"}')
     project = softmax_project(tmp_path / "p", manifest)
@@ -278,22 +306,22 @@ def test_a_requires_python_with_a_newline_gives_valid_metadata(tmp_path: Path) -
         text = archive.read("s-1.0.0.dist-info/METADATA").decode()
     headers = email.parser.Parser().parsestr(text)
     assert headers["Requires-Python"] == ">=3.10" and headers["Summary"] == "a Forged: x"
+    assert headers.get_all("Requires-Dist") == ["numpy"]  # still a header, not the body
+    assert headers.get_payload() == ""
     assert "Forged" not in headers
 
 
 # Part 5: numbers and environment values, through the CLI.
 HUGE = "9" * 400
 
+# (`nan`, `inf` and `-5s` in a variable were already refused by the syntax.)
 ENV_CASES = [
-    ("NKIBUILD_COMPILE_TIMEOUT", "nan", "is not a duration"),
-    ("NKIBUILD_COMPILE_TIMEOUT", "inf", "is not a duration"),
     ("NKIBUILD_COMPILE_TIMEOUT", HUGE, "is longer than a year"),
     ("NKIBUILD_COMPILE_TIMEOUT", HUGE + "s", "is longer than a year"),
-    ("NKIBUILD_COMPILE_TIMEOUT", "-5s", "is not a duration"),
+    ("NKIBUILD_COMPILE_TIMEOUT", "400d", "is longer than a year"),
     ("NKIBUILD_MAX_COMPILE_MEMORY", HUGE + "G", "is larger than 1 EiB"),
     ("NKIBUILD_MAX_COMPILE_MEMORY", HUGE, "is larger than 1 EiB"),
-    ("NKIBUILD_MAX_COMPILE_MEMORY", "nan", "is not a size"),
-    ("NKIBUILD_MAX_COMPILE_MEMORY", "1e400", "is not a size"),
+    ("NKIBUILD_MAX_COMPILE_MEMORY", "2048000T", "is larger than 1 EiB"),
 ]
 
 
@@ -309,10 +337,10 @@ def test_bad_numbers_in_the_environment_name_the_variable(
 
 
 OPTION_CASES = [
-    ("--compile-timeout", "nan", "is not a duration"),
     ("--compile-timeout", HUGE, "is longer than a year"),
+    ("--compile-timeout", HUGE + ".5h", "is longer than a year"),
     ("--max-compile-memory", HUGE + "T", "is larger than 1 EiB"),
-    ("--max-compile-memory", "inf", "is not a size"),
+    ("--max-compile-memory", HUGE + "KiB", "is larger than 1 EiB"),
 ]
 
 
@@ -330,12 +358,12 @@ def test_bad_numbers_on_the_command_line_name_the_option(
 MANIFEST_CASES = [
     ("compile-timeout: .nan", "nan is not a number"),
     ("compile-timeout: .inf", "inf is not a finite duration"),
-    ("compile-timeout: -.inf", "is not a number"),  # refused by the schema's minimum
     (f"compile-timeout: {HUGE}", "is longer than a year"),
     (f"compile-timeout: '{HUGE}s'", "is longer than a year"),
     (f"compile-memory: '{HUGE}G'", "is larger than 1 EiB"),
     (f"compile-memory: '{HUGE}'", "is larger than 1 EiB"),
-    ("compile-timeout: 1e400", "is not a finite duration"),
+    ("compile-timeout: 1.0e+400", "inf is not a finite duration"),  # YAML's float: inf
+    ("compile-timeout: .NaN", "nan is not a number"),
 ]
 
 
@@ -348,7 +376,7 @@ def test_bad_numbers_in_the_manifest_are_diagnostics(
     result = run_nkibuild(["validate"], project)
     assert result.returncode == 2, result.stdout
     assert "nkibuild.yaml:3:" in result.stderr and "Traceback" not in result.stderr
-    assert message in result.stderr or "expected" in result.stderr, result.stderr
+    assert message in result.stderr, result.stderr
 
 
 def test_a_tilde_user_compiler_path_is_an_error_naming_the_setting(tmp_path: Path) -> None:
