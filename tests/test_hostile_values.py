@@ -450,3 +450,15 @@ def test_an_sdist_refuses_a_bad_source_date_epoch(
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "tomorrow")
     with pytest.raises(backend.BackendError, match="SOURCE_DATE_EPOCH='tomorrow' is not a whole"):
         backend.build_sdist(str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("days", ["nan", "-1", "inf", "1e400", "-0.5"])
+def test_cache_prune_refuses_a_max_age_that_is_not_a_number_of_days(
+    tmp_path: Path, days: str
+) -> None:
+    """NaN pruned nothing and said so with exit 0; a negative age pruned everything."""
+    result = run_nkibuild(
+        ["cache", "prune", "--cache-dir", str(tmp_path / "cache"), f"--max-age={days}"], tmp_path
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"argument --max-age: '{days}' is not a number of days from 0 to 36500" in result.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from nkibuild.errors import NkibuildError, storage_error
 from nkibuild.quantities import parse_duration, parse_size
 
 EXIT_USAGE = 2
+MAX_AGE_DAYS = 36500  # `cache prune --max-age`: a century
 EXIT_OUTPUT_CLOSED = 141  # 128 + SIGPIPE, as the shell reports a C tool the pipe killed
 # tests/test_cli_ux.py checks that README.md says exactly this.
 EXIT_CODES = (
@@ -203,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--cache-dir", type=Path, help="[default: NKIBUILD_CACHE_DIR or user cache]")
     cache.add_argument("--max-size", help="prune: keep at most this much, e.g. 20G, 500M")
     cache.add_argument(
-        "--max-age", type=float, metavar="DAYS", help="prune: drop entries unused this long"
+        "--max-age", type=_days, metavar="DAYS", help="prune: drop entries unused this long"
     )
     _signing_options(cache)
     inspect = _add(commands, "inspect", cmd.inspect, "show what a NEFF file holds")
@@ -260,6 +262,20 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _days(text: str) -> float:
+    """`cache prune --max-age`: NaN would prune nothing and a negative age everything,
+    so only a finite number of days from 0 to 100 years is taken."""
+    try:
+        days = float(text)
+    except ValueError:
+        days = math.nan
+    if not (math.isfinite(days) and 0 <= days <= MAX_AGE_DAYS):
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a number of days from 0 to {MAX_AGE_DAYS}"
+        )
+    return days
 
 
 def _duration(text: str) -> float:
