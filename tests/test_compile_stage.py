@@ -378,11 +378,13 @@ def test_a_killed_build_leaves_no_neff_and_the_rerun_recovers(tmp_path: Path) ->
     process = subprocess.Popen(
         command, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    wait_for(lambda: compiler_processes(root))
-    process.kill()
-    process.wait(10)
-    for pid in compiler_processes(root):  # SIGKILL cannot be handled: the test cleans up
-        os.kill(pid, signal.SIGKILL)
+    try:
+        wait_for(lambda: compiler_processes(root))
+    finally:  # even when the wait fails: a hung compiler must not outlive the test
+        process.kill()
+        process.wait(10)
+        for pid in compiler_processes(root):  # SIGKILL cannot be handled: the test cleans up
+            os.kill(pid, signal.SIGKILL)
     assert list((root / "build" / "compile").glob("*/*/*/model.neff")) == []
     assert list((root / "build" / "compile").glob("*/*/*/result.json")) == []
     rerun = run_nkibuild(["build", "--toolchain", "fake"], root)
