@@ -205,3 +205,15 @@ def test_an_sdist_cannot_carry_files_outside_the_project(
     monkeypatch.chdir(kernel_project(tmp_path / "p"))
     with pytest.raises(backend.BackendError, match="is outside the project"):
         backend.build_sdist(str(tmp_path / "out"), {"manifest": "../elsewhere/nkibuild.yaml"})
+
+
+def test_docs_list_exactly_the_config_settings_the_backend_accepts() -> None:
+    import re
+
+    from nkibuild.build import PROJECT_SETTINGS
+    from nkibuild.settings import config_settings
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "pep517.md").read_text()
+    table = doc.split("## Config settings", 1)[1].split("\n\n", 2)[1]
+    listed = re.findall(r"^\| `([a-z-]+)` \|", table, re.M)
+    assert sorted(listed) == sorted(PROJECT_SETTINGS + config_settings())
