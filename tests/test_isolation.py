@@ -132,3 +132,51 @@ def test_pep517_hooks_in_one_process_build_each_project_from_its_own_code(
     for project in projects:
         assert hooked[project.name] == alone(project, tmp_path / f"cache-{project.name}")
     assert len({tuple(sorted(n.values())) for n in hooked.values()}) == 3
+
+
+TWO_FOLDERS = """\
+format-version: 1
+package: {name: folders, version: 1.0.0}
+defaults: {targets: [trn2]}
+kernels:
+"""
+
+
+def kernel_entry(name: str, source: str) -> str:
+    return (
+        f"  {name}:\n    frontend: jax\n    source: {source}\n"
+        "    inputs:\n      x: {shape: [8, 16], dtype: float32}\n"
+    )
+
+
+def test_kernel_folders_of_one_project_each_import_their_own_helpers(tmp_path: Path) -> None:
+    # a/utils.py and b/utils.py: each kernel must get its neighbour; and two files whose
+    # paths flatten to the same name (a_b/c.py, a/b_c.py) must stay two modules.
+    body = "from utils import factor\n\n\ndef scale(x):\n    return x * factor()\n"
+    files = {
+        "a/k.py": body,
+        "a/utils.py": UTILS.format(factor="2.0"),
+        "b/k.py": body,
+        "b/utils.py": UTILS.format(factor="3.0"),
+        "a_b/c.py": "def f(x):\n    return x + 1.0\n",
+        "a/b_c.py": "def f(x):\n    return x - 1.0\n",
+    }
+    sources = {"ka": "a/k.py:scale", "kb": "b/k.py:scale", "kc": "a_b/c.py:f", "kd": "a/b_c.py:f"}
+    manifest = TWO_FOLDERS + "".join(kernel_entry(n, s) for n, s in sources.items())
+    project = write_project(tmp_path / "p", manifest, files)
+    assert build(project, options=BuildOptions(toolchain="fake")).ok
+    hlo = {
+        name: (project / "build/extract" / name / "default/model.hlo_module.pb").read_bytes()
+        for name in sources
+    }
+    assert hlo["ka"] != hlo["kb"] and hlo["kc"] != hlo["kd"]
+    # Each matches its kernel traced alone, in a project of its own.
+    for name, source in sources.items():
+        folder = source.split("/")[0]
+        alone_files = {k: v for k, v in files.items() if k.startswith(f"{folder}/")}
+        other = write_project(
+            tmp_path / f"alone-{name}", TWO_FOLDERS + kernel_entry(name, source), alone_files
+        )
+        assert build(other, options=BuildOptions(toolchain="fake")).ok
+        extracted = other / "build/extract" / name / "default/model.hlo_module.pb"
+        assert extracted.read_bytes() == hlo[name], name

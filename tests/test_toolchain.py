@@ -118,3 +118,28 @@ def test_the_compiler_gets_paths_relative_to_its_work_dir(tmp_path: Path) -> Non
     assert Path(cwd).parent == project / "build/compile/softmax/default/trn2"
     assert "XLA model.hlo_module.pb --output model.neff --logfile compile.log" in argv
     assert str(tmp_path) not in argv
+
+
+def test_a_damaged_version_cache_is_a_miss(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first = resolve_toolchain("fake", state)
+    cache = state / "toolchain.json"
+    for damaged in ('{"x": 1}', "[1, 2]", '{"%s": 5}', '{"%s": {"stamp": []}}'):
+        key = " ".join(first.compiler_command)
+        cache.write_text(damaged.replace("%s", key.replace("\\", "\\\\")))
+        assert resolve_toolchain("fake", state).compiler_version == first.compiler_version
+
+
+def test_the_double_fakes_nkipy_only_without_a_real_tracer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nkibuild import testing
+
+    # PyPI's placeholder `nkipy` (no nkipy.core.trace) does not count as the real one.
+    (tmp_path / "nkipy").mkdir()
+    (tmp_path / "nkipy" / "__init__.py").write_text("'a placeholder'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "nkipy" or m.startswith("nkipy.")]:
+        monkeypatch.delitem(sys.modules, name)
+    toolchain = resolve_toolchain("fake", tmp_path / "state")
+    assert str(testing.FAKE_NKIPY_DIR) in toolchain.worker_path

@@ -46,7 +46,11 @@ class RayExecutor:
             num_cpus=1, memory=unit.compile_memory or None, name=f"compile {unit.name}"
         )
         try:
-            ray.get(task.remote(unit, _pack(artifact), job.toolchain, self.cache, timeout))
+            ray.get(
+                task.remote(
+                    unit, _pack(artifact), job.toolchain, self.cache, timeout, options.retries
+                )
+            )
         except ray.exceptions.RayTaskError as error:
             cause = error.cause if isinstance(error.cause, BuildError) else None
             if cause is not None:
@@ -80,6 +84,7 @@ def _compile_task(
     toolchain: Toolchain,
     cache: CacheConfig,
     timeout: float | None,
+    retries: int,
 ) -> str:
     """Runs on a Ray worker."""
     from nkibuild.cache import open_cache_chain
@@ -93,7 +98,7 @@ def _compile_task(
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         chain = open_cache_chain(cache.local_dir, cache.remote_url, read_only=False)
-        options = CompileOptions(cache=chain, timeout=timeout)
+        options = CompileOptions(cache=chain, timeout=timeout, retries=retries)
         result = compile_unit(
             unit, load_artifact(artifact_dir), toolchain, Path(scratch) / "out", options
         )

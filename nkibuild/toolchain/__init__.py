@@ -186,13 +186,11 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
     It stands in only for what cannot run here: the real nkipy tracer runs on a CPU,
     so where it is installed, workers use it rather than the double's.
     """
-    import importlib.util
-
     from nkibuild import testing
 
     flags, notices = neuron_cc_flags()
     worker_path = [str(testing.FAKES_DIR)]
-    if importlib.util.find_spec("nkipy") is None:
+    if not _has_module("nkipy.core.trace"):  # PyPI's placeholder `nkipy` has no tracer
         worker_path.append(str(testing.FAKE_NKIPY_DIR))
 
     command = testing.COMPILER_COMMAND
@@ -211,6 +209,15 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
     )
 
 
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # the parent package is missing, or fails to import
+        return False
+
+
 def _cached_version(
     command: tuple[str, ...], identity: Path, state_dir: Path, memo: VersionMemo | None
 ) -> str:
@@ -222,7 +229,8 @@ def _cached_version(
     stamp = _stat_stamp(identity)
     cache_file = state_dir / "toolchain.json"
     cached = _read_json(cache_file).get(" ".join(command))
-    if cached and cached.get("stamp") == stamp:
+    # Anything but a well-formed entry (a damaged file) is a miss: ask the compiler.
+    if isinstance(cached, dict) and cached.get("stamp") == stamp and cached.get("version"):
         return str(cached["version"])
     memo = {} if memo is None else memo
     memo_key = (command, tuple(stamp))

@@ -7,6 +7,8 @@ or nkipy. Each returns the module bytes and the versions of the packages it used
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
 import inspect
 import json
@@ -14,7 +16,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,27 +27,45 @@ Tracer = Callable[[Job], tuple[bytes, dict[str, str]]]
 def load_function(root: str, path: str, function: str) -> Callable[..., Any]:
     """Import `function` from the file `path` (relative to the manifest dir `root`).
 
-    The kernel file imports its siblings (`import utils`) and the project's packages
-    as it would when run as a script: its own directory and the project root are on
-    sys.path. That is safe only because a worker serves one project (worker.serve).
+    Runs inside `project_imports`, which puts the file's directory and the project root
+    on sys.path (the file imports its siblings, `import utils`, as a script would).
     """
     file = Path(root, path)
-    for directory in (root, str(file.parent)):
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
-    module_name = "nkibuild_user_" + "_".join(Path(path).with_suffix("").parts)
+    # The digest keeps `a/b_c.py` and `a_b/c.py` apart.
+    digest = hashlib.sha256(path.encode()).hexdigest()[:8]
+    stem = "".join(c if c.isalnum() else "_" for c in "_".join(Path(path).with_suffix("").parts))
+    module_name = f"nkibuild_user_{stem}_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, file)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {file}")
-    module = sys.modules.get(module_name)
-    if module is None:
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
     try:
         return getattr(module, function)
     except AttributeError:
         raise AttributeError(f"{path} defines no function {function!r}") from None
+
+
+@contextlib.contextmanager
+def project_imports(root: str, path: str) -> Iterator[None]:
+    """One job's imports: the kernel file's directory and the project root on sys.path,
+    and afterwards no module imported from the project left in sys.modules. Two kernel
+    folders of one project may hold helpers of the same name (`a/utils.py`,
+    `b/utils.py`); each job must import its own. Library modules imported on the way
+    (jax's lazily loaded parts) stay."""
+    saved_path = list(sys.path)
+    before = set(sys.modules)
+    sys.path[:0] = [str(Path(root, path).parent), root]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        project = os.path.join(os.path.realpath(root), "")
+        for name in set(sys.modules) - before:
+            origin = getattr(sys.modules[name], "__file__", None) or ""
+            if os.path.realpath(origin).startswith(project):
+                del sys.modules[name]
 
 
 def freeze(value: Any) -> Any:

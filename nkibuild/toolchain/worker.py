@@ -18,12 +18,13 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from nkibuild.toolchain.tracers import TRACERS, Job
+from nkibuild.toolchain.tracers import TRACERS, Job, project_imports
 
 
 def run_job(job: Job) -> dict[str, Any]:
     try:
-        proto, versions = TRACERS[job["frontend"]](job)
+        with project_imports(job["root"], job["path"]):
+            proto, versions = TRACERS[job["frontend"]](job)
     except BaseException as error:
         if isinstance(error, KeyboardInterrupt):
             raise
@@ -42,9 +43,9 @@ def run_job(job: Job) -> dict[str, Any]:
 def serve(results: TextIO) -> None:
     """Answer one JSON job per stdin line with one JSON result line on `results`.
 
-    A worker serves one project: the first job's root. Its modules (kernel files and
-    the helpers they import) stay in `sys.modules`, where another project's files of
-    the same names would find them, so a job from elsewhere is refused."""
+    A worker serves one project: the first job's root (each job's project modules are
+    dropped after it, but what a kernel leaves behind, e.g. in a library's registry,
+    must never reach another project), so a job from elsewhere is refused."""
     project = None
     for line in sys.stdin:
         if line.strip():

@@ -19,6 +19,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -161,7 +162,6 @@ def main(request_path: str) -> None:
 # `--sources`: a project's kernels run from their own source on the CPU.
 # ---------------------------------------------------------------------------
 
-_USER_MODULES: dict[str, Any] = {}
 # What user code may raise and still fail only its own kernel (sys.exit included).
 USER_ERRORS = (Exception, SystemExit)
 
@@ -171,30 +171,41 @@ def load_user_function(root: str, where: dict[str, str]) -> Any:
 
     As the frontend tracers do: the file imports its siblings (`import utils`) and the
     project's packages as it would when run as a script, so its own directory and the
-    project root are on sys.path (safe: this interpreter serves one project only).
+    project root are on sys.path while it loads; afterwards no module of the project
+    stays in sys.modules, so a kernel in another folder importing its own `utils` gets
+    its own. (This script runs without nkibuild: nkibuild.toolchain.tracers does the
+    same for the frontend workers.)
     """
     path = where["path"]
-    for directory in (root, str(Path(root, path).parent)):
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
-    module = _USER_MODULES.get(path)
-    if module is None:
-        # One module per file, however many kernels it holds; the digest keeps
-        # `a/b_c.py` and `a_b/c.py` apart.
-        digest = hashlib.sha256(path.encode()).hexdigest()[:8]
-        stem = "_".join(Path(path).with_suffix("").parts)
-        name = f"nkibuild_user_{''.join(c if c.isalnum() else '_' for c in stem)}_{digest}"
-        spec = importlib.util.spec_from_file_location(name, Path(root, path))
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        _USER_MODULES[path] = module
+    saved_path, before = list(sys.path), set(sys.modules)
+    sys.path[:0] = [str(Path(root, path).parent), root]
+    try:
+        module = _import_file(root, path)
+    finally:
+        sys.path[:] = saved_path
+        project = os.path.join(os.path.realpath(root), "")
+        for name in set(sys.modules) - before:
+            origin = getattr(sys.modules[name], "__file__", None) or ""
+            if os.path.realpath(origin).startswith(project):
+                del sys.modules[name]
     try:
         return getattr(module, where["function"])
     except AttributeError:
         raise AttributeError(f"{path} defines no function {where['function']!r}") from None
+
+
+def _import_file(root: str, path: str) -> Any:
+    # The digest keeps `a/b_c.py` and `a_b/c.py` apart.
+    digest = hashlib.sha256(path.encode()).hexdigest()[:8]
+    stem = "_".join(Path(path).with_suffix("").parts)
+    name = f"nkibuild_user_{''.join(c if c.isalnum() else '_' for c in stem)}_{digest}"
+    spec = importlib.util.spec_from_file_location(name, Path(root, path))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def freeze(value: Any) -> Any:
