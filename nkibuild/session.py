@@ -114,7 +114,8 @@ class BuildSession:
             for entry in dirs:
                 _recover(entry)
             self.budget.configure(max_compile_memory, jobs)
-            self.workers.scratch_root = dirs[0].locked / "state"
+            self.workers.reopen(scratch_root=dirs[0].locked / "state")
+            self.processes.reopen()
             try:
                 yield self
             except BaseException:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,3 +150,24 @@ def test_misbehaving_kernels_fail_alone_under_keep_going(tmp_path: Path) -> None
     assert "died" in failed["extract:crashes/default"]
     built = {name for name in summary.executed if name.startswith("compile:")}
     assert built == {f"compile:{k}/default/trn2" for k in ("double", "noisy", "triple")}
+
+
+def test_a_closed_pool_starts_no_worker(pool: WorkerPool, tmp_path: Path) -> None:
+    # After Ctrl-C the session closes its pool while doit threads may still run jobs:
+    # none of them may start a worker nobody would stop.
+    pool.close()
+    with pytest.raises(BuildError, match="the build is stopping"):
+        pool.run(KEY, job(tmp_path, "double", tmp_path / "a.pb"), timeout=120, unit="d")
+    assert pool._workers == {}
+    pool.reopen(scratch_root=None)  # the next build of the session
+    assert pool.run(KEY, job(tmp_path, "double", tmp_path / "b.pb"), timeout=120, unit="d")["ok"]
+
+
+def test_a_compiler_started_after_the_kill_is_killed_at_once() -> None:
+    from nkibuild.compiler.process import ProcessRegistry
+
+    registry = ProcessRegistry()
+    registry.kill_all()
+    late = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    registry.add(late.pid)
+    assert late.wait(timeout=5) == -signal.SIGKILL

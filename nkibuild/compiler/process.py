@@ -42,10 +42,18 @@ class ProcessRegistry:
     def __init__(self) -> None:
         self._groups: set[int] = set()
         self._lock = threading.Lock()
+        self._stopped = False  # after kill_all: a compiler started late is killed at once
+
+    def reopen(self) -> None:
+        with self._lock:
+            self._stopped = False
 
     def add(self, pid: int) -> None:
         with self._lock:
             self._groups.add(pid)
+            stopped = self._stopped
+        if stopped:
+            _kill_group(pid)
 
     def discard(self, pid: int) -> None:
         with self._lock:
@@ -55,6 +63,7 @@ class ProcessRegistry:
         """Stop every compile still running: the build was interrupted while other threads
         waited on compilers (only the main thread sees KeyboardInterrupt)."""
         with self._lock:
+            self._stopped = True
             groups = list(self._groups)
         for pid in groups:
             _kill_group(pid)

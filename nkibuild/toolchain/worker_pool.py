@@ -182,10 +182,13 @@ class Worker:
         self.process.wait()
 
     def _output_since(self, offset: int) -> str:
-        self._log.flush()
-        with open(self.log_path, encoding="utf-8", errors="replace") as handle:
-            handle.seek(offset)
-            return handle.read()
+        try:
+            self._log.flush()
+            with open(self.log_path, encoding="utf-8", errors="replace") as handle:
+                handle.seek(offset)
+                return handle.read()
+        except (OSError, ValueError):  # closed by an interrupted build meanwhile
+            return ""
 
 
 class WorkerPool:
@@ -199,6 +202,12 @@ class WorkerPool:
         # them under its build dir, so what a killed build's workers leave is found and
         # removed by the next.
         self.scratch_root = scratch_root
+        self._closed = False  # closed: the build is stopping; no new work starts
+
+    def reopen(self, scratch_root: Path | None) -> None:
+        """Ready for a build whose workers keep their files under `scratch_root`."""
+        with self._guard:
+            self._closed, self.scratch_root = False, scratch_root
 
     def run(
         self, key: WorkerKey, job: dict[str, Any], *, timeout: float, unit: str
@@ -207,11 +216,7 @@ class WorkerPool:
             lock = self._locks.setdefault(key, threading.Lock())
         # One job at a time per worker; other keys proceed in parallel (-j).
         with lock:
-            worker = self._workers.get(key)
-            if worker is None or not worker.alive():
-                if worker is not None:
-                    worker.close()
-                worker = self._workers[key] = Worker(key, self.scratch_root)
+            worker = self._worker(key, unit)
             try:
                 return worker.run(job, timeout=timeout, unit=unit)
             except BuildError:
@@ -220,8 +225,22 @@ class WorkerPool:
                     del self._workers[key]
                 raise
 
+    def _worker(self, key: WorkerKey, unit: str) -> Worker:
+        """The live worker for `key`, started if needed; none once the pool is closed (a
+        doit thread still running after Ctrl-C must not start one nobody stops)."""
+        with self._guard:
+            if self._closed:
+                raise BuildError("the build is stopping: this kernel was not traced", unit=unit)
+            worker = self._workers.get(key)
+            if worker is None or not worker.alive():
+                if worker is not None:
+                    worker.close()
+                worker = self._workers[key] = Worker(key, self.scratch_root)
+            return worker
+
     def close(self) -> None:
         with self._guard:
+            self._closed = True
             workers, self._workers = list(self._workers.values()), {}
         for worker in workers:
             worker.close()
