@@ -190,7 +190,7 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
 
     flags, notices = neuron_cc_flags()
     worker_path = [str(testing.FAKES_DIR)]
-    if not _has_module("nkipy.core.trace"):  # PyPI's placeholder `nkipy` has no tracer
+    if not _has_nkipy_tracer():
         worker_path.append(str(testing.FAKE_NKIPY_DIR))
 
     command = testing.COMPILER_COMMAND
@@ -209,13 +209,14 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
     )
 
 
-def _has_module(name: str) -> bool:
+def _has_nkipy_tracer() -> bool:
+    """Whether an installed `nkipy` has its tracer (PyPI's placeholder has none), found
+    without importing it: a no-op build must not pay for a frontend's import."""
     import importlib.util
 
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ImportError:  # the parent package is missing, or fails to import
-        return False
+    spec = importlib.util.find_spec("nkipy")
+    locations = (spec.submodule_search_locations or []) if spec else []
+    return any(Path(location, "core", "trace.py").is_file() for location in locations)
 
 
 def _cached_version(
