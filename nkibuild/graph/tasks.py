@@ -21,7 +21,7 @@ from nkibuild import __version__
 from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError, storage_error
 from nkibuild.graph.intact import outputs_checked
-from nkibuild.manifest.model import Kernel, Manifest
+from nkibuild.manifest.model import Manifest
 from nkibuild.plan import BuildUnit, ExtractSpec, extract_specs
 from nkibuild.settings import BuildOptions
 from nkibuild.toolchain.worker_pool import user_variables
@@ -205,22 +205,9 @@ def _bundle_config(manifest: Manifest) -> dict[str, Any]:
 
     return {
         "package": vars(manifest.package),
-        "kernels": [_kernel_config(kernel) for kernel in manifest.kernels],
+        "kernels": [kernel.config() for kernel in manifest.kernels],
         "nkibuild": __version__,
         "generator": generator_digest(),
-    }
-
-
-def _kernel_config(kernel: Kernel) -> dict[str, Any]:
-    return {
-        "name": kernel.name,
-        "frontend": kernel.frontend,
-        "inputs": [t.to_json() for t in kernel.inputs],
-        "constants": [[name, value] for name, value in kernel.constants],
-        "variants": {v.name: [t.to_json() for t in v.inputs] for v in kernel.variants},
-        "reference": str(kernel.reference) if kernel.reference else None,
-        "source": str(kernel.source),
-        "tolerance": [kernel.tolerance.rtol, kernel.tolerance.atol],
     }
 
 

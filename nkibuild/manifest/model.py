@@ -542,6 +542,20 @@ class Kernel:
     )
     location: Location | None = field(default=None, compare=False)
 
+    def config(self) -> dict[str, Any]:
+        """What of the kernel decides a bundle's loader and its checks (a task's doit
+        `config_changed`); positions are left out: moving a kernel rebuilds nothing."""
+        return {
+            "name": self.name,
+            "frontend": self.frontend,
+            "inputs": [t.to_json() for t in self.inputs],
+            "constants": [[name, value] for name, value in self.constants],
+            "variants": {v.name: [t.to_json() for t in v.inputs] for v in self.variants},
+            "reference": str(self.reference) if self.reference else None,
+            "source": str(self.source),
+            "tolerance": [self.tolerance.rtol, self.tolerance.atol],
+        }
+
 
 def derived_import_name(distribution: str) -> str:
     """The import name a distribution name maps to when none is given."""

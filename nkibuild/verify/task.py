@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext
-    from nkibuild.manifest.model import Kernel, Manifest
+    from nkibuild.manifest.model import Manifest
     from nkibuild.verify import Check
 
 REPORT = Path("verify") / "checks.json"  # under the build dir
@@ -70,22 +70,10 @@ def _config(context: BuildContext) -> dict[str, Any]:
     from nkibuild.verify import RUNNER
 
     return {
-        "kernels": [_kernel_config(kernel) for kernel in context.manifest.kernels],
+        "kernels": [kernel.config() for kernel in context.manifest.kernels],
         "python": context.toolchain.python,  # its jax decides the JAX kernels' results
         "runner": hashlib.sha256(RUNNER.read_bytes()).hexdigest(),
         "nkibuild": __version__,
-    }
-
-
-def _kernel_config(kernel: Kernel) -> dict[str, Any]:
-    return {
-        "name": kernel.name,
-        "frontend": kernel.frontend,
-        "source": str(kernel.source),
-        "reference": str(kernel.reference) if kernel.reference else None,
-        "constants": [[name, value] for name, value in kernel.constants],
-        "variants": {v.name: [t.to_json() for t in v.inputs] for v in kernel.variants},
-        "tolerance": [kernel.tolerance.rtol, kernel.tolerance.atol],
     }
 
 
