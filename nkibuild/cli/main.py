@@ -8,12 +8,15 @@ import gc
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from nkibuild import __version__
 from nkibuild.errors import NkibuildError, storage_error
 from nkibuild.quantities import parse_duration, parse_size
+
+T = TypeVar("T")
 
 EXIT_USAGE = 2
 MAX_AGE_DAYS = 36500  # `cache prune --max-age`: a century
@@ -257,11 +260,28 @@ def _toolchain_option() -> argparse.ArgumentParser:
     return options
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+def _checked(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type that reports the parser's own message (argparse would say only
+    "invalid value")."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return convert
+
+
+def _parse_retries(text: str) -> int:
+    from nkibuild.settings import parse_retries  # the manifest model: not for --help
+
+    return parse_retries(text)
+
+
+_size = _checked(parse_size)
+_duration = _checked(parse_duration)
+_retries = _checked(_parse_retries)
 
 
 def _days(text: str) -> float:
@@ -276,22 +296,6 @@ def _days(text: str) -> float:
             f"{text[:40]!r} is not a number of days from 0 to {MAX_AGE_DAYS}"
         )
     return days
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _retries(text: str) -> int:
-    from nkibuild.settings import parse_retries
-
-    try:
-        return parse_retries(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _compile_options() -> argparse.ArgumentParser:
