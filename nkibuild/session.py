@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nkibuild.cache.stats import CacheCounters
 from nkibuild.compiler.budget import KeyLocks, MemoryBudget
 from nkibuild.compiler.process import ProcessRegistry
 from nkibuild.errors import UsageError
@@ -98,6 +99,7 @@ class BuildSession:
         # one toolchain per project and asks each compiler once.
         self.compiler_versions: dict[tuple[tuple[str, ...], tuple[int, ...]], str] = {}
         self.state_failures: list[OSError] = []  # doit state files that could not be saved
+        self.cache_stats = CacheCounters()  # hits, misses, errors per cache tier
 
     @contextlib.contextmanager
     def running(

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from nkibuild.cache.key import CacheKey
+from nkibuild.cache.stats import CacheCounters, Event
 from nkibuild.cache.store import NeffStore
 from nkibuild.cache.trust import CacheTrust, trust_from_environment
 
@@ -25,10 +26,14 @@ class CacheChain:
     A hit in a later tier is copied into the earlier ones, so the next build on
     this machine does not download it again. A remote that fails (network, auth)
     degrades to a miss or a skipped upload with a notice: a cache never fails a build.
+
+    Every lookup and upload is counted per tier kind into `stats` (the build session's
+    counters): a hit, a miss, or an error (read failed); an upload that failed.
     """
 
-    def __init__(self, tiers: Sequence[NeffStore]) -> None:
+    def __init__(self, tiers: Sequence[NeffStore], stats: CacheCounters | None = None) -> None:
         self.tiers = tuple(tiers)
+        self.stats = stats if stats is not None else CacheCounters()
         self._errors: list[str] = []
 
     @property
@@ -37,11 +42,18 @@ class CacheChain:
 
     def fetch(self, key: CacheKey, destination: Path) -> CacheHit | None:
         for index, tier in enumerate(self.tiers):
-            meta = self._guard(tier, "read from", lambda t=tier: t.fetch(key, destination))
+            meta = self._lookup(tier, key, destination)
             if meta is not None:
                 self._backfill(self.tiers[:index], key, destination, meta)
                 return CacheHit(meta, tier.location, tier.kind)
         return None
+
+    def _lookup(self, tier: NeffStore, key: CacheKey, destination: Path) -> dict[str, Any] | None:
+        """One tier's fetch, counted: a hit, a miss (also a corrupt entry), or an error."""
+        meta, failed = self._attempt(tier, "read from", lambda: tier.fetch(key, destination))
+        outcome: Event = "hits" if meta is not None else "errors" if failed else "misses"
+        self.stats.count(tier.kind, outcome)
+        return meta
 
     def locate(self, key: CacheKey) -> str | None:
         """The first tier holding an entry for `key`, without fetching it."""
@@ -54,23 +66,32 @@ class CacheChain:
         """Drop the entry a hit came from (it was found wrong after fetching)."""
         for tier in self.tiers:
             if tier.location == location:
+                self.stats.rejected_hit(tier.kind)
                 self._guard(tier, "discard from", lambda t=tier: t.discard(key))
 
     def publish(
         self, key: CacheKey, neff: Path, meta: dict[str, Any], log: Path | None = None
     ) -> None:
         for tier in self.tiers:
-            self._guard(tier, "publish to", lambda t=tier: t.publish(key, neff, meta, log))
+            self._upload(tier, lambda t=tier: t.publish(key, neff, meta, log))
 
     def _backfill(
         self, tiers: Sequence[NeffStore], key: CacheKey, neff: Path, meta: dict[str, Any]
     ) -> None:
         for tier in tiers:
-            self._guard(tier, "publish to", lambda t=tier: t.publish(key, neff, meta))
+            self._upload(tier, lambda t=tier: t.publish(key, neff, meta))
+
+    def _upload(self, tier: NeffStore, call: Any) -> None:
+        if self._attempt(tier, "publish to", call)[1]:
+            self.stats.count(tier.kind, "write_errors")
 
     def _guard(self, tier: NeffStore, doing: str, call: Any) -> Any:
+        return self._attempt(tier, doing, call)[0]
+
+    def _attempt(self, tier: NeffStore, doing: str, call: Any) -> tuple[Any, bool]:
+        """(what `call` returned, False), or (None, True) with a notice when it raised."""
         try:
-            return call()
+            return call(), False
         # Remote filesystems raise their own exception types (botocore, aiohttp, ...).
         except Exception as error:
             why = error.strerror if isinstance(error, OSError) and error.strerror else error
@@ -78,7 +99,7 @@ class CacheChain:
                 f"could not {doing} the cache at {tier.location}: {why}; "
                 "the build goes on without it"
             )
-            return None
+            return None, True
 
 
 def open_cache_chain(
@@ -87,13 +108,15 @@ def open_cache_chain(
     *,
     read_only: bool = False,
     trust: CacheTrust | None = None,
+    stats: CacheCounters | None = None,
 ) -> CacheChain | None:
     """The configured tiers, or None when caching is off.
 
     `trust` (entry signing) defaults to the environment's NKIBUILD_CACHE_HMAC_KEY /
     _KEY_FILE and NKIBUILD_REQUIRE_SIGNED_CACHE, which `--cache-key-file` and
     `--require-signed-cache` set: so every opener (compile, explain, Ray workers on
-    this machine) applies the same policy. Raises CacheConfigError for unusable settings.
+    this machine) applies the same policy. `stats`: where lookups are counted (a build
+    session's counters). Raises CacheConfigError for unusable settings.
     """
     if local_dir is None and not remote_url:
         return None
@@ -107,4 +130,4 @@ def open_cache_chain(
         from nkibuild.cache.remote import RemoteCache
 
         tiers.append(RemoteCache(remote_url, read_only=read_only, trust=trust))
-    return CacheChain(tiers)
+    return CacheChain(tiers, stats)

@@ -150,6 +150,13 @@ class RemoteCache:
         pattern = posixpath.join(self.root, "neff", "*", "*", ENTRY_FILE)
         return sorted(posixpath.basename(posixpath.dirname(p)) for p in self.fs.glob(pattern))
 
+    def usage(self) -> tuple[int, int]:
+        """(complete entries, bytes of every object under the prefix's neff/): a listing."""
+        self.fs.invalidate_cache()
+        found = self.fs.find(posixpath.join(self.root, "neff"), detail=True)
+        entries = sum(posixpath.basename(path) == ENTRY_FILE for path in found)
+        return entries, sum(int(info.get("size") or 0) for info in found.values())
+
     def _verified_download(self, digest: str, record: dict[str, Any], destination: Path) -> None:
         """Download, hashing what is written: what the build uses is exactly what was
         verified. The object must be a regular file (on a local filesystem) of the

@@ -1,4 +1,5 @@
-"""`nkibuild cache ACTION --json`: the cache command with one JSON document on stdout."""
+"""`nkibuild cache ACTION --json`: the cache command with one JSON document on stdout;
+and what `cache stats` says about each tier (entries, size, hits over the last builds)."""
 
 from __future__ import annotations
 
@@ -23,14 +24,79 @@ def cache(args: argparse.Namespace) -> int:
 
 
 def state(args: argparse.Namespace) -> dict[str, Any]:
-    """The local cache after the action: where it is, its entries and their size."""
-    from nkibuild.cache import LocalCache
+    """The local cache after the action: where it is, its entries and their size; and per
+    tier its entries (the remote's with --remote-cache) and counts over the last builds."""
+    from nkibuild.cache.stats import read_log
+
+    local_dir = _local_dir(args)
+    entries, size = _local_usage(args)
+    log = read_log(local_dir)
+    totals = log.totals()
+    remote = _remote_usage(args)
+    for notice in (*log.notices, *remote["notices"]):
+        print(f"warning: {notice}", file=sys.stderr)
+    tiers = {
+        "local": {"location": str(local_dir), "entries": entries, "bytes": size},
+        "remote": {k: v for k, v in remote.items() if k != "notices"},
+    }
+    return {
+        "root": str(local_dir),
+        "entries": entries,
+        "bytes": size,
+        "builds": len(log.builds),
+        "tiers": {name: {**tier, **totals[name].to_json()} for name, tier in tiers.items()},
+    }
+
+
+def stats_lines(args: argparse.Namespace) -> list[str]:
+    """`cache stats` without --json: one line per tier after the entries line."""
+    document = state(args)
+    builds = document["builds"]
+    lines = [f"hits over the last {builds} build{'s' * (builds != 1)} that used the cache:"]
+    for name, tier in document["tiers"].items():
+        lines.append(f"  {name + ':':<8}{_tier_line(tier)}")
+    return lines
+
+
+def _tier_line(tier: dict[str, Any]) -> str:
+    from nkibuild.quantities import format_size
+
+    rate = tier["hit_rate"]
+    shown = f"{rate:.0%} of {tier['lookups']} lookups" if rate is not None else "no lookups"
+    line = f"{tier['hits']} hits, {tier['misses']} misses, {tier['errors']} errors ({shown})"
+    if tier["write_errors"]:
+        line += f", {tier['write_errors']} failed uploads"
+    if tier["entries"] is not None:
+        line += f"; {tier['entries']} entries, {format_size(tier['bytes'])} at {tier['location']}"
+    return line
+
+
+def _local_dir(args: argparse.Namespace) -> Any:
     from nkibuild.settings import default_cache_dir
 
-    store = LocalCache(args.cache_dir or default_cache_dir())
-    entries = store.entries()
-    return {
-        "root": str(store.root),
-        "entries": len(entries),
-        "bytes": sum(entry.size for entry in entries),
-    }
+    return args.cache_dir or default_cache_dir()
+
+
+def _local_usage(args: argparse.Namespace) -> tuple[int, int]:
+    from nkibuild.cache import LocalCache
+
+    entries = LocalCache(_local_dir(args)).entries()
+    return len(entries), sum(entry.size for entry in entries)
+
+
+def _remote_usage(args: argparse.Namespace) -> dict[str, Any]:
+    """The remote's location, entries and bytes (a listing of its prefix), with
+    --remote-cache only; None where unknown, and why."""
+    url = getattr(args, "remote_cache", None)
+    if not url:
+        return {"location": None, "entries": None, "bytes": None, "notices": []}
+    from nkibuild.cache.remote import RemoteCache, public_url
+
+    location = public_url(url)
+    try:
+        entries, size = RemoteCache(url, read_only=True).usage()
+    # Remote filesystems raise their own exception types (botocore, aiohttp, ...).
+    except Exception as error:
+        why = f"could not list the remote cache at {location}: {error}"
+        return {"location": location, "entries": None, "bytes": None, "notices": [why]}
+    return {"location": location, "entries": entries, "bytes": size, "notices": []}

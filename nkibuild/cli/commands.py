@@ -48,6 +48,7 @@ def _build_options(args: argparse.Namespace) -> BuildOptions:
 
 
 def build(args: argparse.Namespace) -> int:
+    from nkibuild.cli.buildreport import recorded
     from nkibuild.cli.display import PlainDisplay, RichDisplay, use_rich
     from nkibuild.graph.run import RunOptions, run_build
 
@@ -61,8 +62,10 @@ def build(args: argparse.Namespace) -> int:
     options = RunOptions(
         selection=tuple(args.tasks), jobs=max(1, args.jobs), keep_going=args.keep_going
     )
+    cache, counters = context.settings.cache, context.session.cache_stats
     try:
-        summary = run_build(context, options, display)
+        with recorded("build", args.report, cache, counters, display) as record:
+            summary = run_build(context, options, record.display)
     finally:  # an interrupted build leaves no heartbeat thread or live display behind
         display.close()
     for failure in summary.failures:
@@ -71,7 +74,7 @@ def build(args: argparse.Namespace) -> int:
         print(error.rstrip(), file=sys.stderr)
     if args.json_summary:
         print(json.dumps(summary.to_json(), indent=2))
-    return EXIT_OK if summary.ok else EXIT_BUILD_FAILED
+    return EXIT_OK if summary.ok and not record.report_failed else EXIT_BUILD_FAILED
 
 
 def explain(args: argparse.Namespace) -> int:
@@ -345,6 +348,10 @@ def cache(args: argparse.Namespace) -> int:
         print(f"error: {failure}", file=sys.stderr)
     entries = store.entries()
     print(f"{store.root}: {len(entries)} entries, {format_size(sum(e.size for e in entries))}")
+    if args.action == "stats" and not args.json:  # --json prints these figures as JSON
+        from nkibuild.cli.cachejson import stats_lines
+
+        print("\n".join(stats_lines(args)))
     return EXIT_BUILD_FAILED if problems or store.failures else EXIT_OK
 
 

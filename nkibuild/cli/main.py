@@ -203,9 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("action", choices=("stats", "verify", "prune", "clear"))
     cache.add_argument(
         "--json", action="store_true",
-        help="print the cache's location, entries and size after the action as JSON",
+        help="print the cache's location, entries, size and each tier's hits, misses "
+        "and errors over the last builds after the action as JSON",
     )  # fmt: skip
     cache.add_argument("--cache-dir", type=Path, help="[default: NKIBUILD_CACHE_DIR or user cache]")
+    cache.add_argument(
+        "--remote-cache", metavar="URL",
+        help="stats: also count the entries and bytes of this remote cache (lists its prefix)",
+    )  # fmt: skip
     cache.add_argument("--max-size", help="prune: keep at most this much, e.g. 20G, 500M")
     cache.add_argument(
         "--max-age", type=_days, metavar="DAYS", help="prune: drop entries unused this long"
@@ -367,6 +372,11 @@ def _build_options() -> argparse.ArgumentParser:
     options.add_argument("--no-cache", action="store_true", help="do not use the NEFF caches")
     options.add_argument("--json", dest="json_summary", action="store_true",
                          help="print the build summary as JSON")  # fmt: skip
+    options.add_argument(
+        "--report", type=Path, metavar="FILE",
+        help="write a JSON report of the build to FILE (also of a failed or interrupted "
+        "build): per compile unit where its NEFF came from, compile time, peak memory",
+    )  # fmt: skip
     return options
 
 

@@ -106,7 +106,9 @@ def compile_options(context: BuildContext) -> CompileOptions:
 
         executor = RayExecutor(session.ray, cache, settings.ray_address)
     return CompileOptions(
-        cache=open_cache_chain(cache.local_dir, cache.remote_url, read_only=cache.read_only),
+        cache=open_cache_chain(
+            cache.local_dir, cache.remote_url, read_only=cache.read_only, stats=session.cache_stats
+        ),
         timeout=settings.compile_timeout,
         retries=settings.compile_retries,
         executor=executor,

@@ -23,6 +23,7 @@ from nkibuild.toolchain import Toolchain
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext
     from nkibuild.formats.hlo import HloModuleInfo
+    from nkibuild.frontends.failures import TraceFailures
     from nkibuild.toolchain.worker_pool import WorkerPool
 
 HLO_FILE = "model.hlo_module.pb"
@@ -66,19 +67,27 @@ def run(context: BuildContext, spec: ExtractSpec) -> HloArtifact:
         context.manifest.root,
         context.layout.extract_dir(spec),
         context.toolchain,
-        context.session.workers,
+        Tracing(context.session.workers, context.session.trace_failures),
     )
 
 
+@dataclass(frozen=True)
+class Tracing:
+    """The build's means to run user code: its worker pool, and the failures it showed."""
+
+    workers: WorkerPool
+    failures: TraceFailures
+
+
 def extract(
-    spec: ExtractSpec, root: Path, out_dir: Path, toolchain: Toolchain, workers: WorkerPool
+    spec: ExtractSpec, root: Path, out_dir: Path, toolchain: Toolchain, tracing: Tracing
 ) -> HloArtifact:
     """Produce the HLO artifact for one kernel variant in `out_dir`; user code runs in
-    one of `workers` that serves this project (`root`) only."""
+    one of the build's workers that serves this project (`root`) only."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / METADATA_FILE).unlink(missing_ok=True)
     with atomic_output(out_dir / HLO_FILE) as tmp_hlo:
-        versions, allowed = _produce_hlo(spec, root, tmp_hlo, toolchain, workers)
+        versions, allowed = _produce_hlo(spec, root, tmp_hlo, toolchain, tracing)
         module = _read(tmp_hlo.read_bytes(), spec)  # validates before anything else parses it
         canonical = _canonical(tmp_hlo.read_bytes(), root)
         data, sidecars = _relocated(canonical, out_dir, spec, allowed)
@@ -170,7 +179,7 @@ def frontend_versions(frontend: str) -> dict[str, str]:
 
 
 def _produce_hlo(
-    spec: ExtractSpec, root: Path, output: Path, toolchain: Toolchain, workers: WorkerPool
+    spec: ExtractSpec, root: Path, output: Path, toolchain: Toolchain, tracing: Tracing
 ) -> tuple[dict[str, str], tuple[Path, ...]]:
     """Write the module to `output`; return the frontend's versions and the dirs its
     custom-calls may name files in: the project for a prebuilt module, and also the
@@ -194,16 +203,29 @@ def _produce_hlo(
         "output": str(output),
         "own_modules": list(toolchain.worker_path),
     }
-    result = workers.run(key, job, timeout=DEFAULT_TIMEOUT_S, unit=spec.name)
+    result = tracing.workers.run(key, job, timeout=DEFAULT_TIMEOUT_S, unit=spec.name)
     if "os_error" in result:
         raise OSError(*result["os_error"])
     if not result["ok"]:
-        raise BuildError(
-            f"tracing {spec.source} failed: {printable(result['error'])}",
-            unit=spec.name,
-            log_tail=tail(result["log"] + result["traceback"]),
-        )
+        raise _trace_failed(spec, root, result, tracing.failures)
     return result["versions"], (root, Path(result["scratch"]))
+
+
+def _trace_failed(
+    spec: ExtractSpec, root: Path, result: dict, failures: TraceFailures
+) -> BuildError:
+    """The user's frames of the failure, shown once per kernel and cause."""
+    message = f"tracing {spec.source} failed: {printable(result['error'])}"
+    where = result.get("where", "")
+    if where:
+        cause = f"{result['error'].partition(':')[0]} at {where}"
+        first = failures.already_reported(str(root), spec.kernel, cause, spec.name)
+        if first is not None:
+            return BuildError(
+                f"{message}\n(the same {cause} as {first}: its traceback is shown there)",
+                unit=spec.name,
+            )
+    return BuildError(message, unit=spec.name, log_tail=tail(result["log"] + result["traceback"]))
 
 
 def _project_file(root: Path, spec: ExtractSpec) -> bytes:

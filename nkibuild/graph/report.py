@@ -9,7 +9,12 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from nkibuild.cache.stats import TierCounts
+
+REPORT_FORMAT = 1
 
 
 @dataclass
@@ -19,6 +24,8 @@ class TaskOutcome:
     seconds: float = 0.0
     detail: str = ""  # e.g. the cache origin of a compile, or the failure message
     notices: tuple[str, ...] = ()  # warnings that did not fail the task
+    compile_seconds: float | None = None  # a compile's: of the compile that made its NEFF
+    peak_memory: int | None = None  # bytes, of that compile (0: not measured)
 
 
 @dataclass
@@ -43,14 +50,15 @@ class BuildSummary:
         return [o for o in self.outcomes if o.status == "failed"]
 
     @property
+    def compiles(self) -> list[TaskOutcome]:
+        """The compile tasks' outcomes, whatever their status."""
+        # A release namespaces tasks: "<distribution>/compile:<unit>".
+        return [o for o in self.outcomes if o.name.partition(":")[0].endswith("compile")]
+
+    @property
     def origins(self) -> Counter[str]:
         """How compiles were satisfied: compiled, ray, cache-local, cache-remote, build-dir."""
-        # A release namespaces tasks: "<distribution>/compile:<unit>".
-        return Counter(
-            o.detail
-            for o in self.outcomes
-            if o.name.partition(":")[0].endswith("compile") and o.status == "done"
-        )
+        return Counter(o.detail for o in self.compiles if o.status == "done")
 
     @property
     def notices(self) -> list[str]:
@@ -86,6 +94,45 @@ def compile_counts(origins: Mapping[str, int]) -> dict[str, int]:
         "reused_from_build_dir": origins.get("build-dir", 0),
         "local_cache_hits": origins.get("cache-local", 0),
         "remote_cache_hits": origins.get("cache-remote", 0),
+    }
+
+
+def build_report(
+    summary: BuildSummary,
+    cache: Mapping[str, TierCounts],
+    *,
+    command: str,
+    interrupted: bool,
+    seconds: float,
+) -> dict[str, Any]:
+    """The `--report FILE` document (docs/cli.md): the summary of `build --json`, the
+    cache tiers' counts of this build and one record per compile unit that finished."""
+    from nkibuild.cache.stats import totals
+
+    status = "interrupted" if interrupted else "ok" if summary.ok else "failed"
+    return {
+        "format": REPORT_FORMAT,
+        "command": command,
+        "status": status,
+        "seconds": round(seconds, 3),
+        **summary.to_json(),
+        "ok": status == "ok",
+        "cache": {tier: counts.to_json() for tier, counts in totals([cache]).items()},
+        "units": [unit_report(outcome) for outcome in summary.compiles],
+    }
+
+
+def unit_report(outcome: TaskOutcome) -> dict[str, Any]:
+    done = outcome.status == "done"
+    return {
+        "unit": outcome.name.partition(":")[2],
+        "task": outcome.name,
+        "status": outcome.status,
+        "origin": outcome.detail if done else None,
+        "seconds": round(outcome.seconds, 3),
+        "compile_seconds": outcome.compile_seconds,
+        "peak_memory": outcome.peak_memory,
+        "error": outcome.detail if outcome.status in ("failed", "blocked") else None,
     }
 
 
@@ -129,7 +176,10 @@ class BuildReporter:
             values = task.values if isinstance(task.values, dict) else {}
             detail = str(values.get("origin", ""))
             notices = tuple(map(str, values.get("notices", ())))
-            self._record(TaskOutcome(task.name, "done", self._elapsed(task), detail, notices))
+            outcome = TaskOutcome(task.name, "done", self._elapsed(task), detail, notices)
+            outcome.compile_seconds = values.get("compile_seconds")
+            outcome.peak_memory = values.get("peak_memory")
+            self._record(outcome)
 
     def add_failure(self, task: Any, fail: Any) -> None:
         from doit.exceptions import UnmetDependency
@@ -168,6 +218,32 @@ class BuildReporter:
     def _record(self, outcome: TaskOutcome) -> None:
         self.summary.outcomes.append(outcome)
         self.display.task_finished(outcome)
+
+
+class RecordingDisplay:
+    """A display that keeps what it was shown, for a report written whatever happens.
+
+    doit hands the summary to `finish` even when the build is interrupted; until then
+    (or if doit never ran) the outcomes seen so far make up the summary."""
+
+    def __init__(self, display: Display) -> None:
+        self.display = display
+        self.summary = BuildSummary()
+
+    def start(self, tasks: int) -> None:
+        self.summary.selected = tasks
+        self.display.start(tasks)
+
+    def task_started(self, name: str) -> None:
+        self.display.task_started(name)
+
+    def task_finished(self, outcome: TaskOutcome) -> None:
+        self.summary.outcomes.append(outcome)
+        self.display.task_finished(outcome)
+
+    def finish(self, summary: BuildSummary) -> None:
+        self.summary = summary
+        self.display.finish(summary)
 
 
 def _closure(tasks: dict[str, Any], selected: list[str]) -> set[str]:

@@ -164,7 +164,12 @@ def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
     from nkibuild import compiler
 
     result = compiler.run(context, unit)
-    return {"origin": result.origin, "notices": list(result.notices)}
+    return {
+        "origin": result.origin,
+        "notices": list(result.notices),
+        "compile_seconds": result.compile_seconds,
+        "peak_memory": result.peak_memory,
+    }
 
 
 def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:

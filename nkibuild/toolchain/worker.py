@@ -14,11 +14,11 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
 from nkibuild.toolchain.tracers import TRACERS, Job, project_imports
+from nkibuild.toolchain.usertrace import user_traceback
 
 
 def run_job(job: Job) -> dict[str, Any]:
@@ -28,10 +28,12 @@ def run_job(job: Job) -> dict[str, Any]:
     except BaseException as error:
         if isinstance(error, KeyboardInterrupt):
             raise
+        shown = user_traceback(error, job["root"])
         return {
             "ok": False,
             "error": f"{type(error).__name__}: {error}",
-            "traceback": traceback.format_exc(),
+            "traceback": shown.text,
+            "where": shown.where,
         }
     try:
         Path(job["output"]).write_bytes(proto)
