@@ -18,6 +18,7 @@ from helpers import softmax_manifest, softmax_project
 
 from nkibuild.cache import CacheChain, CacheKey, LocalCache
 from nkibuild.cache.remote import RemoteCache, public_url
+from nkibuild.cache.stats import CacheCounters, TierCounts
 
 
 def make_key(name: str) -> CacheKey:
@@ -373,3 +374,89 @@ def test_s3_builds_on_two_machines_compile_once(
         shutil.rmtree(root / "build")
     assert counts == [2, 0]
     assert len(s3_cache(s3_endpoint, s3_url).entries()) == 2
+
+
+# --- counts per tier (cache stats, build reports) --------------------------------------------
+
+
+def test_the_chain_counts_each_tiers_hits_and_misses(
+    cache: RemoteCache, remote_dir: Path, tmp_path: Path
+) -> None:
+    key, _ = publish(cache, tmp_path, "a")
+    stats = CacheCounters()
+    chain = CacheChain([LocalCache(tmp_path / "local"), RemoteCache(remote_dir.as_uri())], stats)
+    assert chain.fetch(key, tmp_path / "1.neff") is not None  # remote hit, copied to local
+    assert chain.fetch(key, tmp_path / "2.neff") is not None  # local hit: remote not asked
+    assert chain.fetch(make_key("absent"), tmp_path / "3.neff") is None
+    assert stats.snapshot() == {"local": TierCounts(1, 2), "remote": TierCounts(1, 1)}
+    # A hit whose NEFF the compile stage then refuses served nothing: it becomes a miss.
+    chain.discard(key, str(tmp_path / "local"))
+    assert stats.snapshot()["local"] == TierCounts(hits=0, misses=3)
+
+
+def test_a_corrupt_entry_counts_as_a_miss_not_an_error(cache: RemoteCache, tmp_path: Path) -> None:
+    key, _ = publish(cache, tmp_path, "a")
+    cache.fs.pipe_file(stored_neff(cache, key), b"tampered")
+    stats = CacheCounters()
+    assert CacheChain([cache], stats).fetch(key, tmp_path / "out.neff") is None
+    assert stats.snapshot() == {"remote": TierCounts(misses=1)}
+    assert "corrupt cache entry" in cache.notices[0]
+
+
+def unreachable_s3(url: str) -> RemoteCache:
+    """An S3 endpoint nothing listens on, asked once (no retries): a network failure."""
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9", "region_name": "us-east-1"},
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2},
+        "skip_instance_cache": True,
+    }
+    return RemoteCache(url, storage_options=options)
+
+
+def test_an_unreachable_remote_counts_errors_apart_from_misses(s3_url: str, tmp_path: Path) -> None:
+    stats = CacheCounters()
+    chain = CacheChain([LocalCache(tmp_path / "local"), unreachable_s3(s3_url)], stats)
+    key = make_key("a")
+    assert chain.fetch(key, tmp_path / "out.neff") is None
+    chain.publish(key, make_neff(tmp_path, "a"), {"unit": "a"})
+    assert stats.snapshot() == {
+        "local": TierCounts(misses=1),
+        "remote": TierCounts(errors=1, write_errors=1),
+    }
+    assert stats.snapshot()["remote"].hit_rate == 0.0
+    assert [n.split(":")[0] for n in chain.notices] == [
+        "could not read from the cache at s3",
+        "could not publish to the cache at s3",
+    ]
+
+
+def test_cache_stats_counts_the_remotes_entries_and_bytes(
+    cache: RemoteCache, remote_dir: Path, tmp_path: Path, isolated_cache: Path
+) -> None:
+    for name in ("a", "b"):
+        publish(cache, tmp_path, name)
+    (remote_dir / "neff" / "ab").mkdir(parents=True)  # a killed upload: objects, no entry.json
+    (remote_dir / "neff" / "ab" / "stray.neff").write_bytes(b"x" * 100)
+    on_disk = sum(p.stat().st_size for p in (remote_dir / "neff").rglob("*") if p.is_file())
+    result = run_nkibuild(
+        ["cache", "stats", "--json", "--remote-cache", remote_dir.as_uri()], tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    remote = json.loads(result.stdout)["tiers"]["remote"]
+    assert remote["location"] == remote_dir.as_uri()
+    assert (remote["entries"], remote["bytes"]) == (2, on_disk)
+
+
+def test_cache_stats_with_an_unreachable_remote_warns_and_says_unknown(tmp_path: Path) -> None:
+    result = run_nkibuild(
+        ["cache", "stats", "--json", "--remote-cache", "nosuchprotocol://bucket/x"], tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert "warning: could not list the remote cache at nosuchprotocol://bucket/x: " in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr
+    remote = json.loads(result.stdout)["tiers"]["remote"]
+    assert (remote["entries"], remote["bytes"]) == (None, None)
