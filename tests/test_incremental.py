@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from helpers import build, pretend_new_compiler
 
 from nkibuild.graph.loader import DEP_FILE
 from nkibuild.graph.report import BuildSummary
+from nkibuild.graph.run import LAST_RUN_FILE
 from nkibuild.graph.uptodate import STAMP_FILE
 
 pytest.importorskip("jax")
@@ -140,8 +142,11 @@ def test_touching_a_source_without_changing_it_runs_nothing(built: Path) -> None
     source = built / "kernels" / "jax_kernels.py"
     source.write_text(source.read_text())  # new mtime, same content
     summary = build(built)
-    # The up-to-date proof no longer holds, so doit decides, by content: nothing to do.
+    # The up-to-date proof compares the touched file's content, not just its stat.
     assert summary.executed == []
+    record = json.loads((built / "build" / "state" / LAST_RUN_FILE).read_text())
+    assert record["up_to_date_decision"]["touched_unchanged"] == [str(source)]
+    assert record["up_to_date_decision"]["handed_to_doit"] == 0
     assert (built / "build" / "state" / STAMP_FILE).exists()
 
 

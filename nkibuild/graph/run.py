@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from nkibuild.graph import uptodate
 from nkibuild.graph.loader import DEP_FILE, NkibuildLoader, doit_config, to_tasks
 from nkibuild.graph.report import BuildReporter, BuildSummary, Display
 from nkibuild.graph.tasks import task_dicts
+from nkibuild.graph.uptodate import task_name
 from nkibuild.session import BuildSession, SessionDirs
 
 LAST_RUN_FILE = "last-run.json"
@@ -44,25 +46,57 @@ def _run_locked(context: BuildContext, options: RunOptions, display: Display) ->
     dicts = task_dicts(context)
     check_selection(dicts, options.selection)
     state_dir = context.layout.state_dir
-    whole_graph = not options.selection
-    dep_file = str(state_dir / DEP_FILE)
-    if whole_graph:
-        key = uptodate.fingerprint(dicts)
-        if uptodate.is_proven(state_dir, key, lambda: uptodate.files_of(dicts, dep_file)):
-            return _report_all_up_to_date(dicts, display)
-    uptodate.forget(state_dir)
-    sources_before = uptodate.stats(uptodate.sources_of(dicts))
-    summary = _run_doit(context, dicts, options, display)
-    if whole_graph and summary.ok and uptodate.stats(uptodate.sources_of(dicts)) == sources_before:
-        # No input changed while doit ran, so what it saved describes the files now.
-        uptodate.record(state_dir, key, uptodate.files_of(dicts, dep_file))
+    record: dict = {}
+    if options.selection:
+        # doit alone decides about a selection; what it runs changes its state, so the
+        # proof is dropped rather than kept beside state it no longer describes.
+        uptodate.forget(state_dir)
+        summary = _run_doit(context, dicts, options, display)
+    else:
+        summary, record["up_to_date_decision"] = _run_whole_graph(context, dicts, options, display)
     try:
-        atomic_write_text(state_dir / LAST_RUN_FILE, json.dumps(summary.to_json(), indent=2))
+        text = json.dumps({**summary.to_json(), **record}, indent=2)
+        atomic_write_text(state_dir / LAST_RUN_FILE, text)
     except OSError as error:  # the build itself is done: report, don't lose its summary
         summary.runtime_errors.append(
             f"the build's record was not saved: {describe_os_error(error)}"
         )
     return summary
+
+
+def _run_whole_graph(
+    context: BuildContext, dicts: list[dict], options: RunOptions, display: Display
+) -> tuple[BuildSummary, dict]:
+    """Ask doit only about the tasks the up-to-date proof does not cover (uptodate.py);
+    returns the summary and how the proof decided (for last-run.json)."""
+    state_dir = context.layout.state_dir
+    dep_file = str(state_dir / DEP_FILE)
+    started = time.perf_counter()
+    decision = uptodate.decide(state_dir, dicts, dep_file)
+    figures = {
+        "seconds": round(time.perf_counter() - started, 3),
+        "proven": len(dicts) - len(decision.pending),
+        "handed_to_doit": len(decision.pending),
+        "touched_unchanged": decision.touched,
+    }
+    if not decision.pending:
+        if decision.touched:
+            uptodate.record(state_dir, decision, (), dep_file)
+        return _report_all_up_to_date(dicts, display), figures
+    pending = set(decision.pending)
+    config = {**doit_config(context), "default_tasks": decision.pending}
+    summary = run_task_graph(
+        context.session,
+        [task for task in dicts if task_name(task) in pending],
+        config,
+        options,
+        display,
+        proven=decision.proven,
+    )
+    if not context.session.state_failures:  # else doit's state is what it was before
+        verified = [o.name for o in summary.outcomes if o.status in ("done", "up-to-date")]
+        uptodate.record(state_dir, decision, verified, dep_file)
+    return summary, figures
 
 
 def _report_all_up_to_date(dicts: list[dict], display: Display) -> BuildSummary:
@@ -75,6 +109,19 @@ def _report_all_up_to_date(dicts: list[dict], display: Display) -> BuildSummary:
     return reporter.summary
 
 
+class _PartlyProvenReporter(BuildReporter):
+    """Reports the tasks the proof covers as up to date, then what doit does with the rest."""
+
+    def __init__(self, display: Display, proven: Sequence[str]) -> None:
+        super().__init__(display)
+        self.proven = proven
+
+    def start(self, tasks: int) -> None:
+        super().start(tasks + len(self.proven))
+        for name in self.proven:
+            self.up_to_date(name)
+
+
 def _run_doit(
     context: BuildContext, dicts: list[dict], options: RunOptions, display: Display
 ) -> BuildSummary:
@@ -82,11 +129,17 @@ def _run_doit(
 
 
 def run_task_graph(
-    session: BuildSession, dicts: list[dict], config: dict, options: RunOptions, display: Display
+    session: BuildSession,
+    dicts: list[dict],
+    config: dict,
+    options: RunOptions,
+    display: Display,
+    proven: Sequence[str] = (),
 ) -> BuildSummary:
     """Let doit run task dicts with `config` (dep_file, default_tasks, ...); report through
-    `display`. The caller runs `session` and holds whatever locks the outputs need."""
-    reporter = BuildReporter(display)
+    `display`, with the tasks named in `proven` (not in `dicts`) as up to date. The caller
+    runs `session` and holds whatever locks the outputs need."""
+    reporter = _PartlyProvenReporter(display, proven)
     loader = NkibuildLoader(extra_config={**config, "reporter": reporter}, tasks=dicts)
     from doit.doit_cmd import DoitMain
 
@@ -125,10 +178,6 @@ def pending_tasks(dicts: list[dict], config: dict) -> list[str]:
     real = {task_name(task) for task in dicts}  # not doit's group tasks, never "up to date"
     names = [line[2:] for line in listing.getvalue().splitlines() if line.startswith("R ")]
     return [name for name in names if name in real]
-
-
-def task_name(task: dict) -> str:
-    return f"{task['basename']}:{task['name']}" if "name" in task else task["basename"]
 
 
 def check_selection(dicts: list[dict], selection: Sequence[str]) -> None:

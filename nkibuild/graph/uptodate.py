@@ -1,14 +1,27 @@
-"""A proof that a whole build is up to date, so a repeated no-op build can skip doit.
+"""A per-task proof of being up to date, so a build asks doit only about what may have changed.
 
-After a complete, successful build nkibuild records a fingerprint of the task
-graph (every task's file_dep, targets and config values) and the stat of every
-file involved, including doit's own state file. If the next build sees the same
-fingerprint and identical stats, doit would find every task up to date again:
-its decision depends on nothing else. Any difference, however small, falls back
-to doit, which then checks content hashes as usual.
+After a build, nkibuild records for every task doit found up to date (or ran
+successfully) a fingerprint of its definition (file_dep, targets, config values)
+and the stat of every file it involves: dependencies, targets and the files in its
+output directories. It also records the stat of doit's own state file and the
+sha256 of each source file (a file_dep that no task writes).
 
-Stats compare size, mtime, ctime and inode: ctime cannot be set back by tools
-that restore mtimes, so a rewrite within the same mtime tick is still seen.
+The next build compares. A task whose fingerprint and files are unchanged is up to
+date without asking doit, because doit's decision about it depends on nothing else.
+A source whose stat changed but whose content did not (touched, rewritten with the
+same bytes, restored by a checkout) is re-recorded without rebuilding anything. The
+remaining tasks, with every task downstream of them, are handed to doit, which
+checks content hashes as usual; tasks upstream of them are already proven and are
+not loaded, so doit treats their outputs as plain files.
+
+Anything that is not understood distrusts the whole proof: a different nkibuild,
+an unreadable stamp, or doit's state file changed behind nkibuild's back (a plain
+`doit` run, `doit forget`).
+
+Stats compare size, mtime, ctime and inode: ctime cannot be set back by tools that
+restore mtimes, so a rewrite within the same mtime tick is still seen. The stamp is
+written atomically; a build killed before writing it leaves the previous stamp, whose
+stats then no longer match the files the killed build rewrote.
 """
 
 from __future__ import annotations
@@ -17,78 +30,211 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nkibuild import __version__
+from nkibuild.cache.key import file_sha256
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.graph.intact import OutputsIntact, output_files
 
 STAMP_FILE = "up-to-date.json"
-Stat = tuple[int, int, int, int]
+FORMAT = 2
+Stat = list[int]  # [size, mtime_ns, ctime_ns, inode]
 
 
-def fingerprint(dicts: list[dict[str, Any]]) -> str:
-    digest = hashlib.sha256(__version__.encode())
-    for task in dicts:
-        configs = [getattr(check, "config", repr(check)) for check in task.get("uptodate", ())]
-        entry = [task["basename"], task.get("name"), task["file_dep"], task["targets"], configs]
-        digest.update(json.dumps(entry, sort_keys=True, default=str).encode())
-    return digest.hexdigest()
+def task_name(task: dict[str, Any]) -> str:
+    return f"{task['basename']}:{task['name']}" if "name" in task else task["basename"]
 
 
-def files_of(dicts: list[dict[str, Any]], *extra: str) -> list[str]:
-    """Every file the proof covers: dependencies, targets, the files in output
-    directories (a bundle's tree) and `extra` (doit's state file)."""
-    files = {path for task in dicts for path in (*task["file_dep"], *task["targets"])}
-    files.update(extra)
-    for task in dicts:
-        for check in task.get("uptodate", ()):
-            if isinstance(check, OutputsIntact):
-                files.update(output_files((), check.directories))
-    return sorted(files)
+def fingerprint(task: dict[str, Any]) -> str:
+    """What doit's decision about `task` depends on, besides its files and its state."""
+    configs = [getattr(check, "config", repr(check)) for check in task.get("uptodate", ())]
+    entry = [task["file_dep"], task["targets"], task.get("task_dep", ()), configs]
+    return hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def sources_of(dicts: list[dict[str, Any]]) -> list[str]:
-    """Files the build reads but no task writes: the user's inputs."""
-    produced = {path for task in dicts for path in task["targets"]}
-    return sorted({path for task in dicts for path in task["file_dep"]} - produced)
-
-
-def stats(paths: Iterable[str]) -> dict[str, Stat] | None:
-    """Stat every path; None if any is missing."""
-    result: dict[str, Stat] = {}
-    for path in paths:
-        try:
-            info = os.stat(path)
-        except OSError:
-            return None
-        result[path] = (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
-    return result
-
-
-def is_proven(state_dir: Path, key: str, paths: Callable[[], list[str]]) -> bool:
-    """Whether the recorded proof holds for `key` and the files `paths()` lists
-    (called only if there is a proof: listing walks the output directories)."""
+def stat_of(path: str) -> Stat | None:
     try:
-        stamp = json.loads((state_dir / STAMP_FILE).read_text())
-    except (OSError, ValueError):
-        return False
-    if stamp.get("fingerprint") != key:
-        return False
-    current = stats(paths())
-    return current is not None and {p: list(s) for p, s in current.items()} == stamp.get("files")
+        info = os.stat(path)
+    except OSError:
+        return None
+    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
 
 
-def record(state_dir: Path, key: str, paths: list[str]) -> None:
-    """Save the proof; best effort, since without it the next build only asks doit."""
-    current = stats(paths)
-    if current is not None:
-        stamp = {"fingerprint": key, "files": {p: list(s) for p, s in current.items()}}
-        with contextlib.suppress(OSError):
-            atomic_write_text(state_dir / STAMP_FILE, json.dumps(stamp))
+@dataclass
+class Proof:
+    """The recorded stamp: see the module docstring."""
+
+    tasks: dict[str, str] = field(default_factory=dict)  # name -> fingerprint
+    files: dict[str, Stat] = field(default_factory=dict)  # path -> stat
+    digests: dict[str, str] = field(default_factory=dict)  # source path -> sha256
+    listings: dict[str, list[str]] = field(default_factory=dict)  # name -> files in its dirs
+    state: Stat | None = None  # doit's state file
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "nkibuild": __version__, **vars(self)}
+
+
+def load(state_dir: Path) -> Proof | None:
+    try:
+        data = json.loads((state_dir / STAMP_FILE).read_text())
+        if data.pop("format") != FORMAT or data.pop("nkibuild") != __version__:
+            return None
+        return Proof(**data)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None  # unreadable or another layout: nothing is proven
 
 
 def forget(state_dir: Path) -> None:
     (state_dir / STAMP_FILE).unlink(missing_ok=True)
+
+
+class Graph:
+    """The build's tasks with what the proof needs of each: name, fingerprint, files."""
+
+    def __init__(self, dicts: list[dict[str, Any]]) -> None:
+        self.dicts = dicts
+        self.names = [task_name(task) for task in dicts]
+        self.by_name = dict(zip(self.names, dicts, strict=True))
+        self.producer = {path: name for name, t in self.by_name.items() for path in t["targets"]}
+        self.listings = {name: _listing(task) for name, task in self.by_name.items()}
+
+    def files(self, name: str) -> Iterable[str]:
+        task = self.by_name[name]
+        return (*task["file_dep"], *task["targets"], *self.listings[name])
+
+    def sources(self, name: str) -> list[str]:
+        return [path for path in self.by_name[name]["file_dep"] if path not in self.producer]
+
+    def downstream(self, seeds: Iterable[str]) -> list[str]:
+        """`seeds` and every task that reads an output of one of them, in graph order."""
+        reached = set(seeds)
+        if not reached:
+            return []
+        consumers: dict[str, list[str]] = {}
+        for name, task in self.by_name.items():
+            upstream = {self.producer.get(path) for path in task["file_dep"]}
+            upstream.update(task.get("task_dep", ()))
+            for producer in upstream - {None, name}:
+                consumers.setdefault(str(producer), []).append(name)
+        pending = list(reached)
+        while pending:
+            for consumer in consumers.get(pending.pop(), ()):
+                if consumer not in reached:
+                    reached.add(consumer)
+                    pending.append(consumer)
+        return [name for name in self.names if name in reached]
+
+
+def _listing(task: dict[str, Any]) -> list[str]:
+    directories = [
+        directory
+        for check in task.get("uptodate", ())
+        if isinstance(check, OutputsIntact)
+        for directory in check.directories
+    ]
+    return sorted(output_files((), directories)) if directories else []
+
+
+@dataclass
+class Decision:
+    """Which tasks the proof covers and which doit must decide about."""
+
+    graph: Graph
+    fingerprints: dict[str, str]
+    stats: dict[str, Stat | None]  # every file of every task, as seen when deciding
+    pending: list[str]  # doit decides about these (in graph order)
+    touched: list[str]  # sources whose stat changed but whose content did not
+    previous: Proof | None
+
+    @property
+    def proven(self) -> list[str]:
+        pending = set(self.pending)
+        return [name for name in self.graph.names if name not in pending]
+
+
+def decide(state_dir: Path, dicts: list[dict[str, Any]], dep_file: str) -> Decision:
+    """Compare the build's tasks with the recorded proof."""
+    graph = Graph(dicts)
+    fingerprints = {name: fingerprint(task) for name, task in graph.by_name.items()}
+    stats: dict[str, Stat | None] = {}
+    for name in graph.names:
+        for path in graph.files(name):
+            if path not in stats:
+                stats[path] = stat_of(path)
+    proof = load(state_dir)
+    if proof is None or proof.state is None or proof.state != stat_of(dep_file):
+        return Decision(graph, fingerprints, stats, list(graph.names), [], None)
+    changed = {
+        path for path, stat in stats.items() if stat is None or proof.files.get(path) != stat
+    }
+    touched = [path for path in sorted(changed) if _same_content(path, stats[path], proof)]
+    changed.difference_update(touched)
+    seeds = [
+        name
+        for name in graph.names
+        if proof.tasks.get(name) != fingerprints[name]
+        or proof.listings.get(name, []) != graph.listings[name]
+        or any(path in changed for path in graph.files(name))
+    ]
+    return Decision(graph, fingerprints, stats, graph.downstream(seeds), touched, proof)
+
+
+def _same_content(path: str, stat: Stat | None, proof: Proof) -> bool:
+    recorded = proof.digests.get(path)
+    if stat is None or recorded is None or stat[0] != proof.files.get(path, [None])[0]:
+        return False
+    return _digest(path, stat) == recorded
+
+
+def _digest(path: str, stat: Stat | None) -> str | None:
+    """sha256 of `path` if it still has `stat` before and after hashing (else None: the
+    file is being written, and the digest would not describe the content of `stat`)."""
+    if stat is None:
+        return None
+    try:
+        digest = file_sha256(path)
+    except OSError:
+        return None
+    return digest if stat_of(path) == stat else None
+
+
+def record(state_dir: Path, decision: Decision, verified: Iterable[str], dep_file: str) -> None:
+    """Save the proof for the proven tasks and those in `verified` (doit found them up
+    to date or ran them successfully). Sources keep the stat seen when deciding (doit
+    may have read them after a later change; that change is then seen next time);
+    outputs of verified tasks are stat'ed again, since the build rewrote them.
+
+    Best effort: without a stamp the next build only asks doit about everything."""
+    graph, previous = decision.graph, decision.previous or Proof()
+    verified, pending = set(verified), set(decision.pending)
+    proof = Proof(state=stat_of(dep_file))
+    for name in graph.names:
+        if name in pending and name not in verified:
+            continue  # failed, blocked or not reached: doit decides about it next time
+        proof.tasks[name] = decision.fingerprints[name]
+        proof.listings[name] = (
+            _listing(graph.by_name[name]) if name in verified else (graph.listings[name])
+        )
+        sources = set(graph.sources(name))
+        for path in (*graph.files(name), *proof.listings[name]):
+            fresh = name in verified and path not in sources
+            stat = stat_of(path) if fresh else decision.stats.get(path)
+            if stat is not None:
+                proof.files[path] = stat
+        for path in sources:
+            digest = _source_digest(path, decision.stats.get(path), previous)
+            if digest is not None:
+                proof.digests[path] = digest
+    # Not fsync'ed: after a power loss a damaged stamp is unreadable, which proves nothing.
+    with contextlib.suppress(OSError):
+        atomic_write_text(state_dir / STAMP_FILE, json.dumps(proof.to_json()), durable=False)
+
+
+def _source_digest(path: str, stat: Stat | None, previous: Proof) -> str | None:
+    if stat is not None and previous.files.get(path) == stat and path in previous.digests:
+        return previous.digests[path]
+    return _digest(path, stat)

@@ -1,0 +1,263 @@
+"""The per-task up-to-date proof (graph/uptodate.py): a touched file costs a content check
+of that file, not a whole doit decision; a changed file hands exactly its downstream
+tasks to doit; anything the proof does not understand hands everything to doit."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from doit.tools import config_changed
+from helpers import build, write_project
+
+from nkibuild.graph import uptodate
+from nkibuild.graph.loader import DEP_FILE
+from nkibuild.graph.run import LAST_RUN_FILE
+from nkibuild.graph.uptodate import STAMP_FILE
+from nkibuild.testing.hlo_writer import build_hlo_module
+
+SHAPE = (64, 128)
+
+
+def hlo(name: str) -> bytes:
+    return build_hlo_module(name, [("x", "float32", SHAPE)], [("float32", SHAPE)])
+
+
+def touch(path: Path) -> None:
+    """New mtime and ctime, same bytes (as an editor's save without changes)."""
+    path.write_bytes(path.read_bytes())
+    later = path.stat().st_mtime_ns + 5_000_000_000
+    os.utime(path, ns=(later, later))
+
+
+# ---- the decision on plain task dicts (no project, no doit) ----
+
+
+def task(name: str, deps: list[Path], outputs: list[Path], config: str = "c") -> dict:
+    return {
+        "basename": "t",
+        "name": name,
+        "file_dep": [str(p) for p in deps],
+        "targets": [str(p) for p in outputs],
+        "uptodate": [config_changed(config)],
+    }
+
+
+@pytest.fixture
+def chain(tmp_path: Path) -> tuple[Path, list[dict]]:
+    """src_a -> t:a -> mid_a -> t:join <- mid_b <- t:b <- src_b, all files present."""
+    files = {n: tmp_path / n for n in ("src_a", "src_b", "mid_a", "mid_b", "out", DEP_FILE)}
+    for name, path in files.items():
+        path.write_text(name)
+    dicts = [
+        task("a", [files["src_a"]], [files["mid_a"]]),
+        task("b", [files["src_b"]], [files["mid_b"]]),
+        task("join", [files["mid_a"], files["mid_b"]], [files["out"]]),
+    ]
+    return tmp_path, dicts
+
+
+def proven_state(tmp_path: Path, dicts: list[dict]) -> uptodate.Decision:
+    """Record every task as verified, then decide again."""
+    dep_file = str(tmp_path / DEP_FILE)
+    first = uptodate.decide(tmp_path, dicts, dep_file)
+    assert first.pending == ["t:a", "t:b", "t:join"]  # no stamp yet: doit decides all
+    uptodate.record(tmp_path, first, first.pending, dep_file)
+    return uptodate.decide(tmp_path, dicts, dep_file)
+
+
+def test_nothing_changed_proves_every_task(chain: tuple[Path, list[dict]]) -> None:
+    root, dicts = chain
+    again = proven_state(root, dicts)
+    assert again.pending == []
+    assert again.touched == []
+    assert again.proven == ["t:a", "t:b", "t:join"]
+
+
+def test_a_touched_source_is_checked_by_content_and_proves_again(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    root, dicts = chain
+    proven_state(root, dicts)
+    touch(root / "src_a")
+    decision = uptodate.decide(root, dicts, str(root / DEP_FILE))
+    assert decision.pending == []
+    assert decision.touched == [str(root / "src_a")]
+    uptodate.record(root, decision, (), str(root / DEP_FILE))
+    after = uptodate.decide(root, dicts, str(root / DEP_FILE))
+    assert (after.pending, after.touched) == ([], [])  # the new stat is recorded
+
+
+def test_a_changed_source_hands_its_task_and_everything_downstream_to_doit(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    root, dicts = chain
+    proven_state(root, dicts)
+    (root / "src_b").write_text("edited")
+    decision = uptodate.decide(root, dicts, str(root / DEP_FILE))
+    assert decision.pending == ["t:b", "t:join"]
+    assert decision.proven == ["t:a"]
+    assert decision.touched == []
+
+
+def test_a_touched_output_hands_its_producer_and_readers_to_doit(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    # Outputs carry no digest in the proof: doit's own checks (OutputsIntact, md5)
+    # decide, and find them up to date when only the stat changed.
+    root, dicts = chain
+    proven_state(root, dicts)
+    touch(root / "mid_a")
+    assert uptodate.decide(root, dicts, str(root / DEP_FILE)).pending == ["t:a", "t:join"]
+
+
+def test_a_changed_config_hands_that_task_and_its_readers_to_doit(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    root, dicts = chain
+    proven_state(root, dicts)
+    dicts[0]["uptodate"] = [config_changed("other")]
+    assert uptodate.decide(root, dicts, str(root / DEP_FILE)).pending == ["t:a", "t:join"]
+
+
+def test_a_task_not_verified_by_doit_is_left_out_of_the_proof(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    root, dicts = chain
+    dep_file = str(root / DEP_FILE)
+    first = uptodate.decide(root, dicts, dep_file)
+    uptodate.record(root, first, ["t:a", "t:b"], dep_file)  # t:join failed
+    assert uptodate.decide(root, dicts, dep_file).pending == ["t:join"]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda root: (root / DEP_FILE).write_text("rewritten"), id="doit-state"),
+        pytest.param(lambda root: (root / STAMP_FILE).write_text('{"format": 2'), id="truncated"),
+        pytest.param(lambda root: (root / STAMP_FILE).write_text("[]"), id="not-an-object"),
+        pytest.param(lambda root: (root / STAMP_FILE).unlink(), id="missing"),
+    ],
+)
+def test_what_the_proof_cannot_trust_hands_everything_to_doit(
+    chain: tuple[Path, list[dict]], damage
+) -> None:
+    root, dicts = chain
+    proven_state(root, dicts)
+    damage(root)
+    decision = uptodate.decide(root, dicts, str(root / DEP_FILE))
+    assert decision.pending == ["t:a", "t:b", "t:join"]
+
+
+def test_a_stamp_of_another_nkibuild_proves_nothing(chain: tuple[Path, list[dict]]) -> None:
+    root, dicts = chain
+    proven_state(root, dicts)
+    stamp = json.loads((root / STAMP_FILE).read_text())
+    (root / STAMP_FILE).write_text(json.dumps({**stamp, "nkibuild": "0.0.0-other"}))
+    assert len(uptodate.decide(root, dicts, str(root / DEP_FILE)).pending) == 3
+
+
+# ---- whole builds: what doit is asked about, and what runs ----
+
+
+@pytest.fixture
+def two_kernels(tmp_path: Path) -> Path:
+    manifest = "\n".join(
+        [
+            "format-version: 1",
+            "package: {name: proof-kernels, version: 0.1.0}",
+            "defaults: {targets: [trn1, trn2]}",
+            "kernels:",
+            *(
+                line
+                for name in ("alpha", "beta")
+                for line in (
+                    f"  {name}:",
+                    "    frontend: hlo",
+                    f"    source: kernels/{name}.pb",
+                    "    inputs: {x: {shape: [64, 128], dtype: float32}}",
+                )
+            ),
+        ]
+    )
+    root = write_project(
+        tmp_path / "project",
+        manifest + "\n",
+        {"kernels/alpha.pb": hlo("alpha"), "kernels/beta.pb": hlo("beta")},
+    )
+    first = build(root)
+    assert first.ok, first.to_json()
+    return root
+
+
+def last_decision(root: Path) -> dict:
+    return json.loads((root / "build" / "state" / LAST_RUN_FILE).read_text())["up_to_date_decision"]
+
+
+def test_touching_one_source_rebuilds_nothing_and_asks_doit_nothing(two_kernels: Path) -> None:
+    source = two_kernels / "kernels" / "alpha.pb"
+    touch(source)
+    summary = build(two_kernels)
+    assert summary.ok
+    assert summary.executed == []
+    assert len(summary.up_to_date) == 2 + 4 + 2  # extractions, compiles, bundle, wheel
+    decision = last_decision(two_kernels)
+    assert decision["touched_unchanged"] == [str(source)]
+    assert decision["handed_to_doit"] == 0
+    assert build(two_kernels).executed == []
+    assert last_decision(two_kernels)["touched_unchanged"] == []  # recorded: checked once
+
+
+def test_editing_one_source_asks_doit_about_its_tasks_only(two_kernels: Path) -> None:
+    (two_kernels / "kernels" / "beta.pb").write_bytes(hlo("beta-edited"))
+    summary = build(two_kernels)
+    assert summary.ok
+    expected = [
+        "extract:beta/default",
+        "compile:beta/default/trn1",
+        "compile:beta/default/trn2",
+        "bundle",
+        "wheel",
+    ]
+    assert sorted(summary.executed) == sorted(expected)
+    assert sorted(summary.up_to_date) == [
+        "compile:alpha/default/trn1",
+        "compile:alpha/default/trn2",
+        "extract:alpha/default",
+    ]
+    decision = last_decision(two_kernels)
+    assert (decision["handed_to_doit"], decision["proven"]) == (5, 3)
+    assert build(two_kernels).executed == []
+    assert last_decision(two_kernels)["handed_to_doit"] == 0
+
+
+def test_touching_a_neff_reruns_nothing(two_kernels: Path) -> None:
+    neff = next((two_kernels / "build" / "compile").glob("alpha/*/trn1/*.neff"))
+    touch(neff)
+    summary = build(two_kernels)
+    assert summary.executed == []
+    decision = last_decision(two_kernels)
+    assert decision["handed_to_doit"] == 3  # its compile, the bundle, the wheel: all up to date
+    assert build(two_kernels).executed == []
+    assert last_decision(two_kernels)["handed_to_doit"] == 0
+
+
+def test_a_build_killed_after_doit_saved_its_state_is_decided_by_doit(
+    two_kernels: Path,
+) -> None:
+    # doit's state rewritten without the stamp following (the build died in between):
+    # the stamp no longer matches it, so nothing is taken from the stamp.
+    state = two_kernels / "build" / "state" / DEP_FILE
+    state.write_bytes(state.read_bytes())
+    (two_kernels / "kernels" / "alpha.pb").write_bytes(hlo("alpha-edited"))
+    summary = build(two_kernels)
+    assert last_decision(two_kernels)["handed_to_doit"] == 8
+    assert sorted(summary.executed) == [
+        "bundle",
+        "compile:alpha/default/trn1",
+        "compile:alpha/default/trn2",
+        "extract:alpha/default",
+        "wheel",
+    ]
