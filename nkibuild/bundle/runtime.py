@@ -4,8 +4,9 @@ It is vendored rather than depended on so that an installed bundle needs only
 NumPy: not nkibuild, not the compiler, not jax. It must stay importable on
 Python >= 3.10 with the standard library and NumPy alone. It imports spike only
 when a kernel first runs in `neuron` mode, nki only in `simulate` mode, torch
-never (a torch tensor passed in brings its module along), and ml_dtypes only
-to convert a bfloat16 torch tensor.
+only when asked for the kernels as torch ops (`<package>.torch_ops`; otherwise a
+torch tensor passed in brings its module along), and ml_dtypes only to convert a
+bfloat16 torch tensor.
 """
 
 from __future__ import annotations
@@ -105,10 +106,69 @@ def spike_problem() -> str | None:
     return None
 
 
+class Padding:
+    """A kernel's opt-in padding to shape buckets (the manifest's `padding`, as JSON).
+
+    A call fits a variant when its inputs have the variant's ranks, every padded axis
+    is at most the variant's and every other axis equal; it is padded at the end of
+    each padded axis with `value`, and each declared output axis is cut back to the
+    call's length of the input axis it follows.
+    """
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        inputs: dict[str, list[int]],
+        value: float | str,
+        outputs: list[tuple[int, int, str, int]],
+    ) -> None:
+        self.axes = [frozenset(inputs.get(name, ())) for name in names]
+        self.value = float(value)  # -inf and nan come as strings
+        self.outputs = [
+            (output, axis, list(names).index(name), input_axis)
+            for output, axis, name, input_axis in outputs
+        ]
+
+    def fits(self, shapes: Sequence[tuple[int, ...]], bucket: Sequence[tuple[int, ...]]) -> bool:
+        return all(
+            len(shape) == len(limit)
+            and all(
+                have <= most if axis in padded else have == most
+                for axis, (have, most) in enumerate(zip(shape, limit, strict=True))
+            )
+            for shape, limit, padded in zip(shapes, bucket, self.axes, strict=True)
+        )
+
+    def pad(self, arrays: Sequence[Any], bucket: Sequence[tuple[int, ...]]) -> list[Any]:
+        import numpy as np
+
+        padded = []
+        for array, limit in zip(arrays, bucket, strict=True):
+            widths = [(0, most - have) for have, most in zip(array.shape, limit, strict=True)]
+            fill = np.asarray(self.value).astype(array.dtype)
+            padded.append(np.pad(array, widths, constant_values=fill))
+        return padded
+
+    def cut_shapes(
+        self, outputs: Sequence[tuple[int, ...]], shapes: Sequence[tuple[int, ...]]
+    ) -> list[tuple[int, ...]]:
+        """The outputs' shapes for a call of `shapes`, from the variant's `outputs`."""
+        cut = [list(shape) for shape in outputs]
+        for output, axis, argument, input_axis in self.outputs:
+            cut[output][axis] = shapes[argument][input_axis]
+        return [tuple(shape) for shape in cut]
+
+    def cut(self, result: Any, shapes: Sequence[tuple[int, ...]]) -> Any:
+        results = list(result) if isinstance(result, tuple) else [result]
+        for index, wanted in enumerate(self.cut_shapes([r.shape for r in results], shapes)):
+            results[index] = results[index][tuple(slice(0, length) for length in wanted)]
+        return tuple(results) if isinstance(result, tuple) else results[0]
+
+
 class Kernel:
     """A callable kernel of a bundle: checks arguments, picks the variant, dispatches."""
 
-    def __init__(self, package: str, name: str) -> None:
+    def __init__(self, package: str, name: str, padding: dict[str, Any] | None = None) -> None:
         self.package = package
         self.name = name
         self._info = build_info(package)["kernels"][name]
@@ -121,6 +181,9 @@ class Kernel:
             (variant, tuple(tuple(t["shape"]) for t in spec["inputs"]))
             for variant, spec in self._info["variants"].items()
         ]
+        self._padding = Padding(self._names, **padding) if padding else None
+        # Padding picks the smallest variant that fits: fewest input elements first.
+        self._buckets = sorted(self._shapes_by_variant, key=lambda item: _elements(item[1]))
         self._constant_values = {n: _constant(v) for n, v in self._info["constants"]}
         self._functions: dict[str, Callable[..., Any]] = {}
 
@@ -147,14 +210,16 @@ class Kernel:
 
     def __call__(self, *args: Any, mode: str | None = None, **kwargs: Any) -> Any:
         arrays, device = self._bind(args, kwargs)
-        variant = self._select_variant(arrays)
+        variant, inputs = self._fitted(arrays)
         chosen, reason = self._resolve_mode(mode, variant)
         runner: Callable[[list[Any], str], Any] = {
             "neuron": self._run_neuron,
             "simulate": self._run_simulate,
             "reference": self._run_reference,
         }[chosen]
-        result = runner(arrays, variant)
+        result = runner(inputs, variant)
+        if inputs is not arrays and self._padding is not None:  # padded: cut back
+            result = self._padding.cut(result, [a.shape for a in arrays])
         # Said after the run: a mode that then fails (no target, no spike) must not have
         # been logged as the one this kernel runs in; its error says what happened.
         self._announce(chosen, reason)
@@ -174,10 +239,10 @@ class Kernel:
     ) -> Any:
         """spike's benchmark of the NEFF that `args` select, on this host's device."""
         arrays, _ = self._bind(args, kwargs)
-        variant = self._select_variant(arrays)
+        variant, fitted = self._fitted(arrays)
         target = self._target(None)
         model = self.load(target, variant)
-        inputs = self._spike_inputs(arrays, target, variant)
+        inputs = self._spike_inputs(fitted, target, variant)
         return model.benchmark(
             inputs, outputs=None, warmup_iter=warmup_iter, benchmark_iter=benchmark_iter
         )
@@ -208,20 +273,72 @@ class Kernel:
         devices = [value.device for value in values if _is_torch(value)]
         return [_as_numpy(value) for value in values], (devices[0] if devices else None)
 
-    def _select_variant(self, arrays: Sequence[Any]) -> str:
-        found = [a.dtype.name for a in arrays]
-        if found != self._dtypes:
+    def _fitted(self, arrays: list[Any]) -> tuple[str, list[Any]]:
+        """The variant for the arrays, and the arrays it runs on: `arrays` itself, or
+        padded copies when the kernel pads and no variant matches exactly."""
+        shapes = tuple(a.shape for a in arrays)
+        variant, padded = self._select_variant([a.dtype.name for a in arrays], shapes)
+        if not padded or self._padding is None:
+            return variant, arrays
+        bucket = next(s for v, s in self._shapes_by_variant if v == variant)
+        return variant, self._padding.pad(arrays, bucket)
+
+    def _select_variant(
+        self, dtypes: Sequence[str], shapes: tuple[tuple[int, ...], ...]
+    ) -> tuple[str, bool]:
+        """The variant for a call's dtypes and shapes, and whether it must be padded."""
+        if list(dtypes) != self._dtypes:
             raise KernelError(
                 f"{self.name}() expects dtypes ({', '.join(self._dtypes)}), "
-                f"got ({', '.join(found)})"
+                f"got ({', '.join(dtypes)})"
             )
-        shapes = tuple(a.shape for a in arrays)
         for variant, variant_shapes in self._shapes_by_variant:
             if variant_shapes == shapes:
-                return variant
+                return variant, False
+        if self._padding is not None:
+            for variant, variant_shapes in self._buckets:
+                if self._padding.fits(shapes, variant_shapes):
+                    return variant, True
         raise KernelError(
-            f"{self.name}() has no variant for shapes {_shapes(shapes)}; {self._listing()}"
+            f"{self.name}() has no variant for shapes {_shapes(shapes)}"
+            f"{self._padding_rule()}; {self._listing()}"
         )
+
+    def _padding_rule(self) -> str:
+        if self._padding is None:
+            return ""
+        padded = [
+            f"{name} axes {','.join(map(str, sorted(axes)))}"
+            for name, axes in zip(self._names, self._padding.axes, strict=True)
+            if axes
+        ]
+        return f" (even padded: {'; '.join(padded)} may be shorter, every other axis equal)"
+
+    def output_signature(
+        self, dtypes: Sequence[str], shapes: tuple[tuple[int, ...], ...]
+    ) -> list[tuple[str, tuple[int, ...]]]:
+        """(dtype, shape) of each output of a call with these inputs, from the NEFFs of
+        the variant it selects (cut back if the call is padded); KernelError if none fits."""
+        variant, padded = self._select_variant(dtypes, shapes)
+        outputs = self._neff(self._signature_target(), variant)["outputs"]
+        found = [tuple(t["shape"]) for t in outputs]
+        if padded and self._padding is not None:
+            found = self._padding.cut_shapes(found, shapes)
+        return [(t["dtype"], shape) for t, shape in zip(outputs, found, strict=True)]
+
+    def output_count(self) -> int:
+        """How many outputs every NEFF of the kernel has; KernelError if they differ."""
+        counts = {
+            f"{target}/{variant}": len(neff["outputs"])
+            for target, by_variant in self._info["neffs"].items()
+            for variant, neff in by_variant.items()
+        }
+        if len(set(counts.values())) != 1:
+            listed = ", ".join(f"{where}: {count}" for where, count in sorted(counts.items()))
+            raise KernelError(
+                f"{self.name}: its NEFFs have different numbers of outputs ({listed})"
+            )
+        return next(iter(counts.values()))
 
     def _listing(self) -> str:
         return "built variants: " + "; ".join(
@@ -300,7 +417,7 @@ class Kernel:
                 f"{self.name}: simulate mode needs the `nki` package (NKI's CPU simulator)"
             ) from None
         # As the NEFF runs it: the unit's launch grid (lnc) and the target it was built for.
-        target = self._simulate_target()
+        target = self._signature_target()
         lnc = int(self._neff(target, variant)["lnc"])
         kernel = self._function("source", source)
         if lnc > 1:
@@ -308,8 +425,9 @@ class Kernel:
         with _platform_target(target):
             return nki.simulate(kernel)(*arrays, **self._constant_values)
 
-    def _simulate_target(self) -> str:
-        """This host's target if the bundle has NEFFs for it, else the first one built."""
+    def _signature_target(self) -> str:
+        """This host's target if the bundle has NEFFs for it, else the first one built:
+        the NEFF simulate mode imitates, and whose outputs describe a call."""
         host = host_target()
         return host if host in self.targets else self.targets[0]
 
@@ -345,6 +463,88 @@ class Kernel:
                 f"{self.name}: cannot tell the Trainium target of this host; set {TARGET_ENV}"
             )
         return found
+
+
+@cache
+def torch_ops(package: str) -> Any:
+    """The bundle's kernels as torch custom ops, `torch.ops.<package>.<kernel>`, registered
+    once per process: traceable by torch.compile and torch.export (a fake implementation
+    gives each output's dtype and shape from the NEFFs), run eagerly by the kernel."""
+    import types
+
+    try:
+        torch = importlib.import_module("torch")
+    except ImportError:
+        raise KernelError(f"{package}.torch_ops needs torch: pip install torch") from None
+    bundle = importlib.import_module(package)
+    kernels = [getattr(bundle, name).kernel for name in build_info(package)["kernels"]]
+    return types.SimpleNamespace(**{k.name: _torch_op(torch, k) for k in kernels})
+
+
+def _torch_op(torch: Any, kernel: Kernel) -> Any:
+    names = kernel.signature
+    for name, _ in names:  # checked by the manifest; the schema must not be fooled either
+        if not (name.isascii() and name.isidentifier()):
+            raise KernelError(f"{kernel.name}: input name {name!r} cannot be a torch schema name")
+    outputs = kernel.output_count()
+    arguments = ", ".join(f"Tensor {name}" for name, _ in names)
+    returns = "Tensor" if outputs == 1 else f"({', '.join(['Tensor'] * outputs)})"
+
+    def run(*tensors: Any) -> Any:
+        result = kernel(*tensors)
+        _check_signature(kernel, tensors, result)
+        return _unaliased(result, tensors)
+
+    def fake(*tensors: Any) -> Any:
+        made = tuple(
+            torch.empty(shape, dtype=getattr(torch, dtype), device=tensors[0].device)
+            for dtype, shape in _expected_outputs(kernel, tensors)
+        )
+        return made[0] if len(made) == 1 else made
+
+    qualified = f"{kernel.package}::{kernel.name}"
+    try:
+        op = torch.library.custom_op(
+            qualified, run, mutates_args=(), schema=f"({arguments}) -> {returns}"
+        )
+    except RuntimeError as error:  # a namespace torch owns (aten, prims), or taken
+        raise KernelError(f"cannot register the torch op {qualified}: {error}") from None
+    op.register_fake(fake)
+    return op
+
+
+def _expected_outputs(kernel: Kernel, tensors: Sequence[Any]) -> list[tuple[str, tuple[int, ...]]]:
+    dtypes = [str(t.dtype).removeprefix("torch.") for t in tensors]
+    shapes = tuple(tuple(int(length) for length in t.shape) for t in tensors)
+    return kernel.output_signature(dtypes, shapes)
+
+
+def _check_signature(kernel: Kernel, tensors: Sequence[Any], result: Any) -> None:
+    """What ran must be what tracing assumed: a reference returning another dtype or
+    shape than the NEFF would make a compiled graph wrong, so it is an error here."""
+    results = result if isinstance(result, tuple) else (result,)
+    found = [(str(t.dtype).removeprefix("torch."), tuple(t.shape)) for t in results]
+    expected = _expected_outputs(kernel, tensors)
+    if found != expected:
+        raise KernelError(
+            f"{kernel.name} returned {_signature_text(found)} in {kernel.last_mode} mode, but "
+            f"its NEFFs return {_signature_text(expected)}; as a torch op its results must "
+            "match the NEFFs' (fix the reference)"
+        )
+
+
+def _signature_text(outputs: Sequence[tuple[str, tuple[int, ...]]]) -> str:
+    return ", ".join(f"{dtype}[{','.join(map(str, shape))}]" for dtype, shape in outputs)
+
+
+def _unaliased(result: Any, inputs: Sequence[Any]) -> Any:
+    """A custom op's outputs may not share memory with its inputs; a reference that
+    returns an input (or a view of one) gets a copy."""
+    if isinstance(result, tuple):
+        return tuple(_unaliased(item, inputs) for item in result)
+    storage = result.untyped_storage().data_ptr()
+    shared = any(t.untyped_storage().data_ptr() == storage for t in inputs)
+    return result.clone() if shared else result
 
 
 @cache
@@ -526,6 +726,16 @@ def _as_torch(result: Any, device: Any) -> Any:
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16).to(device)
     return torch.from_numpy(array).to(device)
+
+
+def _elements(shapes: Sequence[tuple[int, ...]]) -> int:
+    total = 0
+    for shape in shapes:
+        count = 1
+        for length in shape:
+            count *= length
+        total += count
+    return total
 
 
 def _shapes(shapes: Any) -> str:

@@ -108,6 +108,9 @@ def _entries(schema: Mapping[str, Any], prefix: str, shared: Sequence[str]) -> I
         name = node.get("propertyNames", {}).get("title", "name")
         path = f"{prefix}.<{name}>" if prefix else f"<{name}>"
         yield from _entry_and_children(additional, path, False, shared)
+    items = node.get("items")
+    if isinstance(items, Mapping) and "properties" in _target(items):  # a list of mappings
+        yield from _entries(items, f"{prefix}[]", shared)
     for branch in node.get("anyOf", ()):
         yield from _entries(branch, prefix, shared)
 

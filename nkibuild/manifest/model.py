@@ -9,6 +9,7 @@ here and nowhere else. `VALUE_TYPES` are the YAML value types that are not class
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -412,6 +413,110 @@ class Tolerance:
     )
 
 
+_INPUT_AXIS = "^[A-Za-z_][A-Za-z0-9_]*\\.[0-9]+$"  # `x.0`: axis 0 of input x
+
+
+@mapping(
+    "padded output axis",
+    "An axis of an output whose length follows a padded input axis: after the padded call "
+    "the output is cut back along it to that input axis's length in the call.",
+    definition="paddedOutputAxis",
+)
+@dataclass(frozen=True)
+class PaddedOutputAxis:
+    """Output `output`'s axis `axis` is as long as input axis `follows` (`x.0`)."""
+
+    output: int = field(
+        metadata=key(
+            "output",
+            "Output",
+            "Position of the output among the kernel's results, 0 for the first.",
+            required=True,
+            schema={"minimum": 0},
+        )
+    )
+    axis: int = field(
+        metadata=key(
+            "axis",
+            "Output axis",
+            "The output's axis, 0 for the outermost.",
+            required=True,
+            schema={"minimum": 0},
+        )
+    )
+    follows: str = field(
+        metadata=key(
+            "follows",
+            "Follows",
+            "The padded input axis this output axis follows, as `input.axis` (`x.0`).",
+            required=True,
+            schema={"pattern": _INPUT_AXIS, "maxLength": 80},
+        )
+    )
+
+    @property
+    def input(self) -> str:
+        return self.follows.rpartition(".")[0]
+
+    @property
+    def input_axis(self) -> int:
+        return int(self.follows.rpartition(".")[2])
+
+
+@mapping()  # inline where used, titled by that field
+@dataclass(frozen=True)
+class Padding:
+    """How a call whose shapes match no variant is padded up to one (opt-in)."""
+
+    inputs: tuple[tuple[str, tuple[int, ...]], ...] = field(
+        metadata=key(
+            "inputs",
+            "Padded input axes",
+            "For each input that may be padded, the axes (0 for the outermost) that may be "
+            "shorter in a call than in the variant. Every other axis must match exactly.",
+            required=True,
+            schema={"minProperties": 1},
+            names=_names("input"),
+            values={
+                "title": "padded axes",
+                "description": "Axes of this input that a call may have shorter.",
+                "items": {"type": "integer", "minimum": 0},
+                "minItems": 1,
+                "uniqueItems": True,
+            },
+        )
+    )
+    value: float = field(
+        default=0.0,
+        metadata=key(
+            "value",
+            "Pad value",
+            "What padded elements hold, cast to each input's dtype; `-.inf` suits a max or a "
+            "softmax along a padded axis.",
+            documented=0,
+        ),
+    )
+    outputs: tuple[PaddedOutputAxis, ...] = field(
+        default=(),
+        metadata=key(
+            "outputs",
+            "Output axes to cut back",
+            "The output axes that follow a padded input axis; each is cut back to the call's "
+            "length after the padded call. Output axes not listed are returned whole.",
+        ),
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        """As the generated loader takes it: inputs by name, outputs as (output, axis,
+        input, input axis); -inf and nan as strings, which JSON has no literal for."""
+        value = self.value if math.isfinite(self.value) else repr(float(self.value))
+        return {
+            "inputs": {name: list(axes) for name, axes in self.inputs},
+            "value": value,
+            "outputs": [[o.output, o.axis, o.input, o.input_axis] for o in self.outputs],
+        }
+
+
 _OVERRIDE_SETTINGS = {
     "title": "target settings",
     "description": "Compile settings of the kernel for this target.",
@@ -540,6 +645,16 @@ class Kernel:
             "for 32-bit floats; 1e-2 for bfloat16 and float16 results.",
         ),
     )
+    padding: Padding | None = field(
+        default=None,
+        metadata=key(
+            "padding",
+            "Padding to shape buckets",
+            "Opt-in: a call whose shapes match no variant is padded up to the smallest variant "
+            "it fits, run, and its outputs cut back. Without it a call must match a variant "
+            "exactly.",
+        ),
+    )
     location: Location | None = field(default=None, compare=False)
 
     def config(self) -> dict[str, Any]:
@@ -554,6 +669,7 @@ class Kernel:
             "reference": str(self.reference) if self.reference else None,
             "source": str(self.source),
             "tolerance": [self.tolerance.rtol, self.tolerance.atol],
+            "padding": self.padding.to_json() if self.padding else None,
         }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from nkibuild.confine import file_problem
 from nkibuild.errors import Diagnostic
+from nkibuild.manifest.buckets import padding_diagnostics
 from nkibuild.manifest.model import (
     DISTRIBUTION_NAME_PATTERN,
     Kernel,
@@ -33,7 +34,7 @@ from nkibuild.manifest.yamlsource import JsonPath, YamlDocument, json_path
 PYTHON_FRONTENDS = frozenset({"nki", "nkipy", "jax"})
 # Names the generated bundle uses itself: a kernel or argument by these names would
 # shadow them (or, for `mode`, repeat the generated keyword-only parameter).
-RESERVED_KERNEL_NAMES = frozenset({"build_info", "KERNELS", "reference", "neff"})
+RESERVED_KERNEL_NAMES = frozenset({"build_info", "KERNELS", "reference", "neff", "torch_ops"})
 RESERVED_ARGUMENT_NAMES = frozenset({"mode"})
 _ABSENT = object()
 
@@ -94,6 +95,7 @@ class _Checks:
             self.lnc_on_trn1,
             self.deps,
             self.encodable,
+            lambda: padding_diagnostics(self.manifest, self.doc),
         ]
 
     def at(

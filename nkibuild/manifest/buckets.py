@@ -1,0 +1,154 @@
+"""Checks of a kernel's `padding` declaration (padding calls up to a shape bucket).
+
+Two stages know different things. The manifest knows the inputs and variants:
+`padding_diagnostics` (run with the semantic checks) says which padded input or
+axis does not exist, which output axis follows an axis that is not padded, and which
+pad value an integer input cannot hold. Only the compiled NEFFs know the outputs:
+`output_problems` (run when the bundle is generated) says which declared output axis
+does not exist or does not have the length of the input axis it follows in some
+variant, since cutting it back to the call's length would then be wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+
+from nkibuild.errors import Diagnostic
+from nkibuild.manifest.model import Kernel, Manifest, Padding
+from nkibuild.manifest.phrases import did_you_mean
+from nkibuild.manifest.yamlsource import JsonPath, YamlDocument, json_path
+
+# Element types a non-finite pad value (-inf, nan) cannot be cast to.
+_NOT_FLOAT_PREFIXES = ("int", "uint", "bool")
+
+
+def padding_diagnostics(manifest: Manifest, doc: YamlDocument) -> Iterator[Diagnostic]:
+    """Problems of every kernel's `padding` the schema cannot see."""
+    for kernel in manifest.kernels:
+        if kernel.padding is not None:
+            base: JsonPath = ("kernels", kernel.name, "padding")
+            yield from _Checker(kernel, kernel.padding, base, doc).all()
+
+
+class _Checker:
+    def __init__(self, kernel: Kernel, padding: Padding, base: JsonPath, doc: YamlDocument):
+        self.kernel = kernel
+        self.padding = padding
+        self.base = base
+        self.doc = doc
+        self.inputs = {spec.name: spec for spec in kernel.inputs}
+
+    def all(self) -> Iterator[Diagnostic]:
+        yield from self.inputs_exist()
+        yield from self.axes_exist()
+        yield from self.value_fits()
+        yield from self.outputs_follow_padded_axes()
+
+    def at(
+        self, message: str, path: JsonPath, *, key: bool = False, **extra: str | None
+    ) -> Diagnostic:
+        where = self.doc.key_location(path) if key else self.doc.location(path)
+        return Diagnostic(message, where, json_path(path), **extra)
+
+    def inputs_exist(self) -> Iterator[Diagnostic]:
+        names = list(self.inputs)
+        for name, _ in self.padding.inputs:
+            if name not in self.inputs:
+                yield self.at(
+                    f"padding names {name!r}, not an input of {self.kernel.name!r}",
+                    (*self.base, "inputs", name),
+                    key=True,
+                    expected="one of " + ", ".join(names),
+                    hint=did_you_mean(name, names),
+                )
+
+    def axes_exist(self) -> Iterator[Diagnostic]:
+        for name, axes in self.padding.inputs:
+            for index, axis in enumerate(axes):
+                for variant in self.kernel.variants:
+                    rank = next((len(t.shape) for t in variant.inputs if t.name == name), None)
+                    if rank is not None and axis >= rank:
+                        yield self.at(
+                            f"{name!r} has no axis {axis}: it has {rank} in variant "
+                            f"{variant.name!r}",
+                            (*self.base, "inputs", name, index),
+                            expected=f"an axis from 0 to {rank - 1}" if rank else "no axis",
+                        )
+                        break
+
+    def value_fits(self) -> Iterator[Diagnostic]:
+        if math.isfinite(self.padding.value):
+            return
+        for name, _ in self.padding.inputs:
+            spec = self.inputs.get(name)
+            if spec is not None and spec.dtype.startswith(_NOT_FLOAT_PREFIXES):
+                yield self.at(
+                    f"pad value {self.padding.value} cannot be held by {name!r} ({spec.dtype})",
+                    (*self.base, "value"),
+                    expected="a finite number",
+                )
+                return
+
+    def outputs_follow_padded_axes(self) -> Iterator[Diagnostic]:
+        padded = {name: set(axes) for name, axes in self.padding.inputs}
+        seen: set[tuple[int, int]] = set()
+        for index, entry in enumerate(self.padding.outputs):
+            path = (*self.base, "outputs", index)
+            if entry.input_axis not in padded.get(entry.input, set()):
+                listed = ", ".join(f"{n}.{a}" for n, axes in self.padding.inputs for a in axes)
+                yield self.at(
+                    f"output {entry.output} axis {entry.axis} follows {entry.follows!r}, "
+                    "which is not a padded input axis",
+                    (*path, "follows"),
+                    expected=f"one of {listed}",
+                )
+            if (entry.output, entry.axis) in seen:
+                yield self.at(
+                    f"output {entry.output} axis {entry.axis} is listed twice",
+                    path,
+                    hint="an output axis follows one input axis",
+                )
+            seen.add((entry.output, entry.axis))
+
+
+def output_problems(
+    kernel: Kernel, outputs: Mapping[str, Mapping[str, Sequence[tuple[int, ...]]]]
+) -> list[str]:
+    """Why the declared output axes do not fit the compiled outputs, one line each.
+
+    `outputs` holds the shapes of each NEFF's outputs, by target and variant. In every
+    variant, a declared output axis must exist and be as long as the input axis it
+    follows: that is what makes cutting it back to the call's length right.
+    """
+    if kernel.padding is None:
+        return []
+    shapes = {v.name: {t.name: t.shape for t in v.inputs} for v in kernel.variants}
+    problems = []
+    for index, entry in enumerate(kernel.padding.outputs):
+        where = f"kernels.{kernel.name}.padding.outputs[{index}]"
+        for target, by_variant in sorted(outputs.items()):
+            for variant, found in by_variant.items():
+                expected = shapes[variant][entry.input][entry.input_axis]
+                problem = _axis_problem(entry.output, entry.axis, found, expected)
+                if problem:
+                    problems.append(
+                        f"{where}: output {entry.output} axis {entry.axis} should follow "
+                        f"{entry.follows} ({expected} in variant {variant!r}), but in the "
+                        f"{target} NEFF of {variant!r} {problem}"
+                    )
+                    break
+    return problems
+
+
+def _axis_problem(
+    output: int, axis: int, found: Sequence[tuple[int, ...]], expected: int
+) -> str | None:
+    if output >= len(found):
+        return f"the kernel has {len(found)} output{'s' if len(found) != 1 else ''}"
+    shape = found[output]
+    if axis >= len(shape):
+        return f"output {output} has shape {list(shape)}, without axis {axis}"
+    if shape[axis] != expected:
+        return f"it is {shape[axis]} long (shape {list(shape)})"
+    return None
