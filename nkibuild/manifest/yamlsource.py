@@ -8,6 +8,7 @@ list, str, int, float, bool and None.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterator
@@ -15,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import yaml
-from yaml.composer import ComposerError
+from yaml.composer import Composer, ComposerError
+from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.reader import ReaderError
+from yaml.resolver import Resolver
 
 from nkibuild.errors import Diagnostic, Location, ManifestError
 
@@ -64,8 +67,8 @@ class YamlDocument:
         return self.keys.get(path) or self.location(path)
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader with a nesting limit that records where aliases are used."""
+class _Positions:
+    """Composing with a nesting limit, recording where aliases are used (a mixin)."""
 
     yaml_implicit_resolvers: ClassVar[dict[str, list[tuple[str, re.Pattern[str]]]]] = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag not in _UNRESOLVED_TAGS]
@@ -73,14 +76,14 @@ class _Loader(yaml.SafeLoader):
     }
 
     def __init__(self, stream: str) -> None:
-        super().__init__(stream)
+        super().__init__(stream)  # type: ignore[call-arg]
         self.depth = 0
         # (id(parent node), item index or id(key node)) -> mark of the alias used
         # as that value: the node itself only knows where its anchor is.
         self.alias_marks: dict[tuple[int, int], yaml.Mark] = {}
 
     def compose_node(self, parent: Node | None, index: Any) -> Node:
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[attr-defined]
         if isinstance(event, yaml.AliasEvent) and parent is not None and index is not None:
             self.alias_marks[_child_key(parent, index)] = event.start_mark
         self.depth += 1
@@ -89,9 +92,39 @@ class _Loader(yaml.SafeLoader):
                 raise ComposerError(
                     None, None, f"nesting deeper than {MAX_DEPTH} levels", event.start_mark
                 )
-            return super().compose_node(parent, index)
+            return super().compose_node(parent, index)  # type: ignore[misc]
         finally:
             self.depth -= 1
+
+
+class _Loader(_Positions, yaml.SafeLoader):
+    """The pure-Python loader: checks every character and words every syntax error."""
+
+
+def _fast_loader() -> type[_Positions] | None:
+    """libyaml's parser with PyYAML's (Python) composer on top, or None without libyaml.
+
+    libyaml parses several times faster; its own composer is not used because it
+    recurses in C without a depth limit (deep nesting crashes the process) and hides
+    where aliases are used. Its error messages differ, so a document it refuses is
+    parsed again by `_Loader`, which words the problem.
+    """
+    try:
+        from yaml._yaml import CParser
+    except ImportError:
+        return None
+
+    class _FastLoader(_Positions, CParser, Composer, SafeConstructor, Resolver):  # type: ignore[misc]
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            Composer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+    return _FastLoader
+
+
+_FAST_LOADER = _fast_loader()
 
 
 def _child_key(parent: Node, index: Any) -> tuple[int, int]:
@@ -124,21 +157,7 @@ def parse_yaml(raw: bytes, file: str) -> YamlDocument:
     if len(raw) > MAX_BYTES:
         raise _fatal(file, f"the manifest is larger than {MAX_BYTES // 1024} KiB")
     text = _decode(raw, file)
-    loader = None
-    try:
-        loader = _Loader(text)  # checks that every character is printable
-        root = _compose_single(loader, file)
-    except yaml.MarkedYAMLError as error:
-        raise _syntax_error(error, file) from None
-    except ReaderError as error:
-        line, column = _line_column(text, error.position)
-        message = f"character U+{error.character:04X} is not allowed in YAML"
-        raise ManifestError([Diagnostic(message, Location(file, line, column))]) from None
-    except yaml.YAMLError as error:
-        raise _fatal(file, f"invalid YAML: {error}") from None
-    finally:
-        if loader is not None:
-            loader.dispose()
+    root, loader = _compose(text, file)
     if root is None:
         raise _fatal(file, "the manifest is empty", hint="start from `format-version: 1`")
     converter = _Converter(loader, file)
@@ -148,7 +167,31 @@ def parse_yaml(raw: bytes, file: str) -> YamlDocument:
     return YamlDocument(file, data, converter.values, converter.keys)
 
 
-def _compose_single(loader: _Loader, file: str) -> Node | None:
+def _compose(text: str, file: str) -> tuple[Node | None, _Positions]:
+    if _FAST_LOADER is not None:
+        with contextlib.suppress(yaml.YAMLError):  # _Loader words the problem
+            return _compose_with(_FAST_LOADER, text, file)
+    try:
+        return _compose_with(_Loader, text, file)  # checks that every character is printable
+    except yaml.MarkedYAMLError as error:
+        raise _syntax_error(error, file) from None
+    except ReaderError as error:
+        line, column = _line_column(text, error.position)
+        message = f"character U+{error.character:04X} is not allowed in YAML"
+        raise ManifestError([Diagnostic(message, Location(file, line, column))]) from None
+    except yaml.YAMLError as error:
+        raise _fatal(file, f"invalid YAML: {error}") from None
+
+
+def _compose_with(cls: type[_Positions], text: str, file: str) -> tuple[Node | None, _Positions]:
+    loader = cls(text)
+    try:
+        return _compose_single(loader, file), loader
+    finally:
+        loader.dispose()  # type: ignore[attr-defined]
+
+
+def _compose_single(loader: Any, file: str) -> Node | None:
     loader.get_event()  # StreamStartEvent
     root = None
     if not loader.check_event(yaml.StreamEndEvent):
@@ -219,7 +262,7 @@ class _BudgetExceeded(Exception):
 class _Converter:
     """Nodes -> plain data, recording locations and collecting (not raising) key problems."""
 
-    def __init__(self, loader: _Loader, file: str) -> None:
+    def __init__(self, loader: Any, file: str) -> None:
         self.loader = loader
         self.file = file
         self.values: dict[JsonPath, Location] = {}
