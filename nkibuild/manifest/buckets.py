@@ -126,18 +126,21 @@ def output_problems(
     shapes = {v.name: {t.name: t.shape for t in v.inputs} for v in kernel.variants}
     problems = []
     for index, entry in enumerate(kernel.padding.outputs):
-        where = f"kernels.{kernel.name}.padding.outputs[{index}]"
         for target, by_variant in sorted(outputs.items()):
             for variant, found in by_variant.items():
                 expected = shapes[variant][entry.input][entry.input_axis]
                 problem = _axis_problem(entry.output, entry.axis, found, expected)
                 if problem:
                     problems.append(
-                        f"{where}: output {entry.output} axis {entry.axis} should follow "
-                        f"{entry.follows} ({expected} in variant {variant!r}), but in the "
-                        f"{target} NEFF of {variant!r} {problem}"
+                        f"kernels.{kernel.name}.padding.outputs[{index}]: output "
+                        f"{entry.output} axis {entry.axis} should follow {entry.follows} "
+                        f"({expected} in variant {variant!r}), but in the {target} NEFF of "
+                        f"{variant!r} {problem}"
                     )
                     break
+            else:
+                continue
+            break  # one problem per declared axis is enough to fix it
     return problems
 
 
