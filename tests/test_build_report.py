@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO, run_nkibuild
-from helpers import softmax_manifest, softmax_project
+from helpers import monorepo, softmax_manifest, softmax_project
 
 from nkibuild.cache.stats import read_log
 
@@ -173,3 +173,25 @@ def test_a_report_that_cannot_be_written_fails_the_build_with_a_message(
     assert f"error: the build report {blocker / 'report.json'} was not written:" in result.stderr
     assert "Traceback" not in result.stderr
     assert list((project / "dist").glob("*.whl"))  # the build itself finished
+
+
+def test_a_release_report_covers_every_project(tmp_path: Path, isolated_cache: Path) -> None:
+    """Two projects share the softmax kernel on three targets: three compiles, and the
+    other project's three units wait for them and take their NEFFs from the cache."""
+    root = monorepo(tmp_path / "repo")
+    report = tmp_path / "release.json"
+    result = run_nkibuild(
+        ["release", "--toolchain", "fake", "--out", str(tmp_path / "out"), "--report", str(report)],
+        root,
+    )
+    assert result.returncode == 0, result.stderr
+    document = json.loads(report.read_text())
+    assert document["command"] == "release" and document["status"] == "ok"
+    by_task = {u["task"]: u for u in document["units"]}
+    assert sorted({task.partition("/")[0] for task in by_task}) == ["alpha-kernels", "beta-kernels"]
+    origins = sorted(u["origin"] for u in by_task.values())
+    assert origins == ["cache-local"] * 3 + ["compiled"] * 3
+    assert all(u["peak_memory"] > 0 for u in by_task.values())
+    assert document["cache"]["local"]["hits"] == 3 and document["cache"]["local"]["misses"] == 3
+    (logged,) = read_log(isolated_cache).builds
+    assert logged.tiers["local"].hits == 3

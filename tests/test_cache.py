@@ -64,6 +64,7 @@ def test_verify_finds_and_discards_corrupt_entries(tmp_path: Path) -> None:
 
 class FailingTier:
     location = "s3://unreachable/cache"
+    kind = "remote"
     read_only = False
 
     def __init__(self) -> None:

@@ -35,6 +35,9 @@ class CacheChain:
         self.tiers = tuple(tiers)
         self.stats = stats if stats is not None else CacheCounters()
         self._errors: list[str] = []
+        for tier in self.tiers:  # the counts go to the build log of a cache we may write
+            if tier.kind == "local" and not tier.read_only:
+                self.stats.log_dir = Path(tier.location)
 
     @property
     def notices(self) -> list[str]:

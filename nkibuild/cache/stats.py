@@ -72,11 +72,16 @@ class TierCounts:
 
 
 class CacheCounters:
-    """A build's counts per tier kind ("local", "remote"); compiles count from many threads."""
+    """A build's counts per tier kind ("local", "remote"); compiles count from many threads.
+
+    `log_dir`: the writable local cache the counts were made with (set by the chain),
+    whose build log records them; None when there was none (read-only, or no local tier).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[str, TierCounts] = {}
+        self.log_dir: Path | None = None
 
     def count(self, tier: str, event: Event, amount: int = 1) -> None:
         with self._lock:

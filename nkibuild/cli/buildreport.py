@@ -16,7 +16,6 @@ from nkibuild.cache.stats import CacheCounters, record_build
 from nkibuild.errors import describe_os_error
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.graph.report import Display, RecordingDisplay, build_report
-from nkibuild.settings import CacheConfig
 
 
 @dataclass
@@ -32,7 +31,6 @@ class Recording:
 def recorded(
     command: str,
     report: Path | None,
-    cache: CacheConfig,
     counters: CacheCounters,
     display: Display,
 ) -> Iterator[Recording]:
@@ -43,25 +41,24 @@ def recorded(
     try:
         yield record
     except KeyboardInterrupt:
-        _finish(record, command, cache, counters, started, interrupted=True)
+        _finish(record, command, counters, started, interrupted=True)
         raise
-    _finish(record, command, cache, counters, started, interrupted=False)
+    _finish(record, command, counters, started, interrupted=False)
 
 
 def _finish(
     record: Recording,
     command: str,
-    cache: CacheConfig,
     counters: CacheCounters,
     started: float,
     *,
     interrupted: bool,
 ) -> None:
     counts = counters.snapshot()
-    # A read-only cache is written nothing, not even its log; a build that looked
-    # nothing up (all up to date) would only push real records out of the bounded log.
-    if cache.local_dir is not None and not cache.read_only and counts:
-        for notice in record_build(cache.local_dir, counts):
+    # A read-only cache is written nothing, not even its log (`log_dir` is None); a build
+    # that looked nothing up (all up to date) would only push records out of the log.
+    if counters.log_dir is not None and counts:
+        for notice in record_build(counters.log_dir, counts):
             print(f"warning: {notice}", file=sys.stderr)
     if record.report is None:
         return

@@ -62,9 +62,8 @@ def build(args: argparse.Namespace) -> int:
     options = RunOptions(
         selection=tuple(args.tasks), jobs=max(1, args.jobs), keep_going=args.keep_going
     )
-    cache, counters = context.settings.cache, context.session.cache_stats
     try:
-        with recorded("build", args.report, cache, counters, display) as record:
+        with recorded("build", args.report, context.session.cache_stats, display) as record:
             summary = run_build(context, options, record.display)
     finally:  # an interrupted build leaves no heartbeat thread or live display behind
         display.close()
@@ -182,10 +181,12 @@ def _print_checks(checks: list[Check], baseline: Path) -> None:
 
 
 def release(args: argparse.Namespace) -> int:
+    from nkibuild.cli.buildreport import recorded
     from nkibuild.cli.display import PlainDisplay
     from nkibuild.release import ReleaseOptions, check
     from nkibuild.release import release as run_release
     from nkibuild.release.shard import parse_shard
+    from nkibuild.session import BuildSession
 
     options = ReleaseOptions(
         root=args.root,
@@ -209,8 +210,10 @@ def release(args: argparse.Namespace) -> int:
         return EXIT_OK if not problems else EXIT_BUILD_FAILED
     # With --json, stdout carries only the JSON document; progress goes to stderr.
     display = PlainDisplay(sys.stderr if args.json else sys.stdout)
+    session = BuildSession()
     try:
-        result = run_release(options, display)
+        with recorded("release", args.report, session.cache_stats, display) as record:
+            result = run_release(options, record.display, session)
     finally:
         display.close()
     for notice in result.notices:
@@ -218,7 +221,8 @@ def release(args: argparse.Namespace) -> int:
     for failure in result.summary.failures:
         print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
     if options.shard:
-        return _shard_done(result, options.shard, args.json)
+        code = _shard_done(result, options.shard, args.json)
+        return EXIT_BUILD_FAILED if record.report_failed else code
     for refused in result.refused:
         print(f"refused: {refused}", file=sys.stderr)
     if args.json:
@@ -227,7 +231,7 @@ def release(args: argparse.Namespace) -> int:
         print(json.dumps({**build_report(result), "out": str(options.out)}, indent=2))
     else:
         print(f"{len(result.published)} wheels in {options.out}; see release-report.md")
-    return EXIT_OK if result.ok else EXIT_BUILD_FAILED
+    return EXIT_OK if result.ok and not record.report_failed else EXIT_BUILD_FAILED
 
 
 def _shard_done(result: ReleaseResult, shard: tuple[int, int], as_json: bool) -> int:

@@ -191,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true",
         help="print the release report (or --check's problems, a shard's summary) as JSON",
     )  # fmt: skip
+    _report_option(release)
     _add(commands, "validate", cmd.validate, "check the manifest and report every problem", project)
     _add(commands, "list", cmd.list_tasks, "list the build's tasks", project, _toolchain_option())
     clean = _add(commands, "clean", cmd.clean, "remove the build directory", project)
@@ -372,12 +373,16 @@ def _build_options() -> argparse.ArgumentParser:
     options.add_argument("--no-cache", action="store_true", help="do not use the NEFF caches")
     options.add_argument("--json", dest="json_summary", action="store_true",
                          help="print the build summary as JSON")  # fmt: skip
+    _report_option(options)
+    return options
+
+
+def _report_option(options: argparse.ArgumentParser) -> None:
     options.add_argument(
         "--report", type=Path, metavar="FILE",
         help="write a JSON report of the build to FILE (also of a failed or interrupted "
         "build): per compile unit where its NEFF came from, compile time, peak memory",
     )  # fmt: skip
-    return options
 
 
 if __name__ == "__main__":

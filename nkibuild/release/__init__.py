@@ -153,11 +153,13 @@ def _listed_wheels(out: Path) -> set[str]:
     return {line.partition("  ")[2] for line in lines}
 
 
-def release(options: ReleaseOptions, display: Display) -> ReleaseResult:
+def release(
+    options: ReleaseOptions, display: Display, session: BuildSession | None = None
+) -> ReleaseResult:
     from nkibuild.graph.run import RunOptions, run_task_graph
     from nkibuild.session import SessionDirs
 
-    session = BuildSession()
+    session = session if session is not None else BuildSession()
     projects = load_projects(options, session)
     preflight(projects, options)
     dirs = [
