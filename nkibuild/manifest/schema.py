@@ -24,7 +24,7 @@ from nkibuild.manifest.phrases import (
     types_of,
 )
 from nkibuild.manifest.schemagen import inline_ref, load_schema, properties_of
-from nkibuild.manifest.yamlsource import YamlDocument, json_path
+from nkibuild.manifest.yamlsource import JsonPath, YamlDocument, json_path
 
 if TYPE_CHECKING:
     from jsonschema import ValidationError
@@ -46,72 +46,80 @@ def _validator() -> Validator:
 
 def schema_diagnostics(doc: YamlDocument) -> list[Diagnostic]:
     """One diagnostic per problem the schema finds, in document order."""
+    return [problem.diagnostic for problem in schema_problems(doc)]
+
+
+def schema_problems(doc: YamlDocument) -> list[SchemaProblem]:
+    """One problem per mistake the schema finds, in document order, each with the path
+    of what is wrong (for a missing key: the mapping that lacks it)."""
     found = [item for error in _validator().iter_errors(doc.data) for item in _diagnose(error, doc)]
     return _unique_sorted(found)
 
 
 @dataclass(frozen=True)
-class _Found:
+class SchemaProblem:
     diagnostic: Diagnostic
+    path: JsonPath
     # Several keywords may reject one value (type and enum, say): one diagnostic
     # per value is kept, the lowest rank: an enum's choices say more than its type.
     rank: int | None = None  # None: not about a value (missing or unknown keys)
 
 
-def _unique_sorted(found: Iterable[_Found]) -> list[Diagnostic]:
-    best: dict[tuple[str | None, str | None], _Found] = {}
+def _unique_sorted(found: Iterable[SchemaProblem]) -> list[SchemaProblem]:
+    best: dict[tuple[str | None, str | None], SchemaProblem] = {}
     for item in found:
         d = item.diagnostic
         key = (d.json_path, None if item.rank is not None else d.message)
         if key not in best or (item.rank or 0) < (best[key].rank or 0):
             best[key] = item
-    diagnostics = [item.diagnostic for item in best.values()]
-    return sorted(diagnostics, key=position)
+    return sorted(best.values(), key=lambda item: position(item.diagnostic))
 
 
-def _diagnose(error: ValidationError, doc: YamlDocument) -> list[_Found]:
+def _diagnose(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
     if "propertyNames" in error.relative_schema_path:
         return [_bad_name(error, doc)]
     handler = _HANDLERS.get(str(error.validator), _bad_value)
     return handler(error, doc)
 
 
-def _missing(error: ValidationError, doc: YamlDocument) -> list[_Found]:
+def _missing(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
     path = tuple(error.absolute_path)
     properties = properties_of(error.schema)
     return [
-        _Found(
+        SchemaProblem(
             Diagnostic(
                 f"missing required key {name!r}",
                 doc.location(path),
                 json_path(path),
                 expected=describe(properties.get(name, {})),
-            )
+            ),
+            path,
         )
         for name in error.validator_value
         if name not in error.instance
     ]
 
 
-def _unknown_keys(error: ValidationError, doc: YamlDocument) -> list[_Found]:
+def _unknown_keys(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
     path = tuple(error.absolute_path)
     allowed = list(properties_of(error.schema))
     return [
-        _Found(
+        SchemaProblem(
             Diagnostic(
                 f"unknown key {show(key)}",
                 doc.key_location((*path, key)),
                 json_path((*path, key)),
                 expected="one of " + ", ".join(allowed) if allowed else "no keys",
                 hint=did_you_mean(key, allowed),
-            )
+            ),
+            (*path, key),
         )
         for key in error.instance
         if key not in allowed
     ]
 
 
-def _alternatives(error: ValidationError, doc: YamlDocument) -> list[_Found]:
+def _alternatives(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
     """anyOf/oneOf: report the branch the value was evidently meant for.
 
     A branch whose type the value has is the one meant (a list is a shape, a
@@ -126,31 +134,32 @@ def _alternatives(error: ValidationError, doc: YamlDocument) -> list[_Found]:
     return [_value_found("type", error, doc)]
 
 
-def _bad_name(error: ValidationError, doc: YamlDocument) -> _Found:
+def _bad_name(error: ValidationError, doc: YamlDocument) -> SchemaProblem:
     # propertyNames errors sit on the mapping; the offending key is the instance.
     key = error.instance
     path = (*error.absolute_path, key)
     choices = error.schema.get("enum") if isinstance(error.schema, dict) else None
-    return _Found(
+    return SchemaProblem(
         Diagnostic(
             f"invalid name {show(key)}",
             doc.key_location(path),
             json_path(path),
             expected=describe(error.schema),
             hint=did_you_mean(key, [str(c) for c in choices]) if choices else None,
-        )
+        ),
+        path,
     )
 
 
-def _bad_value(error: ValidationError, doc: YamlDocument) -> list[_Found]:
+def _bad_value(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
     return [_value_found(str(error.validator), error, doc)]
 
 
-def _value_found(validator: str, error: ValidationError, doc: YamlDocument) -> _Found:
+def _value_found(validator: str, error: ValidationError, doc: YamlDocument) -> SchemaProblem:
     path = tuple(error.absolute_path)
     instance = error.instance
     message = _VALUE_MESSAGES.get(validator, _fallback_message)(instance, error)
-    return _Found(
+    return SchemaProblem(
         Diagnostic(
             message,
             doc.location(path),
@@ -158,6 +167,7 @@ def _value_found(validator: str, error: ValidationError, doc: YamlDocument) -> _
             expected=describe(error.schema),
             hint=_value_hint(validator, instance, error.schema),
         ),
+        path,
         rank={"enum": 0, "const": 0, "type": 1}.get(validator, 2),
     )
 
@@ -190,7 +200,7 @@ _VALUE_MESSAGES: dict[str, Callable[[Any, ValidationError], str]] = {
     "uniqueItems": _duplicate_item,
 }
 
-_HANDLERS: dict[str, Callable[[ValidationError, YamlDocument], list[_Found]]] = {
+_HANDLERS: dict[str, Callable[[ValidationError, YamlDocument], list[SchemaProblem]]] = {
     "required": _missing,
     "additionalProperties": _unknown_keys,
     "unevaluatedProperties": _unknown_keys,

@@ -29,6 +29,7 @@ from nkibuild.manifest.model import (
     split_source,
 )
 from nkibuild.manifest.phrases import did_you_mean, position, show
+from nkibuild.manifest.pysource import ModuleNames, module_names
 from nkibuild.manifest.yamlsource import JsonPath, YamlDocument, json_path
 
 PYTHON_FRONTENDS = frozenset({"nki", "nkipy", "jax"})
@@ -37,6 +38,7 @@ PYTHON_FRONTENDS = frozenset({"nki", "nkipy", "jax"})
 RESERVED_KERNEL_NAMES = frozenset({"build_info", "KERNELS", "reference", "neff", "torch_ops"})
 RESERVED_ARGUMENT_NAMES = frozenset({"mode"})
 _ABSENT = object()
+_LISTED = 8  # names of a file's functions shown when the one named is missing
 
 
 # What the real nkipy tracer turns 64-bit inputs into (NeuronCores have no 64-bit types).
@@ -81,6 +83,8 @@ class _Checks:
         self.manifest = manifest
         self.doc = doc
         self.root = manifest.root
+        # Each Python file is parsed once, however many kernels name it.
+        self.modules: dict[str, ModuleNames | str] = {}
 
     def all(self) -> list[Callable[[], Iterator[Diagnostic]]]:
         return [
@@ -209,10 +213,33 @@ class _Checks:
             )
         elif function is not None and name_problem(function):
             yield self.at(name_problem(function) or "", path, expected=form)
+            function = None
         problem = self._file_problem(file, python)
         if problem:
             message, hint = problem
             yield self.at(message, path, expected=form, hint=hint)
+        elif python and function is not None:
+            yield from self._function(normalize_path(file), function, path)
+
+    def _function(self, file: str, function: str, path: JsonPath) -> Iterator[Diagnostic]:
+        """The function must be defined in the file (parsed, not imported)."""
+        if file not in self.modules:
+            self.modules[file] = module_names(self.root / file)
+        names = self.modules[file]
+        if isinstance(names, str):
+            yield self.at(
+                f"cannot parse {show(file)}: {names}",
+                path,
+                hint=f"the build imports {file} to find {function!r}",
+            )
+        elif not names.has(function):
+            shown = ", ".join(names.functions[:_LISTED]) or "none"
+            yield self.at(
+                f"{show(file)} defines no {function!r}",
+                path,
+                expected=f"a function of {file} (it defines: {shown})",
+                hint=did_you_mean(function, list(names.functions) or list(names.names)),
+            )
 
     def _file_problem(self, file: str, python: bool) -> tuple[str, str | None] | None:
         problem = _relative_path_problem(file)

@@ -1,37 +1,127 @@
 """A parsed manifest -> a validated Manifest: the JSON Schema, the model, then the
 checks a schema cannot express.
 
-Every problem becomes a Diagnostic with a location, and all problems of a stage are
-reported together. The stages live in their own modules: schema.py (the JSON Schema
-check and its messages), phrases.py (the words they share), semantic.py (the checks
-on the model).
+Every problem becomes a Diagnostic with a location, and all problems are reported
+together, in one run: what the schema refuses is set aside (`_Salvage`) and the
+model and the semantic checks run on every part that passed. The stages live in
+their own modules: schema.py (the JSON Schema check and its messages), phrases.py
+(the words they share), semantic.py (the checks on the model).
 """
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from nkibuild.errors import Diagnostic, ManifestError
 from nkibuild.manifest.convert import InvalidValue, to_model
 from nkibuild.manifest.model import Manifest
-from nkibuild.manifest.schema import schema_diagnostics
+from nkibuild.manifest.phrases import position
+from nkibuild.manifest.schema import schema_problems
 from nkibuild.manifest.semantic import semantic_diagnostics
-from nkibuild.manifest.yamlsource import YamlDocument, json_path
+from nkibuild.manifest.yamlsource import MAX_DEPTH, JsonPath, YamlDocument, json_path
+
+# Top-level keys the model cannot do without: a broken one is replaced by a value that
+# passes (and is then not checked), so that the kernels can still be checked.
+_STAND_INS: dict[str, Any] = {
+    "format-version": 1,
+    "package": {"name": "stand-in", "version": "0"},
+    "kernels": {},
+}
+# Each round sets aside at least one more level of a broken part; a document nests at
+# most MAX_DEPTH levels, so this many rounds always end in a schema-valid rest.
+_ROUNDS = MAX_DEPTH + 2
 
 
 def validated(doc: YamlDocument, path: Path, sha256: str) -> Manifest:
     """The model of the document at `path` (absolute); ManifestError with every problem."""
-    diagnostics = schema_diagnostics(doc)
-    if diagnostics:
-        raise ManifestError(diagnostics)
-    # The converter and the semantic checks rely on the shapes the schema guarantees.
-    try:
-        manifest = to_model(doc.data, path, sha256, doc.location, doc.key_location)
-    except InvalidValue as invalid:
-        where = json_path(invalid.path)
-        diagnostic = Diagnostic(invalid.message, doc.location(invalid.path), where)
-        raise ManifestError([diagnostic]) from None
-    diagnostics = semantic_diagnostics(manifest, doc)
-    if diagnostics:
+    manifest, diagnostics = checked(doc, path, sha256)
+    if diagnostics or manifest is None:
         raise ManifestError(diagnostics)
     return manifest
+
+
+def checked(doc: YamlDocument, path: Path, sha256: str) -> tuple[Manifest | None, list[Diagnostic]]:
+    """The model (None if not even a part of it could be built) and every problem found,
+    in document order."""
+    salvage = _Salvage(doc)
+    problems = schema_problems(doc)
+    reported = [problem.diagnostic for problem in problems]
+    broken = [problem.path for problem in problems]
+    for _ in range(_ROUNDS):
+        if broken:
+            if not salvage.set_aside(broken):
+                break
+            # What setting aside broke (a kernel now lacks its `inputs`) is no news.
+            broken = salvage.broken_rest()
+            continue
+        # The converter and the semantic checks rely on the shapes the schema guarantees.
+        try:
+            manifest = to_model(salvage.data, path, sha256, doc.location, doc.key_location)
+        except InvalidValue as invalid:
+            where = doc.location(invalid.path)
+            reported.append(Diagnostic(invalid.message, where, json_path(invalid.path)))
+            broken = [invalid.path]
+            continue
+        reported += semantic_diagnostics(manifest, salvage.document())
+        return manifest, sorted(reported, key=position)
+    return None, sorted(reported, key=position)
+
+
+class _Salvage:
+    """The document without its broken parts: a broken value is removed (a list as a
+    whole: a shape missing a dimension would be another shape), and if removing it breaks
+    its mapping (a required key), the mapping goes in the next round."""
+
+    def __init__(self, doc: YamlDocument) -> None:
+        self.doc = doc
+        self.data: Any = doc.data
+        self.stand_ins: set[JsonPath] = set()
+
+    def document(self) -> YamlDocument:
+        return self.doc if self.data is self.doc.data else replace(self.doc, data=self.data)
+
+    def set_aside(self, paths: list[JsonPath]) -> bool:
+        """Remove what is at `paths`; False if the document itself is broken."""
+        if self.data is self.doc.data:
+            self.data = copy.deepcopy(self.data)  # the document keeps what was written
+        return all(self._remove(_whole_value(path)) for path in paths)
+
+    def broken_rest(self) -> list[JsonPath]:
+        return [
+            problem.path
+            for problem in schema_problems(self.document())
+            if problem.path[:1] not in self.stand_ins
+        ]
+
+    def _remove(self, path: JsonPath) -> bool:
+        if not isinstance(self.data, dict):
+            return False
+        if len(path) <= 1:  # a top-level key, or the root missing one
+            keys = [path[0]] if path else [k for k in _STAND_INS if k not in self.data]
+            for key in keys:
+                if key in _STAND_INS:
+                    self.data[key] = copy.deepcopy(_STAND_INS[key])
+                    self.stand_ins.add((key,))
+                else:
+                    self.data.pop(key, None)
+            return True
+        parent = self.data
+        for part in path[:-1]:
+            try:
+                parent = parent[part]
+            except (KeyError, IndexError, TypeError):
+                return True  # already removed with an ancestor
+        if isinstance(parent, dict):
+            parent.pop(path[-1], None)
+        return True
+
+
+def _whole_value(path: JsonPath) -> JsonPath:
+    """A list is one value: a problem with an item removes the list."""
+    end = len(path)
+    while end and isinstance(path[end - 1], int):
+        end -= 1
+    return path[:end]
