@@ -510,7 +510,7 @@ def _torch_op(torch: Any, kernel: Kernel) -> Any:
     except RuntimeError as error:  # a namespace torch owns (aten, prims), or taken
         raise KernelError(f"cannot register the torch op {qualified}: {error}") from None
     op.register_fake(fake)
-    return op
+    return getattr(getattr(torch.ops, kernel.package), kernel.name)
 
 
 def _expected_outputs(kernel: Kernel, tensors: Sequence[Any]) -> list[tuple[str, tuple[int, ...]]]:
