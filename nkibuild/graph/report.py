@@ -176,10 +176,11 @@ class BuildReporter:
             values = task.values if isinstance(task.values, dict) else {}
             detail = str(values.get("origin", ""))
             notices = tuple(map(str, values.get("notices", ())))
-            outcome = TaskOutcome(task.name, "done", self._elapsed(task), detail, notices)
-            outcome.compile_seconds = values.get("compile_seconds")
-            outcome.peak_memory = values.get("peak_memory")
-            self._record(outcome)
+            seconds = self._elapsed(task)
+            compile_seconds, peak = values.get("compile_seconds"), values.get("peak_memory")
+            self._record(
+                TaskOutcome(task.name, "done", seconds, detail, notices, compile_seconds, peak)
+            )
 
     def add_failure(self, task: Any, fail: Any) -> None:
         from doit.exceptions import UnmetDependency
