@@ -8,6 +8,7 @@ state dir, so a no-op build neither parses YAML nor runs the JSON Schema validat
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -90,8 +91,10 @@ def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[Bui
 
     The cache is keyed by the manifest's bytes and location and by the code that
     resolves it, and used only while the files the manifest names pass the checks
-    validation made. It is a pickle: the build dir is written only by nkibuild and is
-    trusted like the source tree beside it.
+    validation made and are unchanged (validation looks into them: the function a
+    source names must be defined there). It is a pickle: the build dir is written only
+    by nkibuild and is trusted like the source tree beside it. A build dir that cannot
+    be written is no error: the plan is then not cached.
     """
     from nkibuild.manifest import load_manifest
 
@@ -100,13 +103,15 @@ def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[Bui
     cache_file = state_dir / PLAN_CACHE_FILE
     if key is not None:
         cached = _read_plan(cache_file, key)
-        if cached is not None and _files_still_pass(cached[0]):
+        if cached is not None:
             return cached
     manifest = load_manifest(manifest_path)  # errors show the path as the user typed it
     units = resolve(manifest)
-    if key is not None:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(cache_file, pickle.dumps((key, manifest, units)))
+    stamps = _source_stamps(manifest)
+    if key is not None and stamps is not None:
+        with contextlib.suppress(OSError):
+            state_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(cache_file, pickle.dumps((key, stamps, manifest, units)))
     return manifest, units
 
 
@@ -149,20 +154,37 @@ def _plan_key(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-def _files_still_pass(manifest: Manifest) -> bool:
-    """Whether every file check `validate` made still holds: sources and references can
-    change (be deleted, become a directory or a symlink out of the project) while the
-    manifest does not. If one fails, the manifest is validated again and says where."""
+Stamps = tuple[tuple[str, int, int], ...]
+
+
+def _source_stamps(manifest: Manifest) -> Stamps | None:
+    """(path, mtime, size) of every file validation read (sources and references), or
+    None if one no longer passes the checks validation made: a file can be deleted,
+    edited, become a directory or a symlink out of the project while the manifest does
+    not change. The manifest is then validated again and says where."""
     from nkibuild.confine import file_problem
 
     root = manifest.root
-    refs = [ref for kernel in manifest.kernels for ref in (kernel.source, kernel.reference) if ref]
-    return all(file_problem(root / ref.path, (root,)) is None for ref in refs)
+    refs = {
+        ref.path for kernel in manifest.kernels for ref in (kernel.source, kernel.reference) if ref
+    }
+    stamps = []
+    for relative in sorted(refs):
+        if file_problem(root / relative, (root,)) is not None:
+            return None
+        try:
+            info = (root / relative).stat()
+        except OSError:
+            return None
+        stamps.append((relative, info.st_mtime_ns, info.st_size))
+    return tuple(stamps)
 
 
 def _read_plan(cache_file: Path, key: str) -> tuple[Manifest, tuple[BuildUnit, ...]] | None:
     try:
-        cached_key, manifest, units = pickle.loads(cache_file.read_bytes())
+        cached_key, stamps, manifest, units = pickle.loads(cache_file.read_bytes())
     except Exception:
         return None
-    return (manifest, units) if cached_key == key else None
+    if cached_key != key or _source_stamps(manifest) != stamps:
+        return None
+    return manifest, units

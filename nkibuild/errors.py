@@ -34,12 +34,13 @@ class Diagnostic:
     json_path: str | None = None
     expected: str | None = None
     hint: str | None = None
+    severity: str = "error"  # or "warning": valid, but likely not what was meant
 
     def render(self) -> str:
         # Every part may quote the file (a key, a value, its path): none may drive the
         # terminal or start a line of its own.
         where = f"{printable(str(self.location))}: " if self.location else ""
-        lines = [f"{where}error: {printable(self.message)}"]
+        lines = [f"{where}{self.severity}: {printable(self.message)}"]
         if self.json_path:
             lines.append(f"  at: {printable(self.json_path)}")
         if self.expected:

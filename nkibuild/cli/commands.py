@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext
     from nkibuild.manifest.model import Manifest
+    from nkibuild.plan import BuildUnit
     from nkibuild.release import ReleaseResult
     from nkibuild.settings import BuildOptions
     from nkibuild.toolchain import Toolchain
@@ -197,6 +198,7 @@ def release(args: argparse.Namespace) -> int:
         keep_going=args.keep_going,
         allow_mixed_compilers=args.allow_mixed_compilers,
         shard=parse_shard(args.shard) if args.shard else None,
+        sign=args.sign,
         build=_build_options(args),
     )
     if args.check:
@@ -231,7 +233,27 @@ def release(args: argparse.Namespace) -> int:
         print(json.dumps({**build_report(result), "out": str(options.out)}, indent=2))
     else:
         print(f"{len(result.published)} wheels in {options.out}; see release-report.md")
+        for written in result.provenance:
+            print(f"provenance: {written}")
     return EXIT_OK if result.ok and not record.report_failed else EXIT_BUILD_FAILED
+
+
+def verify_provenance(args: argparse.Namespace) -> int:
+    """Exit 0 when every wheel is one the statement vouches for, 1 otherwise."""
+    from nkibuild.verify.provenance import STATEMENT_FILE, check_wheel
+
+    checks = [
+        check_wheel(wheel, args.statement or wheel.parent / STATEMENT_FILE)
+        for wheel in args.wheels
+    ]
+    if args.json:
+        print(json.dumps([c.to_json() for c in checks], indent=2))
+    else:
+        for check in checks:
+            print(f"{check.wheel.name}: {'ok' if check.ok else 'FAILED'} ({check.statement})")
+            for line in (*check.notes, *check.problems):
+                print(f"    {line}")
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_BUILD_FAILED
 
 
 def _shard_done(result: ReleaseResult, shard: tuple[int, int], as_json: bool) -> int:
@@ -247,10 +269,7 @@ def _shard_done(result: ReleaseResult, shard: tuple[int, int], as_json: bool) ->
 
 
 def plan(args: argparse.Namespace) -> int:
-    from nkibuild.plan import resolve
-
-    manifest = _load(args)
-    units = resolve(manifest)
+    manifest, units = _checked_plan(args)
     if args.json:
         print(json.dumps([unit.to_json() for unit in units], indent=2, default=str))
         return EXIT_OK
@@ -270,10 +289,7 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def validate(args: argparse.Namespace) -> int:
-    manifest = _load(args)
-    from nkibuild.plan import resolve
-
-    units = resolve(manifest)
+    manifest, units = _checked_plan(args)
     kernels, units_count = len(manifest.kernels), len(units)
     print(
         f"{args.manifest}: ok ({kernels} kernel{'s' * (kernels != 1)}, "
@@ -423,11 +439,17 @@ def _cd_into(directory: Path, invoked_in: Path) -> str:
     return f"cd {shlex.quote(shown)} && "
 
 
-def _load(args: argparse.Namespace) -> Manifest:
-    from nkibuild.manifest import load_manifest
+def _checked_plan(args: argparse.Namespace) -> tuple[Manifest, tuple[BuildUnit, ...]]:
+    """The manifest and its units (from the plan cache a build shares); its warnings on
+    stderr, where they stay out of `plan --json`."""
+    from nkibuild.context import load_plan
+    from nkibuild.manifest.semantic import manifest_warnings
 
     _require_manifest(args)
-    return load_manifest(Path(args.manifest))
+    manifest, units = load_plan(Path(args.manifest), Path(args.build_dir) / "state")
+    for warning in manifest_warnings(manifest):
+        print(warning.render(), file=sys.stderr)
+    return manifest, units
 
 
 def _require_manifest(args: argparse.Namespace) -> None:
