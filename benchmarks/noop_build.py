@@ -3,11 +3,14 @@
 Both sides declare the same tasks (500 extract, 1,000 compile, bundle, wheel) with
 the same file_dep/targets/config_changed, are fully built once, and are then timed
 doing nothing (everything up to date), as whole processes, median of several runs.
+`--units 10000` runs the 10,000-unit scale. The peak RSS of nkibuild's no-op build
+(the largest of its runs) is reported too (target <= 150 MiB at 10,000 units).
 The last line is a JSON object; `ratio` = nkibuild / plain doit (target <= 1.0).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from nkibuild.graph.uptodate import STAMP_FILE
 
-KERNELS = 500
+UNITS = 1000
 TARGETS = ("trn1", "trn2")
 RUNS = 7
 HLO = Path(__file__).resolve().parents[1] / "examples" / "kernels" / "softmax.hlo.pb"
@@ -35,6 +38,7 @@ from doit.tools import config_changed
 
 KERNELS = {kernels}
 TARGETS = {targets}
+SOURCES = {sources}
 B = os.path.abspath("plain-build")
 
 
@@ -46,13 +50,13 @@ def touch(*paths):
 
 
 def task_extract():
-    for kernel in KERNELS:
+    for kernel, source in zip(KERNELS, SOURCES):
         out = f"{{B}}/extract/{{kernel}}/default"
-        config = {{"frontend": "hlo", "source": "kernels/k.pb", "inputs": [[64, 1024]]}}
+        config = {{"frontend": "hlo", "source": source, "inputs": [[64, 1024]]}}
         yield {{
             "name": f"{{kernel}}/default",
             "actions": [(touch, (f"{{out}}/model.hlo_module.pb", f"{{out}}/artifact.json"))],
-            "file_dep": [os.path.abspath("kernels/k.pb")],
+            "file_dep": [os.path.abspath(source)],
             "targets": [f"{{out}}/model.hlo_module.pb", f"{{out}}/artifact.json"],
             "uptodate": [config_changed(config)],
         }}
@@ -96,47 +100,71 @@ def task_wheel():
 '''
 
 
-def write_project(root: Path) -> list[str]:
-    kernels = [f"k{index:04d}" for index in range(KERNELS)]
+def write_project(root: Path, units: int, *, own_sources: bool = False) -> list[str]:
+    """The project (nkibuild.yaml and dodo.py side by side); returns the kernel sources.
+
+    Every kernel reads one shared HLO file, or (`own_sources`) a file of its own with
+    the same bytes (so the full build compiles once per target either way)."""
+    kernels = [f"k{index:05d}" for index in range(units // len(TARGETS))]
     (root / "kernels").mkdir(parents=True)
-    shutil.copyfile(HLO, root / "kernels" / "k.pb")
+    sources = [f"kernels/{k}.pb" if own_sources else "kernels/k.pb" for k in kernels]
+    for source in set(sources):
+        shutil.copyfile(HLO, root / source)
     lines = [
         "format-version: 1",
         "package: {name: bench-kernels, version: 1.0.0}",
         f"defaults: {{targets: [{', '.join(TARGETS)}]}}",
         "kernels:",
     ]
-    for kernel in kernels:
+    for kernel, source in zip(kernels, sources, strict=True):
         lines += [
             f"  {kernel}:",
             "    frontend: hlo",
-            "    source: kernels/k.pb",
+            f"    source: {source}",
             "    inputs: {logits: {shape: [64, 1024], dtype: float32}}",
         ]
     (root / "nkibuild.yaml").write_text("\n".join(lines) + "\n")
-    (root / "dodo.py").write_text(DODO.format(kernels=kernels, targets=TARGETS))
-    return kernels
+    dodo = DODO.format(kernels=kernels, targets=TARGETS, sources=sources)
+    (root / "dodo.py").write_text(dodo)
+    return sources
 
 
 def timed(command: list[str], cwd: Path, env: dict[str, str]) -> float:
-    started = time.perf_counter()
-    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, check=False)
-    elapsed = time.perf_counter() - started
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return elapsed
+    return measured(command, cwd, env)[0]
+
+
+def measured(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
+    """Run `command` as a whole process: (seconds, peak RSS in MiB)."""
+    with tempfile.TemporaryFile() as output:
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=output, stderr=output)
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            output.seek(0)
+            log = output.read().decode(errors="replace")
+            sys.exit(f"{' '.join(command)} failed ({proc.returncode}):\n{log}")
+    return elapsed, usage.ru_maxrss / 1024  # Linux reports KiB
 
 
 def interleaved_medians(
-    commands: list[tuple[list[str], Callable[[], None]]], cwd: Path, env: dict[str, str]
-) -> list[float]:
-    """Alternate the commands run by run, so background load hits every side alike."""
-    samples: list[list[float]] = [[] for _ in commands]
-    for _ in range(RUNS):
-        for (command, prepare), times in zip(commands, samples, strict=True):
+    commands: list[tuple[list[str], Callable[[], None]]],
+    cwd: Path,
+    env: dict[str, str],
+    runs: int = RUNS,
+) -> list[tuple[float, float]]:
+    """Alternate the commands run by run, so background load hits every side alike;
+    for each: (median seconds, largest peak RSS in MiB)."""
+    samples: list[list[tuple[float, float]]] = [[] for _ in commands]
+    for _ in range(runs):
+        for (command, prepare), runs_of_command in zip(commands, samples, strict=True):
             prepare()
-            times.append(timed(command, cwd, env))
-    return [statistics.median(times) for times in samples]
+            runs_of_command.append(measured(command, cwd, env))
+    return [
+        (statistics.median(t for t, _ in results), max(rss for _, rss in results))
+        for results in samples
+    ]
 
 
 def nothing() -> None:
@@ -144,9 +172,13 @@ def nothing() -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--units", type=int, default=UNITS, help=f"build units ({UNITS})")
+    parser.add_argument("--runs", type=int, default=RUNS, help=f"timed runs ({RUNS})")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="nkibuild-bench-") as scratch:
         root = Path(scratch) / "project"
-        write_project(root)
+        write_project(root, args.units)
         env = {**os.environ, "CI": "true", "NKIBUILD_CACHE_DIR": str(Path(scratch) / "cache")}
         nkibuild = [sys.executable, "-m", "nkibuild", "build", "--toolchain", "fake"]
         plain = [sys.executable, "-m", "doit", "-f", "dodo.py"]
@@ -159,7 +191,7 @@ def main() -> None:
         def drop_proof() -> None:
             stamp.unlink(missing_ok=True)
 
-        noop_nkibuild, noop_doit_path, noop_plain, noop_plain_sqlite = interleaved_medians(
+        noop, doit_path, noop_plain, noop_plain_sqlite = interleaved_medians(
             [
                 (nkibuild, nothing),
                 (nkibuild, drop_proof),
@@ -168,24 +200,29 @@ def main() -> None:
             ],
             root,
             env,
+            args.runs,
         )
-    print(f"full build (1,000 units, -j2, fake compiler + cache): {full_build:.2f} s")
-    print(f"no-op nkibuild build:                 {noop_nkibuild:.3f} s (median of {RUNS})")
-    print(
-        f"no-op nkibuild build, doit deciding:  {noop_doit_path:.3f} s (up-to-date proof removed)"
-    )
-    print(f"no-op plain doit (default backend):   {noop_plain:.3f} s")
-    print(f"no-op plain doit (sqlite3 backend):   {noop_plain_sqlite:.3f} s")
+    units = args.units
+    print(f"full build ({units:,} units, -j2, fake compiler + cache): {full_build:.2f} s")
+    print(f"no-op nkibuild build:                 {noop[0]:.3f} s (median of {args.runs})")
+    print(f"no-op nkibuild build, doit deciding:  {doit_path[0]:.3f} s (up-to-date proof removed)")
+    print(f"no-op plain doit (default backend):   {noop_plain[0]:.3f} s")
+    print(f"no-op plain doit (sqlite3 backend):   {noop_plain_sqlite[0]:.3f} s")
+    print(f"peak RSS: nkibuild {noop[1]:.0f} MiB, plain doit {noop_plain[1]:.0f} MiB")
     result = {
         "benchmark": "noop_build",
-        "ratio": round(noop_nkibuild / noop_plain, 3),
-        "baseline": "hand-written dodo.py, same 1,502 tasks, plain doit (default backend)",
+        "ratio": round(noop[0] / noop_plain[0], 3),
+        "baseline": f"hand-written dodo.py, same {units + units // 2 + 2:,} tasks, "
+        "plain doit (default backend)",
         "target": "<= 1.0",
-        "units": KERNELS * len(TARGETS),
-        "nkibuild_noop_s": round(noop_nkibuild, 3),
-        "plain_doit_noop_s": round(noop_plain, 3),
-        "ratio_vs_plain_doit_sqlite3": round(noop_nkibuild / noop_plain_sqlite, 3),
-        "ratio_without_uptodate_proof": round(noop_doit_path / noop_plain, 3),
+        "units": units,
+        "nkibuild_noop_s": round(noop[0], 3),
+        "plain_doit_noop_s": round(noop_plain[0], 3),
+        "ratio_vs_plain_doit_sqlite3": round(noop[0] / noop_plain_sqlite[0], 3),
+        "ratio_without_uptodate_proof": round(doit_path[0] / noop_plain[0], 3),
+        "peak_rss_mib": round(noop[1], 1),
+        "peak_rss_mib_without_uptodate_proof": round(doit_path[1], 1),
+        "plain_doit_peak_rss_mib": round(noop_plain[1], 1),
     }
     print(json.dumps(result))
 
