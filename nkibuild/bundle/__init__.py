@@ -112,7 +112,7 @@ def generate_bundle(
         shutil.copyfile(RUNTIME_SOURCE, pkg / "_runtime.py")
         (pkg / FILE_NAME).write_text(info.to_text())
         for kernel in manifest.kernels:
-            code = codegen.kernel_module(package.import_name, kernel)
+            code = codegen.kernel_module(package.import_name, kernel, info.kernels[kernel.name])
             (pkg / "_kernels" / f"{kernel.name}.py").write_text(code)
         _copy_modules(manifest, pkg, REFERENCE_PACKAGE, _references(manifest))
         _copy_modules(manifest, pkg, SOURCES_PACKAGE, _shipped_sources(manifest))
