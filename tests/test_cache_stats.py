@@ -16,6 +16,7 @@ from helpers import softmax_manifest, softmax_project
 
 from nkibuild.cache.stats import (
     MAX_BUILDS,
+    MAX_LOG_BYTES,
     CacheCounters,
     TierCounts,
     log_path,
@@ -102,10 +103,7 @@ def test_concurrent_builds_in_processes_and_threads_lose_no_record(tmp_path: Pat
     log = read_log(tmp_path)
     assert len(log.builds) == 80 and log.notices == ()
     assert log.totals()["local"] == TierCounts(hits=40, misses=40)
-    assert sorted(p.name for p in log_path(tmp_path).parent.iterdir()) == [
-        "builds.json",
-        "builds.json.lock",
-    ]
+    assert [p.name for p in log_path(tmp_path).parent.iterdir()] == ["builds.json"]
 
 
 @pytest.mark.parametrize(
@@ -139,11 +137,55 @@ def test_a_damaged_log_is_ignored_with_a_notice_and_replaced(
     assert read_log(tmp_path).totals()["local"] == TierCounts(hits=1)
 
 
+def test_the_log_never_follows_a_symlink_out_of_the_cache(tmp_path: Path) -> None:
+    """Whoever can write to the cache directory cannot make a build read, truncate or
+    replace a file elsewhere through the log."""
+    cache, outside = tmp_path / "cache", tmp_path / "outside"
+    outside.mkdir()
+    precious = outside / "builds.json"
+    precious.write_text('{"format": 1, "builds": []}')
+    (cache / "stats").mkdir(parents=True)
+    (cache / "stats" / "builds.json").symlink_to(precious)
+    log = read_log(cache)
+    assert log.notices == (
+        f"the cache's build log {log_path(cache)} is damaged (builds.json is a symbolic "
+        "link); its counts are ignored",
+    )
+    assert record_build(cache, counts(hits=1))[0].endswith("; a new one was started")
+    assert not log_path(cache).is_symlink() and read_log(cache).totals()["local"].hits == 1
+    assert precious.read_text() == '{"format": 1, "builds": []}'
+
+    shutil.rmtree(cache / "stats")
+    (cache / "stats").symlink_to(outside)
+    assert record_build(cache, counts(hits=1)) == [
+        f"not recording this build's cache counts in {log_path(cache)}: "
+        "stats is a symbolic link or not a directory"
+    ]
+    assert sorted(p.name for p in outside.iterdir()) == ["builds.json"]
+    assert precious.read_text() == '{"format": 1, "builds": []}'
+
+
+def test_a_fifo_or_a_huge_log_is_refused_without_reading_it(tmp_path: Path) -> None:
+    import os
+
+    (tmp_path / "stats").mkdir()
+    os.mkfifo(log_path(tmp_path))  # opening it for reading would block forever
+    assert "builds.json is not a regular file" in read_log(tmp_path).notices[0]
+    log_path(tmp_path).unlink()
+    log_path(tmp_path).write_bytes(b" " * (MAX_LOG_BYTES + 1))
+    assert f"more than {MAX_LOG_BYTES}" in read_log(tmp_path).notices[0]
+
+
 def test_an_unwritable_log_is_a_notice_not_an_error(tmp_path: Path) -> None:
     (tmp_path / "stats").write_text("a file where the log's directory goes")
-    notices = record_build(tmp_path, counts(hits=1))
-    assert len(notices) == 1
-    assert notices[0].startswith("could not record this build's cache counts in ")
+    assert record_build(tmp_path, counts(hits=1)) == [
+        f"not recording this build's cache counts in {log_path(tmp_path)}: "
+        "stats is a symbolic link or not a directory"
+    ]
+    inside_a_file = tmp_path / "stats" / "cache"
+    assert record_build(inside_a_file, counts(hits=1)) == [
+        f"could not record this build's cache counts in {log_path(inside_a_file)}: Not a directory"
+    ]
 
 
 # --- through the CLI -------------------------------------------------------------------------

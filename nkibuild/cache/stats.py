@@ -4,21 +4,26 @@
 upload at the tier boundary into it. At the end of a build its `TierCounts` are
 appended to a bounded log in the local cache directory (`stats/builds.json`, the
 last `MAX_BUILDS` builds of every project on this machine), which
-`nkibuild cache stats` sums. Concurrent builds append under a file lock and
-replace the log atomically, so none loses another's record; a damaged log is
-set aside with a notice and a new one started.
+`nkibuild cache stats` sums. Concurrent builds append under a lock and replace
+the log atomically, so none loses another's record; a damaged log is set aside
+with a notice and a new one started. As everything under the cache root, the log
+is untrusted: read and written without following symlinks, bounded in size.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from nkibuild.cache import safefs
+from nkibuild.cache.store import CorruptEntry
 from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, load_json
 from nkibuild.fsutil import atomic_write_text
 
@@ -28,7 +33,8 @@ LOG_FILE = "builds.json"
 LOG_FORMAT = 1
 MAX_BUILDS = 100
 LOCK_TIMEOUT_S = 10.0
-_LOG_LIMITS = JsonLimits(max_bytes=4 << 20, max_depth=8, max_int_digits=20, allow_nonfinite=False)
+MAX_LOG_BYTES = 4 << 20  # a full log is ~40 KB
+_LOG_LIMITS = JsonLimits(MAX_LOG_BYTES, max_depth=8, max_int_digits=20, allow_nonfinite=False)
 
 Event = Literal["hits", "misses", "errors", "write_errors"]
 
@@ -149,14 +155,18 @@ def read_log(cache_dir: Path) -> BuildLog:
     """The log of `cache_dir`; an absent one is empty, a damaged one empty with a notice."""
     path = log_path(cache_dir)
     try:
-        data = path.read_bytes()
+        data = safefs.read_small(cache_dir, (LOG_DIR,), LOG_FILE, MAX_LOG_BYTES)
     except FileNotFoundError:
         return BuildLog(())
+    except CorruptEntry as error:
+        return BuildLog(
+            (), (f"the cache's build log {path} is damaged ({error}); its counts are ignored",)
+        )
     except OSError as error:
         return BuildLog((), (f"cannot read the cache's build log {path}: {error.strerror}",))
     try:
         return BuildLog(_parse(data))
-    except (JsonLimitError, ValueError, KeyError) as error:
+    except (JsonLimitError, ValueError) as error:
         notice = f"the cache's build log {path} is damaged ({error}); its counts are ignored"
         return BuildLog((), (notice,))
 
@@ -176,21 +186,40 @@ def record_build(
 ) -> list[str]:
     """Append one build's counts to the log of `cache_dir`, keeping the last MAX_BUILDS;
     the notices to show (a damaged log replaced, a log that could not be written)."""
-    from filelock import FileLock, Timeout
-
     path = log_path(cache_dir)
     record = BuildRecord(time.time() if finished is None else finished, dict(tiers))
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Not thread-local: two builds in one process must exclude each other too.
-        lock = FileLock(f"{path}.lock", thread_local=False, is_singleton=False)
-        with lock.acquire(timeout=LOCK_TIMEOUT_S):
+        safefs.make_dirs(cache_dir, (LOG_DIR,))
+        with safefs.opened_dir(cache_dir, (LOG_DIR,)) as stats_dir, _locked(stats_dir):
             log = read_log(cache_dir)
             builds = (*log.builds, record)[-MAX_BUILDS:]
             document = {"format": LOG_FORMAT, "builds": [b.to_json() for b in builds]}
             atomic_write_text(path, json.dumps(document, indent=1), durable=False)
-    except Timeout:
+    except TimeoutError:
         return [f"the cache's build log {path} stayed locked; this build's counts are not in it"]
+    except CorruptEntry as error:
+        return [f"not recording this build's cache counts in {path}: {error}"]
     except OSError as error:
         return [f"could not record this build's cache counts in {path}: {error.strerror}"]
     return [f"{notice}; a new one was started" for notice in log.notices]
+
+
+@contextlib.contextmanager
+def _locked(dir_fd: int) -> Iterator[None]:
+    """An exclusive lock on the log's directory, held through the descriptor that checked
+    it. Not filelock's lock file: filelock opens it with O_TRUNC, following a symlink,
+    so a link planted in a cache others can write to would truncate a file outside it.
+    Each caller opens its own descriptor, so threads of one process exclude each other."""
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    while True:
+        try:
+            fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError from None
+            time.sleep(0.01)
+    try:
+        yield
+    finally:
+        fcntl.flock(dir_fd, fcntl.LOCK_UN)
