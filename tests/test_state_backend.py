@@ -1,0 +1,84 @@
+"""nkibuild's doit state backend (graph/state.py): one line per task, decoded on use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from doit.dependency import JSONCodec
+
+from nkibuild.graph.state import HEADER, AtomicJsonDB
+
+
+def saved(path: Path, entries: dict[str, dict]) -> AtomicJsonDB:
+    db = AtomicJsonDB(str(path), JSONCodec())
+    for task_id, entry in entries.items():
+        for key, value in entry.items():
+            db.set(task_id, key, value)
+    db.dump()
+    return AtomicJsonDB(str(path), JSONCodec())
+
+
+def test_entries_round_trip_one_line_per_task(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    db = saved(path, {"extract:a/b": {"deps:": ["x\ty"], "result:": "1"}, "wheel": {"k": [1]}})
+    lines = path.read_text().splitlines()
+    assert lines[0] == HEADER
+    assert [line.split("\t")[0] for line in lines[1:]] == ['"extract:a/b"', '"wheel"']
+    assert db.get("extract:a/b", "deps:") == ["x\ty"]
+    assert db.get("wheel", "k") == [1]
+    assert db.in_("wheel") and not db.in_("bundle")
+    assert db.get("bundle", "k") is None
+
+
+def test_unchanged_entries_are_saved_as_read(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    db = saved(path, {"a": {"k": {"z": 1, "a": 2}}, "b": {"k": 2}})
+    before = path.read_text()
+    db.get("a", "k")  # decoded, not changed
+    db.set("b", "k", 3)
+    db.dump()
+    after = path.read_text().splitlines()
+    assert after[1] == before.splitlines()[1]
+    assert AtomicJsonDB(str(path), JSONCodec()).get("b", "k") == 3
+
+
+def test_nothing_changed_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    db = saved(path, {"a": {"k": 1}})
+    stamp = path.stat().st_mtime_ns, path.stat().st_ino
+    db.get("a", "k")
+    db.dump()
+    assert (path.stat().st_mtime_ns, path.stat().st_ino) == stamp
+
+
+def test_a_damaged_entry_forgets_that_task_only(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    saved(path, {"a": {"k": 1}, "b": {"k": 2}})
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], lines[1][:-3], lines[2]]) + "\n")
+    db = AtomicJsonDB(str(path), JSONCodec())
+    assert db.get("a", "k") is None
+    assert not db.in_("a")
+    assert db.get("b", "k") == 2
+    db.dump()  # the damaged line is dropped from the file
+    assert len(path.read_text().splitlines()) == 2
+
+
+def test_an_unreadable_file_means_nothing_is_known(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(HEADER + "\nno tab on this line\n")
+    db = AtomicJsonDB(str(path), JSONCodec())
+    assert not db.in_("no tab on this line")
+    db.dump()  # replaced at the end of the run
+    assert path.read_text() == HEADER + "\n"
+
+
+def test_the_earlier_layout_is_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"wheel": {"k": [1, 2]}}))
+    db = AtomicJsonDB(str(path), JSONCodec())
+    assert db.get("wheel", "k") == [1, 2]
+    db.remove("wheel")
+    db.dump()
+    assert path.read_text() == HEADER + "\n"
