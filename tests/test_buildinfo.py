@@ -210,6 +210,9 @@ NEFF = "kernels.scaled_add.neffs.trn2.small"
         ("neuron_sdk", 2, "neuron_sdk: expected a string or null, got 2"),
         ("requirements", None, "requirements: expected a list, got null"),
         ("format_version", FORMAT_VERSION + 1, f"format_version: {FORMAT_VERSION + 1} is not"),
+        ("provenance.manifest", "x", "provenance.manifest: expected an object, got 'x'"),
+        ("provenance.sources.0.sha256", ..., "provenance.sources[0].sha256: missing"),
+        ("provenance.tools", {}, "provenance.tools: expected a list, got an object"),
     ],
 )
 def test_a_bad_field_is_named(
@@ -226,6 +229,33 @@ def test_a_document_from_before_the_format_version_reads_as_version_1(
     info = BuildInfo.from_json(changed(document, "format_version"))
     assert info.format_version == 1
     assert info.to_json() == document  # and writes back as version 1
+
+
+def test_the_provenance_summary_records_what_the_bundle_was_built_from(
+    examples_bundle: Path,
+) -> None:
+    import hashlib
+
+    project = examples_bundle.parents[2]
+    info = load_bundle(examples_bundle).build_info
+    assert info is not None and info.provenance is not None
+    summary = info.provenance
+
+    def sha256(path: str) -> str:
+        return hashlib.sha256((project / path).read_bytes()).hexdigest()
+
+    assert summary.manifest == schema.MaterialInfo("nkibuild.yaml", sha256("nkibuild.yaml"))
+    paths = ["kernels/jax_kernels.py", "kernels/reference.py", "kernels/softmax.hlo.pb"]
+    assert summary.sources == tuple(schema.MaterialInfo(p, sha256(p)) for p in paths)
+    tools = {tool.name: tool.version for tool in summary.tools}
+    assert tools["neuronx-cc"] == "2.23.0.0+nkibuild.fake"
+    assert set(tools) == {"jax", "jaxlib", "neuronx-cc"}  # the hlo kernel traces nothing
+
+
+def test_a_document_from_before_provenance_reads_without_it(document: dict[str, Any]) -> None:
+    info = BuildInfo.from_json(changed(document, "provenance"))
+    assert info.provenance is None
+    assert info.to_json() == {**document, "provenance": None}
 
 
 def test_not_a_document_at_all(tmp_path: Path) -> None:

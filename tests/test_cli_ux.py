@@ -237,16 +237,16 @@ def cli_commands() -> list[str]:
 
 
 def test_readme_command_table_lists_exactly_the_cli_commands() -> None:
-    rows = re.findall(r"^\| `nkibuild ([a-z]+)\b", (REPO / "README.md").read_text(), re.M)
+    rows = re.findall(r"^\| `nkibuild ([a-z-]+)\b", (REPO / "README.md").read_text(), re.M)
     assert sorted(rows) == sorted(cli_commands())
 
 
 def test_cli_doc_command_table_lists_exactly_the_cli_commands_each_with_a_section() -> None:
     text = (REPO / "docs" / "cli.md").read_text()
-    rows = re.findall(r"^\| \[`([a-z]+)`\]\(#nkibuild-([a-z]+)\) \|", text, re.M)
+    rows = re.findall(r"^\| \[`([a-z-]+)`\]\(#nkibuild-([a-z-]+)\) \|", text, re.M)
     assert [name for name, _ in rows] == cli_commands()  # in --help's order
     assert all(name == anchor for name, anchor in rows)
-    sections = re.findall(r"^## `nkibuild ([a-z]+)`", text, re.M)
+    sections = re.findall(r"^## `nkibuild ([a-z-]+)`", text, re.M)
     assert sorted(sections) == sorted(cli_commands())
 
 

@@ -25,6 +25,7 @@ from nkibuild.bundle.buildinfo import (
     FunctionRef,
     KernelInfo,
     NeffInfo,
+    ProvenanceInfo,
     TensorInfo,
     ToleranceInfo,
     VariantInfo,
@@ -89,17 +90,24 @@ def distributions(manifest: Manifest) -> list[Package]:
 
 def run(context: BuildContext) -> BundleProject:
     """The bundle stage of a build: every unit's finished compile -> the generated project."""
+    from nkibuild.bundle.provenance import summarize
     from nkibuild.compiler import load_result
 
     layout = context.layout
     compiled = [load_result(layout.compile_dir(unit)) for unit in context.units]
-    return generate_bundle(context.manifest, compiled, layout.bundle_dir(context.manifest))
+    provenance = summarize(context, compiled)
+    return generate_bundle(
+        context.manifest, compiled, layout.bundle_dir(context.manifest), provenance
+    )
 
 
 def generate_bundle(
-    manifest: Manifest, compiled: Sequence[CompiledNeff], out_dir: Path
+    manifest: Manifest,
+    compiled: Sequence[CompiledNeff],
+    out_dir: Path,
+    provenance: ProvenanceInfo | None = None,
 ) -> BundleProject:
-    info = build_info(manifest, compiled)
+    info = build_info(manifest, compiled, provenance)
     package = manifest.package
     with staging_dir(out_dir) as stage:
         pkg = stage / package.import_name
@@ -196,7 +204,11 @@ def _write_part(stage: Path, package: Package, target: str) -> dict:
     }
 
 
-def build_info(manifest: Manifest, compiled: Sequence[CompiledNeff]) -> BuildInfo:
+def build_info(
+    manifest: Manifest,
+    compiled: Sequence[CompiledNeff],
+    provenance: ProvenanceInfo | None = None,
+) -> BuildInfo:
     """`_build.json`: everything the runtime needs, and provenance for humans."""
     neffs: dict[str, dict[str, dict[str, NeffInfo]]] = {}
     for neff in compiled:
@@ -215,6 +227,7 @@ def build_info(manifest: Manifest, compiled: Sequence[CompiledNeff]) -> BuildInf
             kernel.name: _kernel_info(kernel, neffs.get(kernel.name, {}))
             for kernel in manifest.kernels
         },
+        provenance=provenance,
     )
 
 

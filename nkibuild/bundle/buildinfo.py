@@ -209,6 +209,65 @@ class KernelInfo:
 
 
 @dataclass(frozen=True)
+class MaterialInfo:
+    """A file the build read: its path in the project (POSIX) and its sha256."""
+
+    path: str
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, data: _Reader) -> MaterialInfo:
+        return cls(data.text("path"), data.text("sha256"))
+
+
+@dataclass(frozen=True)
+class ToolInfo:
+    """A tool the build ran, by name and version: neuronx-cc, a frontend's package."""
+
+    name: str
+    version: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version}
+
+    @classmethod
+    def from_json(cls, data: _Reader) -> ToolInfo:
+        return cls(data.text("name"), data.text("version"))
+
+
+@dataclass(frozen=True)
+class ProvenanceInfo:
+    """What the bundle was built from, hashed by the bundle stage as it read it.
+
+    A release's provenance statement lists the same materials and tools for the
+    project (`nkibuild verify-provenance` compares them). The source revision is not
+    here: it is the release's, and a commit that leaves every input as it was must
+    not change the wheel's bytes."""
+
+    manifest: MaterialInfo
+    sources: tuple[MaterialInfo, ...]  # kernel sources, deps and references, by path
+    tools: tuple[ToolInfo, ...]  # neuronx-cc and the frontends' packages, by name
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "manifest": self.manifest.to_json(),
+            "sources": [m.to_json() for m in self.sources],
+            "tools": [t.to_json() for t in self.tools],
+        }
+
+    @classmethod
+    def from_json(cls, data: _Reader) -> ProvenanceInfo:
+        return cls(
+            manifest=MaterialInfo.from_json(data.child("manifest")),
+            sources=data.objects("sources", MaterialInfo.from_json),
+            tools=data.objects("tools", ToolInfo.from_json),
+        )
+
+
+@dataclass(frozen=True)
 class BuildInfo:
     """The whole `_build.json`: what the runtime needs, and provenance for humans."""
 
@@ -221,6 +280,9 @@ class BuildInfo:
     requirements: tuple[str, ...]  # the bundle's runtime requirements (pip specifiers)
     split_targets: tuple[str, ...]  # targets whose NEFFs are in a package of their own
     kernels: Mapping[str, KernelInfo]
+    # None in documents written before nkibuild recorded it (an optional key: older
+    # readers ignore it, so the format version stays)
+    provenance: ProvenanceInfo | None = None
     format_version: int = field(default=FORMAT_VERSION)
 
     def targets(self) -> list[str]:
@@ -239,6 +301,7 @@ class BuildInfo:
             "requirements": list(self.requirements),
             "split_targets": list(self.split_targets),
             "kernels": {name: kernel.to_json() for name, kernel in self.kernels.items()},
+            "provenance": self.provenance.to_json() if self.provenance else None,
         }
 
     def to_text(self) -> str:
@@ -259,6 +322,7 @@ class BuildInfo:
             requirements=data.texts("requirements"),
             split_targets=data.texts("split_targets"),
             kernels=data.mapping("kernels", KernelInfo.from_json),
+            provenance=data.optional_object("provenance", ProvenanceInfo.from_json, absent=True),
         )
 
     @classmethod
@@ -360,7 +424,12 @@ class _Reader:
         items = enumerate(self._list(key))
         return tuple(parse(_Reader(item, f"{self.where(key)}[{i}]")) for i, item in items)
 
-    def optional_object(self, key: str, parse: Callable[[_Reader], T]) -> T | None:
+    def optional_object(
+        self, key: str, parse: Callable[[_Reader], T], *, absent: bool = False
+    ) -> T | None:
+        """The object at `key`, or None for null (and, if `absent`, for a missing key)."""
+        if absent and key not in self.data:
+            return None
         return None if self.value(key) is None else parse(self.child(key))
 
     def mapping(self, key: str, parse: Callable[[_Reader], T]) -> dict[str, T]:

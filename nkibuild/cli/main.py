@@ -192,6 +192,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the release report (or --check's problems, a shard's summary) as JSON",
     )  # fmt: skip
     _report_option(release)
+    release.add_argument(
+        "--sign", action="store_true",
+        help="sign the provenance statement with sigstore (needs nkibuild[sign] and an OIDC "
+        "identity, e.g. a CI job's)",
+    )  # fmt: skip
+    provenance = _add(
+        commands,
+        "verify-provenance",
+        cmd.verify_provenance,
+        "check wheels against a release's provenance statement",
+    )
+    provenance.add_argument("wheels", nargs="+", type=Path, metavar="WHEEL")
+    provenance.add_argument(
+        "--statement", type=Path, metavar="FILE",
+        help="the statement [default: provenance.intoto.json next to each wheel]",
+    )  # fmt: skip
+    provenance.add_argument("--json", action="store_true", help="print the checks as JSON")
     _add(commands, "validate", cmd.validate, "check the manifest and report every problem", project)
     _add(commands, "list", cmd.list_tasks, "list the build's tasks", project, _toolchain_option())
     clean = _add(commands, "clean", cmd.clean, "remove the build directory", project)

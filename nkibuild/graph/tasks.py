@@ -227,8 +227,13 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
         for name in COMPILE_OUTPUTS
     ]
     from nkibuild.bundle import shipped_files
+    from nkibuild.bundle.provenance import material_files
 
-    shipped = sorted({_path(manifest.root / path) for path in shipped_files(manifest)})
+    # The materials too: the bundle records their digests (its provenance summary).
+    shipped = sorted(
+        {_path(manifest.root / path) for path in shipped_files(manifest)}
+        | {_path(path) for path in (manifest.path, *material_files(manifest))}
+    )
     bundle_dir = _path(context.layout.bundle_dir(manifest))
     record, intact = outputs_checked((), [bundle_dir])
     return {

@@ -5,7 +5,8 @@ once). The projects' task graphs are joined into one, namespaced by distribution
 so `-j` spreads across projects and identical kernels compile once (equal cache
 keys wait for each other, then hit the cache). Wheels are built into a staging
 directory and published to OUT only if OUT does not already hold a different wheel
-of the same name and version; then SHA256SUMS and the reports are written.
+of the same name and version; then SHA256SUMS and the reports are written, and the
+provenance statement of the published wheels (release/provenance.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nkibuild.cache.key import file_sha256
 from nkibuild.context import BuildContext
@@ -21,6 +22,11 @@ from nkibuild.errors import ManifestError, UsageError
 from nkibuild.graph.report import BuildSummary, Display
 from nkibuild.session import BuildSession
 from nkibuild.settings import BuildOptions
+
+if TYPE_CHECKING:
+    from sigstore.oidc import IdentityToken
+
+    from nkibuild.release.provenance import ReleaseStart
 
 RELEASE_DIR = "build/nkibuild-release"  # under the root: state and staged wheels
 SUMS_FILE = "SHA256SUMS"
@@ -36,6 +42,7 @@ class ReleaseOptions:
     keep_going: bool = False
     allow_mixed_compilers: bool = False
     shard: tuple[int, int] | None = None  # (index, count), 1-based: compile this part only
+    sign: bool = False  # sign the provenance statement with sigstore
     build: BuildOptions = field(default_factory=BuildOptions)
 
     @property
@@ -49,6 +56,7 @@ class ReleaseResult:
     projects: list[BuildContext]
     published: list[Path] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    provenance: list[Path] = field(default_factory=list)  # the statement, its signature
 
     @property
     def ok(self) -> bool:
@@ -135,7 +143,7 @@ def _check_out_dir(projects: Sequence[BuildContext], out: Path) -> None:
     foreign = [
         wheel.name
         for project in projects
-        for wheel in _wheels(project)
+        for wheel in staged_wheels(project)
         if (out / wheel.name).exists() and wheel.name not in listed
     ]
     if foreign:
@@ -157,11 +165,14 @@ def release(
     options: ReleaseOptions, display: Display, session: BuildSession | None = None
 ) -> ReleaseResult:
     from nkibuild.graph.run import RunOptions, run_task_graph
+    from nkibuild.release import provenance
     from nkibuild.session import SessionDirs
 
+    began = provenance.start(options.root)  # the revision the build starts from
     session = session if session is not None else BuildSession()
     projects = load_projects(options, session)
     preflight(projects, options)
+    identity = provenance.signing_identity() if options.sign and not options.shard else None
     dirs = [
         SessionDirs(options.release_dir, swept=(options.out,)),
         *(SessionDirs(p.layout.build_dir, swept=(p.layout.dist_dir,)) for p in projects),
@@ -180,6 +191,8 @@ def release(
         result = ReleaseResult(summary, projects)
         if not options.shard:  # a shard's NEFFs went to the caches; the final job packages
             _publish_and_report(result, options)
+            if result.ok:
+                _attest(result, options, began, identity)
     return result
 
 
@@ -189,6 +202,21 @@ def _publish_and_report(result: ReleaseResult, options: ReleaseOptions) -> None:
     if result.summary.ok:
         _publish(result, options)
     write_reports(result, options.out)
+
+
+def _attest(
+    result: ReleaseResult,
+    options: ReleaseOptions,
+    began: ReleaseStart,
+    identity: IdentityToken | None,
+) -> None:
+    """The provenance statement of what was published, signed if asked."""
+    from nkibuild.release.provenance import sign_statement, write_statement
+
+    statement = write_statement(result, options, began)
+    result.provenance.append(statement)
+    if identity is not None:
+        result.provenance.append(sign_statement(statement, identity))
 
 
 def release_graph(
@@ -235,7 +263,7 @@ def _publish(result: ReleaseResult, options: ReleaseOptions) -> None:
 
     options.out.mkdir(parents=True, exist_ok=True)
     for project in result.projects:
-        for staged in _wheels(project):
+        for staged in staged_wheels(project):
             published = options.out / staged.name
             if published.exists() and file_sha256(published) != file_sha256(staged):
                 result.refused.append(
@@ -264,16 +292,16 @@ def check(options: ReleaseOptions) -> list[str]:
     preflight(projects, options)
     problems = [f"{task} would run" for task in pending_tasks(*release_graph(projects, options))]
     for project in projects:
-        for staged in _wheels(project):
+        for staged in staged_wheels(project):
             published = options.out / staged.name
             if not published.exists():
                 problems.append(f"{published} is missing")
             elif not staged.exists() or file_sha256(published) != file_sha256(staged):
                 problems.append(f"{published} differs from what the build produced")
-    return problems + _sums_problems(options.out)
+    return problems + _sums_problems(options.out) + _provenance_problems(projects, options.out)
 
 
-def _wheels(project: BuildContext) -> list[Path]:
+def staged_wheels(project: BuildContext) -> list[Path]:
     """Where the project's wheels are staged (the main one, then one per split target)."""
     from nkibuild.bundle import distributions
     from nkibuild.bundle.wheel import wheel_file_name
@@ -300,3 +328,15 @@ def _sums_problems(out: Path) -> list[str]:
         if file_sha256(out / name) != listed[name]
     ]
     return problems
+
+
+def _provenance_problems(projects: Sequence[BuildContext], out: Path) -> list[str]:
+    """Each published wheel must be one the provenance statement vouches for."""
+    from nkibuild.verify.provenance import STATEMENT_FILE, check_wheel
+
+    statement = out / STATEMENT_FILE
+    if not statement.exists():
+        return [f"{statement} is missing"]
+    published = [out / w.name for p in projects for w in staged_wheels(p)]
+    checks = [check_wheel(wheel, statement) for wheel in published if wheel.exists()]
+    return [f"{statement}: {problem}" for check in checks for problem in check.problems]

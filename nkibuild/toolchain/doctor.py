@@ -30,6 +30,7 @@ PIECES = (
 EXTRAS = (
     ("remote", (("fsspec", "fsspec"), ("s3fs", "s3fs")), "a remote NEFF cache (--remote-cache)"),
     ("ray", (("ray", "ray"),), "compiles on a Ray cluster (--executor ray)"),
+    ("sign", (("sigstore", "sigstore"),), "signed provenance (release --sign)"),
 )
 
 

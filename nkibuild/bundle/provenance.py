@@ -1,0 +1,58 @@
+"""The bundle's provenance summary: the files and tools its build used, hashed as read.
+
+`material_files` is also the bundle task's dependency list (besides the NEFFs), so
+an edit to any of these files regenerates the bundle and its recorded digests can
+never be older than the files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nkibuild.bundle.buildinfo import MaterialInfo, ProvenanceInfo, ToolInfo
+from nkibuild.cache.key import file_sha256
+from nkibuild.compiler import CompiledNeff
+
+if TYPE_CHECKING:
+    from nkibuild.context import BuildContext
+    from nkibuild.manifest.model import Manifest
+
+COMPILER = "neuronx-cc"
+
+
+def material_files(manifest: Manifest) -> list[Path]:
+    """The project files a bundle is built from, besides the manifest: every kernel's
+    source, the files its `deps` match, and its reference, each once, sorted."""
+    from nkibuild.confine import glob_files
+
+    root = manifest.root
+    found: set[Path] = set()
+    for kernel in manifest.kernels:
+        found.add(root / kernel.source.path)
+        found.update(Path(match) for pattern in kernel.deps for match in glob_files(root, pattern))
+        if kernel.reference is not None:
+            found.add(root / kernel.reference.path)
+    return sorted(found)
+
+
+def summarize(context: BuildContext, compiled: Sequence[CompiledNeff]) -> ProvenanceInfo:
+    """The provenance summary of the bundle a build makes from `compiled`."""
+    from nkibuild.frontends import load_artifact
+
+    manifest = context.manifest
+    artifacts = {context.layout.extract_dir(unit.extract) for unit in context.units}
+    frontends = {pair for directory in artifacts for pair in load_artifact(directory).toolchain}
+    compilers = {(COMPILER, neff.compiler_version) for neff in compiled}
+    return ProvenanceInfo(
+        manifest=_material(manifest.root, manifest.path),
+        sources=tuple(_material(manifest.root, path) for path in material_files(manifest)),
+        tools=tuple(ToolInfo(name, version) for name, version in sorted(frontends | compilers)),
+    )
+
+
+def _material(root: Path, path: Path) -> MaterialInfo:
+    relative = Path(os.path.relpath(path, root)).as_posix()
+    return MaterialInfo(relative, file_sha256(path))

@@ -1,0 +1,236 @@
+"""The release's provenance statement: an in-toto Statement v1, SLSA provenance v1.
+
+Subjects are the wheels the release published, by name and sha256. The build
+definition's resolvedDependencies are the source revision (git commit, with a dirty
+flag) and, per project, the materials and tools its bundle recorded in `_build.json`
+(read from the published wheel itself, so the statement says what the wheel says).
+With `--sign`, sigstore signs the statement as a DSSE envelope (Fulcio certificate
+for the ambient OIDC identity, Rekor entry) into `<statement>.sigstore.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nkibuild import __version__
+from nkibuild.cache.key import file_sha256
+from nkibuild.errors import NkibuildError, UsageError
+from nkibuild.fsutil import atomic_write_text
+from nkibuild.verify.provenance import (
+    PREDICATE_TYPE,
+    STATEMENT_FILE,
+    STATEMENT_TYPE,
+    project_dependencies,
+    wheel_build_info,
+)
+
+if TYPE_CHECKING:
+    from sigstore.oidc import IdentityToken
+
+    from nkibuild.release import ReleaseOptions, ReleaseResult
+
+BUILD_TYPE = "https://github.com/nkibuild/nkibuild/blob/main/docs/release.md#provenance"
+BUILDER_ID = "https://github.com/nkibuild/nkibuild"
+SIGNATURE_SUFFIX = ".sigstore.json"
+GIT_TIMEOUT = 60  # seconds; `git status` of a large work tree is slow, not stuck
+IDENTITY_TOKEN_ENV = "SIGSTORE_IDENTITY_TOKEN"  # the variable sigstore's own CLI reads
+
+
+class SigningError(NkibuildError):
+    """The statement was written but could not be signed (exit 1)."""
+
+
+@dataclass(frozen=True)
+class SourceRevision:
+    """The commit a release started from; `commit` None: why there is none."""
+
+    commit: str | None
+    dirty: bool | None  # uncommitted changes or untracked files (`git status --porcelain`)
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"revision": self.commit, "dirty": self.dirty, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class ReleaseStart:
+    """What the statement needs from before the build: when, and from which revision."""
+
+    started: datetime
+    revision: SourceRevision
+
+
+def start(root: Path) -> ReleaseStart:
+    return ReleaseStart(datetime.now(timezone.utc), source_revision(root))
+
+
+def source_revision(root: Path) -> SourceRevision:
+    """The git commit checked out at `root` and whether the work tree differs from it;
+    "no revision" (with the reason) outside a git work tree or without git."""
+    inside = _git(root, "rev-parse", "--is-inside-work-tree")
+    if isinstance(inside, str):
+        return SourceRevision(None, None, f"no revision ({inside})")
+    if inside.returncode != 0 or inside.stdout.strip() != "true":
+        return SourceRevision(None, None, "no revision (not in a git work tree)")
+    head = _git(root, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+    if isinstance(head, str) or head.returncode != 0:
+        return SourceRevision(None, None, "no revision (the git repository has no commit yet)")
+    commit = head.stdout.strip()
+    status = _git(root, "status", "--porcelain")
+    if isinstance(status, str) or status.returncode != 0:
+        return SourceRevision(commit, None, f"{commit} (could not tell whether it is dirty)")
+    changes = len(status.stdout.splitlines())
+    if not changes:
+        return SourceRevision(commit, False, commit)
+    return SourceRevision(commit, True, f"{commit} + {changes} uncommitted or untracked paths")
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str] | str:
+    """git's answer, or why git could not be asked."""
+    try:
+        return subprocess.run(
+            ["git", "-C", str(root), *args],
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT,
+            check=False,
+        )
+    except FileNotFoundError:
+        return "git is not installed"
+    except subprocess.TimeoutExpired:
+        return f"git did not answer within {GIT_TIMEOUT} s"
+    except OSError as error:
+        return f"git could not run: {error.strerror or error}"
+
+
+def statement(result: ReleaseResult, options: ReleaseOptions, began: ReleaseStart) -> dict:
+    """The statement for the wheels `result` published."""
+    subjects, dependencies = [], _revision_dependencies(began.revision)
+    root = options.root.resolve()
+    for project in result.projects:
+        directory = Path(os.path.relpath(project.manifest.root, root)).as_posix()
+        for wheel in _published(result, project):
+            subjects.append({"name": wheel.name, "digest": {"sha256": file_sha256(wheel)}})
+            info = wheel_build_info(wheel)
+            if info is not None and info.provenance is not None:
+                dependencies += project_dependencies(info, directory)
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": subjects,
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "buildDefinition": {
+                "buildType": BUILD_TYPE,
+                "externalParameters": _external_parameters(result, options, began),
+                "internalParameters": {"python": platform.python_version()},
+                "resolvedDependencies": dependencies,
+            },
+            "runDetails": {
+                "builder": {"id": BUILDER_ID, "version": {"nkibuild": __version__}},
+                "metadata": {
+                    "invocationId": _invocation_id(),
+                    "startedOn": _timestamp(began.started),
+                    "finishedOn": _timestamp(datetime.now(timezone.utc)),
+                },
+            },
+        },
+    }
+
+
+def _published(result: ReleaseResult, project: Any) -> list[Path]:
+    from nkibuild.release import staged_wheels
+
+    published = set(result.published)
+    names = {staged.name for staged in staged_wheels(project)}
+    return sorted(path for path in published if path.name in names)
+
+
+def _revision_dependencies(revision: SourceRevision) -> list[dict[str, Any]]:
+    if revision.commit is None:
+        return []
+    return [
+        {
+            "name": "source",
+            "digest": {"gitCommit": revision.commit},
+            "annotations": {"dirty": revision.dirty},
+        }
+    ]
+
+
+def _external_parameters(
+    result: ReleaseResult, options: ReleaseOptions, began: ReleaseStart
+) -> dict[str, Any]:
+    return {
+        "command": "nkibuild release",
+        "projects": [p.manifest.package.name for p in result.projects],
+        "targets": list(options.targets) or "each project's own",
+        "toolchain": sorted({p.toolchain.name for p in result.projects}),
+        "source": began.revision.to_json(),
+    }
+
+
+def _invocation_id() -> str:
+    """The CI run when there is one (GitHub Actions), else a fresh UUID."""
+    server, repository = os.environ.get("GITHUB_SERVER_URL"), os.environ.get("GITHUB_REPOSITORY")
+    run_id, attempt = os.environ.get("GITHUB_RUN_ID"), os.environ.get("GITHUB_RUN_ATTEMPT", "1")
+    if server and repository and run_id:
+        return f"{server}/{repository}/actions/runs/{run_id}/attempts/{attempt}"
+    return uuid.uuid4().urn
+
+
+def _timestamp(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_statement(result: ReleaseResult, options: ReleaseOptions, began: ReleaseStart) -> Path:
+    path = options.out / STATEMENT_FILE
+    text = json.dumps(statement(result, options, began), indent=2) + "\n"
+    atomic_write_text(path, text)
+    return path
+
+
+def signing_identity() -> IdentityToken:
+    """The OIDC identity `--sign` will use, found and checked before anything is built
+    (UsageError: sigstore is not installed, there is no identity, or it is unusable)."""
+    try:
+        from sigstore.oidc import IdentityError, IdentityToken, detect_credential
+    except ImportError:
+        raise UsageError("--sign needs sigstore: pip install 'nkibuild[sign]'") from None
+    try:
+        token = os.environ.get(IDENTITY_TOKEN_ENV) or detect_credential()
+        if not token:
+            raise UsageError(
+                "--sign needs an OIDC identity and found none: run in CI with one (GitHub "
+                "Actions: `permissions: id-token: write`), or set "
+                f"{IDENTITY_TOKEN_ENV} (e.g. `python -m sigstore get-identity-token`)"
+            )
+        return IdentityToken(token)
+    except IdentityError as error:
+        raise UsageError(f"--sign: the OIDC identity is not usable: {error}") from None
+
+
+def sign_statement(path: Path, identity: IdentityToken) -> Path:
+    """Sign the statement with sigstore (public-good instance); the bundle goes next to it."""
+    from sigstore.dsse import Statement
+    from sigstore.errors import Error as SigstoreError
+    from sigstore.models import ClientTrustConfig
+    from sigstore.sign import SigningContext
+
+    signature = path.with_name(path.name + SIGNATURE_SUFFIX)
+    try:
+        payload = Statement(path.read_bytes())
+        context = SigningContext.from_trust_config(ClientTrustConfig.production())
+        with context.signer(identity) as signer:
+            bundle = signer.sign_dsse(payload)
+    except (SigstoreError, OSError) as error:  # requests' errors are OSErrors
+        raise SigningError(f"{path} was written but not signed: {error}") from None
+    atomic_write_text(signature, bundle.to_json())
+    return signature
