@@ -460,3 +460,20 @@ def test_cache_stats_with_an_unreachable_remote_warns_and_says_unknown(tmp_path:
     assert "Traceback" not in result.stderr
     remote = json.loads(result.stdout)["tiers"]["remote"]
     assert (remote["entries"], remote["bytes"]) == (None, None)
+
+
+def test_s3_usage_counts_complete_entries_and_every_object(
+    s3_endpoint: str, s3_url: str, tmp_path: Path
+) -> None:
+    writer = s3_cache(s3_endpoint, s3_url)
+    for name in ("a", "b"):
+        publish(writer, tmp_path, name)
+    # A killed upload: its NEFF object is there (it costs storage), its entry.json is not.
+    writer.fs.pipe_file(f"{writer.entry_dir(make_key('c'))}/{'0' * 64}.neff", b"x" * 300)
+    records = sum(
+        len(writer.fs.cat_file(f"{writer.entry_dir(make_key(name))}/entry.json"))
+        for name in ("a", "b")
+    )
+    logs = len("compiled a\n") + len("compiled b\n")
+    reader = s3_cache(s3_endpoint, s3_url)
+    assert reader.usage() == (2, 2 * 2000 + logs + records + 300)
