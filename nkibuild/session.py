@@ -1,10 +1,11 @@
 """One build session: everything a build (or a release) owns while it runs.
 
-A `BuildSession` holds the frontend workers, the compile memory budget, the
-per-cache-key locks, the registry of running compiler processes, the compiler
-versions already asked for, the Ray connection it opened and what doit's state
-backend could not save. Nothing of that lives at module level: two sessions in
-one process (two builds in two threads, two PEP 517 hook calls) share nothing.
+A `BuildSession` holds the frontend workers (and the trace failures they
+reported), the compile memory budget, the per-cache-key locks, the registry of
+running compiler processes, the compiler versions already asked for, the Ray
+connection it opened and what doit's state backend could not save. Nothing of
+that lives at module level: two sessions in one process (two builds in two
+threads, two PEP 517 hook calls) share nothing.
 
 `BuildSession.running()` is the build's lifetime: it takes the build
 directories' locks, keeps a marker in each while it runs (a marker found by the
@@ -33,6 +34,7 @@ from nkibuild.cache.stats import CacheCounters
 from nkibuild.compiler.budget import KeyLocks, MemoryBudget
 from nkibuild.compiler.process import ProcessRegistry
 from nkibuild.errors import UsageError
+from nkibuild.frontends.failures import TraceFailures
 from nkibuild.fsutil import LEFTOVER_PATTERNS, atomic_write_text, leftovers
 from nkibuild.toolchain.worker_pool import WorkerPool
 
@@ -100,6 +102,7 @@ class BuildSession:
         self.compiler_versions: dict[tuple[tuple[str, ...], tuple[int, ...]], str] = {}
         self.state_failures: list[OSError] = []  # doit state files that could not be saved
         self.cache_stats = CacheCounters()  # hits, misses, errors per cache tier
+        self.trace_failures = TraceFailures()  # kernels' trace errors already shown
 
     @contextlib.contextmanager
     def running(
