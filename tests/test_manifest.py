@@ -695,10 +695,14 @@ def test_all_schema_errors_are_reported_at_once_in_document_order(example_projec
     assert "nkibuild.yaml:4:12: error: wrong type" in rendered
 
 
-def test_semantic_checks_wait_for_a_valid_schema(example_project: Path) -> None:
-    # A missing source file is not reported while the document's shape is wrong.
+def test_semantic_checks_run_beside_schema_errors(example_project: Path) -> None:
+    # A missing source file is reported in the same run as the kernel's bad optlevel.
     text = kernel_doc("    optlevel: 7\n", source="kernels/missing.py:f")
-    assert problem(write(example_project, text)).json_path == "$.kernels.k.optlevel"
+    diagnostics = problems(write(example_project, text))
+    assert [(d.json_path, d.message) for d in diagnostics] == [
+        ("$.kernels.k.source", "'kernels/missing.py' does not exist"),
+        ("$.kernels.k.optlevel", "invalid value 7"),
+    ]
 
 
 # -------------------------------------------------------------- semantic checks
