@@ -105,6 +105,9 @@ def test_the_statement_names_each_wheel_and_what_it_was_built_from(released: Pat
     metadata = run["metadata"]
     assert metadata["invocationId"].startswith("urn:uuid:")
     assert metadata["startedOn"] <= metadata["finishedOn"]
+    report = json.loads((out / "release-report.json").read_text())
+    assert report["provenance"] == ["provenance.intoto.json"]
+    assert "## Provenance\n\n- provenance.intoto.json\n" in (out / "release-report.md").read_text()
 
 
 def test_verify_provenance_passes_the_released_wheels(released: Path) -> None:

@@ -190,18 +190,25 @@ def release(
         )
         result = ReleaseResult(summary, projects)
         if not options.shard:  # a shard's NEFFs went to the caches; the final job packages
-            _publish_and_report(result, options)
-            if result.ok:
-                _attest(result, options, began, identity)
+            _publish_and_report(result, options, began, identity)
     return result
 
 
-def _publish_and_report(result: ReleaseResult, options: ReleaseOptions) -> None:
+def _publish_and_report(
+    result: ReleaseResult,
+    options: ReleaseOptions,
+    began: ReleaseStart,
+    identity: IdentityToken | None,
+) -> None:
     from nkibuild.release.report import write_reports
 
-    if result.summary.ok:
-        _publish(result, options)
-    write_reports(result, options.out)
+    try:
+        if result.summary.ok:
+            _publish(result, options)
+        if result.ok:
+            _attest(result, options, began, identity)
+    finally:  # also when signing failed: the wheels and the statement are out
+        write_reports(result, options.out)
 
 
 def _attest(

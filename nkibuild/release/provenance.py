@@ -35,6 +35,7 @@ from nkibuild.verify.provenance import (
 if TYPE_CHECKING:
     from sigstore.oidc import IdentityToken
 
+    from nkibuild.context import BuildContext
     from nkibuild.release import ReleaseOptions, ReleaseResult
 
 BUILD_TYPE = "https://github.com/nkibuild/nkibuild/blob/main/docs/release.md#provenance"
@@ -111,7 +112,9 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str] | str:
         return f"git could not run: {error.strerror or error}"
 
 
-def statement(result: ReleaseResult, options: ReleaseOptions, began: ReleaseStart) -> dict:
+def statement(
+    result: ReleaseResult, options: ReleaseOptions, began: ReleaseStart
+) -> dict[str, Any]:
     """The statement for the wheels `result` published."""
     subjects, dependencies = [], _revision_dependencies(began.revision)
     root = options.root.resolve()
@@ -145,7 +148,7 @@ def statement(result: ReleaseResult, options: ReleaseOptions, began: ReleaseStar
     }
 
 
-def _published(result: ReleaseResult, project: Any) -> list[Path]:
+def _published(result: ReleaseResult, project: BuildContext) -> list[Path]:
     from nkibuild.release import staged_wheels
 
     published = set(result.published)

@@ -44,6 +44,7 @@ def build_report(result: ReleaseResult) -> dict[str, Any]:
             "neff_bytes": sum(u["neff_bytes"] or 0 for u in units),
         },
         "published": [p.name for p in result.published],
+        "provenance": [p.name for p in result.provenance],
         "refused": result.refused,
         "failures": failures,
         "notices": result.summary.notices,
@@ -116,6 +117,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             )
     if report["published"]:
         lines += ["", "## Published", "", *(f"- {name}" for name in report["published"])]
+    if report["provenance"]:
+        lines += ["", "## Provenance", "", *(f"- {name}" for name in report["provenance"])]
     if report["refused"]:
         lines += ["", "## Refused", "", *(f"- {why}" for why in report["refused"])]
     for failure in report["failures"]:
