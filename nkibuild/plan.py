@@ -1,11 +1,21 @@
-"""Resolve a manifest into build units: kernel × variant × target, every setting final."""
+"""Resolve a manifest into build units: kernel × variant × target, every setting final;
+and the plan cache, which spares an unchanged manifest its parsing and validation.
+
+Light on purpose (`validate` of an unchanged manifest imports little more than this).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import pickle
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
+from nkibuild import __version__
+from nkibuild.fsutil import atomic_write_bytes
 from nkibuild.manifest.model import (
     CompileSettings,
     Constant,
@@ -190,3 +200,93 @@ def _required(value: T | None) -> T:
     # The manifest loader fills every default; a None here is a loader bug, not user error.
     assert value is not None, "manifest defaults must be complete"
     return value
+
+
+PLAN_CACHE_FILE = "plan.pickle"
+
+# The code a cached plan depends on: the resolver, the manifest package (the model,
+# the schema generated from it, the converter, the checks) and the modules the model
+# takes its dtype names and size/duration syntax from.
+_PLAN_CODE = (
+    Path(__file__),
+    *sorted((Path(__file__).parent / "manifest").glob("*.py")),
+    Path(__file__).parent / "dtypes.py",
+    Path(__file__).parent / "quantities.py",
+)
+
+
+def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[BuildUnit, ...]]:
+    """The validated manifest and its build units, from the plan cache when still valid.
+
+    The cache is keyed by the manifest's bytes and location and by the code that
+    resolves it, and used only while the files the manifest names pass the checks
+    validation made and are unchanged (validation looks into them: the function a
+    source names must be defined there). It is a pickle: the build dir is written only
+    by nkibuild and is trusted like the source tree beside it. A build dir that cannot
+    be written is no error: the plan is then not cached.
+    """
+    from nkibuild.manifest import load_manifest
+
+    path = manifest_path.resolve()
+    key = _plan_key(path)
+    cache_file = state_dir / PLAN_CACHE_FILE
+    if key is not None:
+        cached = _read_plan(cache_file, key)
+        if cached is not None:
+            return cached
+    manifest = load_manifest(manifest_path)  # errors show the path as the user typed it
+    units = resolve(manifest)
+    stamps = _source_stamps(manifest)
+    if key is not None and stamps is not None:
+        with contextlib.suppress(OSError):
+            state_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(cache_file, pickle.dumps((key, stamps, manifest, units)))
+    return manifest, units
+
+
+def _plan_key(path: Path) -> str | None:
+    try:
+        digest = hashlib.sha256(path.read_bytes())
+    except OSError:
+        return None  # let the manifest loader report it
+    digest.update(f"{path}\0{__version__}".encode())
+    for code in _PLAN_CODE:
+        info = code.stat()
+        digest.update(f"{code}\0{info.st_mtime_ns}\0{info.st_size}".encode())
+    return digest.hexdigest()
+
+
+Stamps = tuple[tuple[str, int, int], ...]
+
+
+def _source_stamps(manifest: Manifest) -> Stamps | None:
+    """(path, mtime, size) of every file validation read (sources and references), or
+    None if one no longer passes the checks validation made: a file can be deleted,
+    edited, become a directory or a symlink out of the project while the manifest does
+    not change. The manifest is then validated again and says where."""
+    from nkibuild.confine import file_problem
+
+    root = manifest.root
+    refs = {
+        ref.path for kernel in manifest.kernels for ref in (kernel.source, kernel.reference) if ref
+    }
+    stamps = []
+    for relative in sorted(refs):
+        if file_problem(root / relative, (root,)) is not None:
+            return None
+        try:
+            info = (root / relative).stat()
+        except OSError:
+            return None
+        stamps.append((relative, info.st_mtime_ns, info.st_size))
+    return tuple(stamps)
+
+
+def _read_plan(cache_file: Path, key: str) -> tuple[Manifest, tuple[BuildUnit, ...]] | None:
+    try:
+        cached_key, stamps, manifest, units = pickle.loads(cache_file.read_bytes())
+    except Exception:
+        return None
+    if cached_key != key or _source_stamps(manifest) != stamps:
+        return None
+    return manifest, units

@@ -14,8 +14,8 @@ from conftest import run_nkibuild
 from nkibuild.cli.scaffold import scaffold
 from nkibuild.errors import Diagnostic, ManifestError
 from nkibuild.manifest import load_manifest
+from nkibuild.manifest.advice import manifest_warnings
 from nkibuild.manifest.pysource import module_names
-from nkibuild.manifest.semantic import manifest_warnings
 
 
 def problems(path: Path) -> list[Diagnostic]:

@@ -442,8 +442,8 @@ def _cd_into(directory: Path, invoked_in: Path) -> str:
 def _checked_plan(args: argparse.Namespace) -> tuple[Manifest, tuple[BuildUnit, ...]]:
     """The manifest and its units (from the plan cache a build shares); its warnings on
     stderr, where they stay out of `plan --json`."""
-    from nkibuild.context import load_plan
-    from nkibuild.manifest.semantic import manifest_warnings
+    from nkibuild.manifest.advice import manifest_warnings
+    from nkibuild.plan import load_plan
 
     _require_manifest(args)
     manifest, units = load_plan(Path(args.manifest), Path(args.build_dir) / "state")
