@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nkibuild.compiler.checks import neff_problem
+from nkibuild.compiler.checks import checked_neff
 from nkibuild.frontends import HloArtifact
 from nkibuild.manifest.model import TensorSpec
 
@@ -35,11 +35,12 @@ def artifact(x_dtype: str = "float16") -> HloArtifact:
 
 
 def test_a_real_single_core_neff_with_two_subgraphs_fits_lnc_1(golden: Path) -> None:
-    assert neff_problem(SimpleNamespace(lnc=1), artifact(), golden) is None  # type: ignore[arg-type]
+    info, problem = checked_neff(SimpleNamespace(lnc=1), artifact(), golden)  # type: ignore[arg-type]
+    assert problem is None and info is not None and info.num_tpb == 1
 
 
 def test_a_real_neff_is_refused_for_another_core_count_or_signature(golden: Path) -> None:
-    wrong_cores = neff_problem(SimpleNamespace(lnc=2), artifact(), golden)  # type: ignore[arg-type]
+    _, wrong_cores = checked_neff(SimpleNamespace(lnc=2), artifact(), golden)  # type: ignore[arg-type]
     assert wrong_cores is not None and "for 1 NeuronCore(s) but the unit uses lnc=2" in wrong_cores
-    wrong_dtype = neff_problem(SimpleNamespace(lnc=1), artifact("float32"), golden)  # type: ignore[arg-type]
+    _, wrong_dtype = checked_neff(SimpleNamespace(lnc=1), artifact("float32"), golden)  # type: ignore[arg-type]
     assert wrong_dtype is not None and "inputs are" in wrong_dtype

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 KEY_SCHEMA_VERSION = 1
@@ -22,7 +23,7 @@ class CacheKey:
     def of(cls, **inputs: Any) -> CacheKey:
         return cls(tuple(sorted({"key_schema": KEY_SCHEMA_VERSION, **inputs}.items())))
 
-    @property
+    @cached_property  # asked for several times per compile; the key is immutable
     def digest(self) -> str:
         canonical = json.dumps(dict(self.inputs), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()

@@ -5,6 +5,12 @@ and `entry.json`. It is assembled in a temp dir and renamed into place, so a
 reader sees a whole entry or none. No locks are needed: renames are atomic and
 a concurrent writer of the same key loses harmlessly, so a killed build can
 never leave anything that blocks the next one.
+
+Nothing is fsync'd: every entry proves itself when it is fetched (its record must
+name its key, its NEFF must match the record's size and sha256), so an entry a power
+loss left torn is found corrupt, discarded and rebuilt, never used. The NEFF and log
+of a publish are hard links to the build's files where the filesystem allows (the
+build replaces them, never writes into them), else copies.
 """
 
 from __future__ import annotations
@@ -150,9 +156,9 @@ class LocalCache:
             return
         stage = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".new", dir=entry.parent))
         try:
-            shutil.copyfile(neff, stage / NEFF_FILE)
+            _link_or_copy(neff, stage / NEFF_FILE)
             if log is not None and log.exists():
-                shutil.copyfile(log, stage / LOG_FILE)
+                _link_or_copy(log, stage / LOG_FILE)
             neff_file = stage / NEFF_FILE
             record = entry_record(key, file_sha256(neff_file), meta, neff_file.stat().st_size)
             record = self.trust.sign(record)
@@ -344,10 +350,17 @@ def _is_regular(status: os.stat_result) -> bool:
     return stat.S_ISREG(status.st_mode)
 
 
+def _link_or_copy(source: Path, destination: Path) -> None:
+    try:
+        os.link(source, destination, follow_symlinks=False)
+    except OSError:  # another filesystem (EXDEV), or one without hard links
+        shutil.copyfile(source, destination, follow_symlinks=False)
+
+
 def _verified_copy(fd: int, destination: Path, record: dict[str, Any]) -> None:
     """Copy from the opened entry file, hashing what is written: what the build uses is
-    exactly what was verified."""
-    with atomic_output(destination) as copy:
+    exactly what was verified. Not fsync'd: the build checks it again before use."""
+    with atomic_output(destination, durable=False) as copy:
         found, _ = safefs.copy_hashed(fd, copy, MAX_NEFF_BYTES)
         if found != record["sha256"]:
             raise CorruptEntry(

@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from nkibuild.cache import CacheChain, CacheKey
-from nkibuild.cache.chain import CacheHit
 from nkibuild.compiler.budget import KeyLocks, MemoryBudget
-from nkibuild.compiler.checks import neff_problem, verified_result
+from nkibuild.compiler.checks import checked_neff, verified_result
 from nkibuild.compiler.job import CompileJob, Produced
 from nkibuild.compiler.key import cache_key
 from nkibuild.compiler.local import LocalExecutor
@@ -149,18 +148,11 @@ def _compile_unit(
     # Units with equal keys (the same kernel in two projects of a release) compile once:
     # the second waits here, then finds the first's NEFF in the cache.
     with options.key_locks.lock(key.digest):
-        hit = _cache_hit(cache, key, unit, artifact, out_dir, notices)
-        if hit is not None:
-            produced = Produced.from_cache(f"cache-{hit.kind}", hit.meta)  # local or remote
-        else:
+        produced = _cache_hit(cache, key, unit, artifact, out_dir, notices)
+        if produced is None:
             job = CompileJob(unit, artifact, toolchain, out_dir, key)
             produced = options.executor.produce(job, options, notices)
-        result = verified_result(
-            unit, artifact, toolchain, out_dir, key.digest, produced.origin, produced.seconds
-        )
-        result = replace(
-            result, peak_memory=produced.peak_memory, compile_args=tuple(unit.compile_args())
-        )
+        result = verified_result(unit, toolchain, out_dir, key.digest, produced)
         if produced.origin == "compiled" and cache is not None:
             _publish(cache, key, unit, result, out_dir)
     result = replace(result, notices=(*notices, *(cache.notices if cache else ())))
@@ -187,16 +179,16 @@ def _cache_hit(
     artifact: HloArtifact,
     out_dir: Path,
     notices: list[str],
-) -> CacheHit | None:
+) -> Produced | None:
     """A fetched NEFF, checked like a compiled one; a wrong one is dropped and compiled anew."""
     if cache is None:
         return None
     hit = cache.fetch(key, out_dir / NEFF_FILE)
     if hit is None:
         return None
-    problem = neff_problem(unit, artifact, out_dir / NEFF_FILE)
-    if problem is None:
-        return hit
+    info, problem = checked_neff(unit, artifact, out_dir / NEFF_FILE)
+    if info is not None and problem is None:
+        return Produced.from_cache(f"cache-{hit.kind}", hit.meta, info)  # local or remote
     (out_dir / NEFF_FILE).unlink()
     cache.discard(key, hit.location)
     notices.append(f"the cache at {hit.location} held {problem}; discarded, compiling instead")

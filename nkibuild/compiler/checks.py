@@ -14,23 +14,30 @@ from nkibuild.plan import BuildUnit
 from nkibuild.toolchain import Toolchain
 
 if TYPE_CHECKING:
-    from nkibuild.formats.neff import NeffTensor
+    from nkibuild.compiler.job import Produced
+    from nkibuild.formats.neff import NeffInfo, NeffTensor
 
 
-def neff_problem(unit: BuildUnit, artifact: HloArtifact, neff: Path) -> str | None:
-    """Why `neff` is not a valid NEFF for the unit (container, checksum, I/O, cores), or None."""
+def checked_neff(
+    unit: BuildUnit, artifact: HloArtifact, neff: Path
+) -> tuple[NeffInfo | None, str | None]:
+    """`neff` parsed (None if it is not a NEFF at all) and why it is not a valid NEFF for
+    the unit (container, checksum, I/O, cores), or None. The parse is handed on, so a
+    NEFF is read once however many stages look at it."""
     from nkibuild.formats.neff import NeffFormatError, read_neff
 
     try:
         info = read_neff(neff)
     except NeffFormatError as error:
-        return f"an invalid NEFF: {error}"
+        return None, f"an invalid NEFF: {error}"
     problems = _signature_problems(artifact, as_specs(info.inputs), as_specs(info.outputs))
     # The header's NeuronCore count, not the subgraph count: a real single-core NEFF can
     # hold two subgraphs (sg00, sg01).
     if info.num_tpb != unit.lnc:
         problems.append(f"it is for {info.num_tpb} NeuronCore(s) but the unit uses lnc={unit.lnc}")
-    return "a NEFF that does not match the unit: " + "; ".join(problems) if problems else None
+    if problems:
+        return info, "a NEFF that does not match the unit: " + "; ".join(problems)
+    return info, None
 
 
 def as_specs(tensors: tuple[NeffTensor, ...]) -> tuple[TensorSpec, ...]:
@@ -62,17 +69,13 @@ def _same_signature(expected: tuple[TensorSpec, ...], found: tuple[TensorSpec, .
 
 def verified_result(
     unit: BuildUnit,
-    artifact: HloArtifact,
     toolchain: Toolchain,
     out_dir: Path,
     digest: str,
-    origin: str,
-    seconds: float,
+    produced: Produced,
 ) -> CompiledNeff:
-    from nkibuild.formats.neff import read_neff
-
-    neff = out_dir / NEFF_FILE
-    info = read_neff(neff)
+    """The record of the NEFF in `out_dir`, which `produced.neff` (its parse) checked."""
+    neff, info = out_dir / NEFF_FILE, produced.neff
     return CompiledNeff(
         unit=unit.name,
         kernel=unit.kernel,
@@ -86,6 +89,8 @@ def verified_result(
         placeholder=info.placeholder,
         inputs=as_specs(info.inputs),
         outputs=as_specs(info.outputs),
-        origin=origin,
-        compile_seconds=round(seconds, 3),
+        origin=produced.origin,
+        compile_seconds=round(produced.seconds, 3),
+        peak_memory=produced.peak_memory,
+        compile_args=tuple(unit.compile_args()),
     )

@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nkibuild.cache import CacheKey
 from nkibuild.frontends import HloArtifact
 from nkibuild.plan import BuildUnit
 from nkibuild.toolchain import Toolchain
+
+if TYPE_CHECKING:
+    from nkibuild.formats.neff import NeffInfo
 
 
 @dataclass(frozen=True)
@@ -26,13 +29,16 @@ class CompileJob:
 
 @dataclass(frozen=True)
 class Produced:
-    """How a unit's NEFF got into its directory."""
+    """How a unit's NEFF got into its directory, and the NEFF as parsed when it was checked
+    against the unit (handed on as data: a NEFF is parsed once per build)."""
 
     origin: str  # "compiled" here, "ray", or "cache-local"/"cache-remote" for a hit
     seconds: float
     peak_memory: int  # bytes (0: unknown)
+    neff: NeffInfo
 
     @classmethod
-    def from_cache(cls, origin: str, meta: Mapping[str, Any]) -> Produced:
+    def from_cache(cls, origin: str, meta: Mapping[str, Any], neff: NeffInfo) -> Produced:
         """A NEFF taken from a cache entry: its compile's figures are in the entry."""
-        return cls(origin, float(meta.get("compile_seconds", 0.0)), int(meta.get("peak_memory", 0)))
+        seconds, peak = float(meta.get("compile_seconds", 0.0)), int(meta.get("peak_memory", 0))
+        return cls(origin, seconds, peak, neff)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nkibuild.compiler.job import CompileJob, Produced
-from nkibuild.compiler.neuronxcc import retryable, run_compiler
+from nkibuild.compiler.neuronxcc import run_compiler
 from nkibuild.compiler.process import ProcessOutcome
 from nkibuild.compiler.record import PEAK_FILE
 from nkibuild.frontends import HloArtifact
@@ -19,6 +19,7 @@ from nkibuild.toolchain import Toolchain
 
 if TYPE_CHECKING:
     from nkibuild.compiler import CompileOptions
+    from nkibuild.formats.neff import NeffInfo
 
 
 class LocalExecutor:
@@ -26,10 +27,10 @@ class LocalExecutor:
 
     def produce(self, job: CompileJob, options: CompileOptions, notices: list[str]) -> Produced:
         timeout = job.unit.compile_timeout or options.timeout
-        outcome = _compile(
+        outcome, neff = _compile(
             job.unit, job.artifact, job.toolchain, job.out_dir, timeout, options, notices
         )
-        return Produced("compiled", outcome.seconds, outcome.peak_memory)
+        return Produced("compiled", outcome.seconds, outcome.peak_memory, neff)
 
 
 def _compile(
@@ -40,7 +41,7 @@ def _compile(
     timeout: float | None,
     options: CompileOptions,
     notices: list[str],
-) -> ProcessOutcome:
+) -> tuple[ProcessOutcome, NeffInfo]:
     """Compile within the memory budget. A compile the OOM killer took, or one that ended
     with neuronx-cc's internal-error status, is retried (`options.retries` times; after an
     OOM kill alone); deterministic failures never are."""
@@ -48,7 +49,7 @@ def _compile(
     alone = False
     for attempt in range(1, options.retries + 2):
         with options.budget.reserve(estimate, alone=alone):
-            outcome = run_compiler(
+            run = run_compiler(
                 unit,
                 artifact,
                 toolchain,
@@ -58,9 +59,10 @@ def _compile(
                 attempt=attempt,
                 last=attempt > options.retries,
             )
+        outcome = run.outcome
         _record_peak(out_dir, outcome)
-        if not retryable(outcome):
-            return outcome
+        if run.neff is not None:  # none only for a failure that may be retried
+            return outcome, run.neff
         notices.append(_retry_notice(outcome, attempt))
         if outcome.killed:
             estimate, alone = max(estimate or 0, outcome.peak_memory), True

@@ -7,17 +7,21 @@ import os
 import shutil
 import signal
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from nkibuild.compiler.checks import neff_problem
+from nkibuild.compiler.checks import checked_neff
 from nkibuild.compiler.process import ProcessOutcome, ProcessRegistry, run_process
 from nkibuild.compiler.record import LOG_FILE, NEFF_FILE
 from nkibuild.errors import BuildError, tail
 from nkibuild.frontends import HloArtifact
-from nkibuild.fsutil import atomic_copy
 from nkibuild.plan import BuildUnit
 from nkibuild.quantities import format_size
 from nkibuild.toolchain import Toolchain
+
+if TYPE_CHECKING:
+    from nkibuild.formats.neff import NeffInfo
 
 HLO_INPUT = "model.hlo_module.pb"
 # neuronx-cc's exit status for internal errors; seen intermittently on large parallel
@@ -25,6 +29,12 @@ HLO_INPUT = "model.hlo_module.pb"
 INTERNAL_ERROR_EXIT = 70
 STDOUT_FILE = "stdout.log"
 WORK_PREFIX = ".work-"
+
+
+@dataclass(frozen=True)
+class CompilerRun:
+    outcome: ProcessOutcome
+    neff: NeffInfo | None  # the checked NEFF now in out_dir; None: a failure to retry
 
 
 def compiler_command(
@@ -50,7 +60,7 @@ def run_compiler(
     *,
     attempt: int = 1,
     last: bool = True,
-) -> ProcessOutcome:
+) -> CompilerRun:
     """One neuronx-cc run; a verified NEFF lands in out_dir or a BuildError is raised.
 
     A compile killed by SIGKILL or ending with neuronx-cc's internal-error status is
@@ -84,13 +94,13 @@ def run_compiler(
             ) from None
         _keep_log(work, out_dir)
         if retryable(outcome) and not last:
-            return outcome
+            return CompilerRun(outcome, None)
         _check_outcome(unit, command, out_dir, outcome, timeout, attempt)
         if not output.exists() or output.stat().st_size == 0:
             raise failure(unit, command, out_dir, "neuronx-cc exited 0 but wrote no NEFF")
-        check_neff(unit, artifact, output, command, out_dir)
+        info = check_neff(unit, artifact, output, command, out_dir)
         os.replace(output, out_dir / NEFF_FILE)
-        return outcome
+        return CompilerRun(outcome, info)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -150,7 +160,7 @@ def _keep_log(work: Path, out_dir: Path) -> None:
         with open(log, "ab") as handle:
             handle.write(b"\n--- neuronx-cc stdout/stderr ---\n" + printed)
     if log.exists():
-        atomic_copy(log, out_dir / LOG_FILE, durable=False)  # for people to read
+        os.replace(log, out_dir / LOG_FILE)  # for people to read; the work dir goes
 
 
 def failure(
@@ -174,7 +184,8 @@ def failure(
 
 def check_neff(
     unit: BuildUnit, artifact: HloArtifact, neff: Path, command: list[str], out_dir: Path
-) -> None:
-    problem = neff_problem(unit, artifact, neff)
-    if problem:
+) -> NeffInfo:
+    info, problem = checked_neff(unit, artifact, neff)
+    if info is None or problem is not None:
         raise failure(unit, command, out_dir, f"neuronx-cc wrote {problem}")
+    return info

@@ -4,13 +4,21 @@ neuronx-cc starts helper processes of its own, so a timeout or an interrupt
 kills the whole process group, and nothing it started outlives the compile.
 The peak resident memory comes from `os.wait4`, which reports the largest of
 the process and its waited-for descendants.
+
+A compiler must also die when its build is killed (SIGKILL runs no cleanup): it gets
+the parent-death signal from `setpriv --pdeathsig KILL` (util-linux) put in front of
+its command, or, where there is no setpriv, from a `preexec_fn`. setpriv is preferred
+because a `preexec_fn` takes subprocess off its vfork path: forking the whole build
+process cost about 7 ms per compile on a 2-core machine, against 1.5 ms.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_SETPRIV = "setpriv"
 
 
 @dataclass(frozen=True)
@@ -37,9 +46,11 @@ class ProcessOutcome:
 
 
 class ProcessRegistry:
-    """Process groups of the compilers a build session runs now, in any of its threads."""
+    """Process groups of the compilers a build session runs now, in any of its threads,
+    and how they are started (`death_guard`)."""
 
     def __init__(self) -> None:
+        self.death_guard = DeathGuard.find()
         self._groups: set[int] = set()
         self._lock = threading.Lock()
         self._stopped = False  # after kill_all: a compiler started late is killed at once
@@ -81,15 +92,16 @@ def run_process(
 
     While it runs, its process group is in `registry`, so the session can kill it."""
     registry = registry if registry is not None else ProcessRegistry()
+    guard = registry.death_guard
     started = time.monotonic()
     with open(output, "wb") as sink:
         process = subprocess.Popen(
-            command,
+            guard.command(command, env),
             cwd=cwd,
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent(),
+            preexec_fn=guard.preexec_fn,
             env=env,
         )
     expired = threading.Event()
@@ -116,6 +128,36 @@ def run_process(
         seconds=time.monotonic() - started,
         timed_out=expired.is_set(),
     )
+
+
+@dataclass(frozen=True)
+class DeathGuard:
+    """Makes a started process get SIGKILL when the thread that started it dies (Linux)."""
+
+    prefix: tuple[str, ...]  # put before the command (setpriv), or ()
+    preexec_fn: Callable[[], None] | None  # run in the child before exec, or None
+
+    @classmethod
+    def find(cls) -> DeathGuard:
+        setpriv = shutil.which(_SETPRIV) if sys.platform.startswith("linux") else None
+        if setpriv is not None:
+            return cls((setpriv, "--pdeathsig", "KILL", "--"), None)
+        return cls.fallback()
+
+    @classmethod
+    def fallback(cls) -> DeathGuard:
+        """The same signal set by a preexec_fn (where there is no setpriv)."""
+        return cls((), _die_with_parent())
+
+    def command(self, command: list[str], env: dict[str, str] | None) -> list[str]:
+        """`command` behind the prefix. A command that cannot be found raises here, as
+        Popen would: behind setpriv it would only make setpriv exit 127."""
+        if not self.prefix:
+            return command
+        path = env.get("PATH", os.defpath) if env is not None else None
+        if shutil.which(command[0], path=path) is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command[0])
+        return [*self.prefix, *command]
 
 
 def _die_with_parent() -> Callable[[], None] | None:

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nkibuild.compiler.checks import neff_problem
+from nkibuild.compiler.checks import checked_neff
 from nkibuild.compiler.job import CompileJob, Produced
 from nkibuild.compiler.record import NEFF_FILE
 from nkibuild.errors import BuildError
@@ -63,10 +63,10 @@ class RayExecutor:
                 f"({self.cache.remote_url or self.cache.local_dir}); do the workers share it?",
                 unit=unit.name,
             )
-        problem = neff_problem(unit, artifact, out_dir / NEFF_FILE)
-        if problem is not None:
+        info, problem = checked_neff(unit, artifact, out_dir / NEFF_FILE)
+        if info is None or problem is not None:
             raise BuildError(f"the Ray worker's NEFF is {problem}", unit=unit.name)
-        return Produced.from_cache("ray", hit.meta)
+        return Produced.from_cache("ray", hit.meta, info)
 
 
 def _pack(artifact: HloArtifact) -> dict[str, bytes]:

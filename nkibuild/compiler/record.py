@@ -62,7 +62,11 @@ def load_result(out_dir: Path) -> CompiledNeff:
 
 
 def write_result(out_dir: Path, result: CompiledNeff) -> None:
-    atomic_write_text(out_dir / RESULT_FILE, json.dumps(result.to_json(), indent=2))
+    # Atomic (a killed build leaves none or all of it) but not fsync'd: every reader
+    # re-hashes the NEFF against it (`finished_result`, the bundle), so what a power loss
+    # could leave torn is recompiled, never used.
+    text = json.dumps(result.to_json(), indent=2)
+    atomic_write_text(out_dir / RESULT_FILE, text, durable=False)
 
 
 def finished_result(out_dir: Path, digest: str) -> CompiledNeff | None:
