@@ -229,7 +229,10 @@ def test_without_padding_a_call_must_match_exactly(bundle: ModuleType) -> None:
 
 
 def test_the_docstring_says_how_calls_are_padded(bundle: ModuleType) -> None:
-    assert "padded (x axes 0,1; y axes 0,1; with 0.0)" in bundle.scaled_add.__doc__
+    assert "a call that fits no variant is padded with 0.0\n" in bundle.scaled_add.__doc__
+    assert "may be shorter than the variant's:\n        x: 0, 1\n        y: 0, 1\n" in (
+        bundle.scaled_add.__doc__
+    )
     assert "padded" not in bundle.exact.__doc__
 
 
