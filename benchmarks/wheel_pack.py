@@ -97,7 +97,7 @@ def make_bundle(root: Path) -> BundleProject:
             for path in paths
         )
     )
-    return BundleProject(root, PACKAGE, listed, BUILD_INFO)
+    return BundleProject(root, PACKAGE, listed, BUILD_INFO, requirements=BUILD_INFO.requirements)
 
 
 def dist_info(wheel: Path) -> tuple[str, dict[str, bytes]]:

@@ -25,6 +25,7 @@ import io
 import os
 import sys
 import tarfile
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,65 @@ def get_requires_for_build_wheel(config_settings: ConfigSettings = None) -> list
 
 def get_requires_for_build_sdist(config_settings: ConfigSettings = None) -> list[str]:
     return []
+
+
+def get_requires_for_build_editable(config_settings: ConfigSettings = None) -> list[str]:
+    return []
+
+
+def prepare_metadata_for_build_wheel(
+    metadata_directory: str, config_settings: ConfigSettings = None
+) -> str:
+    """The wheel's `.dist-info` (its requirements depend on the compiled NEFFs' dtypes,
+    so this builds; `build_wheel` then finds everything up to date)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        wheel = Path(scratch) / build_wheel(scratch, config_settings)
+        return _unpack_dist_info(wheel, Path(metadata_directory))
+
+
+def prepare_metadata_for_build_editable(
+    metadata_directory: str, config_settings: ConfigSettings = None
+) -> str:
+    """The editable wheel's `.dist-info`, taken from the wheel `build_editable` makes."""
+    with tempfile.TemporaryDirectory() as scratch:
+        wheel = Path(scratch) / build_editable(scratch, config_settings)
+        return _unpack_dist_info(wheel, Path(metadata_directory))
+
+
+def build_editable(
+    wheel_directory: str,
+    config_settings: ConfigSettings = None,
+    metadata_directory: str | None = None,
+) -> str:
+    """PEP 660: build the bundle in the project's build dir and return an editable wheel
+    that installs a `.pth` file pointing at it (build/bundle/<dist>/, a path every
+    build keeps), so a later `nkibuild build` changes the installed package's NEFFs and
+    loaders without a reinstall."""
+    from nkibuild.bundle import load_bundle
+    from nkibuild.bundle.wheel import build_editable_wheel
+
+    with _reported():
+        project = project_of(config_settings)
+        context = _context(project)
+        _run(context, project.jobs)
+        bundle = load_bundle(context.layout.bundle_dir(context.manifest), build_info=False)
+        return build_editable_wheel(bundle, Path(wheel_directory)).name
+
+
+def _unpack_dist_info(wheel: Path, metadata_directory: Path) -> str:
+    """Write the wheel's `.dist-info` files (RECORD aside, as PEP 517 allows) into
+    `metadata_directory`; return the directory's name."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        names = [n for n in archive.namelist() if ".dist-info/" in n]
+        dist_info = names[0].split("/")[0]
+        for name in names:
+            if not name.endswith("/RECORD"):
+                target = metadata_directory / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(archive.read(name))
+    return dist_info
 
 
 def build_wheel(

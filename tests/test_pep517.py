@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import tarfile
+import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from conftest import run_nkibuild
 from helpers import softmax_manifest, softmax_project
 
 from nkibuild import build as backend
+from nkibuild.testing.hlo_writer import build_hlo_module
 
 MANIFEST = softmax_manifest("{name: pep-kernels, version: 0.3.0}", reference=True)
 PYPROJECT = """\
@@ -217,3 +220,114 @@ def test_docs_list_exactly_the_config_settings_the_backend_accepts() -> None:
     table = doc.split("## Config settings", 1)[1].split("\n\n", 2)[1]
     listed = re.findall(r"^\| `([a-z-]+)` \|", table, re.M)
     assert sorted(listed) == sorted(PROJECT_SETTINGS + config_settings())
+
+
+SHOW_INSTALLED = """\
+import json
+import numpy as np
+import pep_kernels
+info = pep_kernels.build_info()["kernels"]
+shas = {}
+for name, kernel in sorted(info.items()):
+    shape = tuple(kernel["variants"]["default"]["inputs"][0]["shape"])
+    out = getattr(pep_kernels, name)(np.zeros(shape, dtype=np.float32))
+    np.testing.assert_allclose(out, np.full(shape, 1 / shape[1]), rtol=1e-6)
+    shas[name] = kernel["neffs"]["trn2"]["default"]["sha256"]
+print(json.dumps({"file": pep_kernels.__file__, "sha256": shas}))
+"""
+WIDE_KERNEL = """\
+  wide_softmax:
+    frontend: hlo
+    source: kernels/wide.hlo.pb
+    reference: kernels/reference.py:softmax
+    inputs:
+      logits: {shape: [64, 2048], dtype: float32}
+"""
+
+
+def editable_env(tmp_path: Path, project: Path) -> Path:
+    """A virtualenv (NumPy from the system's site-packages) with `pip install -e project`."""
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    command = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps"]
+    command += ["--no-build-isolation", "-C", "toolchain=fake", "-e", str(project)]
+    installed = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "CI": "true"}, timeout=300
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    return python
+
+
+def installed_state(python: Path, cwd: Path) -> dict:
+    import json
+
+    shown = subprocess.run(
+        [str(python), "-c", SHOW_INSTALLED], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)
+
+
+def compiled_sha256(project: Path, kernel: str) -> str:
+    import json
+
+    record = project / "build" / "compile" / kernel / "default" / "trn2" / "result.json"
+    return json.loads(record.read_text())["sha256"]
+
+
+def hlo_module(name: str, shape: tuple[int, int]) -> bytes:
+    return build_hlo_module(name, [("logits", "float32", shape)], [("float32", shape)])
+
+
+def test_an_editable_install_follows_each_build(tmp_path: Path) -> None:
+    """pip install -e: the package is the bundle in the build dir, so `nkibuild build`
+    after an edited kernel and an added one changes it without a reinstall."""
+    root = kernel_project(tmp_path / "p")
+    python = editable_env(tmp_path, root)
+    bundle_dir = root / "build" / "bundle" / "pep-kernels"
+    pth = sorted((tmp_path / "venv").glob("lib/python*/site-packages/__editable__.*.pth"))
+    assert [p.name for p in pth] == ["__editable__.pep_kernels-0.3.0.pth"]
+    assert pth[0].read_text() == f"{bundle_dir}\n"
+    before = installed_state(python, tmp_path)
+    assert before == {
+        "file": str(bundle_dir / "pep_kernels" / "__init__.py"),
+        "sha256": {"softmax": compiled_sha256(root, "softmax")},
+    }
+
+    (root / "kernels" / "softmax.hlo.pb").write_bytes(hlo_module("edited", (64, 1024)))
+    (root / "kernels" / "wide.hlo.pb").write_bytes(hlo_module("wide", (64, 2048)))
+    manifest = root / "nkibuild.yaml"
+    manifest.write_text(manifest.read_text() + WIDE_KERNEL)
+    rebuilt = run_nkibuild(["build", "--toolchain", "fake"], root)
+    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+
+    after = installed_state(python, tmp_path)
+    assert after["file"] == before["file"]
+    assert after["sha256"] == {k: compiled_sha256(root, k) for k in ("softmax", "wide_softmax")}
+    assert after["sha256"]["softmax"] != before["sha256"]["softmax"]  # the edited kernel's NEFF
+    assert [p.read_text() for p in pth] == [f"{bundle_dir}\n"]  # not reinstalled
+
+
+def test_editable_hooks_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = kernel_project(tmp_path / "p")
+    monkeypatch.chdir(root)
+    assert backend.get_requires_for_build_editable() == []
+    settings = {"toolchain": "fake"}
+    dist_info = backend.prepare_metadata_for_build_editable(str(tmp_path / "meta"), settings)
+    assert dist_info == "pep_kernels-0.3.0.dist-info"
+    metadata = (tmp_path / "meta" / dist_info / "METADATA").read_text()
+    assert "Name: pep-kernels\nVersion: 0.3.0\n" in metadata and "Requires-Dist: numpy" in metadata
+    name = backend.build_editable(str(tmp_path / "wheels"), settings, str(tmp_path / "meta"))
+    assert name == WHEEL
+    with zipfile.ZipFile(tmp_path / "wheels" / WHEEL) as archive:
+        assert sorted(archive.namelist()) == [
+            "__editable__.pep_kernels-0.3.0.pth",
+            f"{dist_info}/METADATA",
+            f"{dist_info}/RECORD",
+            f"{dist_info}/WHEEL",
+            f"{dist_info}/entry_points.txt",
+        ]
+        assert archive.read(f"{dist_info}/METADATA").decode() == metadata
+    wheel_meta = backend.prepare_metadata_for_build_wheel(str(tmp_path / "wheel-meta"), settings)
+    assert (tmp_path / "wheel-meta" / wheel_meta / "METADATA").read_text() == metadata

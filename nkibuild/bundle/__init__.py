@@ -10,11 +10,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nkibuild import __version__
 from nkibuild.bundle import codegen
@@ -31,9 +30,9 @@ from nkibuild.bundle.buildinfo import (
     VariantInfo,
     read_build_info,
 )
+from nkibuild.bundle.tree import CompiledCopy, Content, digest, update_tree
 from nkibuild.compiler import CompiledNeff
 from nkibuild.errors import BuildError
-from nkibuild.fsutil import staging_dir
 from nkibuild.manifest.model import Kernel, Manifest, Package, SourceRef
 
 if TYPE_CHECKING:
@@ -57,6 +56,10 @@ class BundleProject:
     build_info: BuildInfo | None  # the package's _build.json; a target part has none
     parts: tuple[BundleProject, ...] = ()  # per-target NEFF projects (split-targets)
     target: str | None = None  # set on a part: the target whose NEFFs it carries
+    # What the wheel's METADATA says, kept in bundle.json so that packing a bundle
+    # needs no parse of its _build.json (megabytes for thousands of NEFFs)
+    requirements: tuple[str, ...] = ()  # runtime requirements (pip specifiers)
+    targets: tuple[str, ...] = ()  # the targets whose NEFFs the distribution carries
 
     @property
     def package_dir(self) -> Path:
@@ -107,73 +110,108 @@ def generate_bundle(
     out_dir: Path,
     provenance: ProvenanceInfo | None = None,
 ) -> BundleProject:
+    """Bring `out_dir` up to date with the manifest and NEFFs, writing only the files
+    whose content changed (nkibuild.bundle.tree); `bundle.json` is written last."""
     info = build_info(manifest, compiled, provenance)
+    files = _project_files(manifest, info)
+    files |= {_neff_file(manifest, neff): _compiled_copy(neff) for neff in compiled}
+    for target in split_targets(manifest):
+        files |= _part_files(manifest.package, target)
+
+    stamp = _stamp(manifest, info, {name: digest(content) for name, content in files.items()})
+    update_tree(out_dir, files, STAMP_FILE, json.dumps(stamp, indent=2, sort_keys=True).encode())
+    return _project(out_dir, stamp, info)
+
+
+def _project_files(manifest: Manifest, info: BuildInfo) -> dict[str, Content]:
+    """The generated project, NEFFs aside: pyproject.toml, the package and its modules."""
     package = manifest.package
-    with staging_dir(out_dir) as stage:
-        pkg = stage / package.import_name
-        (pkg / "_kernels").mkdir(parents=True)
-        extras = {t: [target_package(package, t).name] for t in split_targets(manifest)}
-        pyproject = codegen.pyproject(package, list(info.requirements), extras=extras)
-        (stage / "pyproject.toml").write_text(pyproject)
-        (pkg / "__init__.py").write_text(codegen.package_init(package, manifest.kernels))
-        (pkg / "_kernels" / "__init__.py").write_text('"""Generated kernel modules."""\n')
-        shutil.copyfile(RUNTIME_SOURCE, pkg / "_runtime.py")
-        (pkg / FILE_NAME).write_text(info.to_text())
-        for kernel in manifest.kernels:
-            code = codegen.kernel_module(package.import_name, kernel, info.kernels[kernel.name])
-            (pkg / "_kernels" / f"{kernel.name}.py").write_text(code)
-        _copy_modules(manifest, pkg, REFERENCE_PACKAGE, _references(manifest))
-        _copy_modules(manifest, pkg, SOURCES_PACKAGE, _shipped_sources(manifest))
-        copies = {}
-        for neff in compiled:
-            home = _neff_home(manifest, neff.target)
-            root = _part_dir(home) + "/" if home != package.import_name else ""
-            relative = f"{root}{home}/{_neff_path(neff)}"
-            copies[relative] = neff
-            (stage / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(neff.neff_path, stage / relative)
-        parts = [_write_part(stage, package, target) for target in split_targets(manifest)]
-        files = _hash_tree(stage, exclude=PARTS_DIR)
-        _check_copies(copies, dict(files), parts)
-        stamp = {
-            "package": vars(package),
-            "files": dict(files),
-            "parts": parts,
-            "nkibuild": __version__,
-        }
-        (stage / STAMP_FILE).write_text(json.dumps(stamp, indent=2, sort_keys=True))
-    return load_bundle(out_dir)
+    pkg = package.import_name
+    extras = {t: [target_package(package, t).name] for t in split_targets(manifest)}
+    files: dict[str, str | Content] = {
+        "pyproject.toml": codegen.pyproject(package, list(info.requirements), extras=extras),
+        f"{pkg}/__init__.py": codegen.package_init(package, manifest.kernels),
+        f"{pkg}/_kernels/__init__.py": '"""Generated kernel modules."""\n',
+        f"{pkg}/_runtime.py": RUNTIME_SOURCE.read_bytes(),
+        f"{pkg}/{FILE_NAME}": info.to_text(),
+    }
+    for kernel in manifest.kernels:
+        code = codegen.kernel_module(pkg, kernel, info.kernels[kernel.name])
+        files[f"{pkg}/_kernels/{kernel.name}.py"] = code
+    files |= _modules(manifest, f"{pkg}/{REFERENCE_PACKAGE}", _references(manifest))
+    files |= _modules(manifest, f"{pkg}/{SOURCES_PACKAGE}", _shipped_sources(manifest))
+    return {name: _encoded(content) for name, content in files.items()}
 
 
-def _check_copies(
-    copies: dict[str, CompiledNeff], files: dict[str, str], parts: list[dict]
-) -> None:
-    """Each copied NEFF must be the one its compile recorded: a NEFF edited in the
-    build dir since must not reach a wheel. Uses the hashes the stamp records anyway."""
-    hashed = {**files}
-    for part in parts:
-        hashed.update({f"{part['directory']}/{name}": sha for name, sha in part["files"].items()})
-    for relative, neff in copies.items():
-        if hashed[relative] != neff.sha256:
-            raise BuildError(
-                f"{neff.neff_path} changed after it was compiled (its sha256 differs from "
-                "the compile record); run the build again to restore it",
-                unit=neff.unit,
-            )
+def _encoded(content: str | Content) -> Content:
+    return content.encode() if isinstance(content, str) else content
 
 
-def load_bundle(directory: Path) -> BundleProject:
+def _neff_file(manifest: Manifest, neff: CompiledNeff) -> str:
+    """Where a NEFF goes in the tree: its package, in a target part if split out."""
+    home = _neff_home(manifest, neff.target)
+    root = _part_dir(home) + "/" if home != manifest.package.import_name else ""
+    return f"{root}{home}/{_neff_path(neff)}"
+
+
+def _compiled_copy(neff: CompiledNeff) -> CompiledCopy:
+    # Copied only if its bytes hash to the compile record's sha256: a NEFF edited in the
+    # build dir since must not reach a wheel.
+    return CompiledCopy(neff.neff_path, neff.sha256, neff.unit)
+
+
+def _stamp(manifest: Manifest, info: BuildInfo, digests: dict[str, str]) -> dict[str, Any]:
+    """`bundle.json`: the package, every file of its project with its sha256, the parts,
+    and what the wheel's METADATA needs from `_build.json`."""
+    package = manifest.package
+    parts = []
+    for target in split_targets(manifest):
+        part = target_package(package, target)
+        prefix = _part_dir(part.import_name) + "/"
+        part_files = {n.removeprefix(prefix): d for n, d in digests.items() if n.startswith(prefix)}
+        parts.append(
+            {
+                "directory": _part_dir(part.import_name),
+                "package": vars(part),
+                "part_of": package.name,
+                "target": target,
+                "files": part_files,
+            }
+        )
+    return {
+        "package": vars(package),
+        "files": {n: d for n, d in digests.items() if not n.startswith(f"{PARTS_DIR}/")},
+        "parts": parts,
+        "nkibuild": __version__,
+        "requirements": list(info.requirements),
+        "targets": info.targets(),
+    }
+
+
+def load_bundle(directory: Path, *, build_info: bool = True) -> BundleProject:
+    """The generated project in `directory`, with its `_build.json` read and checked
+    (`build_info=False`: not read; the wheel stage needs only bundle.json)."""
     stamp = json.loads((directory / STAMP_FILE).read_text())
+    info_file = directory / stamp["package"]["import_name"] / FILE_NAME
+    return _project(directory, stamp, read_build_info(info_file) if build_info else None)
+
+
+def _project(directory: Path, stamp: dict[str, Any], info: BuildInfo | None) -> BundleProject:
     package = Package(**stamp["package"])
-    info = read_build_info(directory / package.import_name / FILE_NAME)
     parts = tuple(_load_part(directory, part) for part in stamp.get("parts", ()))
-    return BundleProject(directory, package, tuple(sorted(stamp["files"].items())), info, parts)
+    files = tuple(sorted(stamp["files"].items()))
+    requirements, targets = tuple(stamp["requirements"]), tuple(stamp["targets"])
+    return BundleProject(
+        directory, package, files, info, parts, requirements=requirements, targets=targets
+    )
 
 
 def _load_part(directory: Path, part: dict) -> BundleProject:
     package = Package(**part["package"])
     files = tuple(sorted(part["files"].items()))
-    return BundleProject(directory / part["directory"], package, files, None, target=part["target"])
+    target = part["target"]
+    root = directory / part["directory"]
+    return BundleProject(root, package, files, None, target=target, targets=(target,))
 
 
 def _neff_home(manifest: Manifest, target: str) -> str:
@@ -188,19 +226,13 @@ def _part_dir(import_name: str) -> str:
     return f"{PARTS_DIR}/{import_name}"
 
 
-def _write_part(stage: Path, package: Package, target: str) -> dict:
+def _part_files(package: Package, target: str) -> dict[str, Content]:
     """A per-target project: its package holds only `neff/`; its pyproject builds it alone."""
     part = target_package(package, target)
-    root = stage / _part_dir(part.import_name)
-    (root / part.import_name).mkdir(parents=True, exist_ok=True)
-    (root / part.import_name / "__init__.py").write_text(f'"""{part.description}."""\n')
-    (root / "pyproject.toml").write_text(codegen.pyproject(part, [], entry_point=False))
+    root = _part_dir(part.import_name)
     return {
-        "directory": _part_dir(part.import_name),
-        "package": vars(part),
-        "part_of": package.name,
-        "target": target,
-        "files": dict(_hash_tree(root)),
+        f"{root}/{part.import_name}/__init__.py": f'"""{part.description}."""\n'.encode(),
+        f"{root}/pyproject.toml": codegen.pyproject(part, [], entry_point=False).encode(),
     }
 
 
@@ -313,13 +345,13 @@ def _shipped_sources(manifest: Manifest) -> list[SourceRef]:
     return [source for k in manifest.kernels if (source := _shipped_source(k))]
 
 
-def _copy_modules(
-    manifest: Manifest, pkg: Path, subpackage: str, sources: Sequence[SourceRef]
-) -> None:
-    """Copy each distinct file into `pkg/subpackage/` as an importable module."""
+def _modules(
+    manifest: Manifest, subpackage: str, sources: Sequence[SourceRef]
+) -> dict[str, Content]:
+    """Each distinct file as an importable module of `subpackage` (a path in the tree)."""
     paths = {source.path: source for source in sources}
     if not paths:
-        return
+        return {}
     modules: dict[str, str] = {}
     for path, source in paths.items():
         other = modules.setdefault(module_name(source), path)
@@ -328,33 +360,24 @@ def _copy_modules(
                 f"files {other!r} and {path!r} would both become module "
                 f"{module_name(source)!r} in the bundle; rename one of them"
             )
-    (pkg / subpackage).mkdir()
-    (pkg / subpackage / "__init__.py").write_text(f'"""Shipped {subpackage} modules."""\n')
+    name = subpackage.rpartition("/")[2]
+    init = f'"""Shipped {name} modules."""\n'.encode()
+    files: dict[str, Content] = {f"{subpackage}/__init__.py": init}
     for source in paths.values():
-        target = pkg / subpackage / f"{module_name(source)}.py"
-        _copy_project_file(manifest.root, source.path, target)
+        files[f"{subpackage}/{module_name(source)}.py"] = _project_file(manifest.root, source.path)
+    return files
 
 
-def _copy_project_file(root: Path, path: str, target: Path) -> None:
-    """Copy a file the manifest names into the bundle, if it is still a regular file
-    inside the project (it may have become a symlink out of it since it was checked)."""
-    from nkibuild.confine import OutsideProject, copy_confined
+def _project_file(root: Path, path: str) -> bytes:
+    """A file the manifest names, if it is still a regular file inside the project (it
+    may have become a symlink out of it since it was checked)."""
+    from nkibuild.confine import OutsideProject, read_confined
 
     try:
-        copy_confined(root / path, target, (root,))
+        return read_confined(root / path, (root,))
     except OutsideProject as refused:
         raise BuildError(f"{path}: {refused.reason}; it is not shipped") from None
 
 
 def _neff_path(neff: CompiledNeff) -> str:
     return f"neff/{neff.target}/{neff.kernel}/{neff.variant}.neff"
-
-
-def _hash_tree(root: Path, exclude: str | None = None) -> tuple[tuple[str, str], ...]:
-    """(relative path, sha256) of every file under `root`, except under `exclude/`."""
-    hashed = []
-    for path in sorted(root.rglob("*")):
-        relative = path.relative_to(root).as_posix()
-        if path.is_file() and not (exclude and relative.startswith(f"{exclude}/")):
-            hashed.append((relative, hashlib.sha256(path.read_bytes()).hexdigest()))
-    return tuple(hashed)

@@ -10,11 +10,16 @@ byte-identical wheel. Names, versions and tags come from `packaging`.
 from __future__ import annotations
 
 import base64
+import contextlib
+import dataclasses
 import hashlib
+import json
 import os
+import struct
 import zipfile
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,11 +30,12 @@ from packaging.version import Version
 from nkibuild import __version__
 from nkibuild.bundle import BundleProject
 from nkibuild.errors import BuildError, UsageError
-from nkibuild.fsutil import atomic_output
+from nkibuild.fsutil import atomic_output, atomic_write_text
 from nkibuild.manifest.model import Package
 from nkibuild.text import printable
 
 TAG = Tag("py3", "none", "any")
+WRITER_FILE = "wheel-writer.json"  # in the state dir: which writer made the wheels in dist/
 DEFAULT_EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can carry
 ENTRY_POINT_GROUP = "nkibuild.bundles"
 # Deflate a file only if a sample from its middle shrinks at least this much. The middle:
@@ -47,37 +53,92 @@ def wheel_file_name(package: Package) -> str:
 
 
 def run(context: BuildContext) -> list[Path]:
-    """The wheel stage of a build: the generated bundle project -> its wheels in dist/."""
+    """The wheel stage of a build: the generated bundle project -> its wheels in dist/.
+
+    A wheel it replaces lends its unchanged members (see `Previous`) when the same
+    writer made it: the state dir records which (`WRITER_FILE`)."""
     from nkibuild.bundle import load_bundle
 
     bundle_dir = context.layout.bundle_dir(context.manifest)
-    return build_wheels(load_bundle(bundle_dir), context.layout.dist_dir)
+    writer_file = context.layout.state_dir / WRITER_FILE
+    reuse = _read_writer(writer_file) == writer_identity()
+    writer_file.unlink(missing_ok=True)  # until the new wheels are in place
+    project = load_bundle(bundle_dir, build_info=False)
+    wheels = build_wheels(project, context.layout.dist_dir, reuse=reuse)
+    atomic_write_text(writer_file, json.dumps(writer_identity()), durable=False)
+    return wheels
 
 
-def build_wheels(project: BundleProject, dist_dir: Path) -> list[Path]:
+def build_wheels(project: BundleProject, dist_dir: Path, *, reuse: bool = False) -> list[Path]:
     """The bundle's wheel, and one per target when its NEFFs are split out."""
-    return [build_wheel(each, dist_dir) for each in (project, *project.parts)]
+    return [build_wheel(each, dist_dir, reuse=reuse) for each in (project, *project.parts)]
 
 
-def build_wheel(project: BundleProject, dist_dir: Path) -> Path:
+def writer_identity() -> dict[str, str]:
+    """What decides a wheel's bytes besides its contents: this writer's code (all of the
+    bundle package's), zlib's deflate output and zipfile's headers."""
+    import platform
+
+    from nkibuild.bundle import generator_digest
+
+    return {
+        "writer": generator_digest(),
+        "zlib": zlib.ZLIB_RUNTIME_VERSION,
+        "python": platform.python_version(),
+    }
+
+
+def _read_writer(path: Path) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def build_wheel(project: BundleProject, dist_dir: Path, *, reuse: bool = False) -> Path:
+    """Write the distribution's wheel. With `reuse`, the members of the wheel already at
+    the destination (made by this writer, see `run`) whose content is unchanged are
+    copied over as they are stored, after checking it, not read and compressed again."""
     package = project.package
-    file_name = wheel_file_name(package)
-    dist_info = file_name.rsplit("-", 3)[0] + ".dist-info"
     members = [
         (path, sha256)
         for path, sha256 in project.files
         if path.startswith(f"{package.import_name}/")
     ]
+    dist_info, generated = _dist_info(project)
+    destination = dist_dir / wheel_file_name(package)
+    with atomic_output(destination) as tmp, Previous.of(destination if reuse else None) as old:
+        _write_zip(tmp, project.directory, members, generated, f"{dist_info}/RECORD", old)
+    return destination
+
+
+def build_editable_wheel(project: BundleProject, wheel_dir: Path) -> Path:
+    """A PEP 660 editable wheel of the bundle: its metadata and a `.pth` file that puts
+    the bundle's directory (and each target part's) on `sys.path`, so the installed
+    package is the one in the build dir and every build updates it. The target parts
+    are on that path, not requirements: there is no separate install of them."""
+    own = dataclasses.replace(project, parts=())
+    dist_info, generated = _dist_info(own)
+    directories = [project.directory, *(part.directory for part in project.parts)]
+    paths = "".join(f"{directory.resolve()}\n" for directory in directories)
+    generated[f"__editable__.{dist_info.removesuffix('.dist-info')}.pth"] = paths.encode()
+    destination = wheel_dir / wheel_file_name(project.package)
+    with atomic_output(destination) as tmp:
+        _write_zip(tmp, project.directory, [], generated, f"{dist_info}/RECORD")
+    return destination
+
+
+def _dist_info(project: BundleProject) -> tuple[str, dict[str, bytes]]:
+    """The `.dist-info` directory's name and its files besides RECORD."""
+    package = project.package
+    dist_info = wheel_file_name(package).rsplit("-", 3)[0] + ".dist-info"
     generated = {
         f"{dist_info}/METADATA": metadata(project).encode(),
         f"{dist_info}/WHEEL": _wheel_file().encode(),
     }
     if project.target is None:  # tools discover bundles, not their NEFF parts
         generated[f"{dist_info}/entry_points.txt"] = _entry_points(package.import_name).encode()
-    destination = dist_dir / file_name
-    with atomic_output(destination) as tmp:
-        _write_zip(tmp, project.directory, members, generated, f"{dist_info}/RECORD")
-    return destination
+    return dist_info, generated
 
 
 def core_metadata(package: Package) -> list[str]:
@@ -95,11 +156,10 @@ def core_metadata(package: Package) -> list[str]:
 
 
 def metadata(project: BundleProject) -> str:
-    package, info = project.package, project.build_info
-    requirements = info.requirements if info else ()  # a part carries NEFFs only
+    package = project.package
     lines = [
         *core_metadata(package),
-        *(f"Requires-Dist: {requirement}" for requirement in requirements),
+        *(f"Requires-Dist: {requirement}" for requirement in project.requirements),
     ]
     for part in project.parts:
         target = part.target
@@ -111,19 +171,12 @@ def metadata(project: BundleProject) -> str:
     lines += [f"Provides-Extra: {extra}" for extra in _extras(project)]
     if package.neuron_sdk:
         lines.append(f"Requires-External: neuron-sdk ({specifier(package.neuron_sdk)})")
-    targets = _targets(project)
+    targets = project.targets
     lines += [
         f"Keywords: neuron,nki,trainium,{','.join(targets)}",
         f"Platform: {', '.join(targets)}",
     ]
     return "\n".join(lines) + "\n"
-
-
-def _targets(project: BundleProject) -> list[str]:
-    """The targets whose NEFFs the distribution carries."""
-    if project.target:
-        return [project.target]
-    return project.build_info.targets() if project.build_info else []
 
 
 def _extras(project: BundleProject) -> list[str]:
@@ -199,14 +252,20 @@ def _write_zip(
     members: Iterable[tuple[str, str]],
     generated: dict[str, bytes],
     record_name: str,
+    previous: Previous | None = None,
 ) -> None:
     """Members (path, sha256 recorded by the bundle stage) one at a time, then metadata,
     then RECORD. A member whose bytes no longer match its recorded sha256 was changed
-    after the bundle was generated: refuse to package it."""
+    after the bundle was generated: refuse to package it. A member the previous wheel
+    holds with that sha256 is copied from it as stored."""
     stamp = _date_time()
     record = []
     with zipfile.ZipFile(target, "w") as archive:
         for name, recorded in sorted(members):
+            stored = previous.stored(name, recorded) if previous else None
+            if stored is not None:
+                record.append(_copy_member(archive, name, stamp, stored))
+                continue
             data = (root / name).read_bytes()
             digest = hashlib.sha256(data).digest()
             if recorded and digest.hex() != recorded:
@@ -243,3 +302,112 @@ def _compression(data: bytes) -> int:
     sample = data[middle : middle + SAMPLE_BYTES]
     gained = 1 - len(zlib.compress(sample, 1)) / len(sample)
     return zipfile.ZIP_DEFLATED if gained >= MIN_DEFLATE_GAIN else zipfile.ZIP_STORED
+
+
+@dataclass(frozen=True)
+class StoredMember:
+    """A member as a wheel stores it: its compression, CRC, size and stored bytes."""
+
+    compress_type: int
+    crc: int
+    size: int
+    stored: bytes
+    digest: bytes
+
+
+class Previous:
+    """The wheel being replaced, read for members whose content did not change.
+
+    A member is taken only if the wheel's RECORD lists it with the sha256 the bundle
+    records now, its stored bytes unpack to exactly that content (CRC and sha256
+    checked), and this writer would store that content the same way; so the new wheel
+    is byte for byte the one a fresh write gives. Anything unreadable: no reuse."""
+
+    def __init__(self, path: Path) -> None:
+        self.handle = open(path, "rb")  # noqa: SIM115 (closed by `of`)
+        self.archive = zipfile.ZipFile(self.handle)
+        self.recorded = self._record()
+
+    @classmethod
+    @contextlib.contextmanager
+    def of(cls, path: Path | None) -> Iterator[Previous | None]:
+        previous = None
+        if path is not None and path.is_file():
+            with contextlib.suppress(*UNREADABLE):
+                previous = cls(path)
+        try:
+            yield previous
+        finally:
+            if previous is not None:
+                previous.archive.close()
+                previous.handle.close()
+
+    def _record(self) -> dict[str, str]:
+        """name -> sha256 (hex) from the wheel's RECORD."""
+        (name,) = [n for n in self.archive.namelist() if n.endswith(".dist-info/RECORD")]
+        listed = {}
+        for line in self.archive.read(name).decode().splitlines():
+            path, _, rest = line.partition(",")
+            algorithm, _, encoded = rest.partition(",")[0].partition("=")
+            if algorithm == "sha256":
+                listed[path] = base64.urlsafe_b64decode(encoded + "==").hex()
+        return listed
+
+    def stored(self, name: str, sha256: str) -> StoredMember | None:
+        if not sha256 or self.recorded.get(name) != sha256:
+            return None
+        try:
+            return self._checked(self.archive.getinfo(name), sha256)
+        except UNREADABLE:
+            return None
+
+    def _checked(self, info: zipfile.ZipInfo, sha256: str) -> StoredMember | None:
+        self.handle.seek(info.header_offset)
+        header = self.handle.read(LOCAL_HEADER.size)
+        fields = LOCAL_HEADER.unpack(header)
+        if fields[0] != LOCAL_SIGNATURE:
+            return None
+        self.handle.seek(info.header_offset + LOCAL_HEADER.size + fields[-2] + fields[-1])
+        stored = self.handle.read(info.compress_size)
+        if info.compress_type == zipfile.ZIP_DEFLATED:
+            data = zlib.decompress(stored, -zlib.MAX_WBITS)
+        elif info.compress_type == zipfile.ZIP_STORED:
+            data = stored
+        else:
+            return None
+        digest = hashlib.sha256(data).digest()
+        if digest.hex() != sha256 or zlib.crc32(data) != info.CRC:
+            return None
+        if _compression(data) != info.compress_type:
+            return None  # this writer would store it otherwise
+        return StoredMember(info.compress_type, info.CRC, len(data), stored, digest)
+
+
+LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zipfile's own layout of a local file header
+LOCAL_SIGNATURE = b"PK\x03\x04"
+UNREADABLE = (OSError, ValueError, KeyError, zipfile.BadZipFile, zlib.error, EOFError)
+
+
+def _copy_member(
+    archive: zipfile.ZipFile, name: str, stamp: tuple[int, ...], member: StoredMember
+) -> str:
+    """Append a member's stored bytes with the header `_write_member` would write.
+
+    zipfile has no call for writing already-compressed data; this does what its
+    writestr does (header at the end of the archive, entry listed for the central
+    directory), minus the compression."""
+    info = zipfile.ZipInfo(name, date_time=stamp)  # type: ignore[arg-type]
+    info.external_attr = 0o644 << 16
+    info.compress_type = member.compress_type
+    info.CRC, info.file_size, info.compress_size = member.crc, member.size, len(member.stored)
+    zip64 = member.size * 1.05 > zipfile.ZIP64_LIMIT  # writestr's rule
+    archive.fp.seek(archive.start_dir)  # type: ignore[union-attr]
+    info.header_offset = archive.start_dir
+    archive.fp.write(info.FileHeader(zip64))  # type: ignore[union-attr]
+    archive.fp.write(member.stored)  # type: ignore[union-attr]
+    archive.start_dir = archive.fp.tell()  # type: ignore[union-attr]
+    archive.filelist.append(info)
+    archive.NameToInfo[name] = info
+    archive._didModify = True  # else close() would not write the central directory
+    encoded = base64.urlsafe_b64encode(member.digest).rstrip(b"=").decode()
+    return f"{name},sha256={encoded},{member.size}"

@@ -1,0 +1,184 @@
+"""Bring the bundle's tree up to date in place, writing only the files whose content changed.
+
+A bundle of a big project has a file per NEFF and a module per kernel; editing one
+kernel changes a few of them. Regenerating the whole tree costs a copy, a hash and a
+removal per file (removing a file that owns disk blocks is slow on many filesystems),
+so the bundle stage instead compares what it wants with what the tree holds:
+
+- `.files.json` (hidden: not part of the project, skipped by the outputs check)
+  records, for every file the last update wrote or kept, its size, times, inode and
+  sha256. A file whose stat is unchanged since then and whose recorded sha256 is the
+  one wanted is kept without being read, as doit trusts unchanged stats; any other
+  file is written again. A NEFF is written only from bytes whose sha256 is the one
+  its compile recorded.
+- The update is two-phased. First every changed file is written (NEFFs hashed as they
+  are copied) into a hidden sibling work dir; a refused NEFF ends the update there,
+  with the tree untouched. Then `bundle.json` is removed, the new files are renamed
+  into the tree, stray files removed, and `bundle.json` written last. A tree without
+  `bundle.json` is not a bundle (nothing packs or verifies it); a killed update leaves
+  one, and the next update finds its new files' stats unrecorded and writes them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from nkibuild.errors import BuildError
+from nkibuild.fsutil import atomic_write_bytes, atomic_write_text, reported_at
+
+RECORD_FILE = ".files.json"
+FILE_MODE = 0o644  # as a file written with open() under the usual umask: readable by all
+CHUNK = 1 << 20
+Fingerprint = list[int | str]  # [size, mtime_ns, ctime_ns, inode, sha256]
+
+
+@dataclass(frozen=True)
+class CompiledCopy:
+    """A NEFF the tree takes from a compile directory; its bytes must hash to `sha256`."""
+
+    source: Path
+    sha256: str
+    unit: str
+
+
+Content = bytes | CompiledCopy
+
+
+def digest(content: Content) -> str:
+    if isinstance(content, CompiledCopy):
+        return content.sha256
+    return hashlib.sha256(content).hexdigest()
+
+
+def update_tree(
+    root: Path, wanted: Mapping[str, Content], stamp_name: str, stamp: bytes
+) -> dict[str, Fingerprint]:
+    """Make `root` hold exactly `wanted` (relative POSIX path -> content) and, written
+    last, `stamp_name` with `stamp`; return every file's fingerprint (as recorded)."""
+    digests = {name: digest(content) for name, content in wanted.items()}
+    digests[stamp_name] = hashlib.sha256(stamp).hexdigest()
+    known = read_record(root)
+    changed = [name for name in wanted if not _kept(root, name, known, digests[name])]
+    # A complete tree holds what its record lists; after a killed update or without a
+    # record (a tree from an older nkibuild), the tree itself is listed.
+    complete = known and (root / stamp_name).exists()
+    strays = _strays(root, digests, known if complete else None)
+    if not changed and not strays and _kept(root, stamp_name, known, digests[stamp_name]):
+        return {name: known[name] for name in digests}
+    with reported_at(root):
+        root.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".new", dir=root.parent))
+        try:
+            for name in changed:
+                _write(work / name, wanted[name])
+            _commit(root, work, changed, strays, stamp_name)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        atomic_write_bytes(root / stamp_name, stamp, durable=False)
+        _chmod(root / stamp_name)
+        record = {name: _fingerprint(root / name, sha) for name, sha in digests.items()}
+        atomic_write_text(root / RECORD_FILE, json.dumps(record), durable=False)
+    return record
+
+
+def read_record(root: Path) -> dict[str, Fingerprint]:
+    """The fingerprints the last complete update recorded (none if unreadable)."""
+    try:
+        record = json.loads((root / RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _kept(root: Path, name: str, known: Mapping[str, Fingerprint], sha256: str) -> bool:
+    recorded = known.get(name)
+    if not isinstance(recorded, list) or len(recorded) != 5 or recorded[4] != sha256:
+        return False
+    try:
+        return _stat(root / name) == recorded[:4]
+    except OSError:
+        return False
+
+
+def _strays(
+    root: Path, wanted: Mapping[str, str], known: Mapping[str, Fingerprint] | None
+) -> list[str]:
+    """Files in the tree that are not wanted: of a complete tree, those its record
+    lists; else every file found (hidden names are nkibuild's own: left)."""
+    if known is not None:
+        return [name for name in known if name not in wanted]
+    found = []
+    for directory, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        relative = Path(directory).relative_to(root)
+        for name in files:
+            path = (relative / name).as_posix()
+            if not name.startswith(".") and path not in wanted:
+                found.append(path)
+    return found
+
+
+def _write(path: Path, content: Content) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        _copy_checked(content, path)
+    _chmod(path)
+
+
+def _copy_checked(copy: CompiledCopy, path: Path) -> None:
+    """Copy a NEFF, hashing the bytes copied: only the NEFF its compile recorded passes."""
+    hashed = hashlib.sha256()
+    with open(copy.source, "rb") as source, open(path, "wb") as target:
+        while chunk := source.read(CHUNK):
+            hashed.update(chunk)
+            target.write(chunk)
+    if hashed.hexdigest() != copy.sha256:
+        raise BuildError(
+            f"{copy.source} changed after it was compiled (its sha256 differs from "
+            "the compile record); run the build again to restore it",
+            unit=copy.unit,
+        )
+
+
+def _commit(root: Path, work: Path, changed: list[str], strays: list[str], stamp: str) -> None:
+    """Move the written files into the tree (all at once if there is no tree yet)."""
+    if not root.exists():
+        os.replace(work, root)
+        return
+    (root / stamp).unlink(missing_ok=True)  # from here until it is back: not a bundle
+    for name in changed:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(work / name, root / name)
+    for name in strays:
+        (root / name).unlink(missing_ok=True)
+    _remove_empty_dirs(root, strays)
+
+
+def _remove_empty_dirs(root: Path, removed: list[str]) -> None:
+    parents = {parent for name in removed for parent in Path(name).parents if parent != Path()}
+    for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):  # not empty (or gone): keep
+            (root / parent).rmdir()
+
+
+def _chmod(path: Path) -> None:
+    os.chmod(path, FILE_MODE)
+
+
+def _stat(path: Path) -> list[int]:
+    info = os.stat(path)
+    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+
+
+def _fingerprint(path: Path, sha256: str) -> Fingerprint:
+    return [*_stat(path), sha256]

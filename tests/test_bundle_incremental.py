@@ -1,0 +1,287 @@
+"""The incremental bundle stage: the tree is updated in place, writing only what changed,
+never trusting a NEFF whose bytes are not its compile record's, and a killed update is
+finished by the next one; the wheel takes unchanged members from the wheel it replaces
+and stays byte for byte the wheel a fresh write gives."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from helpers import build, softmax_manifest, softmax_project
+
+from nkibuild.bundle import load_bundle
+from nkibuild.bundle import wheel as wheel_module
+from nkibuild.bundle.tree import RECORD_FILE, CompiledCopy, read_record, update_tree
+from nkibuild.bundle.wheel import WRITER_FILE, build_wheel
+from nkibuild.errors import BuildError
+from nkibuild.fsutil import LEFTOVER_PATTERNS, leftovers
+from nkibuild.testing.hlo_writer import build_hlo_module
+
+STAMP = "bundle.json"
+
+
+def neff(directory: Path, name: str, data: bytes) -> CompiledCopy:
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return CompiledCopy(path, hashlib.sha256(data).hexdigest(), f"unit {name}")
+
+
+def identities(root: Path) -> dict[str, tuple[int, int]]:
+    """Inode and ctime of every file: what changes when a file is written again."""
+    return {
+        p.relative_to(root).as_posix(): (p.stat().st_ino, p.stat().st_ctime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    }
+
+
+def contents(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def wanted(tmp_path: Path) -> dict[str, bytes | CompiledCopy]:
+    compiled = tmp_path / "compile"
+    return {
+        "pkg/__init__.py": b"'''package'''\n",
+        "pkg/_kernels/a.py": b"A = 1\n",
+        "pkg/_kernels/b.py": b"B = 1\n",
+        "pkg/neff/trn2/a/default.neff": neff(compiled, "a.neff", b"NEFF a" * 100),
+        "pkg/neff/trn2/b/default.neff": neff(compiled, "b.neff", b"NEFF b" * 100),
+    }
+
+
+def test_an_update_writes_only_the_files_that_changed(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+) -> None:
+    root = tmp_path / "bundle"
+    update_tree(root, wanted, STAMP, b"stamp 1")
+    assert sorted(contents(root)) == sorted([*wanted, STAMP, RECORD_FILE])
+    assert contents(root)["pkg/neff/trn2/a/default.neff"] == b"NEFF a" * 100
+    first = identities(root)
+
+    changed = {**wanted, "pkg/_kernels/b.py": b"B = 2\n"}
+    changed["pkg/neff/trn2/a/default.neff"] = neff(tmp_path / "compile", "a2.neff", b"new a")
+    del changed["pkg/neff/trn2/b/default.neff"]
+    record = update_tree(root, changed, STAMP, b"stamp 2")
+
+    second = identities(root)
+    rewritten = {name for name in first.keys() & second.keys() if first[name] != second[name]}
+    assert rewritten == {"pkg/_kernels/b.py", "pkg/neff/trn2/a/default.neff", STAMP, RECORD_FILE}
+    assert not (root / "pkg/neff/trn2/b").exists()  # its NEFF gone, and its emptied dir
+    assert contents(root)["pkg/neff/trn2/a/default.neff"] == b"new a"
+    assert record == read_record(root) and sorted(record) == sorted([*changed, STAMP])
+    assert record[STAMP][4] == hashlib.sha256(b"stamp 2").hexdigest()
+
+
+def test_nothing_changed_writes_nothing(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+) -> None:
+    root = tmp_path / "bundle"
+    update_tree(root, wanted, STAMP, b"stamp")
+    before = identities(root)
+    update_tree(root, wanted, STAMP, b"stamp")
+    assert identities(root) == before
+
+
+@pytest.mark.parametrize("damage", ["same-size", "truncated", "removed"])
+def test_a_damaged_file_in_the_tree_is_written_again(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], damage: str
+) -> None:
+    root = tmp_path / "bundle"
+    update_tree(root, wanted, STAMP, b"stamp")
+    target = root / "pkg/neff/trn2/b/default.neff"
+    if damage == "removed":
+        target.unlink()
+    else:
+        data = target.read_bytes()
+        target.write_bytes(b"X" + data[1:] if damage == "same-size" else data[:10])
+    update_tree(root, wanted, STAMP, b"stamp")
+    assert target.read_bytes() == b"NEFF b" * 100
+
+
+def test_a_neff_that_is_not_its_compile_record_leaves_the_tree_as_it_was(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+) -> None:
+    root = tmp_path / "bundle"
+    update_tree(root, wanted, STAMP, b"stamp 1")
+    before = contents(root)
+    stale = wanted["pkg/neff/trn2/b/default.neff"]
+    assert isinstance(stale, CompiledCopy)
+    changed = {**wanted, "pkg/_kernels/a.py": b"A = 2\n"}
+    changed["pkg/neff/trn2/b/default.neff"] = CompiledCopy(stale.source, "0" * 64, "k/v/trn2")
+    with pytest.raises(BuildError, match="changed after it was compiled") as refused:
+        update_tree(root, changed, STAMP, b"stamp 2")
+    assert refused.value.unit == "k/v/trn2"
+    assert contents(root) == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no work dir
+
+
+def test_a_neff_kept_in_the_tree_is_trusted_only_with_the_recorded_sha256(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+) -> None:
+    """The compile record now names other bytes than the tree's copy: the copy is not
+    kept on its stat, the NEFF is copied (and checked) again."""
+    root = tmp_path / "bundle"
+    update_tree(root, wanted, STAMP, b"stamp")
+    source = wanted["pkg/neff/trn2/a/default.neff"]
+    assert isinstance(source, CompiledCopy)
+    source.source.write_bytes(b"recompiled a")
+    recompiled = CompiledCopy(source.source, hashlib.sha256(b"recompiled a").hexdigest(), "a")
+    update_tree(root, {**wanted, "pkg/neff/trn2/a/default.neff": recompiled}, STAMP, b"stamp")
+    assert (root / "pkg/neff/trn2/a/default.neff").read_bytes() == b"recompiled a"
+
+
+def test_an_interrupted_update_is_finished_by_the_next(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+) -> None:
+    """As a kill between the renames leaves it: no stamp, some files new, a file the
+    next update no longer wants."""
+    root = tmp_path / "bundle"
+    update_tree(root, wanted, STAMP, b"stamp 1")
+    (root / STAMP).unlink()
+    (root / "pkg/_kernels/a.py").write_bytes(b"A = 2\n")
+    (root / "pkg/_kernels/c.py").write_bytes(b"C = 1\n")
+    update_tree(root, wanted, STAMP, b"stamp 1")
+    expected = {n: c for n, c in contents(root).items() if n != RECORD_FILE}
+    assert expected == {
+        **{n: c if isinstance(c, bytes) else c.source.read_bytes() for n, c in wanted.items()},
+        STAMP: b"stamp 1",
+    }
+
+
+KILLED_UPDATE = """\
+import sys
+from pathlib import Path
+from nkibuild.bundle.tree import update_tree
+version = sys.argv[2]
+wanted = {f"pkg/m{i:04d}/f.py": f"{version} {i}".encode() for i in range(int(sys.argv[3]))}
+print("ready", flush=True)
+update_tree(Path(sys.argv[1]), wanted, "bundle.json", version.encode())
+"""
+
+
+def test_sigkill_during_updates_never_leaves_a_stamped_tree_that_is_not_complete(
+    tmp_path: Path,
+) -> None:
+    root, files = tmp_path / "bundle", 1500
+    names = [f"pkg/m{i:04d}/f.py" for i in range(files)]
+    rng = random.Random()
+    for trial in range(6):
+        version = f"v{trial}"
+        command = [sys.executable, "-c", KILLED_UPDATE, str(root), version, str(files)]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        time.sleep(rng.uniform(0, 0.4))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if (root / STAMP).exists():  # a stamped tree is complete: all old or all new
+            stamped, found = (root / STAMP).read_text(), contents(root)
+            assert all(found[n] == f"{stamped} {i}".encode() for i, n in enumerate(names)), trial
+        finished = subprocess.run(command, capture_output=True, check=False)
+        assert finished.returncode == 0, finished.stderr
+        found = contents(root)
+        assert (root / STAMP).read_text() == version
+        assert sorted(found) == sorted([*names, STAMP, RECORD_FILE])
+        assert all(found[n] == f"{version} {i}".encode() for i, n in enumerate(names))
+    # What killed updates leave besides the tree: work dirs a build's sweep removes.
+    swept = set(leftovers(tmp_path, LEFTOVER_PATTERNS))
+    assert {p for p in tmp_path.iterdir() if p != root} == swept
+
+
+def two_kernel_project(root: Path) -> Path:
+    manifest = softmax_manifest("{name: inc-kernels, version: 1.0.0}", reference=True)
+    manifest += (
+        "  other:\n    frontend: hlo\n    source: kernels/other.hlo.pb\n"
+        "    inputs:\n      logits: {shape: [64, 1024], dtype: float32}\n"
+    )
+    return softmax_project(root, manifest, {"kernels/other.hlo.pb": hlo("other")})
+
+
+def hlo(name: str) -> bytes:
+    return build_hlo_module(name, [("logits", "float32", (64, 1024))], [("float32", (64, 1024))])
+
+
+def fresh_wheel(project: Path, out: Path) -> bytes:
+    bundle = load_bundle(project / "build" / "bundle" / "inc-kernels", build_info=False)
+    return build_wheel(bundle, out).read_bytes()
+
+
+@pytest.fixture
+def copied(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the members taken from a previous wheel, as they are taken."""
+    names: list[str] = []
+    copy_member = wheel_module._copy_member
+
+    def counted(archive: zipfile.ZipFile, name: str, *args: object) -> str:
+        names.append(name)
+        return copy_member(archive, name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(wheel_module, "_copy_member", counted)
+    return names
+
+
+def test_an_edit_rebuilds_a_wheel_byte_identical_to_a_fresh_one(
+    tmp_path: Path, copied: list[str]
+) -> None:
+    project = two_kernel_project(tmp_path / "p")
+    assert build(project).ok
+    writer = json.loads((project / "build" / "state" / WRITER_FILE).read_text())
+    assert writer == wheel_module.writer_identity()
+    copied.clear()
+    (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
+    summary = build(project)
+    assert summary.ok and "wheel" in summary.executed
+    (wheel,) = (project / "dist").glob("*.whl")
+    assert wheel.read_bytes() == fresh_wheel(project, tmp_path / "fresh")
+    with zipfile.ZipFile(wheel) as archive:
+        members = [n for n in archive.namelist() if not n.startswith("inc_kernels-1.0.0.dist")]
+    # Every member but the edited kernel's NEFFs (and _build.json, which lists them)
+    # comes from the previous wheel.
+    changed = {"inc_kernels/_build.json"} | {
+        f"inc_kernels/neff/{t}/other/default.neff" for t in ("trn1", "trn2")
+    }
+    assert sorted(copied) == sorted(set(members) - changed)
+
+
+def test_a_damaged_member_of_the_previous_wheel_is_not_reused(
+    tmp_path: Path, copied: list[str]
+) -> None:
+    project = two_kernel_project(tmp_path / "p")
+    assert build(project).ok
+    copied.clear()
+    (wheel,) = (project / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        info = archive.getinfo("inc_kernels/neff/trn2/softmax/default.neff")
+    data = bytearray(wheel.read_bytes())
+    data[info.header_offset + 30 + len(info.filename) + info.compress_size // 2] ^= 0x01
+    wheel.write_bytes(bytes(data))
+    summary = build(project)
+    assert summary.ok and summary.executed == ["wheel"]
+    assert "inc_kernels/neff/trn2/softmax/default.neff" not in copied
+    assert "inc_kernels/neff/trn1/softmax/default.neff" in copied
+    assert wheel.read_bytes() == fresh_wheel(project, tmp_path / "fresh")
+
+
+def test_a_wheel_from_another_writer_lends_nothing(tmp_path: Path, copied: list[str]) -> None:
+    project = two_kernel_project(tmp_path / "p")
+    assert build(project).ok
+    copied.clear()
+    writer_file = project / "build" / "state" / WRITER_FILE
+    writer_file.write_text(json.dumps({**wheel_module.writer_identity(), "zlib": "0.0"}))
+    (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
+    summary = build(project)
+    assert summary.ok and "wheel" in summary.executed and copied == []
+    (wheel,) = (project / "dist").glob("*.whl")
+    assert wheel.read_bytes() == fresh_wheel(project, tmp_path / "fresh")
+    assert json.loads(writer_file.read_text()) == wheel_module.writer_identity()
