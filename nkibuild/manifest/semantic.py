@@ -83,7 +83,8 @@ class _Checks:
         self.manifest = manifest
         self.doc = doc
         self.root = manifest.root
-        # Each Python file is parsed once, however many kernels name it.
+        # Each file is checked and parsed once, however many kernels name it.
+        self.files: dict[str, tuple[str, str | None] | None] = {}
         self.modules: dict[str, ModuleNames | str] = {}
 
     def all(self) -> list[Callable[[], Iterator[Diagnostic]]]:
@@ -247,7 +248,10 @@ class _Checks:
             return problem, "paths are relative to the directory of nkibuild.yaml"
         if python and not file.endswith(".py"):
             return f"{show(file)} is not a Python file", "Python code is read from a .py file"
-        return _existing_file_problem(self.root, normalize_path(file))
+        relative = normalize_path(file)
+        if relative not in self.files:
+            self.files[relative] = _existing_file_problem(self.root, relative)
+        return self.files[relative]
 
     def hlo_inputs_only(self) -> Iterator[Diagnostic]:
         reasons = {
