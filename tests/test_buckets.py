@@ -365,3 +365,30 @@ def test_declared_output_axes_must_fit_the_compiled_outputs(
         result.stdout + result.stderr
     )
     assert not (root / "dist").exists() or not list((root / "dist").glob("*.whl"))
+
+
+def test_a_changed_declaration_regenerates_the_loader(tmp_path: Path) -> None:
+    kernel = """\
+  k:
+    frontend: jax
+    source: kernels/jax_kernels.py:scaled_add
+    inputs:
+      x: {shape: [128, 512], dtype: float32}
+      y: {shape: [128, 512], dtype: float32}
+    constants: {alpha: 0.5}
+    padding:
+      inputs: {x: [0], y: [0]}
+      value: 0
+"""
+    root = project(tmp_path / "project", kernel, name="regen-kernels")
+    loader = root / "build" / "bundle" / "regen-kernels" / "regen_kernels" / "_kernels" / "k.py"
+    assert build(root).ok
+    assert '"value": "0.0"' in loader.read_text()
+    (root / "nkibuild.yaml").write_text(
+        manifest(kernel.replace("value: 0", "value: 7"), "regen-kernels")
+    )
+    summary = build(root)
+    assert summary.ok
+    assert '"value": "7.0"' in loader.read_text()
+    # Padding is the loader's business: nothing is extracted or compiled again.
+    assert [name.partition(":")[0] for name in summary.executed] == ["bundle", "wheel"]

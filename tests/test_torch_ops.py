@@ -165,6 +165,14 @@ def test_compile_fullgraph_runs_the_reference_eagerly_inside(ops: ModuleType) ->
     assert compiled(x, y, rhs).item() == pytest.approx(expected.item(), rel=1e-6)
 
 
+def test_a_compiled_function_takes_every_shape_padding_fits(ops: ModuleType) -> None:
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, y: ops.scaled_add(x, y) * 2, fullgraph=True, backend="eager")
+    for rows in (300, 200, 1024, 1):  # recompiles; dynamo's second guess makes rows dynamic
+        x, y = torch.randn(rows, 512), torch.randn(rows, 512)
+        torch.testing.assert_close(compiled(x, y), (0.5 * x + y) * 2)
+
+
 def test_export_keeps_the_ops_in_the_graph(ops: ModuleType) -> None:
     exported = torch.export.export(Model(ops), inputs(128))
     targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
