@@ -168,3 +168,12 @@ def test_the_benchmark_manifest_has_10000_valid_units(tmp_path: Path) -> None:
     units = benchmark.write_project(tmp_path)  # type: ignore[attr-defined]
     assert units == 10_000
     assert len(resolve(load_manifest(tmp_path / "nkibuild.yaml"))) == units
+
+
+def test_validate_of_an_unchanged_manifest_parses_nothing(example_project: Path) -> None:
+    from test_import_weight import imported_modules, loaded
+
+    assert run_nkibuild(["validate"], example_project).returncode == 0
+    modules = imported_modules(["validate"], example_project)
+    assert "nkibuild.plan" in modules  # the probe really validated
+    assert loaded(modules, ("yaml", "jsonschema", "nkibuild.session", "rich", "doit")) == []

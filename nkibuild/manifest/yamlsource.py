@@ -1,9 +1,11 @@
 """Safe YAML loading that remembers where every value came from.
 
 PyYAML's own constructors lose positions, accept duplicate keys silently and
-expand aliases without bound, so documents are composed into nodes with
-`yaml.SafeLoader` and converted here. Only JSON-like data comes out: dict,
-list, str, int, float, bool and None.
+expand aliases without bound, so documents are composed into nodes (safe
+resolution, PyYAML's composer) and converted here. Only JSON-like data comes out:
+dict, list, str, int, float, bool and None. libyaml parses when PyYAML has it (about
+4x faster than the pure-Python parser, same positions); the pure-Python loader
+parses otherwise, and words the error of any document libyaml refuses.
 """
 
 from __future__ import annotations
