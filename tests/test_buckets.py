@@ -5,6 +5,9 @@ reference on random shapes."""
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -234,6 +237,42 @@ def test_the_docstring_says_how_calls_are_padded(bundle: ModuleType) -> None:
         bundle.scaled_add.__doc__
     )
     assert "padded" not in bundle.exact.__doc__
+
+
+def test_neuron_mode_hands_the_padded_inputs_to_the_neff(
+    bundle: ModuleType, tmp_path: Path
+) -> None:
+    """Through the toolchain double's spike: the NEFF of the smallest fitting variant is
+    loaded and receives the bucket's shapes; the caller gets the outputs cut back."""
+    log = tmp_path / "spike.jsonl"
+    script = (
+        "import numpy as np\n"
+        f"from {PACKAGE} import scaled_add\n"
+        "x = np.ones((300, 500), np.float32)\n"
+        "print(scaled_add(x, x, mode='neuron').shape)\n"
+    )
+    fake_spike = Path(__file__).resolve().parents[1] / "nkibuild" / "testing" / "fake_runtime"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("NKIBUILD_")}
+    bundle_dir = Path(bundle.__file__).parents[1]
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={
+            **environment,
+            "PYTHONPATH": f"{fake_spike}{os.pathsep}{bundle_dir}",
+            "NKIBUILD_TARGET": "trn2",
+            "NKIBUILD_FAKE_SPIKE_LOG": str(log),
+        },
+    )
+    assert result.stdout == "(300, 500)\n", result.stderr
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    [load] = [e for e in events if e["event"] == "load"]
+    assert Path(load["path"]).parts[-3:] == ("trn2", "scaled_add", "large.neff")
+    [call] = [e for e in events if e["event"] == "call"]
+    assert [spec["shape"] for spec in call["inputs"].values()] == [[1024, 512], [1024, 512]]
 
 
 # --- the manifest's checks -------------------------------------------------------
