@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import run_nkibuild
-from helpers import monorepo
+from helpers import monorepo, softmax_manifest, softmax_project
 
 from nkibuild.release.provenance import source_revision
 
@@ -201,6 +201,24 @@ def test_a_missing_statement_or_wheel_is_a_usage_error(released: Path, tmp_path:
     )
     result = run_nkibuild(["verify-provenance", str(tmp_path / "none.whl")], released)
     assert result.returncode == 2 and f"{tmp_path / 'none.whl'}: no such wheel" in result.stderr
+
+
+def test_a_split_bundles_target_wheels_are_checked_by_digest(tmp_path: Path) -> None:
+    manifest = softmax_manifest("{name: split-kernels, version: 0.2.0, split-targets: true}")
+    root = softmax_project(tmp_path / "split", manifest)
+    assert run_nkibuild(RELEASE, root).returncode == 0
+    out = root / "dist-all"
+    names = [s["name"] for s in statement_of(root)["subject"]]
+    assert names == [
+        "split_kernels-0.2.0-py3-none-any.whl",
+        "split_kernels_trn1-0.2.0-py3-none-any.whl",
+        "split_kernels_trn2-0.2.0-py3-none-any.whl",
+    ]
+    result = run_nkibuild(["verify-provenance", *(str(out / name) for name in names)], root)
+    assert result.returncode == 0, result.stdout
+    part = result.stdout.split("split_kernels_trn1-0.2.0-py3-none-any.whl: ok")[1]
+    assert "no _build.json (a per-target NEFF part): its digest is all there is" in part
+    assert result.stdout.splitlines()[2] == "    2 materials and 2 tools agree"  # manifest, HLO
 
 
 def test_a_commit_changes_the_statement_but_not_the_wheels(tmp_path: Path) -> None:
