@@ -176,6 +176,7 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=UNITS, help=f"build units ({UNITS})")
     parser.add_argument("--runs", type=int, default=RUNS, help=f"timed runs ({RUNS})")
     args = parser.parse_args()
+    # Figures are printed inside: removing the scratch dir of 10,000 units takes minutes.
     with tempfile.TemporaryDirectory(prefix="nkibuild-bench-") as scratch:
         root = Path(scratch) / "project"
         write_project(root, args.units)
@@ -202,29 +203,31 @@ def main() -> None:
             env,
             args.runs,
         )
-    units = args.units
-    print(f"full build ({units:,} units, -j2, fake compiler + cache): {full_build:.2f} s")
-    print(f"no-op nkibuild build:                 {noop[0]:.3f} s (median of {args.runs})")
-    print(f"no-op nkibuild build, doit deciding:  {doit_path[0]:.3f} s (up-to-date proof removed)")
-    print(f"no-op plain doit (default backend):   {noop_plain[0]:.3f} s")
-    print(f"no-op plain doit (sqlite3 backend):   {noop_plain_sqlite[0]:.3f} s")
-    print(f"peak RSS: nkibuild {noop[1]:.0f} MiB, plain doit {noop_plain[1]:.0f} MiB")
-    result = {
-        "benchmark": "noop_build",
-        "ratio": round(noop[0] / noop_plain[0], 3),
-        "baseline": f"hand-written dodo.py, same {units + units // 2 + 2:,} tasks, "
-        "plain doit (default backend)",
-        "target": "<= 1.0",
-        "units": units,
-        "nkibuild_noop_s": round(noop[0], 3),
-        "plain_doit_noop_s": round(noop_plain[0], 3),
-        "ratio_vs_plain_doit_sqlite3": round(noop[0] / noop_plain_sqlite[0], 3),
-        "ratio_without_uptodate_proof": round(doit_path[0] / noop_plain[0], 3),
-        "peak_rss_mib": round(noop[1], 1),
-        "peak_rss_mib_without_uptodate_proof": round(doit_path[1], 1),
-        "plain_doit_peak_rss_mib": round(noop_plain[1], 1),
-    }
-    print(json.dumps(result))
+        units = args.units
+        print(f"full build ({units:,} units, -j2, fake compiler + cache): {full_build:.2f} s")
+        print(f"no-op nkibuild build:                 {noop[0]:.3f} s (median of {args.runs})")
+        print(
+            f"no-op nkibuild build, doit deciding:  {doit_path[0]:.3f} s (up-to-date proof removed)"
+        )
+        print(f"no-op plain doit (default backend):   {noop_plain[0]:.3f} s")
+        print(f"no-op plain doit (sqlite3 backend):   {noop_plain_sqlite[0]:.3f} s")
+        print(f"peak RSS: nkibuild {noop[1]:.0f} MiB, plain doit {noop_plain[1]:.0f} MiB")
+        result = {
+            "benchmark": "noop_build",
+            "ratio": round(noop[0] / noop_plain[0], 3),
+            "baseline": f"hand-written dodo.py, same {units + units // 2 + 2:,} tasks, "
+            "plain doit (default backend)",
+            "target": "<= 1.0",
+            "units": units,
+            "nkibuild_noop_s": round(noop[0], 3),
+            "plain_doit_noop_s": round(noop_plain[0], 3),
+            "ratio_vs_plain_doit_sqlite3": round(noop[0] / noop_plain_sqlite[0], 3),
+            "ratio_without_uptodate_proof": round(doit_path[0] / noop_plain[0], 3),
+            "peak_rss_mib": round(noop[1], 1),
+            "peak_rss_mib_without_uptodate_proof": round(doit_path[1], 1),
+            "plain_doit_peak_rss_mib": round(noop_plain[1], 1),
+        }
+        print(json.dumps(result))
 
 
 if __name__ == "__main__":
