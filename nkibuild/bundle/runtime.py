@@ -159,7 +159,9 @@ class Padding:
         return [tuple(shape) for shape in cut]
 
     def cut(self, result: Any, shapes: Sequence[tuple[int, ...]]) -> Any:
-        results = list(result) if isinstance(result, tuple) else [result]
+        import numpy as np
+
+        results = [np.asarray(r) for r in (result if isinstance(result, tuple) else [result])]
         for index, wanted in enumerate(self.cut_shapes([r.shape for r in results], shapes)):
             results[index] = results[index][tuple(slice(0, length) for length in wanted)]
         return tuple(results) if isinstance(result, tuple) else results[0]
