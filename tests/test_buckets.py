@@ -431,3 +431,20 @@ def test_a_changed_declaration_regenerates_the_loader(tmp_path: Path) -> None:
     assert '"value": "7.0"' in loader.read_text()
     # Padding is the loader's business: nothing is extracted or compiled again.
     assert [name.partition(":")[0] for name in summary.executed] == ["bundle", "wheel"]
+
+
+def test_torch_ops_is_no_kernel_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = """\
+  torch_ops:
+    frontend: jax
+    source: kernels/jax_kernels.py:scaled_add
+    inputs:
+      x: {shape: [8], dtype: float32}
+"""
+    monkeypatch.chdir(project(tmp_path, kernel))
+    with pytest.raises(ManifestError) as error:
+        load_manifest("nkibuild.yaml")
+    assert [d.render() for d in error.value.diagnostics] == [
+        "nkibuild.yaml:5:3: error: kernel name 'torch_ops' is reserved by the generated bundle "
+        "(or private)\n  at: $.kernels.torch_ops\n  expected: a Python identifier"
+    ]
