@@ -240,7 +240,9 @@ def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[Bui
     if key is not None and stamps is not None:
         with contextlib.suppress(OSError):
             state_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(cache_file, pickle.dumps((key, stamps, manifest, units)))
+            # A hint, not a result: a cache lost to a power cut is validated again.
+            payload = pickle.dumps((key, stamps, manifest, units))
+            atomic_write_bytes(cache_file, payload, durable=False)
     return manifest, units
 
 
