@@ -203,7 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.verify_provenance,
         "check wheels against a release's provenance statement",
     )
-    provenance.add_argument("wheels", nargs="+", type=Path, metavar="WHEEL")
+    provenance.add_argument(
+        "wheels", nargs="+", type=Path, metavar="WHEEL", help="wheels a release published"
+    )
     provenance.add_argument(
         "--statement", type=Path, metavar="FILE",
         help="the statement [default: provenance.intoto.json next to each wheel]",
