@@ -282,7 +282,7 @@ class _Converter:
 
     def _where(self, node: Node, parent: Node | None = None, index: Any = None) -> Location:
         mark = None
-        if parent is not None:
+        if parent is not None and self.loader.alias_marks:  # most documents have none
             mark = self.loader.alias_marks.get(_child_key(parent, index))
         return _location(self.file, mark or node.start_mark)
 
