@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -34,7 +34,7 @@ class ProvenanceCheck:
     wheel: Path
     statement: Path
     problems: tuple[str, ...] = ()
-    notes: tuple[str, ...] = field(default=())  # what was checked, for the report
+    notes: tuple[str, ...] = ()  # what was checked, for the report
 
     @property
     def ok(self) -> bool:
@@ -153,11 +153,12 @@ def check_wheel(wheel: Path, statement_path: Path) -> ProvenanceCheck:
             f"{info.nkibuild_version}, which did not record one)"
         )
         return ProvenanceCheck(wheel, statement_path, (problem,), tuple(notes))
+    recorded = _entries(project_dependencies(info, ""), info.package)
     listed = statement["predicate"]["buildDefinition"]["resolvedDependencies"]
-    problems = _summary_problems(info, listed)
+    problems = _summary_problems(info.package, recorded, _entries(listed, info.package))
     if not problems:
-        count = len(info.provenance.sources) + 1
-        notes.append(f"{count} materials and {len(info.provenance.tools) + 1} tools agree")
+        tools = sum(role == "tool" for role, _ in recorded)
+        notes.append(f"{len(recorded) - tools} materials and {tools} tools agree")
     return ProvenanceCheck(wheel, statement_path, tuple(problems), tuple(notes))
 
 
@@ -182,12 +183,12 @@ def _sha256(descriptor: dict[str, Any]) -> str | None:
     return digest.get("sha256") if isinstance(digest, dict) else None
 
 
-def _summary_problems(info: BuildInfo, listed: list[dict[str, Any]]) -> list[str]:
+def _summary_problems(
+    project: str, recorded: dict[tuple[str, str], str], stated: dict[tuple[str, str], str]
+) -> list[str]:
     """Differences between the wheel's summary and the statement's entries for its project."""
-    recorded = _entries(project_dependencies(info, ""), info.package)
-    stated = _entries(listed, info.package)
     if not stated:
-        return [f"the statement lists no materials of project {info.package!r}"]
+        return [f"the statement lists no materials of project {project!r}"]
     problems = []
     for key in sorted(recorded.keys() | stated.keys()):
         role, name = key
