@@ -150,18 +150,27 @@ def extract_specs(units: Iterable[BuildUnit]) -> tuple[ExtractSpec, ...]:
 
 def _kernel_units(manifest: Manifest, kernel: Kernel) -> Iterable[BuildUnit]:
     targets = kernel.targets or manifest.default_targets
+    # Later layers win wherever they set a value.
+    layered = kernel.settings.over(manifest.defaults)
+    settings = {target: _override(kernel, target).over(layered) for target in targets}
+    # Units that share an extraction share its object: the plan cache pickles it once.
+    extracts: dict[ExtractSpec, ExtractSpec] = {}
     for variant in kernel.variants:
         for target in targets:
-            # Later layers win wherever they set a value.
-            settings = _override(kernel, target).over(kernel.settings.over(manifest.defaults))
-            yield _unit(kernel, variant, target, settings)
+            yield _unit(kernel, variant, target, settings[target], extracts)
 
 
 def _override(kernel: Kernel, target: str) -> CompileSettings:
     return dict(kernel.overrides).get(target, CompileSettings())
 
 
-def _unit(kernel: Kernel, variant: Variant, target: str, settings: CompileSettings) -> BuildUnit:
+def _unit(
+    kernel: Kernel,
+    variant: Variant,
+    target: str,
+    settings: CompileSettings,
+    extracts: dict[ExtractSpec, ExtractSpec],
+) -> BuildUnit:
     frontend = FRONTEND_DEFAULTS.get(kernel.frontend, FrontendDefaults())
     lnc = settings.lnc if settings.lnc is not None else frontend.lnc or AUTO_LNC[target]
     per_target = kernel.frontend in TARGET_DEPENDENT_FRONTENDS
@@ -177,7 +186,7 @@ def _unit(kernel: Kernel, variant: Variant, target: str, settings: CompileSettin
         lnc=lnc if per_target else None,
     )
     return BuildUnit(
-        extract=extract,
+        extract=extracts.setdefault(extract, extract),
         target=target,
         lnc=lnc,
         optlevel=_required(settings.optlevel),
