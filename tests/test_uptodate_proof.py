@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -59,12 +60,17 @@ def chain(tmp_path: Path) -> tuple[Path, list[dict]]:
     return tmp_path, dicts
 
 
+def checked_now(names: list[str]) -> dict[str, int]:
+    """As the build's reporter notes them: doit found these up to date just now."""
+    return dict.fromkeys(names, time.time_ns())
+
+
 def proven_state(tmp_path: Path, dicts: list[dict]) -> uptodate.Decision:
     """Record every task as verified, then decide again."""
     dep_file = str(tmp_path / DEP_FILE)
     first = uptodate.decide(tmp_path, dicts, dep_file)
     assert first.pending == ["t:a", "t:b", "t:join"]  # no stamp yet: doit decides all
-    uptodate.record(tmp_path, first, first.pending, dep_file)
+    uptodate.record(tmp_path, first, checked_now(first.pending), dep_file)
     return uptodate.decide(tmp_path, dicts, dep_file)
 
 
@@ -85,7 +91,7 @@ def test_a_touched_source_is_checked_by_content_and_proves_again(
     decision = uptodate.decide(root, dicts, str(root / DEP_FILE))
     assert decision.pending == []
     assert decision.touched == [str(root / "src_a")]
-    uptodate.record(root, decision, (), str(root / DEP_FILE))
+    uptodate.record(root, decision, {}, str(root / DEP_FILE))
     after = uptodate.decide(root, dicts, str(root / DEP_FILE))
     assert (after.pending, after.touched) == ([], [])  # the new stat is recorded
 
@@ -128,8 +134,23 @@ def test_a_task_not_verified_by_doit_is_left_out_of_the_proof(
     root, dicts = chain
     dep_file = str(root / DEP_FILE)
     first = uptodate.decide(root, dicts, dep_file)
-    uptodate.record(root, first, ["t:a", "t:b"], dep_file)  # t:join failed
+    uptodate.record(root, first, checked_now(["t:a", "t:b"]), dep_file)  # t:join failed
     assert uptodate.decide(root, dicts, dep_file).pending == ["t:join"]
+
+
+def test_an_output_changed_after_doit_checked_its_task_is_not_proven(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    # A long build: t:b was found up to date early, then its output was rewritten
+    # before the proof was recorded at the end.
+    root, dicts = chain
+    dep_file = str(root / DEP_FILE)
+    first = uptodate.decide(root, dicts, dep_file)
+    checked = checked_now(first.pending)
+    time.sleep(0.05)
+    (root / "mid_b").write_text("rewritten after the check")
+    uptodate.record(root, first, checked, dep_file)
+    assert uptodate.decide(root, dicts, dep_file).pending == ["t:b", "t:join"]
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from nkibuild.context import BuildContext
 from nkibuild.errors import UsageError, describe_os_error
@@ -81,10 +82,11 @@ def _run_whole_graph(
     }
     if not decision.pending:
         if decision.touched:
-            uptodate.record(state_dir, decision, (), dep_file)
+            uptodate.record(state_dir, decision, {}, dep_file)
         return _report_all_up_to_date(dicts, display), figures
     pending = set(decision.pending)
     config = {**doit_config(context), "default_tasks": decision.pending}
+    verified: dict[str, int] = {}
     summary = run_task_graph(
         context.session,
         [task for task in dicts if task_name(task) in pending],
@@ -92,9 +94,9 @@ def _run_whole_graph(
         options,
         display,
         proven=decision.proven,
+        verified=verified,
     )
     if not context.session.state_failures:  # else doit's state is what it was before
-        verified = [o.name for o in summary.outcomes if o.status in ("done", "up-to-date")]
         uptodate.record(state_dir, decision, verified, dep_file)
     return summary, figures
 
@@ -110,11 +112,21 @@ def _report_all_up_to_date(dicts: list[dict], display: Display) -> BuildSummary:
 
 
 class _PartlyProvenReporter(BuildReporter):
-    """Reports the tasks the proof covers as up to date, then what doit does with the rest."""
+    """Reports the tasks the proof covers as up to date, then what doit does with the rest;
+    notes when doit found each task up to date or ran it (`verified`: name -> time_ns)."""
 
-    def __init__(self, display: Display, proven: Sequence[str]) -> None:
+    def __init__(self, display: Display, proven: Sequence[str], verified: dict[str, int]) -> None:
         super().__init__(display)
         self.proven = proven
+        self.verified = verified
+
+    def add_success(self, task: Any) -> None:
+        self.verified[task.name] = time.time_ns()
+        super().add_success(task)
+
+    def skip_uptodate(self, task: Any) -> None:
+        self.verified[task.name] = time.time_ns()
+        super().skip_uptodate(task)
 
     def start(self, tasks: int) -> None:
         super().start(tasks + len(self.proven))
@@ -135,11 +147,13 @@ def run_task_graph(
     options: RunOptions,
     display: Display,
     proven: Sequence[str] = (),
+    verified: dict[str, int] | None = None,
 ) -> BuildSummary:
     """Let doit run task dicts with `config` (dep_file, default_tasks, ...); report through
-    `display`, with the tasks named in `proven` (not in `dicts`) as up to date. The caller
-    runs `session` and holds whatever locks the outputs need."""
-    reporter = _PartlyProvenReporter(display, proven)
+    `display`, with the tasks named in `proven` (not in `dicts`) as up to date; fills
+    `verified` (see _PartlyProvenReporter). The caller runs `session` and holds whatever
+    locks the outputs need."""
+    reporter = _PartlyProvenReporter(display, proven, {} if verified is None else verified)
     loader = NkibuildLoader(extra_config={**config, "reporter": reporter}, tasks=dicts)
     from doit.doit_cmd import DoitMain
 

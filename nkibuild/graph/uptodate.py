@@ -30,7 +30,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,27 +205,32 @@ def _digest(path: str, stat: Stat | None) -> str | None:
     return digest if stat_of(path) == stat else None
 
 
-def record(state_dir: Path, decision: Decision, verified: Iterable[str], dep_file: str) -> None:
-    """Save the proof for the proven tasks and those in `verified` (doit found them up
-    to date or ran them successfully). Sources keep the stat seen when deciding (doit
-    may have read them after a later change; that change is then seen next time);
-    outputs of verified tasks are stat'ed again, since the build rewrote them.
+def record(state_dir: Path, decision: Decision, verified: Mapping[str, int], dep_file: str) -> None:
+    """Save the proof for the proven tasks and those in `verified` (doit found them up to
+    date or ran them successfully, at the time_ns given). Sources keep the stat seen when
+    deciding (doit may have read them after a later change; that change is then seen
+    next time). Outputs of verified tasks are stat'ed again, since the build rewrote
+    them; one changed after doit looked at its task (ctime later) is left out, so that
+    task goes back to doit next time.
 
     Best effort: without a stamp the next build only asks doit about everything."""
     graph, previous = decision.graph, decision.previous or Proof()
-    verified, pending = set(verified), set(decision.pending)
+    pending = set(decision.pending)
     proof = Proof(state=stat_of(dep_file))
     for name in graph.names:
-        if name in pending and name not in verified:
+        checked = verified.get(name)
+        if name in pending and checked is None:
             continue  # failed, blocked or not reached: doit decides about it next time
         proof.tasks[name] = decision.fingerprints[name]
-        proof.listings[name] = (
-            _listing(graph.by_name[name]) if name in verified else (graph.listings[name])
-        )
+        listing = graph.listings[name] if checked is None else _listing(graph.by_name[name])
+        proof.listings[name] = listing
         sources = set(graph.sources(name))
-        for path in (*graph.files(name), *proof.listings[name]):
-            fresh = name in verified and path not in sources
-            stat = stat_of(path) if fresh else decision.stats.get(path)
+        for path in (*graph.files(name), *listing):
+            stat = decision.stats.get(path)
+            if checked is not None and path not in sources:
+                stat = stat_of(path)
+                if stat is not None and stat[2] > checked:
+                    stat = None
             if stat is not None:
                 proof.files[path] = stat
         for path in sources:
