@@ -75,17 +75,17 @@ def write_project(root: Path) -> None:
 
 
 def baseline_commands(root: Path, scratch: Path) -> list[str]:
-    """One shell line per unit: its own work dir, then nkibuild's exact compiler command."""
+    """One shell line per unit of the project at `root`: its own work dir under
+    `scratch/xargs`, then nkibuild's exact compiler command on the project's HLO file."""
     from nkibuild.compiler import compiler_command
     from nkibuild.context import load_context
     from nkibuild.settings import BuildOptions
 
-    context = load_context(
-        root / "nkibuild.yaml", scratch / "plan", scratch / "plan-dist", BuildOptions("fake")
-    )
+    plan = scratch / "plans" / root.name
+    context = load_context(root / "nkibuild.yaml", plan, plan / "dist", BuildOptions("fake"))
     lines = []
     for unit in context.units:
-        work = scratch / "xargs" / unit.name.replace(":", "-").replace("/", "-")
+        work = scratch / "xargs" / root.name / unit.name.replace("/", "-")
         hlo = root / unit.extract.source.path
         command = compiler_command(
             unit, context.toolchain, hlo, Path("model.neff"), Path("compile.log")
@@ -113,20 +113,24 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_baseline(lines: list[str], scratch: Path) -> Timed:
+def run_baseline(
+    lines: list[str], scratch: Path, env: dict[str, str] | None = None, jobs: int = JOBS
+) -> Timed:
+    """The command lines through `xargs -P jobs`, timed."""
     shutil.rmtree(scratch / "xargs", ignore_errors=True)
     script = scratch / "commands.txt"
     script.write_text("\n".join(lines) + "\n")
     with open(script, "rb") as commands, Timed() as timed:
         proc = subprocess.run(
-            ["xargs", "-d", "\n", "-n", "1", "-P", str(JOBS), "sh", "-c"],
+            ["xargs", "-d", "\n", "-n", "1", "-P", str(jobs), "sh", "-c"],
             stdin=commands,
             capture_output=True,
+            env=env,
             check=False,
         )
     if proc.returncode != 0:
         sys.exit(f"xargs failed ({proc.returncode}):\n{proc.stderr.decode()[-3000:]}")
-    neffs = list((scratch / "xargs").glob("*/model.neff"))
+    neffs = list((scratch / "xargs").glob("*/*/model.neff"))
     if len(neffs) != len(lines):
         sys.exit(f"the baseline wrote {len(neffs)} NEFFs for {len(lines)} units")
     return timed

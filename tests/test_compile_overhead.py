@@ -151,6 +151,18 @@ def test_a_compiler_that_is_not_there_cannot_be_started(tmp_path: Path) -> None:
         run_process([str(missing), "compile"], tmp_path, tmp_path / "out.log", None)
 
 
+def test_a_relative_program_is_found_from_the_directory_it_runs_in(tmp_path: Path) -> None:
+    (tmp_path / "work").mkdir()
+    tool = tmp_path / "work" / "tool"
+    tool.write_text("#!/bin/sh\necho ran in $PWD\n")
+    tool.chmod(0o755)
+    outcome = run_process(["./tool"], tmp_path / "work", tmp_path / "out.log", None)
+    assert outcome.returncode == 0
+    assert (tmp_path / "out.log").read_text() == f"ran in {tmp_path / 'work'}\n"
+    with pytest.raises(FileNotFoundError, match=r"\./tool"):
+        run_process(["./tool"], tmp_path, tmp_path / "out.log", None)
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1]

@@ -96,7 +96,7 @@ def run_process(
     started = time.monotonic()
     with open(output, "wb") as sink:
         process = subprocess.Popen(
-            guard.command(command, env),
+            guard.command(command, cwd, env),
             cwd=cwd,
             stdout=sink,
             stderr=subprocess.STDOUT,
@@ -149,13 +149,16 @@ class DeathGuard:
         """The same signal set by a preexec_fn (where there is no setpriv)."""
         return cls((), _die_with_parent())
 
-    def command(self, command: list[str], env: dict[str, str] | None) -> list[str]:
+    def command(self, command: list[str], cwd: Path, env: dict[str, str] | None) -> list[str]:
         """`command` behind the prefix. A command that cannot be found raises here, as
         Popen would: behind setpriv it would only make setpriv exit 127."""
         if not self.prefix:
             return command
+        program = command[0]
+        if os.sep in program:  # found from the cwd it runs in, as exec finds it
+            program = os.path.join(cwd, program)
         path = env.get("PATH", os.defpath) if env is not None else None
-        if shutil.which(command[0], path=path) is None:
+        if shutil.which(program, path=path) is None:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command[0])
         return [*self.prefix, *command]
 
