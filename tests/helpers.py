@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 from nkibuild.context import load_context
 from nkibuild.graph.report import BuildSummary, TaskOutcome
@@ -124,3 +129,16 @@ def pretend_new_compiler(project: Path, version: str = "2.99.0.0+other") -> None
     for entry in entries.values():
         entry["version"] = version
     state.write_text(json.dumps(entries))
+
+
+@contextlib.contextmanager
+def imported_bundle(project_dir: Path, package: str) -> Iterator[ModuleType]:
+    """A generated bundle project (build/bundle/<distribution>) imported in this process,
+    and forgotten afterwards (sys.path and sys.modules as before)."""
+    sys.path.insert(0, str(project_dir))
+    try:
+        yield importlib.import_module(package)
+    finally:
+        sys.path.remove(str(project_dir))
+        for name in [m for m in sys.modules if m.split(".")[0] == package]:
+            del sys.modules[name]

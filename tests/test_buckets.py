@@ -16,7 +16,7 @@ from types import ModuleType
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import build, write_project
+from helpers import build, imported_bundle, write_project
 
 from nkibuild.errors import ManifestError
 from nkibuild.manifest import load_manifest
@@ -134,13 +134,8 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
     with pytest.MonkeyPatch.context() as env:
         env.setenv("NKIBUILD_CACHE_DIR", str(tmp_path_factory.mktemp("buckets-cache")))
         assert build(root).ok
-    sys.path.insert(0, str(root / "build" / "bundle" / "bucket-kernels"))
-    try:
-        yield importlib.import_module(PACKAGE)
-    finally:
-        sys.path.remove(str(root / "build" / "bundle" / "bucket-kernels"))
-        for name in [m for m in sys.modules if m.split(".")[0] == PACKAGE]:
-            del sys.modules[name]
+    with imported_bundle(root / "build" / "bundle" / "bucket-kernels", PACKAGE) as package:
+        yield package
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ torch imported only when the ops are asked for."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from helpers import build, write_project
+from helpers import build, imported_bundle, write_project
 
 pytest.importorskip("jax")
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
@@ -108,13 +107,8 @@ def bundle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def bundle(bundle_dir: Path) -> Iterator[ModuleType]:
-    sys.path.insert(0, str(bundle_dir))
-    try:
-        yield importlib.import_module(PACKAGE)
-    finally:
-        sys.path.remove(str(bundle_dir))
-        for name in [m for m in sys.modules if m.split(".")[0] == PACKAGE]:
-            del sys.modules[name]
+    with imported_bundle(bundle_dir, PACKAGE) as package:
+        yield package
 
 
 @pytest.fixture(scope="module")
