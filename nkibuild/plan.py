@@ -267,15 +267,18 @@ def _plan_key(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-Stamps = tuple[tuple[str, int, int], ...]
+Stamps = tuple[tuple[str, int, int, str], ...]
 
 
-def _source_stamps(manifest: Manifest) -> Stamps | None:
-    """(path, mtime, size) of every file validation read (sources and references), or
-    None if one no longer passes the checks validation made: a file can be deleted,
-    edited, become a directory or a symlink out of the project while the manifest does
-    not change. The manifest is then validated again and says where."""
+def _source_stamps(manifest: Manifest, previous: Stamps = ()) -> Stamps | None:
+    """(path, mtime, size, sha256) of every file validation read (sources and
+    references), or None if one no longer passes the checks validation made: a file can
+    be deleted, edited, become a directory or a symlink out of the project while the
+    manifest does not change. The manifest is then validated again and says where.
+    A file whose mtime and size are as in `previous` keeps its sha256 from there."""
     from nkibuild.confine import file_problem
+
+    known = {stamp[:3]: stamp[3] for stamp in previous if len(stamp) == 4}
 
     root = manifest.root
     refs = {
@@ -289,7 +292,14 @@ def _source_stamps(manifest: Manifest) -> Stamps | None:
             info = (root / relative).stat()
         except OSError:
             return None
-        stamps.append((relative, info.st_mtime_ns, info.st_size))
+        stamp = (relative, info.st_mtime_ns, info.st_size)
+        digest = known.get(stamp)
+        if digest is None:
+            try:
+                digest = hashlib.sha256((root / relative).read_bytes()).hexdigest()
+            except OSError:
+                return None
+        stamps.append((*stamp, digest))
     return tuple(stamps)
 
 
@@ -298,6 +308,15 @@ def _read_plan(cache_file: Path, key: str) -> tuple[Manifest, tuple[BuildUnit, .
         cached_key, stamps, manifest, units = pickle.loads(cache_file.read_bytes())
     except Exception:
         return None
-    if cached_key != key or _source_stamps(manifest) != stamps:
+    if cached_key != key:
+        return None
+    current = _source_stamps(manifest, stamps)
+    # By content: a touched file (new mtime, same bytes) validates as it did.
+    if current is None or _contents(current) != _contents(stamps):
         return None
     return manifest, units
+
+
+def _contents(stamps: Stamps) -> list[tuple[object, ...]]:
+    """The stamps without their mtimes."""
+    return [(stamp[0], *stamp[2:]) for stamp in stamps]

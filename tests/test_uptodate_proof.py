@@ -219,8 +219,11 @@ def last_decision(root: Path) -> dict:
 
 def test_touching_one_source_rebuilds_nothing_and_asks_doit_nothing(two_kernels: Path) -> None:
     source = two_kernels / "kernels" / "alpha.pb"
+    plan = two_kernels / "build" / "state" / "plan.pickle"
+    planned = plan.stat().st_mtime_ns
     touch(source)
     summary = build(two_kernels)
+    assert plan.stat().st_mtime_ns == planned  # the cached plan still served (by content)
     assert summary.ok
     assert summary.executed == []
     assert len(summary.up_to_date) == 2 + 4 + 2  # extractions, compiles, bundle, wheel
