@@ -53,7 +53,7 @@ def reported_at(path: Path) -> Iterator[None]:
     """Name `path` in a storage error (disk full, read-only) about one of its temp files
     or about no file at all: "dist/x.whl: No space left on device" says what could not
     be written."""
-    temp_prefix = str(path.parent / f".{path.name}.")  # atomic_output's and staging_dir's
+    temp_prefix = str(path.parent / f".{path.name}.")  # atomic_output's and bundle.tree's work dirs
     try:
         yield
     except OSError as error:
@@ -68,28 +68,6 @@ def reported_at(path: Path) -> Iterator[None]:
 def atomic_copy(source: Path, destination: Path, *, durable: bool = True) -> None:
     with atomic_output(destination, durable=durable) as tmp:
         shutil.copyfile(source, tmp)
-
-
-@contextlib.contextmanager
-def staging_dir(final: Path) -> Iterator[Path]:
-    """Yield an empty sibling dir; on success it replaces `final` in two renames.
-
-    The old tree is moved aside before the new one is moved in, so at every
-    moment `final` is either the complete old tree or the complete new one
-    (or briefly absent, which readers treat as "not built").
-    """
-    with reported_at(final):
-        final.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".new", dir=final.parent))
-        try:
-            yield stage
-            old = final.with_name(f".{final.name}.old-{os.getpid()}")
-            if final.exists():
-                os.replace(final, old)
-            os.replace(stage, final)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
 
 
 def leftovers(root: Path, patterns: tuple[str, ...]) -> list[Path]:
