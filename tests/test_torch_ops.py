@@ -167,6 +167,49 @@ def test_a_compiled_function_takes_every_shape_padding_fits(ops: ModuleType) -> 
         torch.testing.assert_close(compiled(x, y), (0.5 * x + y) * 2)
 
 
+def test_padded_axes_stay_dynamic_when_compiled(ops: ModuleType) -> None:
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    frames = CompileCounter()
+    compiled = torch.compile(
+        lambda x, y: ops.scaled_add(x, y) + 1, fullgraph=True, dynamic=True, backend=frames
+    )
+    for rows in (300, 200, 1000, 129):
+        x, y = torch.randn(rows, 512), torch.randn(rows, 512)
+        torch.testing.assert_close(compiled(x, y), 0.5 * x + y + 1)
+    assert frames.frame_count == 1  # one graph for every length padding fits
+    with pytest.raises(Exception, match=r"no variant for shapes \(\[2000,512\], \[2000,512\]\)"):
+        compiled(torch.ones(2000, 512), torch.ones(2000, 512))
+
+
+def test_export_with_a_dynamic_padded_axis(ops: ModuleType) -> None:
+    class Add(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return ops.scaled_add(x, y)
+
+    rows = torch.export.Dim("rows", max=1024)
+    dynamic = {"x": {0: rows}, "y": {0: rows}}
+    exported = torch.export.export(Add(), inputs(300)[:2], dynamic_shapes=dynamic)
+    assert [str(n.target) for n in exported.graph.nodes if n.op == "call_function"] == [
+        "torch_kernels.scaled_add.default"
+    ]
+    for count in (7, 1000):
+        x, y, _ = inputs(count)
+        torch.testing.assert_close(exported.module()(x, y), 0.5 * x + y)
+    # Longer than the largest variant, or dynamic where a NEFF's length is fixed: refused.
+    too_long = torch.export.Dim("rows", max=4096)
+    with pytest.raises(Exception, match=r"rows = Dim\('rows', max=1024\)"):
+        torch.export.export(
+            Add(), inputs(300)[:2], dynamic_shapes={"x": {0: too_long}, "y": {0: too_long}}
+        )
+    columns = torch.export.Dim("columns", max=512)
+    with pytest.raises(Exception, match="specialized it to be a constant"):
+        torch.export.export(
+            Add(), inputs(300)[:2], dynamic_shapes={"x": {1: columns}, "y": {1: columns}}
+        )
+
+
 def test_export_keeps_the_ops_in_the_graph(ops: ModuleType) -> None:
     exported = torch.export.export(Model(ops), inputs(128))
     targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]

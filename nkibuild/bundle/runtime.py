@@ -328,6 +328,54 @@ class Kernel:
             found = self._padding.cut_shapes(found, shapes)
         return [(t["dtype"], shape) for t, shape in zip(outputs, found, strict=True)]
 
+    def open_signature(
+        self, dtypes: Sequence[str], shapes: Sequence[tuple[Any, ...]]
+    ) -> list[tuple[str, tuple[Any, ...]]] | None:
+        """The outputs of a call whose padded axes may have lengths not known yet (the
+        symbols of a tracer), or None if the lengths decide them: when every variant the
+        known lengths allow has the same outputs but for the axes cut back, those are the
+        outputs, with the call's own lengths on the cut-back axes. Each unknown length is
+        compared with the largest variant's (a tracer's guard, not a constant)."""
+        if self._padding is None or list(dtypes) != self._dtypes:
+            return None
+        # An unknown length where only one length fits becomes known (int() of a
+        # tracer's symbol makes it a constant): a NEFF's length there is fixed.
+        shapes = [
+            tuple(n if axis in self._padding.axes[argument] else int(n) for axis, n in enumerate(s))
+            for argument, s in enumerate(shapes)
+        ]
+        candidates = [v for v, bucket in self._buckets if self._allows(shapes, bucket)]
+        listed = {(output, axis) for output, axis, _, _ in self._padding.outputs}
+        kept = {self._kept_outputs(variant, listed) for variant in candidates}
+        if len(kept) != 1:
+            return None
+        for argument, shape in enumerate(shapes):
+            for axis, length in enumerate(shape):
+                if not isinstance(length, int) and not length <= max(
+                    self.variants[v][self._names[argument]][axis] for v in candidates
+                ):
+                    return None  # longer than any variant: the known-length path refuses it
+        outputs = self._neff(self._signature_target(), candidates[0])["outputs"]
+        found = self._padding.cut_shapes([tuple(t["shape"]) for t in outputs], shapes)
+        return [(t["dtype"], shape) for t, shape in zip(outputs, found, strict=True)]
+
+    def _allows(
+        self, shapes: Sequence[tuple[Any, ...]], bucket: tuple[tuple[int, ...], ...]
+    ) -> bool:
+        """Whether the known lengths fit the variant (unknown ones are padded axes)."""
+        known = [
+            tuple(length if isinstance(length, int) else 0 for length in shape) for shape in shapes
+        ]
+        return self._padding is not None and self._padding.fits(known, bucket)
+
+    def _kept_outputs(self, variant: str, listed: set[tuple[int, int]]) -> tuple[Any, ...]:
+        """A variant's outputs (dtype, shape) on every target, cut-back axes left out."""
+        return tuple(
+            (t["dtype"], tuple(None if (o, a) in listed else n for a, n in enumerate(t["shape"])))
+            for target in self.targets
+            for o, t in enumerate(self._neff(target, variant)["outputs"])
+        )
+
     def output_count(self) -> int:
         """How many outputs every NEFF of the kernel has; KernelError if they differ."""
         counts = {
@@ -515,10 +563,17 @@ def _torch_op(torch: Any, kernel: Kernel) -> Any:
     return getattr(getattr(torch.ops, kernel.package), kernel.name)
 
 
-def _expected_outputs(kernel: Kernel, tensors: Sequence[Any]) -> list[tuple[str, tuple[int, ...]]]:
+def _expected_outputs(kernel: Kernel, tensors: Sequence[Any]) -> list[tuple[str, tuple[Any, ...]]]:
+    """What a call returns; a traced call's lengths may be symbols (dynamic shapes). On
+    padded axes they stay symbols where the outputs allow; elsewhere the NEFFs' static
+    shapes make them constants (int() specializes a symbol)."""
     dtypes = [str(t.dtype).removeprefix("torch.") for t in tensors]
-    shapes = tuple(tuple(int(length) for length in t.shape) for t in tensors)
-    return kernel.output_signature(dtypes, shapes)
+    shapes = [tuple(t.shape) for t in tensors]
+    if any(not isinstance(length, int) for shape in shapes for length in shape):
+        found = kernel.open_signature(dtypes, shapes)
+        if found is not None:
+            return found
+    return kernel.output_signature(dtypes, tuple(tuple(int(n) for n in s) for s in shapes))
 
 
 def _check_signature(kernel: Kernel, tensors: Sequence[Any], result: Any) -> None:
