@@ -331,3 +331,28 @@ def test_editable_hooks_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert archive.read(f"{dist_info}/METADATA").decode() == metadata
     wheel_meta = backend.prepare_metadata_for_build_wheel(str(tmp_path / "wheel-meta"), settings)
     assert (tmp_path / "wheel-meta" / wheel_meta / "METADATA").read_text() == metadata
+
+
+def test_an_editable_split_bundle_puts_its_target_parts_on_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parts are not installed separately: the .pth names their directories, and
+    the metadata does not require them (pip would look for them on an index)."""
+    manifest = softmax_manifest("{name: pep-kernels, version: 0.3.0, split-targets: true}")
+    root = softmax_project(
+        tmp_path / "p", manifest, {"pyproject.toml": PYPROJECT.format(name="pep-kernels")}
+    )
+    monkeypatch.chdir(root)
+    name = backend.build_editable(str(tmp_path / "wheels"), {"toolchain": "fake"})
+    with zipfile.ZipFile(tmp_path / "wheels" / name) as archive:
+        paths = archive.read("__editable__.pep_kernels-0.3.0.pth").decode().splitlines()
+        metadata = archive.read("pep_kernels-0.3.0.dist-info/METADATA").decode()
+    bundle_dir = root / "build" / "bundle" / "pep-kernels"
+    assert paths == [
+        str(bundle_dir),
+        *(str(bundle_dir / "parts" / f"pep_kernels_{t}") for t in ("trn1", "trn2")),
+    ]
+    for target, part in zip(("trn1", "trn2"), paths[1:], strict=True):
+        package = Path(part) / f"pep_kernels_{target}"
+        assert (package / "neff" / target / "softmax" / "default.neff").is_file()
+    assert "pep-kernels-trn" not in metadata and "Provides-Extra" not in metadata
