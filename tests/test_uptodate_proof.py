@@ -157,7 +157,7 @@ def test_an_output_changed_after_doit_checked_its_task_is_not_proven(
     "damage",
     [
         pytest.param(lambda root: (root / DEP_FILE).write_text("rewritten"), id="doit-state"),
-        pytest.param(lambda root: (root / STAMP_FILE).write_text('{"format": 2'), id="truncated"),
+        pytest.param(lambda root: (root / STAMP_FILE).write_text('{"format": 3'), id="truncated"),
         pytest.param(lambda root: (root / STAMP_FILE).write_text("[]"), id="not-an-object"),
         pytest.param(lambda root: (root / STAMP_FILE).unlink(), id="missing"),
     ],

@@ -41,8 +41,8 @@ from nkibuild.fsutil import atomic_write_text
 from nkibuild.graph.intact import OutputsIntact, output_files
 
 STAMP_FILE = "up-to-date.json"
-FORMAT = 2
-Stat = list[int]  # [size, mtime_ns, ctime_ns, inode]
+FORMAT = 3
+Stat = str  # "size mtime_ns ctime_ns inode": one string, not a list (memory at scale)
 
 
 def task_name(task: dict[str, Any]) -> str:
@@ -64,7 +64,15 @@ def stat_of(path: str) -> Stat | None:
         info = os.stat(path)
     except OSError:
         return None
-    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+    return f"{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino}"
+
+
+def _size(stat: Stat) -> int:
+    return int(stat.split(" ", 1)[0])
+
+
+def _ctime_ns(stat: Stat) -> int:
+    return int(stat.split(" ")[2])
 
 
 @dataclass
@@ -148,7 +156,9 @@ class Decision:
 
     graph: Graph
     fingerprints: dict[str, str]
-    stats: dict[str, Stat | None]  # every file of every task, as seen when deciding
+    # As seen when deciding: with a proof, the files whose stat differs from it (the
+    # others are as recorded); without one, every file.
+    stats: dict[str, Stat | None]
     pending: list[str]  # doit decides about these (in graph order)
     touched: list[str]  # sources whose stat changed but whose content did not
     previous: Proof | None
@@ -163,19 +173,23 @@ def decide(state_dir: Path, dicts: list[dict[str, Any]], dep_file: str) -> Decis
     """Compare the build's tasks with the recorded proof."""
     graph = Graph(dicts)
     fingerprints = {name: fingerprint(task) for name, task in graph.by_name.items()}
-    stats: dict[str, Stat | None] = {}
-    for name in graph.names:
-        for path in graph.files(name):
-            if path not in stats:
-                stats[path] = stat_of(path)
     proof = load(state_dir)
     if proof is None or proof.state is None or proof.state != stat_of(dep_file):
+        stats = {path: stat_of(path) for name in graph.names for path in graph.files(name)}
         return Decision(graph, fingerprints, stats, list(graph.names), [], None)
-    changed = {
-        path for path, stat in stats.items() if stat is None or proof.files.get(path) != stat
-    }
-    touched = [path for path in sorted(changed) if _same_content(path, stats[path], proof)]
-    changed.difference_update(touched)
+    stats = {}
+    seen: set[str] = set()
+    recorded = proof.files
+    for name in graph.names:
+        for path in graph.files(name):
+            if path not in seen:
+                seen.add(path)
+                stat = stat_of(path)
+                if stat is None or recorded.get(path) != stat:
+                    stats[path] = stat
+    del seen
+    touched = [path for path in sorted(stats) if _same_content(path, stats[path], proof)]
+    changed = set(stats).difference(touched)
     seeds = [
         name
         for name in graph.names
@@ -188,7 +202,8 @@ def decide(state_dir: Path, dicts: list[dict[str, Any]], dep_file: str) -> Decis
 
 def _same_content(path: str, stat: Stat | None, proof: Proof) -> bool:
     recorded = proof.digests.get(path)
-    if stat is None or recorded is None or stat[0] != proof.files.get(path, [None])[0]:
+    previous = proof.files.get(path)
+    if stat is None or recorded is None or previous is None or _size(stat) != _size(previous):
         return False
     return _digest(path, stat) == recorded
 
@@ -226,15 +241,16 @@ def record(state_dir: Path, decision: Decision, verified: Mapping[str, int], dep
         proof.listings[name] = listing
         sources = set(graph.sources(name))
         for path in (*graph.files(name), *listing):
-            stat = decision.stats.get(path)
+            stat = decision.stats[path] if path in decision.stats else previous.files.get(path)
             if checked is not None and path not in sources:
                 stat = stat_of(path)
-                if stat is not None and stat[2] > checked:
+                if stat is not None and _ctime_ns(stat) > checked:
                     stat = None
             if stat is not None:
                 proof.files[path] = stat
         for path in sources:
-            digest = _source_digest(path, decision.stats.get(path), previous)
+            stat = decision.stats[path] if path in decision.stats else previous.files.get(path)
+            digest = _source_digest(path, stat, previous)
             if digest is not None:
                 proof.digests[path] = digest
     # Not fsync'ed: after a power loss a damaged stamp is unreadable, which proves nothing.
