@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from nkibuild.errors import Diagnostic
 from nkibuild.manifest.model import Kernel, Manifest, Padding
 from nkibuild.manifest.phrases import did_you_mean
-from nkibuild.manifest.yamlsource import JsonPath, YamlDocument, json_path
+
+if TYPE_CHECKING:  # the bundle stage imports this module and must not load a YAML parser
+    from nkibuild.manifest.yamlsource import JsonPath, YamlDocument
 
 # Element types a non-finite pad value (-inf, nan) cannot be cast to.
 _NOT_FLOAT_PREFIXES = ("int", "uint", "bool")
@@ -48,6 +51,8 @@ class _Checker:
     def at(
         self, message: str, path: JsonPath, *, key: bool = False, **extra: str | None
     ) -> Diagnostic:
+        from nkibuild.manifest.yamlsource import json_path
+
         where = self.doc.key_location(path) if key else self.doc.location(path)
         return Diagnostic(message, where, json_path(path), **extra)
 
