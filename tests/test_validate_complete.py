@@ -151,6 +151,20 @@ def test_a_broken_package_still_lets_the_kernels_be_checked(example_project: Pat
     ]
 
 
+def test_a_part_replaced_whole_ignores_its_childrens_problems(example_project: Path) -> None:
+    # `package` lacks a key (replaced by a stand-in) and has a broken child: removing the
+    # child from the stand-in would leave the model a package without a name.
+    path = manifest(
+        example_project,
+        "format-version: 1\npackage: {name: 0}\nkernels:\n" + KERNEL_J,
+    )
+    assert [(d.json_path, d.message) for d in problems(path)] == [
+        ("$.package", "missing required key 'version'"),
+        ("$.package.name", "wrong type: got a number (0)"),
+        ("$.kernels.j.constants.class", "'class' is a Python keyword"),
+    ]
+
+
 def test_broken_kernels_still_let_the_package_be_checked(example_project: Path) -> None:
     path = manifest(
         example_project,

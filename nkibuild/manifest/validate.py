@@ -99,6 +99,8 @@ class _Salvage:
     def _remove(self, path: JsonPath) -> bool:
         if not isinstance(self.data, dict):
             return False
+        if path[:1] in self.stand_ins:  # replaced whole, e.g. by a sibling's problem
+            return True
         if len(path) <= 1:  # a top-level key, or the root missing one
             keys = [path[0]] if path else [k for k in _STAND_INS if k not in self.data]
             for key in keys:
