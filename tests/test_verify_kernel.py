@@ -164,7 +164,7 @@ def test_a_kernel_that_raises_or_exits_fails_its_own_checks_only(tmp_path: Path)
     kernels.write_text(JAX_KERNEL.replace("+ BIAS", "+ BIAS + undefined_name"))
     [problem] = by_variant(checks_of(project))["large"].problems
     assert problem == "the kernel raised NameError: name 'undefined_name' is not defined"
-    kernels.write_text("import sys\nsys.exit(3)\n")
+    kernels.write_text("import sys\n\nsys.exit(3)\n\n\ndef scale(x):\n    return x\n")
     [problem] = by_variant(checks_of(project))["small"].problems
     assert problem == "cannot load the kernel kernels/kernels.py: SystemExit: 3"
 
