@@ -14,6 +14,7 @@ from doit.tools import config_changed
 from helpers import build, write_project
 
 from nkibuild.graph import uptodate
+from nkibuild.graph.intact import outputs_checked
 from nkibuild.graph.loader import DEP_FILE
 from nkibuild.graph.run import LAST_RUN_FILE
 from nkibuild.graph.uptodate import STAMP_FILE
@@ -117,6 +118,23 @@ def test_a_touched_output_hands_its_producer_and_readers_to_doit(
     proven_state(root, dicts)
     touch(root / "mid_a")
     assert uptodate.decide(root, dicts, str(root / DEP_FILE)).pending == ["t:a", "t:join"]
+
+
+def test_an_output_dir_counts_its_recorded_files_not_new_ones(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    for name in ("a", "sub/b"):
+        (tree / name).write_text(name)
+    (tmp_path / DEP_FILE).write_text("state")
+    _, intact = outputs_checked((), [str(tree)])
+    dicts = [{"basename": "bundle", "file_dep": [], "targets": [], "uptodate": [intact]}]
+    dep_file = str(tmp_path / DEP_FILE)
+    first = uptodate.decide(tmp_path, dicts, dep_file)
+    uptodate.record(tmp_path, first, checked_now(first.pending), dep_file)
+    (tree / "added").write_text("not the task's")  # OutputsIntact ignores it too
+    assert uptodate.decide(tmp_path, dicts, dep_file).pending == []
+    (tree / "sub" / "b").unlink()
+    assert uptodate.decide(tmp_path, dicts, dep_file).pending == ["bundle"]
 
 
 def test_a_changed_config_hands_that_task_and_its_readers_to_doit(

@@ -111,11 +111,11 @@ class Graph:
         self.names = [task_name(task) for task in dicts]
         self.by_name = dict(zip(self.names, dicts, strict=True))
         self.producer = {path: name for name, t in self.by_name.items() for path in t["targets"]}
-        self.listings = {name: _listing(task) for name, task in self.by_name.items()}
 
-    def files(self, name: str) -> Iterable[str]:
+    def files(self, name: str, listing: Iterable[str] = ()) -> Iterable[str]:
+        """The task's file_dep, targets and `listing` (the files in its output dirs)."""
         task = self.by_name[name]
-        return (*task["file_dep"], *task["targets"], *self.listings[name])
+        return (*task["file_dep"], *task["targets"], *listing)
 
     def sources(self, name: str) -> list[str]:
         return [path for path in self.by_name[name]["file_dep"] if path not in self.producer]
@@ -175,13 +175,17 @@ def decide(state_dir: Path, dicts: list[dict[str, Any]], dep_file: str) -> Decis
     fingerprints = {name: fingerprint(task) for name, task in graph.by_name.items()}
     proof = load(state_dir)
     if proof is None or proof.state is None or proof.state != stat_of(dep_file):
-        stats = {path: stat_of(path) for name in graph.names for path in graph.files(name)}
+        # doit decides about every task; recording needs the sources' stats from now.
+        stats = {path: stat_of(path) for name in graph.names for path in graph.sources(name)}
         return Decision(graph, fingerprints, stats, list(graph.names), [], None)
+    # Output dirs are not walked: a file added there is ignored (see OutputsIntact), a
+    # recorded one removed or changed is seen by its stat.
+    listings = proof.listings
     stats = {}
     seen: set[str] = set()
     recorded = proof.files
     for name in graph.names:
-        for path in graph.files(name):
+        for path in graph.files(name, listings.get(name, ())):
             if path not in seen:
                 seen.add(path)
                 stat = stat_of(path)
@@ -194,8 +198,7 @@ def decide(state_dir: Path, dicts: list[dict[str, Any]], dep_file: str) -> Decis
         name
         for name in graph.names
         if proof.tasks.get(name) != fingerprints[name]
-        or proof.listings.get(name, []) != graph.listings[name]
-        or any(path in changed for path in graph.files(name))
+        or any(path in changed for path in graph.files(name, listings.get(name, ())))
     ]
     return Decision(graph, fingerprints, stats, graph.downstream(seeds), touched, proof)
 
@@ -237,10 +240,14 @@ def record(state_dir: Path, decision: Decision, verified: Mapping[str, int], dep
         if name in pending and checked is None:
             continue  # failed, blocked or not reached: doit decides about it next time
         proof.tasks[name] = decision.fingerprints[name]
-        listing = graph.listings[name] if checked is None else _listing(graph.by_name[name])
-        proof.listings[name] = listing
+        if checked is None:  # proven: its recorded files were all checked
+            listing = previous.listings.get(name, [])
+        else:
+            listing = _listing(graph.by_name[name])
+        if listing:
+            proof.listings[name] = listing
         sources = set(graph.sources(name))
-        for path in (*graph.files(name), *listing):
+        for path in graph.files(name, listing):
             stat = decision.stats[path] if path in decision.stats else previous.files.get(path)
             if checked is not None and path not in sources:
                 stat = stat_of(path)
