@@ -84,7 +84,7 @@ def update_tree(
             shutil.rmtree(work, ignore_errors=True)
         atomic_write_bytes(root / stamp_name, stamp, durable=False)
         _chmod(root / stamp_name)
-        record = {name: _fingerprint(root / name, sha) for name, sha in digests.items()}
+        record = {name: [*_stat(root, name), sha] for name, sha in digests.items()}
         atomic_write_text(root / RECORD_FILE, json.dumps(record), durable=False)
     return record
 
@@ -103,7 +103,7 @@ def _kept(root: Path, name: str, known: Mapping[str, Fingerprint], sha256: str) 
     if not isinstance(recorded, list) or len(recorded) != 5 or recorded[4] != sha256:
         return False
     try:
-        return _stat(root / name) == recorded[:4]
+        return _stat(root, name) == recorded[:4]
     except OSError:
         return False
 
@@ -175,10 +175,7 @@ def _chmod(path: Path) -> None:
     os.chmod(path, FILE_MODE)
 
 
-def _stat(path: Path) -> list[int]:
-    info = os.stat(path)
+def _stat(root: Path, name: str) -> list[int]:
+    # A string join, not a Path: this runs for every file of the tree at each update.
+    info = os.stat(f"{root}/{name}")
     return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
-
-
-def _fingerprint(path: Path, sha256: str) -> Fingerprint:
-    return [*_stat(path), sha256]
