@@ -171,6 +171,11 @@ def test_an_output_changed_after_doit_checked_its_task_is_not_proven(
     assert uptodate.decide(root, dicts, dep_file).pending == ["t:b", "t:join"]
 
 
+def retyped(root: Path, field: str, value: object) -> None:
+    stamp = json.loads((root / STAMP_FILE).read_text())
+    (root / STAMP_FILE).write_text(json.dumps({**stamp, field: value}))
+
+
 @pytest.mark.parametrize(
     "damage",
     [
@@ -178,6 +183,9 @@ def test_an_output_changed_after_doit_checked_its_task_is_not_proven(
         pytest.param(lambda root: (root / STAMP_FILE).write_text('{"format": 3'), id="truncated"),
         pytest.param(lambda root: (root / STAMP_FILE).write_text("[]"), id="not-an-object"),
         pytest.param(lambda root: (root / STAMP_FILE).unlink(), id="missing"),
+        pytest.param(lambda root: retyped(root, "files", []), id="files-a-list"),
+        pytest.param(lambda root: retyped(root, "listings", {"t:a": 3}), id="listing-a-number"),
+        pytest.param(lambda root: retyped(root, "files", {"x": [1, 2]}), id="stat-a-list"),
     ],
 )
 def test_what_the_proof_cannot_trust_hands_everything_to_doit(

@@ -94,9 +94,22 @@ def load(state_dir: Path) -> Proof | None:
         data = json.loads((state_dir / STAMP_FILE).read_text())
         if data.pop("format") != FORMAT or data.pop("nkibuild") != __version__:
             return None
-        return Proof(**data)
+        proof = Proof(**data)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None  # unreadable or another layout: nothing is proven
+    return proof if _well_formed(proof) else None
+
+
+def _well_formed(proof: Proof) -> bool:
+    """Every field of the type deciding relies on (a damaged stamp is no traceback)."""
+    maps = (proof.tasks, proof.files, proof.digests, proof.listings)
+    return (
+        all(isinstance(m, dict) and all(isinstance(k, str) for k in m) for m in maps)
+        and all(isinstance(v, str) for m in maps[:3] for v in m.values())
+        and all(isinstance(v, list) for v in proof.listings.values())
+        and all(isinstance(p, str) for v in proof.listings.values() for p in v)
+        and (proof.state is None or isinstance(proof.state, str))
+    )
 
 
 def forget(state_dir: Path) -> None:
@@ -104,7 +117,7 @@ def forget(state_dir: Path) -> None:
 
 
 class Graph:
-    """The build's tasks with what the proof needs of each: name, fingerprint, files."""
+    """The build's tasks with what the proof needs of each: name, files, producers."""
 
     def __init__(self, dicts: list[dict[str, Any]]) -> None:
         self.dicts = dicts
@@ -157,7 +170,7 @@ class Decision:
     graph: Graph
     fingerprints: dict[str, str]
     # As seen when deciding: with a proof, the files whose stat differs from it (the
-    # others are as recorded); without one, every file.
+    # others are as recorded); without one, every source.
     stats: dict[str, Stat | None]
     pending: list[str]  # doit decides about these (in graph order)
     touched: list[str]  # sources whose stat changed but whose content did not
