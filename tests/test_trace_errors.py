@@ -88,18 +88,23 @@ def test_each_kernel_names_its_variant_and_the_traceback_appears_once(
     assert "Traceback" in failures["second/default"]  # same line, another kernel: shown
 
 
-def test_a_syntax_error_points_at_the_users_line(tmp_path: Path) -> None:
+def test_a_syntax_error_in_an_imported_module_points_at_the_users_line(tmp_path: Path) -> None:
+    # (a syntax error in the kernel's own file is a manifest error: validate parses it)
     project = write_project(
         tmp_path / "project",
         MANIFEST.split("  second:")[0],
-        {"kernels/kernels.py": "def first(x):\n    return x +* 2\n"},
+        {"kernels/kernels.py": KERNELS, "kernels/utils.py": "def regroup(x):\n    return x +* 2\n"},
     )
     result = run_nkibuild(["build", "--toolchain", "fake", "--keep-going", "extract:*"], project)
-    assert result.returncode == 1
-    assert result.stderr.count("Traceback") == 0
-    assert result.stderr.count('File "kernels/kernels.py", line 2') == 1
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("Traceback") == 1
+    assert result.stderr.count('File "kernels/kernels.py", line 1, in <module>') == 1
+    assert result.stderr.count('File "kernels/utils.py", line 2') == 1
     assert "return x +* 2" in result.stderr and "importlib" not in result.stderr
-    assert result.stderr.count("(the same SyntaxError at kernels/kernels.py:2 as first/") == 2
+    assert (
+        result.stderr.count("(the same SyntaxError at kernels/kernels.py:1 in <module> as first/")
+        == 2
+    )
 
 
 def _fails_in_library() -> None:
