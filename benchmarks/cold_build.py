@@ -48,6 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from installed_bytecode import compile_nkibuild
+
 from nkibuild.testing.hlo_writer import build_hlo_module
 
 KERNELS = 50
@@ -185,6 +187,7 @@ def _run(command: list[str], root: Path, env: dict[str, str]) -> None:
 
 
 def main() -> None:
+    compile_nkibuild()
     with tempfile.TemporaryDirectory(prefix="nkibuild-bench-") as name:
         scratch = Path(name)
         root = scratch / "project"

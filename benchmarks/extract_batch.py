@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from installed_bytecode import compile_nkibuild
+
 from nkibuild.toolchain.worker_pool import WorkerKey, WorkerPool
 
 KERNELS = 20
@@ -98,6 +100,7 @@ def fresh_process_each(root: Path, out: Path, names: list[str]) -> float:
 
 
 def main() -> None:
+    compile_nkibuild()
     with tempfile.TemporaryDirectory(prefix="nkibuild-extract-bench-") as scratch:
         root = Path(scratch)
         names = write_kernels(root)

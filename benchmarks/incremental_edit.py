@@ -36,6 +36,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from installed_bytecode import compile_nkibuild
+
 from nkibuild.graph.uptodate import STAMP_FILE
 from nkibuild.testing.hlo_writer import build_hlo_module
 
@@ -133,6 +135,7 @@ def measure(root: Path, units: int, runs: int) -> dict[str, float | int]:
 
 
 def main() -> None:
+    compile_nkibuild()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--units", type=int, nargs="+", default=[1000], help="scales (1000)")
     parser.add_argument("--runs", type=int, default=RUNS, help=f"timed runs (default {RUNS})")

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from installed_bytecode import compile_nkibuild
+
 from nkibuild.graph.uptodate import STAMP_FILE
 
 UNITS = 1000
@@ -172,6 +174,7 @@ def nothing() -> None:
 
 
 def main() -> None:
+    compile_nkibuild()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--units", type=int, default=UNITS, help=f"build units ({UNITS})")
     parser.add_argument("--runs", type=int, default=RUNS, help=f"timed runs ({RUNS})")

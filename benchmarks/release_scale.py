@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from cold_build import baseline_commands, run_baseline
+from installed_bytecode import compile_nkibuild
 
 from nkibuild.testing.hlo_writer import build_hlo_module
 
@@ -67,6 +68,7 @@ def write_monorepo(root: Path) -> None:
 
 
 def main() -> None:
+    compile_nkibuild()
     with tempfile.TemporaryDirectory(prefix="nkibuild-bench-") as scratch:
         root = Path(scratch) / "repo"
         write_monorepo(root)

@@ -27,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from installed_bytecode import compile_nkibuild
 from noop_build import RUNS, interleaved_medians, measured, timed, write_project
 
 from nkibuild.testing.hlo_writer import build_hlo_module
@@ -57,6 +58,7 @@ def edit_rebuild(root: Path, source: Path, env: dict[str, str]) -> dict[str, obj
 
 
 def main() -> None:
+    compile_nkibuild()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--units", type=int, default=1000, help="build units (default 1000)")
     parser.add_argument("--runs", type=int, default=RUNS, help=f"timed runs (default {RUNS})")

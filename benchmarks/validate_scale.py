@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from installed_bytecode import compile_nkibuild
+
 KERNELS = 1_000
 VARIANTS = 5
 TARGETS = ("trn1", "trn2")
@@ -102,6 +104,7 @@ def nothing() -> None:
 
 
 def main() -> None:
+    compile_nkibuild()
     python = sys.executable
     with tempfile.TemporaryDirectory(prefix="nkibuild-bench-") as scratch:
         root = Path(scratch)
