@@ -243,8 +243,7 @@ def verify_provenance(args: argparse.Namespace) -> int:
     from nkibuild.verify.provenance import STATEMENT_FILE, check_wheel
 
     checks = [
-        check_wheel(wheel, args.statement or wheel.parent / STATEMENT_FILE)
-        for wheel in args.wheels
+        check_wheel(wheel, args.statement or wheel.parent / STATEMENT_FILE) for wheel in args.wheels
     ]
     if args.json:
         print(json.dumps([c.to_json() for c in checks], indent=2))
