@@ -176,6 +176,12 @@ def retyped(root: Path, field: str, value: object) -> None:
     (root / STAMP_FILE).write_text(json.dumps({**stamp, field: value}))
 
 
+def garbled_stats(root: Path) -> None:
+    """Every recorded stat (sources with digests too) replaced by a non-stat string."""
+    stamp = json.loads((root / STAMP_FILE).read_text())
+    retyped(root, "files", dict.fromkeys(stamp["files"], "garbage"))
+
+
 @pytest.mark.parametrize(
     "damage",
     [
@@ -186,6 +192,8 @@ def retyped(root: Path, field: str, value: object) -> None:
         pytest.param(lambda root: retyped(root, "files", []), id="files-a-list"),
         pytest.param(lambda root: retyped(root, "listings", {"t:a": 3}), id="listing-a-number"),
         pytest.param(lambda root: retyped(root, "files", {"x": [1, 2]}), id="stat-a-list"),
+        pytest.param(lambda root: garbled_stats(root), id="stat-not-numbers"),
+        pytest.param(lambda root: retyped(root, "state", "1 2 x 4"), id="state-not-numbers"),
     ],
 )
 def test_what_the_proof_cannot_trust_hands_everything_to_doit(

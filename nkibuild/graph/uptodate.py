@@ -106,10 +106,19 @@ def _well_formed(proof: Proof) -> bool:
     return (
         all(isinstance(m, dict) and all(isinstance(k, str) for k in m) for m in maps)
         and all(isinstance(v, str) for m in maps[:3] for v in m.values())
+        and all(map(_is_stat, proof.files.values()))
         and all(isinstance(v, list) for v in proof.listings.values())
         and all(isinstance(p, str) for v in proof.listings.values() for p in v)
-        and (proof.state is None or isinstance(proof.state, str))
+        and (proof.state is None or _is_stat(proof.state))
     )
+
+
+def _is_stat(value: object) -> bool:
+    """What `stat_of` writes: four decimal integers."""
+    if not isinstance(value, str):
+        return False
+    fields = value.split(" ")
+    return len(fields) == 4 and all(field.isdigit() for field in fields)
 
 
 def forget(state_dir: Path) -> None:
