@@ -285,3 +285,41 @@ def test_a_wheel_from_another_writer_lends_nothing(tmp_path: Path, copied: list[
     (wheel,) = (project / "dist").glob("*.whl")
     assert wheel.read_bytes() == fresh_wheel(project, tmp_path / "fresh")
     assert json.loads(writer_file.read_text()) == wheel_module.writer_identity()
+
+
+def test_a_previous_wheel_whose_directory_points_past_its_end_lends_nothing(
+    tmp_path: Path, copied: list[str]
+) -> None:
+    project = two_kernel_project(tmp_path / "p")
+    assert build(project).ok
+    copied.clear()
+    (wheel,) = (project / "dist").glob("*.whl")
+    data = bytearray(wheel.read_bytes())
+    # The first central directory header's local header offset (at byte 42 of it) now
+    # points 10 bytes before the end: too few bytes there for a local header.
+    first = data.index(b"PK\x01\x02")
+    data[first + 42 : first + 46] = (len(data) - 10).to_bytes(4, "little")
+    wheel.write_bytes(bytes(data))
+    summary = build(project)
+    assert summary.ok and summary.executed == ["wheel"]
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.namelist()[0] not in copied
+    assert wheel.read_bytes() == fresh_wheel(project, tmp_path / "fresh")
+
+
+def test_a_previous_file_that_is_no_wheel_is_closed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[object] = []
+
+    def tracked(*args: object) -> object:
+        handle = open(*args)  # type: ignore[call-overload]  # noqa: SIM115 (checked closed)
+        opened.append(handle)
+        return handle
+
+    monkeypatch.setattr(wheel_module, "open", tracked, raising=False)
+    damaged = tmp_path / "damaged.whl"
+    damaged.write_bytes(b"PK\x03\x04 not a zip archive")
+    with wheel_module.Previous.of(damaged) as previous:
+        assert previous is None
+    assert len(opened) == 1 and all(handle.closed for handle in opened)  # type: ignore[attr-defined]

@@ -324,9 +324,11 @@ class Previous:
     is byte for byte the one a fresh write gives. Anything unreadable: no reuse."""
 
     def __init__(self, path: Path) -> None:
-        self.handle = open(path, "rb")  # noqa: SIM115 (closed by `of`)
-        self.archive = zipfile.ZipFile(self.handle)
-        self.recorded = self._record()
+        with contextlib.ExitStack() as opened:  # a wheel that fails to open is closed again
+            self.handle = opened.enter_context(open(path, "rb"))
+            self.archive = opened.enter_context(zipfile.ZipFile(self.handle))
+            self.recorded = self._record()
+            self.opened = opened.pop_all()  # closed by `of`
 
     @classmethod
     @contextlib.contextmanager
@@ -339,8 +341,7 @@ class Previous:
             yield previous
         finally:
             if previous is not None:
-                previous.archive.close()
-                previous.handle.close()
+                previous.opened.close()
 
     def _record(self) -> dict[str, str]:
         """name -> sha256 (hex) from the wheel's RECORD."""
@@ -385,7 +386,19 @@ class Previous:
 
 LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zipfile's own layout of a local file header
 LOCAL_SIGNATURE = b"PK\x03\x04"
-UNREADABLE = (OSError, ValueError, KeyError, zipfile.BadZipFile, zlib.error, EOFError)
+# Whatever reading a damaged wheel raises (RuntimeError: an encrypted member;
+# NotImplementedError, a RuntimeError: an unknown compression; struct.error: a
+# header cut short) means no reuse, never a failed stage.
+UNREADABLE = (
+    OSError,
+    ValueError,
+    KeyError,
+    RuntimeError,
+    struct.error,
+    zipfile.BadZipFile,
+    zlib.error,
+    EOFError,
+)
 
 
 def _copy_member(
