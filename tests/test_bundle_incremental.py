@@ -160,6 +160,65 @@ def test_an_interrupted_update_is_finished_by_the_next(
     }
 
 
+def test_a_record_naming_files_outside_the_tree_is_not_trusted(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+) -> None:
+    root = tmp_path / "out" / "bundle"
+    update_tree(root, wanted, STAMP, b"stamp 1")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not nkibuild's")
+    record = read_record(root)
+    damaged = {**record, "../../victim.txt": [1, 1, 1, 1, "x"]}
+    (root / RECORD_FILE).write_text(json.dumps(damaged))
+    assert read_record(root) == {}
+    update_tree(root, {**wanted, "pkg/_kernels/a.py": b"A = 2\n"}, STAMP, b"stamp 2")
+    assert victim.read_text() == "not nkibuild's"
+    assert (root / "pkg/_kernels/a.py").read_bytes() == b"A = 2\n"
+
+
+def test_an_update_never_writes_or_removes_through_a_symlinked_directory(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+) -> None:
+    root = tmp_path / "bundle"
+    update_tree(root, wanted, STAMP, b"stamp 1")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "b.py").write_text("the user's")
+    kernels = root / "pkg" / "_kernels"
+    for name in ("a.py", "b.py"):
+        (kernels / name).unlink()
+    kernels.rmdir()
+    kernels.symlink_to(outside, target_is_directory=True)
+    changed = {n: c for n, c in wanted.items() if n != "pkg/_kernels/b.py"}
+    changed["pkg/_kernels/a.py"] = b"A = 2\n"
+    with pytest.raises(BuildError, match=r"_kernels is a symbolic link: nkibuild does not"):
+        update_tree(root, changed, STAMP, b"stamp 2")
+    assert sorted(p.name for p in outside.iterdir()) == ["b.py"]
+    assert (outside / "b.py").read_text() == "the user's"
+
+
+def test_the_record_goes_with_the_stamp_while_files_are_renamed(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill after the renames must not leave a record the next update trusts: it
+    would not list the files that update added, which then stay as strays."""
+    from nkibuild.bundle import tree
+
+    root = tmp_path / "bundle"
+    update_tree(root, wanted, STAMP, b"stamp 1")
+
+    def killed(root: Path, removed: list[str]) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tree, "_remove_empty_dirs", killed)
+    with pytest.raises(KeyboardInterrupt):
+        update_tree(root, {**wanted, "pkg/extra.py": b"E = 1\n"}, STAMP, b"stamp 2")
+    assert not (root / STAMP).exists() and not (root / RECORD_FILE).exists()
+    monkeypatch.undo()
+    update_tree(root, wanted, STAMP, b"stamp 1")
+    assert not (root / "pkg/extra.py").exists()
+
+
 KILLED_UPDATE = """\
 import sys
 from pathlib import Path

@@ -13,8 +13,9 @@ so the bundle stage instead compares what it wants with what the tree holds:
   its compile recorded.
 - The update is two-phased. First every changed file is written (NEFFs hashed as they
   are copied) into a hidden sibling work dir; a refused NEFF ends the update there,
-  with the tree untouched. Then `bundle.json` is removed, the new files are renamed
-  into the tree, stray files removed, and `bundle.json` written last. A tree without
+  with the tree untouched. Then `bundle.json` and the record are removed, the new files
+  are renamed into the tree (never through a symlinked directory), stray files removed,
+  and `bundle.json` written last, then the record. A tree without
   `bundle.json` is not a bundle (nothing packs or verifies it); a killed update leaves
   one, and the next update finds its new files' stats unrecorded and writes them again.
 """
@@ -27,9 +28,9 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from nkibuild.errors import BuildError
 from nkibuild.fsutil import atomic_write_bytes, atomic_write_text, reported_at
@@ -90,12 +91,22 @@ def update_tree(
 
 
 def read_record(root: Path) -> dict[str, Fingerprint]:
-    """The fingerprints the last complete update recorded (none if unreadable)."""
+    """The fingerprints the last complete update recorded (none if unreadable, or if it
+    names a file outside the tree: its names are removed as strays)."""
     try:
         record = json.loads((root / RECORD_FILE).read_text())
     except (OSError, ValueError):
         return {}
-    return record if isinstance(record, dict) else {}
+    if not isinstance(record, dict) or not all(map(_inside_tree, record)):
+        return {}
+    return record
+
+
+def _inside_tree(name: object) -> bool:
+    """A relative POSIX path that stays below the tree (`a/b.py`, not `../x` or `/x`)."""
+    if not isinstance(name, str) or not name or PurePosixPath(name).is_absolute():
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
 
 
 def _kept(root: Path, name: str, known: Mapping[str, Fingerprint], sha256: str) -> bool:
@@ -155,13 +166,28 @@ def _commit(root: Path, work: Path, changed: list[str], strays: list[str], stamp
     if not root.exists():
         os.replace(work, root)
         return
-    (root / stamp).unlink(missing_ok=True)  # from here until it is back: not a bundle
+    _refuse_links(root, [*changed, *strays])
+    # From here until they are back: not a bundle, and no record a next update trusts.
+    (root / stamp).unlink(missing_ok=True)
+    (root / RECORD_FILE).unlink(missing_ok=True)
     for name in changed:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         os.replace(work / name, root / name)
     for name in strays:
         (root / name).unlink(missing_ok=True)
     _remove_empty_dirs(root, strays)
+
+
+def _refuse_links(root: Path, names: Iterable[str]) -> None:
+    """Files are written and removed below `root` only, never through a directory
+    someone replaced with a symbolic link (it could lead out of the build dir)."""
+    parents = {parent for name in names for parent in PurePosixPath(name).parents}
+    for parent in sorted(parents, key=lambda p: len(p.parts)):
+        if os.path.islink(root / parent):
+            raise BuildError(
+                f"{root / parent} is a symbolic link: nkibuild does not write through it; "
+                "remove it (or run `nkibuild clean`) and build again"
+            )
 
 
 def _remove_empty_dirs(root: Path, removed: list[str]) -> None:
