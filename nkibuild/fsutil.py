@@ -25,6 +25,28 @@ def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), durable=durable)
 
 
+def process_umask() -> int:
+    """The umask, read from /proc where it can be (setting it to learn it races other
+    threads creating files). Outputs get the modes open() and mkdir() would give them."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def new_file_mode() -> int:
+    return 0o666 & ~process_umask()
+
+
+def new_dir_mode() -> int:
+    return 0o777 & ~process_umask()
+
+
 @contextlib.contextmanager
 def atomic_output(path: Path, *, durable: bool = True) -> Iterator[Path]:
     """Yield a temp path beside `path`; rename it over `path` only if the block succeeds.
@@ -40,6 +62,7 @@ def atomic_output(path: Path, *, durable: bool = True) -> Iterator[Path]:
         tmp = Path(name)
         try:
             yield tmp
+            os.chmod(tmp, new_file_mode())  # mkstemp's 0o600, as open() would have made it
             if durable:
                 with open(tmp, "rb+") as handle:
                     os.fsync(handle.fileno())

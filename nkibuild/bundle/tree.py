@@ -33,10 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from nkibuild.errors import BuildError
-from nkibuild.fsutil import atomic_write_bytes, atomic_write_text, reported_at
+from nkibuild.fsutil import (
+    atomic_write_bytes,
+    atomic_write_text,
+    new_dir_mode,
+    new_file_mode,
+    reported_at,
+)
 
 RECORD_FILE = ".files.json"
-FILE_MODE = 0o644  # as a file written with open() under the usual umask: readable by all
 CHUNK = 1 << 20
 Fingerprint = list[int | str]  # [size, mtime_ns, ctime_ns, inode, sha256]
 
@@ -77,14 +82,15 @@ def update_tree(
     with reported_at(root):
         root.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".new", dir=root.parent))
+        os.chmod(work, new_dir_mode())  # mkdtemp's 0o700: it becomes the tree if none exists
+        mode = new_file_mode()
         try:
             for name in changed:
-                _write(work / name, wanted[name])
+                _write(work / name, wanted[name], mode)
             _commit(root, work, changed, strays, stamp_name)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         atomic_write_bytes(root / stamp_name, stamp, durable=False)
-        _chmod(root / stamp_name)
         record = {name: [*_stat(root, name), sha] for name, sha in digests.items()}
         atomic_write_text(root / RECORD_FILE, json.dumps(record), durable=False)
     return record
@@ -137,13 +143,13 @@ def _strays(
     return found
 
 
-def _write(path: Path, content: Content) -> None:
+def _write(path: Path, content: Content, mode: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(content, bytes):
         path.write_bytes(content)
     else:
         _copy_checked(content, path)
-    _chmod(path)
+    os.chmod(path, mode)
 
 
 def _copy_checked(copy: CompiledCopy, path: Path) -> None:
@@ -195,10 +201,6 @@ def _remove_empty_dirs(root: Path, removed: list[str]) -> None:
     for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
         with contextlib.suppress(OSError):  # not empty (or gone): keep
             (root / parent).rmdir()
-
-
-def _chmod(path: Path) -> None:
-    os.chmod(path, FILE_MODE)
 
 
 def _stat(root: Path, name: str) -> list[int]:

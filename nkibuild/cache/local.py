@@ -46,7 +46,7 @@ from nkibuild.cache.trust import (
     check_size,
     parse_record,
 )
-from nkibuild.fsutil import atomic_output
+from nkibuild.fsutil import atomic_output, new_dir_mode
 
 UNFINISHED_AFTER_S = 3600.0  # far longer than any publish takes
 
@@ -156,6 +156,7 @@ class LocalCache:
             return
         stage = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".new", dir=entry.parent))
         try:
+            os.chmod(stage, new_dir_mode())  # mkdtemp's 0o700: it becomes the entry
             _link_or_copy(neff, stage / NEFF_FILE)
             if log is not None and log.exists():
                 _link_or_copy(log, stage / LOG_FILE)
