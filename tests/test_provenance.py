@@ -354,3 +354,72 @@ def _has_sigstore() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("sigstore") is not None
+
+
+BUILD_JSON = "alpha_kernels/_build.json"
+
+
+def damaged_member(data: bytearray, info: zipfile.ZipInfo, damage: str) -> None:
+    """Damage one member of a wheel's bytes: its deflated data, or the compression
+    method or encryption flag its central directory header gives."""
+    if damage == "corrupt deflated data":
+        start = info.header_offset + 30 + len(info.filename)
+        data[start : start + info.compress_size] = bytes([0xFF]) * info.compress_size
+        return
+    entry = data.index(b"PK\x01\x02")
+    while data[entry + 46 : entry + 46 + len(info.filename)] != info.filename.encode():
+        entry = data.index(b"PK\x01\x02", entry + 1)
+    if damage == "unknown compression":
+        data[entry + 10 : entry + 12] = (99).to_bytes(2, "little")
+    else:
+        data[entry + 8] |= 0x01  # general purpose flag bit 0: encrypted
+
+
+@pytest.mark.parametrize(
+    "damage", ["corrupt deflated data", "unknown compression", "encrypted member"]
+)
+def test_a_wheel_whose_build_json_cannot_be_read_is_a_clear_error(
+    released: Path, tmp_path: Path, damage: str
+) -> None:
+    wheel = tmp_path / ALPHA
+    with zipfile.ZipFile(released / "dist-all" / ALPHA) as archive:
+        info = archive.getinfo(BUILD_JSON)
+    assert info.compress_type == zipfile.ZIP_DEFLATED
+    data = bytearray((released / "dist-all" / ALPHA).read_bytes())
+    damaged_member(data, info, damage)
+    wheel.write_bytes(bytes(data))
+
+    def vouch_for_it(statement: dict[str, Any]) -> None:
+        statement["subject"].append({"name": ALPHA, "digest": {"sha256": sha256(wheel)}})
+
+    path = tampered_statement(released, tmp_path, vouch_for_it)
+    result = run_nkibuild(["verify-provenance", str(wheel), "--statement", str(path)], released)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{wheel}: not a readable wheel (" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("subject", "problem"),
+    [
+        ({"name": ALPHA, "digest": {"sha256": []}}, "subject[0].digest.sha256 is not a string"),
+        (
+            {"name": ALPHA, "digest": {"sha256": {"h": "0"}}},
+            "subject[0].digest.sha256 is not a string",
+        ),
+        ({"name": ALPHA, "digest": ["sha256", "00"]}, "subject[0].digest is not an object"),
+        ({"name": ALPHA}, "subject[0].digest is not an object"),
+    ],
+)
+def test_a_subject_whose_digest_is_not_a_digest_set_is_a_malformed_statement(
+    released: Path, tmp_path: Path, subject: dict[str, Any], problem: str
+) -> None:
+    def edit(statement: dict[str, Any]) -> None:
+        statement["subject"].insert(0, subject)
+
+    path = tampered_statement(released, tmp_path, edit)
+    wheel = released / "dist-all" / ALPHA
+    result = run_nkibuild(["verify-provenance", str(wheel), "--statement", str(path)], released)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [f"{ALPHA}: FAILED ({path})", f"    {path}: {problem}"]
+    assert "Traceback" not in result.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,10 @@ from nkibuild.errors import UsageError
 STATEMENT_FILE = "provenance.intoto.json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
+# What zipfile raises for a damaged wheel: besides BadZipFile, zlib.error (corrupt
+# deflated data), NotImplementedError (an unknown compression method; a
+# RuntimeError like an encrypted member's), EOFError (data cut short).
+UNREADABLE_WHEEL = (OSError, EOFError, RuntimeError, zipfile.BadZipFile, zlib.error)
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,7 @@ def wheel_build_info(wheel: Path) -> BuildInfo | None:
             if len(records) > 1:
                 raise UsageError(f"{wheel}: more than one package with {FILE_NAME}")
             text = archive.read(records[0]).decode("utf-8", errors="replace")
-    except (OSError, zipfile.BadZipFile) as error:
+    except UNREADABLE_WHEEL as error:
         raise UsageError(f"{wheel}: not a readable wheel ({error})") from None
     try:
         return BuildInfo.from_text(text)
@@ -119,6 +124,7 @@ def read_statement(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: predicateType is not {PREDICATE_TYPE}")
     _require_list(statement, ("subject",), path)
     _require_list(statement, ("predicate", "buildDefinition", "resolvedDependencies"), path)
+    _require_digest_sets(statement["subject"], path)
     return statement
 
 
@@ -128,6 +134,17 @@ def _require_list(document: dict[str, Any], keys: tuple[str, ...], path: Path) -
         value = value.get(key) if isinstance(value, dict) else None
     if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
         raise ValueError(f"{path}: {'.'.join(keys)} is not a list of objects")
+
+
+def _require_digest_sets(subjects: list[dict[str, Any]], path: Path) -> None:
+    """Each subject's digest is an in-toto DigestSet: an object of algorithm -> hex string."""
+    for index, subject in enumerate(subjects):
+        digest = subject.get("digest")
+        if not isinstance(digest, dict):
+            raise ValueError(f"{path}: subject[{index}].digest is not an object")
+        for algorithm, value in digest.items():
+            if not isinstance(value, str):
+                raise ValueError(f"{path}: subject[{index}].digest.{algorithm} is not a string")
 
 
 def check_wheel(wheel: Path, statement_path: Path) -> ProvenanceCheck:
