@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import pickle
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -221,6 +222,9 @@ _PLAN_CODE = (
     *sorted((Path(__file__).parent / "manifest").glob("*.py")),
     Path(__file__).parent / "dtypes.py",
     Path(__file__).parent / "quantities.py",
+    Path(__file__).parent / "confine.py",
+    Path(__file__).parent / "errors.py",
+    Path(__file__).parent / "text.py",
 )
 
 
@@ -260,7 +264,8 @@ def _plan_key(path: Path) -> str | None:
         digest = hashlib.sha256(path.read_bytes())
     except OSError:
         return None  # let the manifest loader report it
-    digest.update(f"{path}\0{__version__}".encode())
+    # A `~` in a setting (the compiler's path) is expanded against the home directory.
+    digest.update(f"{path}\0{__version__}\0{os.path.expanduser('~')}".encode())
     for code in _PLAN_CODE:
         info = code.stat()
         digest.update(f"{code}\0{info.st_mtime_ns}\0{info.st_size}".encode())

@@ -398,3 +398,33 @@ def test_a_manifest_overrides_nkipys_defaults(tmp_path: Path) -> None:
     args = unit.compile_args()
     assert args[-2:] == ["--internal-tensorizer-opt-level=nki", "--verbose"]
     assert "--internal-tensorizer-opt-level=2" not in args
+
+
+def test_the_plan_cache_follows_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`~` in the compiler's path is expanded when the manifest is read: another HOME
+    (another user sharing the checkout) must not get the cached expansion."""
+    import shutil
+
+    from helpers import EXAMPLE_KERNELS
+
+    from nkibuild.plan import load_plan
+
+    project = write_project(
+        tmp_path / "project",
+        "format-version: 1\n"
+        "package: {name: home-kernels, version: 0.1.0}\n"
+        "compiler: {path: ~/sdk/neuronx-cc}\n"
+        "kernels:\n"
+        "  softmax:\n"
+        "    frontend: hlo\n"
+        "    source: softmax.hlo.pb\n"
+        "    inputs: {logits: {shape: [64, 1024], dtype: float32}}\n",
+    )
+    shutil.copyfile(EXAMPLE_KERNELS / "softmax.hlo.pb", project / "softmax.hlo.pb")
+    state = project / "build" / "state"
+    for home in ("alice", "bob", "alice"):
+        monkeypatch.setenv("HOME", str(tmp_path / home))
+        manifest, _ = load_plan(project / "nkibuild.yaml", state)
+        assert manifest.compiler_path == tmp_path / home / "sdk" / "neuronx-cc"
