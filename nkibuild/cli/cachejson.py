@@ -18,18 +18,19 @@ def cache(args: argparse.Namespace) -> int:
     # The action's own lines (what it removed or found corrupt) go to stderr, so that a
     # script reads stdout as JSON whatever the action printed.
     with contextlib.redirect_stdout(sys.stderr):
-        code = commands.cache(args)
-    print(json.dumps({"action": args.action, "ok": code == 0, **state(args)}, indent=2))
+        code, usage = commands.cache_action(args)
+    document = state(args, usage)
+    print(json.dumps({"action": args.action, "ok": code == 0, **document}, indent=2))
     return code
 
 
-def state(args: argparse.Namespace) -> dict[str, Any]:
+def state(args: argparse.Namespace, usage: tuple[int, int]) -> dict[str, Any]:
     """The local cache after the action: where it is, its entries and their size; and per
     tier its entries (the remote's with --remote-cache) and counts over the last builds."""
     from nkibuild.cache.stats import read_log
 
     local_dir = _local_dir(args)
-    entries, size = _local_usage(args)
+    entries, size = usage
     log = read_log(local_dir)
     totals = log.totals()
     remote = _remote_usage(args)
@@ -48,9 +49,9 @@ def state(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def stats_lines(args: argparse.Namespace) -> list[str]:
+def stats_lines(args: argparse.Namespace, usage: tuple[int, int]) -> list[str]:
     """`cache stats` without --json: one line per tier after the entries line."""
-    document = state(args)
+    document = state(args, usage)
     builds = document["builds"]
     lines = [f"hits over the last {builds} build{'s' * (builds != 1)} that used the cache:"]
     for name, tier in document["tiers"].items():
@@ -75,13 +76,6 @@ def _local_dir(args: argparse.Namespace) -> Any:
     from nkibuild.settings import default_cache_dir
 
     return args.cache_dir or default_cache_dir()
-
-
-def _local_usage(args: argparse.Namespace) -> tuple[int, int]:
-    from nkibuild.cache import LocalCache
-
-    entries = LocalCache(_local_dir(args)).entries()
-    return len(entries), sum(entry.size for entry in entries)
 
 
 def _remote_usage(args: argparse.Namespace) -> dict[str, Any]:

@@ -330,6 +330,11 @@ def doctor(args: argparse.Namespace) -> int:
 
 
 def cache(args: argparse.Namespace) -> int:
+    return cache_action(args)[0]
+
+
+def cache_action(args: argparse.Namespace) -> tuple[int, tuple[int, int]]:
+    """Run the cache action; its exit code and the local cache's (entries, bytes) after it."""
     from nkibuild.cache import UNFINISHED_AFTER_S, LocalCache
     from nkibuild.cache.trust import trust_from_environment
     from nkibuild.errors import UsageError
@@ -366,12 +371,13 @@ def cache(args: argparse.Namespace) -> int:
     for failure in store.failures:  # e.g. a read-only cache: say so, never "removed"
         print(f"error: {failure}", file=sys.stderr)
     entries = store.entries()
-    print(f"{store.root}: {len(entries)} entries, {format_size(sum(e.size for e in entries))}")
+    usage = (len(entries), sum(e.size for e in entries))
+    print(f"{store.root}: {usage[0]} entries, {format_size(usage[1])}")
     if args.action == "stats" and not args.json:  # --json prints these figures as JSON
         from nkibuild.cli.cachejson import stats_lines
 
-        print("\n".join(stats_lines(args)))
-    return EXIT_BUILD_FAILED if problems or store.failures else EXIT_OK
+        print("\n".join(stats_lines(args, usage)))
+    return EXIT_BUILD_FAILED if problems or store.failures else EXIT_OK, usage
 
 
 def inspect(args: argparse.Namespace) -> int:
