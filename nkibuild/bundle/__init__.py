@@ -118,8 +118,10 @@ def generate_bundle(
     for target in split_targets(manifest):
         files |= _part_files(manifest.package, target)
 
-    stamp = _stamp(manifest, info, {name: digest(content) for name, content in files.items()})
-    update_tree(out_dir, files, STAMP_FILE, json.dumps(stamp, indent=2, sort_keys=True).encode())
+    digests = {name: digest(content) for name, content in files.items()}
+    stamp = _stamp(manifest, info, digests)
+    stamp_bytes = json.dumps(stamp, indent=2, sort_keys=True).encode()
+    update_tree(out_dir, files, STAMP_FILE, stamp_bytes, digests=digests)
     return _project(out_dir, stamp, info)
 
 

@@ -47,12 +47,16 @@ def summarize(context: BuildContext, compiled: Sequence[CompiledNeff]) -> Proven
     frontends = {pair for directory in artifacts for pair in load_artifact(directory).toolchain}
     compilers = {(COMPILER, neff.compiler_version) for neff in compiled}
     return ProvenanceInfo(
-        manifest=_material(manifest.root, manifest.path),
+        # The bytes the build parsed (hashed as they were read), not the file as it is now.
+        manifest=MaterialInfo(_relative(manifest.path, manifest.root), manifest.sha256),
         sources=tuple(_material(manifest.root, path) for path in material_files(manifest)),
         tools=tuple(ToolInfo(name, version) for name, version in sorted(frontends | compilers)),
     )
 
 
 def _material(root: Path, path: Path) -> MaterialInfo:
-    relative = Path(os.path.relpath(path, root)).as_posix()
-    return MaterialInfo(relative, file_sha256(path))
+    return MaterialInfo(_relative(path, root), file_sha256(path))
+
+
+def _relative(path: Path, root: Path) -> str:
+    return Path(os.path.relpath(path, root)).as_posix()

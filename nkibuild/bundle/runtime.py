@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -786,13 +787,7 @@ def _as_torch(result: Any, device: Any) -> Any:
 
 
 def _elements(shapes: Sequence[tuple[int, ...]]) -> int:
-    total = 0
-    for shape in shapes:
-        count = 1
-        for length in shape:
-            count *= length
-        total += count
-    return total
+    return sum(math.prod(shape) for shape in shapes)
 
 
 def _shapes(shapes: Any) -> str:

@@ -65,11 +65,17 @@ def digest(content: Content) -> str:
 
 
 def update_tree(
-    root: Path, wanted: Mapping[str, Content], stamp_name: str, stamp: bytes
+    root: Path,
+    wanted: Mapping[str, Content],
+    stamp_name: str,
+    stamp: bytes,
+    *,
+    digests: Mapping[str, str] | None = None,
 ) -> dict[str, Fingerprint]:
     """Make `root` hold exactly `wanted` (relative POSIX path -> content) and, written
-    last, `stamp_name` with `stamp`; return every file's fingerprint (as recorded)."""
-    digests = {name: digest(content) for name, content in wanted.items()}
+    last, `stamp_name` with `stamp`; return every file's fingerprint (as recorded).
+    `digests`: the sha256 of each wanted file, if the caller has them already."""
+    digests = dict(digests or {name: digest(content) for name, content in wanted.items()})
     digests[stamp_name] = hashlib.sha256(stamp).hexdigest()
     known = read_record(root)
     changed = [name for name in wanted if not _kept(root, name, known, digests[name])]

@@ -231,14 +231,11 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
         for unit in context.units
         for name in COMPILE_OUTPUTS
     ]
-    from nkibuild.bundle import shipped_files
     from nkibuild.bundle.provenance import material_files
 
-    # The materials too: the bundle records their digests (its provenance summary).
-    shipped = sorted(
-        {_path(manifest.root / path) for path in shipped_files(manifest)}
-        | {_path(path) for path in (manifest.path, *material_files(manifest))}
-    )
+    # What the bundle ships (references, nki/nkipy sources) is among its materials, whose
+    # digests it records (its provenance summary).
+    shipped = [_path(path) for path in (manifest.path, *material_files(manifest))]
     bundle_dir = _path(context.layout.bundle_dir(manifest))
     intact = OutputsIntact((), [bundle_dir])
     return {
