@@ -112,15 +112,6 @@ def read_confined(path: str | os.PathLike[str], roots: Sequence[str | os.PathLik
         return handle.read()
 
 
-def copy_confined(
-    source: str | os.PathLike[str],
-    destination: str | os.PathLike[str],
-    roots: Sequence[str | os.PathLike[str]],
-) -> None:
-    """Copy a regular file inside `roots` to `destination` (which is nkibuild's own)."""
-    Path(destination).write_bytes(read_confined(source, roots))
-
-
 def glob_files(root: Path, pattern: str) -> list[Path]:
     """Regular files under `root` that `pattern` matches, as `glob.glob(root/pattern,
     recursive=True)` would list them (`**` for any depth, hidden names only when the

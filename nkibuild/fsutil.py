@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import os
 import shutil
 import tempfile
@@ -25,6 +26,7 @@ def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), durable=durable)
 
 
+@functools.cache  # nkibuild never changes its umask: read once, not at every write
 def process_umask() -> int:
     """The umask, read from /proc where it can be (setting it to learn it races other
     threads creating files). Outputs get the modes open() and mkdir() would give them."""

@@ -124,11 +124,11 @@ def test_the_inlined_schema_finds_what_the_generated_one_finds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     doc = yamlsource.parse_yaml(BROKEN.encode(), "m.yaml")
-    inlined = [d.render() for d in schema.schema_diagnostics(doc)]
+    inlined = [p.diagnostic.render() for p in schema.schema_problems(doc)]
     strict = type(schema._validator())  # the same type checks, on the schema as generated
     monkeypatch.setattr(schema, "_validator", lambda: strict(load_schema()))
     assert "'$ref': '#/$defs/compileSettings'" in str(schema._validator().schema)
-    assert [d.render() for d in schema.schema_diagnostics(doc)] == inlined
+    assert [p.diagnostic.render() for p in schema.schema_problems(doc)] == inlined
     assert len(inlined) >= 15
 
 

@@ -43,10 +43,6 @@ from nkibuild.cache.trust import (
 )
 from nkibuild.fsutil import atomic_output
 
-# entry.json fields that describe the remote layout, not the NEFF: kept out of
-# the metadata `fetch` returns, so a hit backfilled into the local tier does
-# not carry object names that mean nothing there.
-STORAGE_FIELDS = ("neff", "log")
 # The object names nkibuild writes in an entry (content-addressed, and their temp
 # names on a local filesystem): a discard removes these and nothing else.
 _OBJECT = re.compile(r"[0-9a-f]{64}\.(?:neff|log)")

@@ -88,8 +88,9 @@ def extract(
     (out_dir / METADATA_FILE).unlink(missing_ok=True)
     with atomic_output(out_dir / HLO_FILE) as tmp_hlo:
         versions, allowed = _produce_hlo(spec, root, tmp_hlo, toolchain, tracing)
-        module = _read(tmp_hlo.read_bytes(), spec)  # validates before anything else parses it
-        canonical = _canonical(tmp_hlo.read_bytes(), root)
+        traced = tmp_hlo.read_bytes()
+        module = _read(traced, spec)  # validates before anything else parses it
+        canonical = _canonical(traced, root)
         data, sidecars = _relocated(canonical, out_dir, spec, allowed)
         tmp_hlo.write_bytes(data)
     _refuse_aliased_outputs(spec, module)

@@ -72,11 +72,6 @@ def _inlined(node: Any, defs: Mapping[str, Any], within: frozenset[str]) -> Any:
     return {**site, "allOf": [target, *site.get("allOf", ())]}
 
 
-def schema_diagnostics(doc: YamlDocument) -> list[Diagnostic]:
-    """One diagnostic per problem the schema finds, in document order."""
-    return [problem.diagnostic for problem in schema_problems(doc)]
-
-
 def schema_problems(doc: YamlDocument) -> list[SchemaProblem]:
     """One problem per mistake the schema finds, in document order, each with the path
     of what is wrong (for a missing key: the mapping that lacks it)."""

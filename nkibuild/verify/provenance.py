@@ -11,7 +11,6 @@ summary to the statement's entries; the release writes with it, this module read
 
 from __future__ import annotations
 
-import json
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -114,9 +113,11 @@ def read_statement(path: Path) -> dict[str, Any]:
             f"{path}: cannot read the provenance statement ({error.strerror or error}); "
             f"a release writes {STATEMENT_FILE} next to its wheels, or pass --statement FILE"
         ) from None
-    try:
-        statement = json.loads(text)
-    except ValueError as error:
+    from nkibuild.formats.jsonlimits import JsonLimitError, load_json
+
+    try:  # bounded: a statement is a file anyone can hand over
+        statement = load_json(text)
+    except JsonLimitError as error:
         raise ValueError(f"{path} is not JSON ({error})") from None
     if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
         raise ValueError(f"{path} is not an in-toto Statement v1 (_type {STATEMENT_TYPE})")
