@@ -67,6 +67,7 @@ def test_libyaml_gives_the_data_and_positions_of_the_pure_loader(
     assert fast.data["kernels"]["k"]["when"] == "2024-01-01"
 
 
+@pytest.mark.skipif(yamlsource._FAST_LOADER is None, reason="PyYAML without libyaml")
 @pytest.mark.parametrize(
     ("text", "message"),
     [
