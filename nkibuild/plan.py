@@ -251,11 +251,7 @@ def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[Bui
     units = resolve(manifest)
     stamps = _source_stamps(manifest)
     if key is not None and stamps is not None:
-        with contextlib.suppress(OSError):
-            state_dir.mkdir(parents=True, exist_ok=True)
-            # A hint, not a result: a cache lost to a power cut is validated again.
-            payload = pickle.dumps((key, stamps, manifest, units))
-            atomic_write_bytes(cache_file, payload, durable=False)
+        _write_plan(cache_file, (key, stamps, manifest, units))
     return manifest, units
 
 
@@ -319,7 +315,16 @@ def _read_plan(cache_file: Path, key: str) -> tuple[Manifest, tuple[BuildUnit, .
     # By content: a touched file (new mtime, same bytes) validates as it did.
     if current is None or _contents(current) != _contents(stamps):
         return None
+    if current != stamps:  # re-recorded, so the next build does not hash it again
+        _write_plan(cache_file, (key, current, manifest, units))
     return manifest, units
+
+
+def _write_plan(cache_file: Path, entry: tuple[object, ...]) -> None:
+    with contextlib.suppress(OSError):
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        # A hint, not a result: a cache lost to a power cut is validated again.
+        atomic_write_bytes(cache_file, pickle.dumps(entry), durable=False)
 
 
 def _contents(stamps: Stamps) -> list[tuple[object, ...]]:

@@ -428,3 +428,35 @@ def test_the_plan_cache_follows_the_home_directory(
         monkeypatch.setenv("HOME", str(tmp_path / home))
         manifest, _ = load_plan(project / "nkibuild.yaml", state)
         assert manifest.compiler_path == tmp_path / home / "sdk" / "neuronx-cc"
+
+
+def test_a_touched_source_is_re_recorded_by_the_plan_cache(tmp_path: Path) -> None:
+    """Same bytes, new mtime: the cached plan stands, and the file's new stat is kept so
+    the next build does not hash it again."""
+    import os
+    import pickle
+    import shutil
+
+    from helpers import EXAMPLE_KERNELS
+
+    from nkibuild.plan import PLAN_CACHE_FILE, load_plan
+
+    project = write_project(
+        tmp_path / "project",
+        "format-version: 1\n"
+        "package: {name: touch-kernels, version: 0.1.0}\n"
+        "kernels:\n"
+        "  softmax:\n"
+        "    frontend: hlo\n"
+        "    source: softmax.hlo.pb\n"
+        "    inputs: {logits: {shape: [64, 1024], dtype: float32}}\n",
+    )
+    source = project / "softmax.hlo.pb"
+    shutil.copyfile(EXAMPLE_KERNELS / "softmax.hlo.pb", source)
+    state = project / "build" / "state"
+    first, _ = load_plan(project / "nkibuild.yaml", state)
+    os.utime(source, ns=(1_000_000_000, 1_000_000_000))
+    again, _ = load_plan(project / "nkibuild.yaml", state)
+    assert again == first
+    _, stamps, _, _ = pickle.loads((state / PLAN_CACHE_FILE).read_bytes())
+    assert [(path, mtime) for path, mtime, _, _ in stamps] == [("softmax.hlo.pb", 1_000_000_000)]
