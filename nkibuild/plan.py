@@ -233,10 +233,12 @@ def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[Bui
 
     The cache is keyed by the manifest's bytes and location and by the code that
     resolves it, and used only while the files the manifest names pass the checks
-    validation made and are unchanged (validation looks into them: the function a
-    source names must be defined there). It is a pickle: the build dir is written only
-    by nkibuild and is trusted like the source tree beside it. A build dir that cannot
-    be written is no error: the plan is then not cached.
+    validation made: each is still a regular file in the project, and a Python file
+    whose stat changed still defines the functions the manifest names from it
+    (validation parses those files; an hlo source's content is the build's business,
+    not validation's). It is a pickle: the build dir is written only by nkibuild and
+    is trusted like the source tree beside it. A build dir that cannot be written is
+    no error: the plan is then not cached.
     """
     from nkibuild.manifest import load_manifest
 
@@ -249,9 +251,10 @@ def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[Bui
             return cached
     manifest = load_manifest(manifest_path)  # errors show the path as the user typed it
     units = resolve(manifest)
-    stamps = _source_stamps(manifest)
+    files = _named_files(manifest)
+    stamps = _python_stamps(manifest, files)
     if key is not None and stamps is not None:
-        _write_plan(cache_file, (key, stamps, manifest, units))
+        _write_plan(cache_file, (key, files, stamps, manifest, units))
     return manifest, units
 
 
@@ -268,55 +271,61 @@ def _plan_key(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-Stamps = tuple[tuple[str, int, int, str], ...]
+# (path, "mtime_ns ctime_ns size", functions it must define) per Python file validated.
+Stamps = tuple[tuple[str, str, tuple[str, ...]], ...]
 
 
-def _source_stamps(manifest: Manifest, previous: Stamps = ()) -> Stamps | None:
-    """(path, mtime, size, sha256) of every file validation read (sources and
-    references), or None if one no longer passes the checks validation made: a file can
-    be deleted, edited, become a directory or a symlink out of the project while the
-    manifest does not change. The manifest is then validated again and says where.
-    A file whose mtime and size are as in `previous` keeps its sha256 from there."""
-    from nkibuild.confine import file_problem
+def _named_files(manifest: Manifest) -> tuple[str, ...]:
+    """Every file validation checked (sources and references), relative, sorted."""
+    refs = (ref for kernel in manifest.kernels for ref in (kernel.source, kernel.reference))
+    return tuple(sorted({ref.path for ref in refs if ref}))
 
-    known = {stamp[:3]: stamp[3] for stamp in previous if len(stamp) == 4}
 
-    root = manifest.root
-    refs = {
-        ref.path for kernel in manifest.kernels for ref in (kernel.source, kernel.reference) if ref
+def _python_stamps(manifest: Manifest, files: tuple[str, ...]) -> Stamps | None:
+    """The stamps of the Python files validation parsed, or None if a named file no
+    longer passes the checks validation made (deleted, a directory, a symlink out)."""
+    from nkibuild.manifest.semantic import python_functions
+
+    stats = _confined_stats(manifest.root, files)
+    if stats is None:
+        return None
+    wanted = python_functions(manifest)
+    return tuple(
+        (name, stats[name], tuple(sorted(wanted[name]))) for name in files if name in wanted
+    )
+
+
+def _confined_stats(root: Path, files: tuple[str, ...]) -> dict[str, str] | None:
+    from nkibuild.confine import confined_stats
+
+    stats = confined_stats([root / name for name in files], (root,))
+    if stats is None:
+        return None
+    return {
+        name: f"{info.st_mtime_ns} {info.st_ctime_ns} {info.st_size}"
+        for name, info in zip(files, stats, strict=True)
     }
-    stamps = []
-    for relative in sorted(refs):
-        if file_problem(root / relative, (root,)) is not None:
-            return None
-        try:
-            info = (root / relative).stat()
-        except OSError:
-            return None
-        stamp = (relative, info.st_mtime_ns, info.st_size)
-        digest = known.get(stamp)
-        if digest is None:
-            try:
-                digest = hashlib.sha256((root / relative).read_bytes()).hexdigest()
-            except OSError:
-                return None
-        stamps.append((*stamp, digest))
-    return tuple(stamps)
 
 
 def _read_plan(cache_file: Path, key: str) -> tuple[Manifest, tuple[BuildUnit, ...]] | None:
     try:
-        cached_key, stamps, manifest, units = pickle.loads(cache_file.read_bytes())
+        cached_key, files, stamps, manifest, units = pickle.loads(cache_file.read_bytes())
     except Exception:
         return None
     if cached_key != key:
         return None
-    current = _source_stamps(manifest, stamps)
-    # By content: a touched file (new mtime, same bytes) validates as it did.
-    if current is None or _contents(current) != _contents(stamps):
+    current = _confined_stats(manifest.root, files)
+    if current is None:
         return None
-    if current != stamps:  # re-recorded, so the next build does not hash it again
-        _write_plan(cache_file, (key, current, manifest, units))
+    changed = [(name, functions) for name, stat, functions in stamps if current[name] != stat]
+    if changed:
+        from nkibuild.manifest.pysource import defines_all
+
+        # Touched, or edited elsewhere than the functions named: validates as it did.
+        if not all(defines_all(manifest.root / name, wanted) for name, wanted in changed):
+            return None
+        stamps = tuple((name, current[name], functions) for name, _, functions in stamps)
+        _write_plan(cache_file, (key, files, stamps, manifest, units))
     return manifest, units
 
 
@@ -325,8 +334,3 @@ def _write_plan(cache_file: Path, entry: tuple[object, ...]) -> None:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         # A hint, not a result: a cache lost to a power cut is validated again.
         atomic_write_bytes(cache_file, pickle.dumps(entry), durable=False)
-
-
-def _contents(stamps: Stamps) -> list[tuple[object, ...]]:
-    """The stamps without their mtimes."""
-    return [(stamp[0], *stamp[2:]) for stamp in stamps]

@@ -284,3 +284,56 @@ def test_an_sdist_refuses_symlinks_out_of_the_project(
     with pytest.raises(backend.BackendError, match="leads outside the project through a symlink"):
         backend.build_sdist(str(tmp_path / "out"), {"toolchain": "fake"})
     assert not (tmp_path / "out").exists() or files_containing(tmp_path / "out", SECRET) == []
+
+
+def confinement_cases(tmp_path: Path) -> tuple[Path, list[Path]]:
+    """A project with every kind of path `file_problem` tells apart."""
+    project = tmp_path / "project"
+    (project / "kernels" / "inner").mkdir(parents=True)
+    (project / "kernels" / "k.pb").write_bytes(b"k")
+    (project / "kernels" / "inner" / "deep.pb").write_bytes(b"d")
+    (project / "kernels" / "link.pb").symlink_to(project / "kernels" / "inner" / "deep.pb")
+    (project / "kernels" / "out.pb").symlink_to(secret_file(tmp_path))
+    (project / "kernels" / "out_dir").symlink_to(secret_file(tmp_path).parent)
+    (project / "kernels" / "in_dir").symlink_to(project / "kernels" / "inner")
+    (project / "kernels" / "loop").symlink_to(project / "kernels" / "loop")
+    os.mkfifo(project / "kernels" / "fifo")
+    names = [
+        "kernels/k.pb",
+        "kernels/link.pb",
+        "kernels/out.pb",
+        "kernels/out_dir/credentials",
+        "kernels/in_dir/deep.pb",
+        "kernels/inner/../k.pb",
+        "kernels/inner/..",
+        "kernels/missing.pb",
+        "kernels/missing_dir/k.pb",
+        "kernels/inner",
+        "kernels/fifo",
+        "kernels/loop",
+        "../home/.aws/credentials",
+    ]
+    return project, [project / name for name in names]
+
+
+def test_confined_stats_agrees_with_file_problem_on_every_kind_of_path(tmp_path: Path) -> None:
+    from nkibuild.confine import confined_stats, file_problem
+
+    project, paths = confinement_cases(tmp_path)
+    allowed = []
+    for path in paths:
+        stats = confined_stats([path], (project,))
+        if file_problem(path, (project,)) is None:
+            allowed.append(path)
+            assert stats == [os.stat(path)], path
+        else:
+            assert stats is None, path
+    assert [p.relative_to(project).as_posix() for p in allowed] == [
+        "kernels/k.pb",
+        "kernels/link.pb",
+        "kernels/in_dir/deep.pb",
+        "kernels/inner/../k.pb",
+    ]
+    assert confined_stats(allowed, (project,)) == [os.stat(path) for path in allowed]
+    for refused in set(paths) - set(allowed):  # one bad path among good ones refuses all
+        assert confined_stats([*allowed, refused], (project,)) is None, refused

@@ -430,33 +430,84 @@ def test_the_plan_cache_follows_the_home_directory(
         assert manifest.compiler_path == tmp_path / home / "sdk" / "neuronx-cc"
 
 
-def test_a_touched_source_is_re_recorded_by_the_plan_cache(tmp_path: Path) -> None:
-    """Same bytes, new mtime: the cached plan stands, and the file's new stat is kept so
-    the next build does not hash it again."""
-    import os
-    import pickle
-    import shutil
+def cached_plan_project(root: Path) -> Path:
+    from helpers import softmax_manifest, softmax_project
 
-    from helpers import EXAMPLE_KERNELS
+    return softmax_project(root, softmax_manifest(reference=True))
+
+
+def parses_counted(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The manifests parsed from now on (a cached plan parses none)."""
+    import nkibuild.manifest
+
+    parsed: list[Path] = []
+    load_manifest = nkibuild.manifest.load_manifest
+
+    def counted(path: Path) -> object:
+        parsed.append(path)
+        return load_manifest(path)
+
+    monkeypatch.setattr(nkibuild.manifest, "load_manifest", counted)
+    return parsed
+
+
+def test_a_changed_hlo_source_keeps_the_cached_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validation never reads an hlo module's content, so a new one (an edited kernel)
+    is the build's business: the cached plan stands, no manifest is parsed."""
+    from nkibuild.plan import load_plan
+    from nkibuild.testing.hlo_writer import build_hlo_module
+
+    project = cached_plan_project(tmp_path / "project")
+    state = project / "build" / "state"
+    first = load_plan(project / "nkibuild.yaml", state)
+    parsed = parses_counted(monkeypatch)
+    module = build_hlo_module(
+        "edited", [("logits", "float32", (64, 1024))], [("float32", (64, 1024))]
+    )
+    (project / "kernels" / "softmax.hlo.pb").write_bytes(module)
+    assert load_plan(project / "nkibuild.yaml", state) == first
+    assert parsed == []
+
+
+def test_a_python_file_still_defining_its_functions_keeps_the_cached_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Touched, or edited elsewhere: the file is parsed again (not the manifest), found
+    to define what the manifest names, and its new stat recorded so the next build
+    does not parse it again."""
+    import pickle
 
     from nkibuild.plan import PLAN_CACHE_FILE, load_plan
 
-    project = write_project(
-        tmp_path / "project",
-        "format-version: 1\n"
-        "package: {name: touch-kernels, version: 0.1.0}\n"
-        "kernels:\n"
-        "  softmax:\n"
-        "    frontend: hlo\n"
-        "    source: softmax.hlo.pb\n"
-        "    inputs: {logits: {shape: [64, 1024], dtype: float32}}\n",
-    )
-    source = project / "softmax.hlo.pb"
-    shutil.copyfile(EXAMPLE_KERNELS / "softmax.hlo.pb", source)
+    project = cached_plan_project(tmp_path / "project")
     state = project / "build" / "state"
-    first, _ = load_plan(project / "nkibuild.yaml", state)
-    os.utime(source, ns=(1_000_000_000, 1_000_000_000))
-    again, _ = load_plan(project / "nkibuild.yaml", state)
-    assert again == first
-    _, stamps, _, _ = pickle.loads((state / PLAN_CACHE_FILE).read_bytes())
-    assert [(path, mtime) for path, mtime, _, _ in stamps] == [("softmax.hlo.pb", 1_000_000_000)]
+    first = load_plan(project / "nkibuild.yaml", state)
+    parsed = parses_counted(monkeypatch)
+    reference = project / "kernels" / "reference.py"
+    reference.write_text(reference.read_text() + "\n\ndef helper():\n    return 1\n")
+    assert load_plan(project / "nkibuild.yaml", state) == first
+    assert parsed == []
+    _, files, stamps, _, _ = pickle.loads((state / PLAN_CACHE_FILE).read_bytes())
+    assert files == ("kernels/reference.py", "kernels/softmax.hlo.pb")
+    info = reference.stat()
+    recorded = f"{info.st_mtime_ns} {info.st_ctime_ns} {info.st_size}"
+    assert stamps == (("kernels/reference.py", recorded, ("softmax",)),)
+
+
+def test_a_python_file_that_lost_its_function_is_validated_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nkibuild.errors import ManifestError
+    from nkibuild.plan import load_plan
+
+    project = cached_plan_project(tmp_path / "project")
+    state = project / "build" / "state"
+    load_plan(project / "nkibuild.yaml", state)
+    parsed = parses_counted(monkeypatch)
+    reference = project / "kernels" / "reference.py"
+    reference.write_text(reference.read_text().replace("def softmax(", "def soft_max("))
+    with pytest.raises(ManifestError, match="defines no 'softmax'"):
+        load_plan(project / "nkibuild.yaml", state)
+    assert parsed == [project / "nkibuild.yaml"]

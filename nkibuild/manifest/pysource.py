@@ -8,6 +8,7 @@ instead of an AttributeError when the build imports the file.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,12 @@ def module_names(path: Path) -> ModuleNames | str:
         tuple(collector.functions),
         collector.star_import or "__getattr__" in collector.names,
     )
+
+
+def defines_all(path: Path, functions: Iterable[str]) -> bool:
+    """Whether the module at `path` parses and may define every one of `functions`."""
+    names = module_names(path)
+    return not isinstance(names, str) and all(map(names.has, functions))
 
 
 class _Bindings(ast.NodeVisitor):

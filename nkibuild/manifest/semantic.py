@@ -52,6 +52,20 @@ def semantic_diagnostics(manifest: Manifest, doc: YamlDocument) -> list[Diagnost
     return sorted(found, key=position)
 
 
+def python_functions(manifest: Manifest) -> dict[str, set[str]]:
+    """The functions each Python file the manifest names must define (sources of the
+    Python frontends, references): what validation looked for in their contents."""
+    wanted: dict[str, set[str]] = {}
+    for kernel in manifest.kernels:
+        refs = [kernel.reference] if kernel.reference else []
+        if kernel.frontend in PYTHON_FRONTENDS:
+            refs.append(kernel.source)
+        for ref in refs:
+            if ref.function:
+                wanted.setdefault(ref.path, set()).add(ref.function)
+    return wanted
+
+
 def name_problem(name: str) -> str | None:
     """Why `name` cannot be a Python name in generated code, or None."""
     if not (name.isascii() and name.isidentifier()):
