@@ -182,6 +182,12 @@ def garbled_stats(root: Path) -> None:
     retyped(root, "files", dict.fromkeys(stamp["files"], "garbage"))
 
 
+def restat(root: Path, stat: str) -> None:
+    """Every recorded stat replaced by `stat`."""
+    stamp = json.loads((root / STAMP_FILE).read_text())
+    retyped(root, "files", dict.fromkeys(stamp["files"], stat))
+
+
 @pytest.mark.parametrize(
     "damage",
     [
@@ -194,6 +200,18 @@ def garbled_stats(root: Path) -> None:
         pytest.param(lambda root: retyped(root, "files", {"x": [1, 2]}), id="stat-a-list"),
         pytest.param(lambda root: garbled_stats(root), id="stat-not-numbers"),
         pytest.param(lambda root: retyped(root, "state", "1 2 x 4"), id="state-not-numbers"),
+        # str.isdigit takes these; int() refuses them.
+        pytest.param(lambda root: restat(root, "\u00b2 1 1 1"), id="stat-unicode-digits"),
+        pytest.param(lambda root: restat(root, "1 1 1 1\n2 2 2 2"), id="stat-two-lines"),
+        pytest.param(lambda root: restat(root, "1 1 1"), id="stat-three-numbers"),
+        pytest.param(lambda root: retyped(root, "state", "\u0663 1 1 1"), id="state-arabic-digit"),
+        pytest.param(lambda root: retyped(root, "tasks", {"t:a": 3}), id="fingerprint-a-number"),
+        pytest.param(lambda root: retyped(root, "digests", {"x": None}), id="digest-null"),
+        pytest.param(lambda root: retyped(root, "listings", {"t:a": [1]}), id="listed-a-number"),
+        pytest.param(lambda root: retyped(root, "listings", {"t:a": "ab"}), id="listing-a-str"),
+        pytest.param(
+            lambda root: retyped(root, "listings", {"t:a": {"a": 1}}), id="listing-a-dict"
+        ),
     ],
 )
 def test_what_the_proof_cannot_trust_hands_everything_to_doit(
@@ -204,6 +222,41 @@ def test_what_the_proof_cannot_trust_hands_everything_to_doit(
     damage(root)
     decision = uptodate.decide(root, dicts, str(root / DEP_FILE))
     assert decision.pending == ["t:a", "t:b", "t:join"]
+
+
+def test_a_touched_source_is_re_recorded_as_a_whole_record_would(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    # Nothing pending: the previous stamp is kept with the touched file's new stat,
+    # which must be what recording every task again would have written.
+    root, dicts = chain
+    dep_file = str(root / DEP_FILE)
+    proven_state(root, dicts)
+    touch(root / "src_b")
+    decision = uptodate.decide(root, dicts, dep_file)
+    assert decision.touched == [str(root / "src_b")]
+    whole = uptodate._recorded(decision, {}, dep_file).to_json()
+    uptodate.record(root, decision, {}, dep_file)
+    stamp = json.loads((root / STAMP_FILE).read_text())
+    assert stamp == whole
+    assert stamp["files"][str(root / "src_b")] == uptodate.stat_of(str(root / "src_b"))
+
+
+def test_a_task_gone_from_the_build_is_dropped_when_a_touch_is_recorded(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    root, dicts = chain
+    dep_file = str(root / DEP_FILE)
+    proven_state(root, dicts)
+    touch(root / "src_a")
+    fewer = dicts[:1]  # t:b and t:join no longer in the build
+    decision = uptodate.decide(root, fewer, dep_file)
+    assert (decision.pending, decision.touched) == ([], [str(root / "src_a")])
+    uptodate.record(root, decision, {}, dep_file)
+    stamp = json.loads((root / STAMP_FILE).read_text())
+    assert sorted(stamp["tasks"]) == ["t:a"]
+    assert sorted(stamp["files"]) == [str(root / "mid_a"), str(root / "src_a")]
+    assert uptodate.decide(root, fewer, dep_file).pending == []
 
 
 def test_a_stamp_of_another_nkibuild_proves_nothing(chain: tuple[Path, list[dict]]) -> None:

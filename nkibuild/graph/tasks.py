@@ -145,8 +145,8 @@ def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
 
     out_dir = context.layout.extract_path(spec)
     config, files = extract_config(context, spec), extract_files(context, spec)
-    targets = [os.path.join(out_dir, name) for name in ARTIFACT_FILES]
-    record, intact = outputs_checked(targets, [os.path.join(out_dir, SIDECAR_DIR)])
+    targets = [f"{out_dir}/{name}" for name in ARTIFACT_FILES]  # see Layout.extract_path
+    record, intact = outputs_checked(targets, [f"{out_dir}/{SIDECAR_DIR}"])
     return {
         "basename": "extract",
         "name": spec.name,
@@ -184,14 +184,15 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
         "compiler_version": toolchain.compiler_version,
         "neuron_cc_flags": toolchain.neuron_cc_flags,
     }
-    targets = [os.path.join(out_dir, name) for name in COMPILE_OUTPUTS]
+    # Plain joins: the layout's paths are absolute and normalised, the names plain.
+    targets = [f"{out_dir}/{name}" for name in COMPILE_OUTPUTS]
     record, intact = outputs_checked(targets)
     return {
         "basename": "compile",
         "name": unit.name,
         "doc": f"compile {unit.name} with neuronx-cc",
         "actions": [(run_compile, (context, unit)), record],
-        "file_dep": [os.path.join(extract_dir, name) for name in ARTIFACT_FILES],
+        "file_dep": [f"{extract_dir}/{name}" for name in ARTIFACT_FILES],
         "targets": targets,
         "uptodate": [config_changed(config), intact],
         "clean": True,
@@ -227,7 +228,7 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
 
     manifest = context.manifest
     compiled = [
-        os.path.join(context.layout.compile_path(unit), name)
+        f"{context.layout.compile_path(unit)}/{name}"
         for unit in context.units
         for name in COMPILE_OUTPUTS
     ]

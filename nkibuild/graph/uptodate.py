@@ -30,8 +30,10 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -101,24 +103,45 @@ def load(state_dir: Path) -> Proof | None:
 
 
 def _well_formed(proof: Proof) -> bool:
-    """Every field of the type deciding relies on (a damaged stamp is no traceback)."""
+    """Every field of the type deciding relies on (a damaged stamp is no traceback).
+
+    The keys of a JSON object are always strings, so only values are checked, each
+    field with one join and one regular expression rather than a Python loop per value."""
     maps = (proof.tasks, proof.files, proof.digests, proof.listings)
+    if not all(type(m) is dict for m in maps):
+        return False
+    listings = proof.listings.values()
+    if not all(type(files) is list for files in listings):
+        return False
     return (
-        all(isinstance(m, dict) and all(isinstance(k, str) for k in m) for m in maps)
-        and all(isinstance(v, str) for m in maps[:3] for v in m.values())
-        and all(map(_is_stat, proof.files.values()))
-        and all(isinstance(v, list) for v in proof.listings.values())
-        and all(isinstance(p, str) for v in proof.listings.values() for p in v)
-        and (proof.state is None or _is_stat(proof.state))
+        _all_strings(chain(proof.tasks.values(), proof.digests.values(), *listings))
+        and _all_stats(list(proof.files.values()))
+        and (proof.state is None or _all_stats([proof.state]))
     )
 
 
-def _is_stat(value: object) -> bool:
-    """What `stat_of` writes: four decimal integers."""
-    if not isinstance(value, str):
+def _all_strings(values: Iterable[object]) -> bool:
+    try:
+        "".join(values)  # type: ignore[arg-type]  # checking is the point
+    except TypeError:
         return False
-    fields = value.split(" ")
-    return len(fields) == 4 and all(field.isdigit() for field in fields)
+    return True
+
+
+# What `stat_of` writes: four ASCII decimal integers (str.isdigit would take "²",
+# which int() refuses), one stat per line once joined.
+_STAT_LINES = re.compile(r"[0-9]+ [0-9]+ [0-9]+ [0-9]+(?:\n[0-9]+ [0-9]+ [0-9]+ [0-9]+)*")
+
+
+def _all_stats(values: list[object]) -> bool:
+    if not values:
+        return True
+    try:
+        lines = "\n".join(values)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    # No value may hold a newline itself: as many lines as values.
+    return lines.count("\n") == len(values) - 1 and _STAT_LINES.fullmatch(lines) is not None
 
 
 def forget(state_dir: Path) -> None:
@@ -203,24 +226,20 @@ def decide(state_dir: Path, dicts: list[dict[str, Any]], dep_file: str) -> Decis
     # Output dirs are not walked: a file added there is ignored (see OutputsIntact), a
     # recorded one removed or changed is seen by its stat.
     listings = proof.listings
-    stats = {}
-    seen: set[str] = set()
+    files = {name: graph.files(name, listings.get(name, ())) for name in graph.names}
     recorded = proof.files
-    for name in graph.names:
-        for path in graph.files(name, listings.get(name, ())):
-            if path not in seen:
-                seen.add(path)
-                stat = stat_of(path)
-                if stat is None or recorded.get(path) != stat:
-                    stats[path] = stat
-    del seen
+    stats = {}
+    for path in dict.fromkeys(chain.from_iterable(files.values())):  # each file once
+        stat = stat_of(path)
+        if stat is None or recorded.get(path) != stat:
+            stats[path] = stat
     touched = [path for path in sorted(stats) if _same_content(path, stats[path], proof)]
     changed = set(stats).difference(touched)
     seeds = [
         name
         for name in graph.names
         if proof.tasks.get(name) != fingerprints[name]
-        or any(path in changed for path in graph.files(name, listings.get(name, ())))
+        or (changed and not changed.isdisjoint(files[name]))
     ]
     return Decision(graph, fingerprints, stats, graph.downstream(seeds), touched, proof)
 
@@ -254,6 +273,29 @@ def record(state_dir: Path, decision: Decision, verified: Mapping[str, int], dep
     task goes back to doit next time.
 
     Best effort: without a stamp the next build only asks doit about everything."""
+    proof = _retouched(decision) if not verified else None
+    if proof is None:
+        proof = _recorded(decision, verified, dep_file)
+    # Not fsync'ed: after a power loss a damaged stamp is unreadable, which proves nothing.
+    with contextlib.suppress(OSError):
+        atomic_write_text(state_dir / STAMP_FILE, json.dumps(proof.to_json()), durable=False)
+
+
+def _retouched(decision: Decision) -> Proof | None:
+    """The previous proof with the touched sources' new stats, when the proof covered
+    every task of this build and nothing else (what `_recorded` would make of it, without
+    walking every file again); None otherwise.
+
+    Nothing pending means every file is as recorded, or a touched source whose content
+    deciding hashed under its new stat (so its digest stands)."""
+    previous = decision.previous
+    if previous is None or decision.pending or len(previous.tasks) != len(decision.graph.names):
+        return None
+    touched = {path: decision.stats[path] for path in decision.touched}
+    return replace(previous, files={**previous.files, **touched})
+
+
+def _recorded(decision: Decision, verified: Mapping[str, int], dep_file: str) -> Proof:
     graph, previous = decision.graph, decision.previous or Proof()
     pending = set(decision.pending)
     proof = Proof(state=stat_of(dep_file))
@@ -282,9 +324,7 @@ def record(state_dir: Path, decision: Decision, verified: Mapping[str, int], dep
             digest = _source_digest(path, stat, previous)
             if digest is not None:
                 proof.digests[path] = digest
-    # Not fsync'ed: after a power loss a damaged stamp is unreadable, which proves nothing.
-    with contextlib.suppress(OSError):
-        atomic_write_text(state_dir / STAMP_FILE, json.dumps(proof.to_json()), durable=False)
+    return proof
 
 
 def _source_digest(path: str, stat: Stat | None, previous: Proof) -> str | None:
