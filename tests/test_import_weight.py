@@ -40,6 +40,19 @@ def imported_modules(args: list[str], cwd: Path) -> set[str]:
     return set(json.loads(line.removeprefix("MODULES=")))
 
 
+def built(project: Path) -> None:
+    """A full build in its own process: a probe then makes the next build."""
+    result = subprocess.run(
+        [sys.executable, "-m", "nkibuild", "build", "--toolchain", "fake"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
     return [name for name in names if name in modules]
 
@@ -51,15 +64,20 @@ def test_help_imports_nothing_heavy(tmp_path: Path) -> None:
 
 def test_noop_build_imports_no_frontend_nor_parser(example_project: Path) -> None:
     pytest.importorskip("jax")
-    first = subprocess.run(
-        [sys.executable, "-m", "nkibuild", "build", "--toolchain", "fake"],
-        cwd=example_project,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert first.returncode == 0, first.stderr
+    built(example_project)
     modules = imported_modules(["build", "--toolchain", "fake"], example_project)
-    assert "doit" in modules  # the probe really ran a build
-    assert loaded(modules, NOT_ON_NOOP) == []
+    record = json.loads((example_project / "build" / "state" / "last-run.json").read_text())
+    assert record["up_to_date_decision"]["handed_to_doit"] == 0  # the probe ran a no-op build
+    assert record["up_to_date"]  # and reported its tasks
+    # Every task proven up to date: doit is not even imported (graph/run.py).
+    assert loaded(modules, (*NOT_ON_NOOP, "doit")) == []
+
+
+def test_a_build_with_a_pending_task_imports_doit(example_project: Path) -> None:
+    pytest.importorskip("jax")
+    built(example_project)
+    wheel = next((example_project / "dist").glob("*.whl"))
+    wheel.unlink()  # the wheel task's output is gone: doit must run it
+    modules = imported_modules(["build", "--toolchain", "fake"], example_project)
+    assert "doit" in modules
+    assert wheel.exists()

@@ -21,10 +21,10 @@ from doit.task import Task
 
 from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError
-from nkibuild.graph.state import BACKEND_NAME
+from nkibuild.graph.state import BACKEND_NAME, DEP_FILE
 from nkibuild.graph.tasks import task_dicts
 
-DEP_FILE = "doit-state.json"
+__all__ = ["DEP_FILE", "NkibuildLoader", "doit_config", "to_tasks"]
 DEFAULT_TASKS = ["wheel"]
 
 

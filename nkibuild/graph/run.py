@@ -1,4 +1,7 @@
-"""Run a build: take the project's build lock, then let doit execute the task graph."""
+"""Run a build: take the project's build lock, then let doit execute the task graph.
+
+doit (graph/loader.py) is imported only to run or list tasks: a build whose every task
+the up-to-date proof covers never loads it."""
 
 from __future__ import annotations
 
@@ -13,8 +16,8 @@ from nkibuild.context import BuildContext
 from nkibuild.errors import UsageError, describe_os_error
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.graph import uptodate
-from nkibuild.graph.loader import DEP_FILE, NkibuildLoader, doit_config, to_tasks
 from nkibuild.graph.report import BuildReporter, BuildSummary, Display
+from nkibuild.graph.state import DEP_FILE
 from nkibuild.graph.tasks import task_dicts
 from nkibuild.graph.uptodate import task_name
 from nkibuild.session import BuildSession, SessionDirs
@@ -84,6 +87,8 @@ def _run_whole_graph(
         if decision.touched:
             uptodate.record(state_dir, decision, {}, dep_file)
         return _report_all_up_to_date(dicts, display), figures
+    from nkibuild.graph.loader import doit_config
+
     pending = set(decision.pending)
     config = {**doit_config(context), "default_tasks": decision.pending}
     verified: dict[str, int] = {}
@@ -137,6 +142,8 @@ class _PartlyProvenReporter(BuildReporter):
 def _run_doit(
     context: BuildContext, dicts: list[dict], options: RunOptions, display: Display
 ) -> BuildSummary:
+    from nkibuild.graph.loader import doit_config
+
     return run_task_graph(context.session, dicts, doit_config(context), options, display)
 
 
@@ -153,9 +160,12 @@ def run_task_graph(
     `display`, with the tasks named in `proven` (not in `dicts`) as up to date; fills
     `verified` (see _PartlyProvenReporter). The caller runs `session` and holds whatever
     locks the outputs need."""
+    from doit.doit_cmd import DoitMain
+
+    from nkibuild.graph.loader import NkibuildLoader
+
     reporter = _PartlyProvenReporter(display, proven, {} if verified is None else verified)
     loader = NkibuildLoader(extra_config={**config, "reporter": reporter}, tasks=dicts)
-    from doit.doit_cmd import DoitMain
 
     argv = ["run"]
     if options.jobs > 1:
@@ -181,6 +191,8 @@ def pending_tasks(dicts: list[dict], config: dict) -> list[str]:
 
     from doit.doit_cmd import DoitMain
 
+    from nkibuild.graph.loader import NkibuildLoader
+
     loader = NkibuildLoader(extra_config=config, tasks=dicts)
     listing = io.StringIO()
     with contextlib.redirect_stdout(listing):
@@ -198,6 +210,8 @@ def check_selection(dicts: list[dict], selection: Sequence[str]) -> None:
     """Unknown task names are a usage error with suggestions, before doit runs."""
     if not selection:
         return
+    from nkibuild.graph.loader import to_tasks
+
     names = [task.name for task in to_tasks(dicts, [])]
     for pattern in selection:
         # As doit: only "*" makes a pattern; anything else names one task (or group).

@@ -24,6 +24,7 @@ from typing import Any
 from nkibuild.fsutil import atomic_write_text
 
 BACKEND_NAME = "nkibuild-json"
+DEP_FILE = "doit-state.json"  # in the build's state dir
 
 
 HEADER = '{"format": "nkibuild-doit-state", "version": 2}'

@@ -14,13 +14,11 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from doit.exceptions import TaskFailed
-from doit.tools import config_changed
-
 from nkibuild import __version__
 from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError, storage_error
 from nkibuild.graph.intact import VALUES_KEY, OutputsIntact, outputs_checked
+from nkibuild.graph.uptodate import ConfigChanged as config_changed
 from nkibuild.manifest.model import Manifest
 from nkibuild.plan import BuildUnit, ExtractSpec, extract_specs
 from nkibuild.settings import BuildOptions
@@ -71,6 +69,8 @@ def _guarded(action: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(action)
     def run(*args: Any, **kwargs: Any) -> Any:
+        from doit.exceptions import TaskFailed  # doit runs the action: loaded already
+
         try:
             return action(*args, **kwargs)
         except NkibuildError as error:
