@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,9 +28,12 @@ from nkibuild.bundle.buildinfo import (
     TensorInfo,
     ToleranceInfo,
     VariantInfo,
+    document_text,
+    encode,
     read_build_info,
 )
-from nkibuild.bundle.tree import CompiledCopy, Content, digest, update_tree
+from nkibuild.bundle.parts import KernelPart, NeffFile
+from nkibuild.bundle.tree import CompiledCopy, Content, Fingerprint, digest, update_tree
 from nkibuild.compiler import CompiledNeff
 from nkibuild.errors import BuildError
 from nkibuild.manifest.model import Kernel, Manifest, Package, SourceRef
@@ -66,6 +69,14 @@ class BundleProject:
         return self.directory / self.package.import_name
 
 
+@dataclass(frozen=True)
+class WrittenBundle:
+    """A bundle tree brought up to date, and every file's fingerprint as recorded there."""
+
+    directory: Path
+    files: Mapping[str, Fingerprint]
+
+
 def target_package(package: Package, target: str) -> Package:
     """The distribution that carries one target's NEFFs of a split bundle."""
     return Package(
@@ -91,17 +102,20 @@ def distributions(manifest: Manifest) -> list[Package]:
     return [package, *(target_package(package, t) for t in split_targets(manifest))]
 
 
-def run(context: BuildContext) -> BundleProject:
-    """The bundle stage of a build: every unit's finished compile -> the generated project."""
+def run(context: BuildContext) -> WrittenBundle:
+    """The bundle stage of a build: every unit's finished compile -> the generated project.
+    A kernel whose inputs are as at the last bundle lends its part from
+    that bundle's memo (nkibuild.bundle.parts)."""
+    from nkibuild.bundle.parts import PartsMemo
     from nkibuild.bundle.provenance import summarize
-    from nkibuild.compiler import load_result
 
-    layout = context.layout
-    compiled = [load_result(layout.compile_dir(unit)) for unit in context.units]
-    provenance = summarize(context, compiled)
-    return generate_bundle(
-        context.manifest, compiled, layout.bundle_dir(context.manifest), provenance
-    )
+    manifest = context.manifest
+    memo = PartsMemo(context)
+    parts = memo.kernel_parts(functools.partial(kernel_part, manifest))
+    provenance = summarize(context, parts, memo.file_sha256)
+    written = write_bundle(manifest, parts, context.layout.bundle_dir(manifest), provenance)
+    memo.save()
+    return written
 
 
 def generate_bundle(
@@ -109,37 +123,58 @@ def generate_bundle(
     compiled: Sequence[CompiledNeff],
     out_dir: Path,
     provenance: ProvenanceInfo | None = None,
-) -> BundleProject:
-    """Bring `out_dir` up to date with the manifest and NEFFs, writing only the files
-    whose content changed (nkibuild.bundle.tree); `bundle.json` is written last."""
-    info = build_info(manifest, compiled, provenance)
-    files = _project_files(manifest, info)
-    files |= {_neff_file(manifest, neff): _compiled_copy(neff) for neff in compiled}
+) -> WrittenBundle:
+    """The bundle of `compiled` in `out_dir`, every kernel's part computed anew."""
+    by_kernel: dict[str, list[CompiledNeff]] = {}
+    for neff in compiled:
+        by_kernel.setdefault(neff.kernel, []).append(neff)
+    parts = [
+        kernel_part(manifest, kernel, by_kernel.get(kernel.name, []), frozenset())
+        for kernel in manifest.kernels
+    ]
+    return write_bundle(manifest, parts, out_dir, provenance)
+
+
+def write_bundle(
+    manifest: Manifest,
+    parts: Sequence[KernelPart],
+    out_dir: Path,
+    provenance: ProvenanceInfo | None,
+) -> WrittenBundle:
+    """Bring `out_dir` up to date with the manifest and the kernels' parts, writing only
+    the files whose content changed (nkibuild.bundle.tree); `bundle.json` is written last."""
+    info = _header(manifest, parts, provenance)
+    files = _project_files(manifest, info, parts)
+    for part in parts:
+        files |= {n.name: CompiledCopy(Path(n.source), n.sha256, n.unit) for n in part.neffs}
     for target in split_targets(manifest):
         files |= _part_files(manifest.package, target)
 
     digests = {name: digest(content) for name, content in files.items()}
-    stamp = _stamp(manifest, info, digests)
+    targets = sorted({target for part in parts for target in part.targets})
+    stamp = _stamp(manifest, info, digests, targets)
     stamp_bytes = json.dumps(stamp, indent=2, sort_keys=True).encode()
-    update_tree(out_dir, files, STAMP_FILE, stamp_bytes, digests=digests)
-    return _project(out_dir, stamp, info)
+    recorded = update_tree(out_dir, files, STAMP_FILE, stamp_bytes, digests=digests)
+    return WrittenBundle(out_dir, recorded)
 
 
-def _project_files(manifest: Manifest, info: BuildInfo) -> dict[str, Content]:
+def _project_files(
+    manifest: Manifest, info: BuildInfo, parts: Sequence[KernelPart]
+) -> dict[str, Content]:
     """The generated project, NEFFs aside: pyproject.toml, the package and its modules."""
     package = manifest.package
     pkg = package.import_name
     extras = {t: [target_package(package, t).name] for t in split_targets(manifest)}
+    kernels = {part.name: part.info_text for part in parts}
     files: dict[str, str | Content] = {
         "pyproject.toml": codegen.pyproject(package, list(info.requirements), extras=extras),
         f"{pkg}/__init__.py": codegen.package_init(package, manifest.kernels),
         f"{pkg}/_kernels/__init__.py": '"""Generated kernel modules."""\n',
         f"{pkg}/_runtime.py": RUNTIME_SOURCE.read_bytes(),
-        f"{pkg}/{FILE_NAME}": info.to_text(),
+        f"{pkg}/{FILE_NAME}": document_text(info.header_json(), kernels),
     }
-    for kernel in manifest.kernels:
-        code = codegen.kernel_module(pkg, kernel, info.kernels[kernel.name])
-        files[f"{pkg}/_kernels/{kernel.name}.py"] = code
+    for part in parts:
+        files[f"{pkg}/_kernels/{part.name}.py"] = part.module
     files |= _modules(manifest, f"{pkg}/{REFERENCE_PACKAGE}", _references(manifest))
     files |= _modules(manifest, f"{pkg}/{SOURCES_PACKAGE}", _shipped_sources(manifest))
     return {name: _encoded(content) for name, content in files.items()}
@@ -156,13 +191,9 @@ def _neff_file(manifest: Manifest, neff: CompiledNeff) -> str:
     return f"{root}{home}/{_neff_path(neff)}"
 
 
-def _compiled_copy(neff: CompiledNeff) -> CompiledCopy:
-    # Copied only if its bytes hash to the compile record's sha256: a NEFF edited in the
-    # build dir since must not reach a wheel.
-    return CompiledCopy(neff.neff_path, neff.sha256, neff.unit)
-
-
-def _stamp(manifest: Manifest, info: BuildInfo, digests: dict[str, str]) -> dict[str, Any]:
+def _stamp(
+    manifest: Manifest, info: BuildInfo, digests: dict[str, str], targets: list[str]
+) -> dict[str, Any]:
     """`bundle.json`: the package, every file of its project with its sha256, the parts,
     and what the wheel's METADATA needs from `_build.json`."""
     package = manifest.package
@@ -186,7 +217,7 @@ def _stamp(manifest: Manifest, info: BuildInfo, digests: dict[str, str]) -> dict
         "parts": parts,
         "nkibuild": __version__,
         "requirements": list(info.requirements),
-        "targets": info.targets(),
+        "targets": targets,
     }
 
 
@@ -238,30 +269,49 @@ def _part_files(package: Package, target: str) -> dict[str, Content]:
     }
 
 
-def build_info(
-    manifest: Manifest,
-    compiled: Sequence[CompiledNeff],
-    provenance: ProvenanceInfo | None = None,
+def _header(
+    manifest: Manifest, parts: Sequence[KernelPart], provenance: ProvenanceInfo | None
 ) -> BuildInfo:
-    """`_build.json`: everything the runtime needs, and provenance for humans."""
-    neffs: dict[str, dict[str, dict[str, NeffInfo]]] = {}
-    for neff in compiled:
-        by_target = neffs.setdefault(neff.kernel, {}).setdefault(neff.target, {})
-        by_target[neff.variant] = _neff_info(manifest, neff)
+    """`_build.json` but its kernels (each part has its own entry, encoded)."""
     return BuildInfo(
         package=manifest.package.name,
         version=manifest.package.version,
         nkibuild_version=__version__,
-        compiler_versions=tuple(sorted({neff.compiler_version for neff in compiled})),
-        placeholder=any(neff.placeholder for neff in compiled),
+        compiler_versions=tuple(sorted({v for part in parts for v in part.compiler_versions})),
+        placeholder=any(part.placeholder for part in parts),
         neuron_sdk=manifest.package.neuron_sdk,
-        requirements=tuple(runtime_requirements(manifest, compiled)),
+        requirements=tuple(runtime_requirements(manifest, parts)),
         split_targets=tuple(split_targets(manifest)),
-        kernels={
-            kernel.name: _kernel_info(kernel, neffs.get(kernel.name, {}))
-            for kernel in manifest.kernels
-        },
+        kernels={},
         provenance=provenance,
+    )
+
+
+def kernel_part(
+    manifest: Manifest,
+    kernel: Kernel,
+    compiled: Sequence[CompiledNeff],
+    tools: frozenset[tuple[str, str]],
+) -> KernelPart:
+    """What the bundle takes from `kernel` and its units' NEFFs; `tools`: the frontend
+    packages its extractions recorded (for the provenance summary)."""
+    neffs: dict[str, dict[str, NeffInfo]] = {}
+    for neff in compiled:
+        neffs.setdefault(neff.target, {})[neff.variant] = _neff_info(manifest, neff)
+    info = _kernel_info(kernel, neffs)
+    return KernelPart(
+        name=kernel.name,
+        info_text=encode(info.to_json()),
+        module=codegen.kernel_module(manifest.package.import_name, kernel, info).encode(),
+        neffs=tuple(
+            NeffFile(_neff_file(manifest, neff), str(neff.neff_path), neff.sha256, neff.unit)
+            for neff in compiled
+        ),
+        targets=frozenset(neffs),
+        dtypes=frozenset(t.dtype for neff in compiled for t in (*neff.inputs, *neff.outputs)),
+        compiler_versions=frozenset(neff.compiler_version for neff in compiled),
+        placeholder=any(neff.placeholder for neff in compiled),
+        tools=tools,
     )
 
 
@@ -281,14 +331,14 @@ def _neff_info(manifest: Manifest, neff: CompiledNeff) -> NeffInfo:
     )
 
 
-def runtime_requirements(manifest: Manifest, compiled: Sequence[CompiledNeff]) -> list[str]:
+def runtime_requirements(manifest: Manifest, parts: Sequence[KernelPart]) -> list[str]:
     """What an installed bundle needs: NumPy, and ml_dtypes if a tensor is bfloat16.
 
     Never spike: the PyPI project of that name is an unrelated simulator, so the
     runtime finds the real one at run time and explains how to get it.
     """
     dtypes = {t.dtype for kernel in manifest.kernels for t in kernel.inputs}
-    dtypes |= {t.dtype for neff in compiled for t in (*neff.inputs, *neff.outputs)}
+    dtypes.update(*(part.dtypes for part in parts))
     return ["numpy", *(["ml_dtypes"] if "bfloat16" in dtypes else [])]
 
 

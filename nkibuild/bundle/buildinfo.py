@@ -289,7 +289,8 @@ class BuildInfo:
         """Every target some kernel has a NEFF for."""
         return sorted({target for kernel in self.kernels.values() for target in kernel.neffs})
 
-    def to_json(self) -> dict[str, Any]:
+    def header_json(self) -> dict[str, Any]:
+        """Every field but the kernels."""
         return {
             "format_version": self.format_version,
             "package": self.package,
@@ -300,14 +301,16 @@ class BuildInfo:
             "neuron_sdk": self.neuron_sdk,
             "requirements": list(self.requirements),
             "split_targets": list(self.split_targets),
-            "kernels": {name: kernel.to_json() for name, kernel in self.kernels.items()},
             "provenance": self.provenance.to_json() if self.provenance else None,
         }
 
+    def to_json(self) -> dict[str, Any]:
+        kernels = {name: kernel.to_json() for name, kernel in self.kernels.items()}
+        return {**self.header_json(), "kernels": kernels}
+
     def to_text(self) -> str:
-        # Compact, so json's C encoder writes it: indenting (pure Python) took seconds
-        # for a bundle of 10,000 NEFFs. `python -m json.tool` shows it indented.
-        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")) + "\n"
+        kernels = {name: encode(kernel.to_json()) for name, kernel in self.kernels.items()}
+        return document_text(self.header_json(), kernels)
 
     @classmethod
     def from_json(cls, document: object) -> BuildInfo:
@@ -334,6 +337,27 @@ class BuildInfo:
         except ValueError as error:
             raise BuildInfoError(f"not JSON ({error})") from None
         return cls.from_json(document)
+
+
+def encode(value: object) -> str:
+    """JSON as `_build.json` spells it: compact, keys sorted, so that json's C encoder
+    writes it (indenting, pure Python, took seconds for 10,000 NEFFs; `python -m
+    json.tool` shows it indented)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def document_text(header: Mapping[str, Any], kernels: Mapping[str, str]) -> str:
+    """The text of `_build.json` from its header and each kernel's entry already encoded:
+    `encode` of the whole document, without encoding again the kernels a bundle update
+    kept."""
+    fields = {key: encode(value) for key, value in header.items()}
+    fields["kernels"] = _object_text(kernels)
+    return _object_text(fields) + "\n"
+
+
+def _object_text(members: Mapping[str, str]) -> str:
+    """A JSON object from its (plain) keys and encoded values, in `sort_keys` order."""
+    return "{" + ",".join(f"{encode(key)}:{members[key]}" for key in sorted(members)) + "}"
 
 
 def read_build_info(path: Path) -> BuildInfo:

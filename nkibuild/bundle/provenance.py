@@ -8,15 +8,15 @@ never be older than the files.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nkibuild.bundle.buildinfo import MaterialInfo, ProvenanceInfo, ToolInfo
 from nkibuild.cache.key import file_sha256
-from nkibuild.compiler import CompiledNeff
 
 if TYPE_CHECKING:
+    from nkibuild.bundle.parts import KernelPart
     from nkibuild.context import BuildContext
     from nkibuild.manifest.model import Manifest
 
@@ -38,24 +38,27 @@ def material_files(manifest: Manifest) -> list[Path]:
     return sorted(found)
 
 
-def summarize(context: BuildContext, compiled: Sequence[CompiledNeff]) -> ProvenanceInfo:
-    """The provenance summary of the bundle a build makes from `compiled`."""
-    from nkibuild.frontends import load_artifact
-
+def summarize(
+    context: BuildContext,
+    parts: Sequence[KernelPart],
+    sha256_of: Callable[[Path], str] = file_sha256,
+) -> ProvenanceInfo:
+    """The provenance summary of the bundle a build makes of the kernels' `parts`;
+    `sha256_of` hashes a project file (the bundle stage's skips one it hashed before,
+    unchanged since)."""
     manifest = context.manifest
-    artifacts = {context.layout.extract_dir(unit.extract) for unit in context.units}
-    frontends = {pair for directory in artifacts for pair in load_artifact(directory).toolchain}
-    compilers = {(COMPILER, neff.compiler_version) for neff in compiled}
+    frontends = {pair for part in parts for pair in part.tools}
+    compilers = {(COMPILER, version) for part in parts for version in part.compiler_versions}
+    root = manifest.root
     return ProvenanceInfo(
         # The bytes the build parsed (hashed as they were read), not the file as it is now.
-        manifest=MaterialInfo(_relative(manifest.path, manifest.root), manifest.sha256),
-        sources=tuple(_material(manifest.root, path) for path in material_files(manifest)),
+        manifest=MaterialInfo(_relative(manifest.path, root), manifest.sha256),
+        sources=tuple(
+            MaterialInfo(_relative(path, root), sha256_of(path))
+            for path in material_files(manifest)
+        ),
         tools=tuple(ToolInfo(name, version) for name, version in sorted(frontends | compilers)),
     )
-
-
-def _material(root: Path, path: Path) -> MaterialInfo:
-    return MaterialInfo(_relative(path, root), file_sha256(path))
 
 
 def _relative(path: Path, root: Path) -> str:

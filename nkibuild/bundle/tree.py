@@ -116,9 +116,9 @@ def read_record(root: Path) -> dict[str, Fingerprint]:
 
 def _inside_tree(name: object) -> bool:
     """A relative POSIX path that stays below the tree (`a/b.py`, not `../x` or `/x`)."""
-    if not isinstance(name, str) or not name or PurePosixPath(name).is_absolute():
+    if not isinstance(name, str) or name.startswith("/"):  # PurePosixPath's absolute
         return False
-    return all(part not in ("", ".", "..") for part in name.split("/"))
+    return not {"", ".", ".."}.intersection(name.split("/"))
 
 
 def _kept(root: Path, name: str, known: Mapping[str, Fingerprint], sha256: str) -> bool:

@@ -1,0 +1,157 @@
+"""The bundle's per-kernel parts and their memo (nkibuild/bundle/parts.py): an edit
+recomputes the edited kernel's part only, and what the bundle writes is byte for byte
+what computing every part anew writes; a damaged, foreign or stale memo lends nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers import build, softmax_manifest, softmax_project
+
+import nkibuild.bundle
+from nkibuild.bundle.buildinfo import BuildInfo, document_text, encode, read_build_info
+from nkibuild.bundle.parts import MEMO_FILE
+from nkibuild.testing.hlo_writer import build_hlo_module
+
+PACKAGE = "parts_kernels"
+KERNELS = ("softmax", "other", "third")
+
+
+def hlo(name: str) -> bytes:
+    return build_hlo_module(name, [("logits", "float32", (64, 1024))], [("float32", (64, 1024))])
+
+
+def project_of_three(root: Path) -> Path:
+    manifest = softmax_manifest("{name: parts-kernels, version: 1.0.0}", reference=True)
+    for name in KERNELS[1:]:
+        manifest += (
+            f"  {name}:\n    frontend: hlo\n    source: kernels/{name}.hlo.pb\n"
+            "    reference: kernels/reference.py:softmax\n"
+            "    inputs:\n      logits: {shape: [64, 1024], dtype: float32}\n"
+        )
+    files = {f"kernels/{name}.hlo.pb": hlo(name) for name in KERNELS[1:]}
+    return softmax_project(root, manifest, files)
+
+
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Kernels whose part the bundle stage computes (not taken from the memo)."""
+    names: list[str] = []
+    kernel_part = nkibuild.bundle.kernel_part
+
+    def counted(manifest, kernel, compiled, tools):  # type: ignore[no-untyped-def]
+        names.append(kernel.name)
+        return kernel_part(manifest, kernel, compiled, tools)
+
+    monkeypatch.setattr(nkibuild.bundle, "kernel_part", counted)
+    return names
+
+
+def tree(project: Path) -> dict[str, bytes]:
+    root = project / "build" / "bundle" / "parts-kernels"
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.startswith(".")
+    }
+
+
+def rebuilt_without_memo(project: Path) -> dict[str, bytes]:
+    """The tree the bundle stage writes with every part computed anew."""
+    (project / "build" / "state" / MEMO_FILE).unlink()
+    shutil.rmtree(project / "build" / "bundle")
+    assert build(project, "bundle").ok
+    return tree(project)
+
+
+def test_an_edit_recomputes_only_the_edited_kernels_part(tmp_path: Path, made: list[str]) -> None:
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    assert sorted(made) == sorted(KERNELS)
+    made.clear()
+    (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
+    summary = build(project)
+    assert summary.ok and "bundle" in summary.executed
+    assert made == ["other"]
+    edited = tree(project)
+    info = json.loads(edited[f"{PACKAGE}/_build.json"])
+    neff = project / "build" / "compile" / "other" / "default" / "trn2" / "model.neff"
+    assert info["kernels"]["other"]["neffs"]["trn2"]["default"]["sha256"] == (
+        hashlib.sha256(neff.read_bytes()).hexdigest()
+    )
+    assert edited == rebuilt_without_memo(project)
+
+
+def test_a_kernels_manifest_entry_changed_recomputes_its_part(
+    tmp_path: Path, made: list[str]
+) -> None:
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    made.clear()
+    manifest = project / "nkibuild.yaml"
+    manifest.write_text(manifest.read_text() + "    tolerance: {rtol: 0.25}\n")  # on `third`
+    assert build(project).ok
+    assert made == ["third"]
+    info = read_build_info(project / "build" / "bundle" / "parts-kernels" / PACKAGE / "_build.json")
+    assert info.kernels["third"].tolerance.rtol == 0.25
+    assert info.kernels["other"].tolerance.rtol != 0.25
+
+
+@pytest.mark.parametrize(
+    "memo", [b"", b"not a pickle", b"\x80\x05N."], ids=["empty", "garbage", "none"]
+)
+def test_a_damaged_memo_lends_nothing(tmp_path: Path, made: list[str], memo: bytes) -> None:
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    expected = tree(project)
+    (project / "build" / "state" / MEMO_FILE).write_bytes(memo)
+    shutil.rmtree(project / "build" / "bundle")
+    made.clear()
+    assert build(project, "bundle").ok
+    assert sorted(made) == sorted(KERNELS)
+    assert tree(project) == expected
+
+
+def test_another_package_name_lends_nothing(tmp_path: Path, made: list[str]) -> None:
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    manifest = project / "nkibuild.yaml"
+    manifest.write_text(manifest.read_text().replace("version: 1.0.0", "version: 1.0.1"))
+    made.clear()
+    assert build(project).ok
+    assert sorted(made) == sorted(KERNELS)
+
+
+def test_a_changed_project_file_gets_its_new_digest_in_the_provenance_summary(
+    tmp_path: Path,
+) -> None:
+    """The memo hashes a file again when its stat changed (same size, new content)."""
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    reference = project / "kernels" / "reference.py"
+    reference.write_text(reference.read_text().replace("NumPy", "Numpy", 1))
+    assert build(project).ok
+    info = read_build_info(project / "build" / "bundle" / "parts-kernels" / PACKAGE / "_build.json")
+    assert info.provenance is not None
+    digests = {material.path: material.sha256 for material in info.provenance.sources}
+    assert digests["kernels/reference.py"] == hashlib.sha256(reference.read_bytes()).hexdigest()
+
+
+def test_document_text_is_the_whole_document_encoded(example_bundle_info: BuildInfo) -> None:
+    kernels = {
+        name: encode(kernel.to_json()) for name, kernel in example_bundle_info.kernels.items()
+    }
+    text = document_text(example_bundle_info.header_json(), kernels)
+    assert text == encode(example_bundle_info.to_json()) + "\n"
+    assert BuildInfo.from_text(text) == example_bundle_info
+
+
+@pytest.fixture
+def example_bundle_info(tmp_path: Path) -> BuildInfo:
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    return read_build_info(project / "build" / "bundle" / "parts-kernels" / PACKAGE / "_build.json")
