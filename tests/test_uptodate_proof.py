@@ -146,6 +146,41 @@ def test_a_changed_config_hands_that_task_and_its_readers_to_doit(
     assert uptodate.decide(root, dicts, str(root / DEP_FILE)).pending == ["t:a", "t:join"]
 
 
+def fingerprinted(config: object) -> str:
+    return uptodate.fingerprint({"file_dep": ["/a"], "targets": ["/b"], "uptodate": [config]})
+
+
+def test_a_fingerprint_tells_apart_values_that_compare_or_print_alike() -> None:
+    configs = [1, True, 1.0, "1", [1], (1,), {"k": 1}, {"k": "1"}, [[1, 2]], [[1], [2]], None]
+    assert len({fingerprinted(uptodate.ConfigChanged({"v": c})) for c in configs}) == len(configs)
+
+
+def test_equal_values_built_apart_have_one_fingerprint() -> None:
+    # Interned or not, shared or copied: the same value gives the same fingerprint.
+    name = "".join(["compile", "_", "args"])
+    shared = ["--target", "trn1"]
+    one = {"compile_args": ["--target", "trn1"], "again": ["--target", "trn1"]}
+    other = {name: shared, "again": shared}
+    assert fingerprinted(uptodate.ConfigChanged(one)) == fingerprinted(
+        uptodate.ConfigChanged(other)
+    )
+
+
+def test_a_check_marshal_cannot_write_is_fingerprinted_by_its_repr() -> None:
+    class Check:
+        def __init__(self, setting: str) -> None:
+            self.setting = setting
+
+        def __repr__(self) -> str:
+            return f"Check({self.setting!r})"
+
+        def __call__(self, task: object, values: object) -> bool:
+            return True
+
+    assert fingerprinted(Check("a")) == fingerprinted(Check("a"))
+    assert fingerprinted(Check("a")) != fingerprinted(Check("b"))
+
+
 def test_a_task_not_verified_by_doit_is_left_out_of_the_proof(
     chain: tuple[Path, list[dict]],
 ) -> None:

@@ -114,7 +114,8 @@ def extract_config(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
 def extract_files(context: BuildContext, spec: ExtractSpec) -> list[str]:
     """The files an extraction reads (its doit `file_dep`), as absolute paths."""
     root = context.manifest.root
-    return [_path(root / spec.source.path), *expand_deps(root, spec.deps)]
+    # os.path, not pathlib: once per kernel of a no-op build; abspath normalises either.
+    return [_path(os.path.join(root, spec.source.path)), *expand_deps(root, spec.deps)]
 
 
 def expand_deps(root: Path, patterns: Sequence[str]) -> list[str]:
@@ -202,13 +203,13 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
 @_guarded
 def run_bundle(context: BuildContext) -> dict[str, Any]:
     from nkibuild import bundle
+    from nkibuild.bundle.tree import read_record
 
     # The stage records each file's stat and sha256 as it writes or keeps it, so the
     # outputs check takes them from there instead of hashing the whole tree again.
-    written = bundle.run(context)
-    root = _path(written.directory)  # absolute and normalised: joined as strings
-    files = written.files.items()
-    return {VALUES_KEY: {f"{root}/{name}": fingerprint for name, fingerprint in files}}
+    directory = bundle.run(context).directory
+    recorded = read_record(directory).items()
+    return {VALUES_KEY: {_path(directory / name): fingerprint for name, fingerprint in recorded}}
 
 
 def _bundle_config(manifest: Manifest) -> dict[str, Any]:

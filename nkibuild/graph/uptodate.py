@@ -30,6 +30,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import marshal
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -44,7 +45,7 @@ from nkibuild.fsutil import atomic_write_text
 from nkibuild.graph.intact import OutputsIntact, output_files
 
 STAMP_FILE = "up-to-date.json"
-FORMAT = 3
+FORMAT = 4  # 4: fingerprints of marshal bytes
 Stat = str  # "size mtime_ns ctime_ns inode": one string, not a list (memory at scale)
 
 
@@ -80,10 +81,16 @@ def fingerprint(task: dict[str, Any]) -> str:
     """What doit's decision about `task` depends on, besides its files and its state."""
     configs = [getattr(check, "config", check) for check in task.get("uptodate", ())]
     entry = (task["file_dep"], task["targets"], task.get("task_dep", ()), configs)
-    # repr, not JSON: several times faster, and the values are built the same way each
-    # build. A repr that differs for equal values (dict order, an object's address)
-    # only hands the task to doit, which then decides by value.
-    return hashlib.sha256(repr(entry).encode()).hexdigest()
+    # marshal, not JSON or repr: three times faster than repr, and the values are built
+    # the same way each build. Format 0 writes no back-references nor interning flags,
+    # so equal values give equal bytes; what marshal cannot write (an object) is taken
+    # by its repr, prefixed apart. Bytes that differ for equal values (dict order, an
+    # object's address) only hand the task to doit, which then decides by value.
+    try:
+        encoded = b"m" + marshal.dumps(entry, 0)
+    except ValueError:
+        encoded = b"r" + repr(entry).encode()
+    return hashlib.sha256(encoded).hexdigest()
 
 
 def stat_of(path: str) -> Stat | None:
