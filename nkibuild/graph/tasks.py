@@ -203,13 +203,13 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
 @_guarded
 def run_bundle(context: BuildContext) -> dict[str, Any]:
     from nkibuild import bundle
-    from nkibuild.bundle.tree import read_record
 
     # The stage records each file's stat and sha256 as it writes or keeps it, so the
     # outputs check takes them from there instead of hashing the whole tree again.
-    directory = bundle.run(context).directory
-    recorded = read_record(directory).items()
-    return {VALUES_KEY: {_path(directory / name): fingerprint for name, fingerprint in recorded}}
+    written = bundle.run(context)
+    root = _path(written.directory)  # absolute and normalised: joined as strings
+    files = written.files.items()
+    return {VALUES_KEY: {f"{root}/{name}": fingerprint for name, fingerprint in files}}
 
 
 def _bundle_config(manifest: Manifest) -> dict[str, Any]:
