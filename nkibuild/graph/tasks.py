@@ -225,14 +225,14 @@ def _bundle_config(manifest: Manifest) -> dict[str, Any]:
 
 def _bundle_task(context: BuildContext) -> dict[str, Any]:
     from nkibuild.bundle import STAMP_FILE
-    from nkibuild.compiler import COMPILE_OUTPUTS
+    from nkibuild.compiler import RESULT_FILE
 
     manifest = context.manifest
-    compiled = [
-        f"{context.layout.compile_path(unit)}/{name}"
-        for unit in context.units
-        for name in COMPILE_OUTPUTS
-    ]
+    # The compile records, not the NEFFs: the bundle takes a NEFF as its record's sha256
+    # names it (and copies only what its tree lacks), so a NEFF changed behind its record
+    # reruns its compile (the outputs check), which the bundle then follows. Half the
+    # dependencies doit checks and records when the bundle runs.
+    compiled = [f"{context.layout.compile_path(unit)}/{RESULT_FILE}" for unit in context.units]
     from nkibuild.bundle.provenance import material_files
 
     # What the bundle ships (references, nki/nkipy sources) is among its materials, whose
