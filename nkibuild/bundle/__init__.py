@@ -146,7 +146,7 @@ def write_bundle(
     info = _header(manifest, parts, provenance)
     files = _project_files(manifest, info, parts)
     for part in parts:
-        files |= {n.name: CompiledCopy(Path(n.source), n.sha256, n.unit) for n in part.neffs}
+        files |= {n.name: CompiledCopy(n.source, n.sha256, n.unit) for n in part.neffs}
     for target in split_targets(manifest):
         files |= _part_files(manifest.package, target)
 

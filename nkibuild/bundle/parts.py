@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import marshal
 import os
 import pickle
 from collections.abc import Callable, Sequence
@@ -72,6 +73,7 @@ PartMaker = Callable[["Kernel", Sequence[CompiledNeff], frozenset[tuple[str, str
 # A part as the memo keeps it: tuples and strings only, which unpickle several times
 # faster than dataclasses (0.05 s rather than 0.3 s for 5,000 kernels).
 PartRow = tuple[Any, ...]
+Key = tuple[bytes | str, ...]  # the kernel's config, its units and their records' stats
 
 
 def _row(part: KernelPart) -> PartRow:
@@ -98,7 +100,7 @@ def _part(row: PartRow) -> KernelPart:
 @dataclass
 class _Memo:
     scope: tuple[str, ...]
-    kernels: dict[str, tuple[tuple[str, ...], PartRow]]  # name -> (key, part)
+    kernels: dict[str, tuple[Key, PartRow]]  # name -> (key, part)
     digests: dict[str, tuple[str, str]]  # path -> (stat, sha256)
 
     def to_state(self) -> tuple[object, ...]:
@@ -168,13 +170,15 @@ def _scope(context: BuildContext) -> tuple[str, ...]:
     )
 
 
-def _key(context: BuildContext, kernel: Kernel, units: Sequence[BuildUnit]) -> tuple[str, ...]:
+def _key(context: BuildContext, kernel: Kernel, units: Sequence[BuildUnit]) -> Key:
     layout = context.layout
     stats = []
     for unit in units:
         stats.append(_stat(f"{layout.compile_path(unit)}/{RESULT_FILE}"))
         stats.append(_stat(f"{layout.extract_path(unit.extract)}/{METADATA_FILE}"))
-    return (repr(kernel.config()), *(unit.name for unit in units), *stats)
+    # marshal, not repr: several times faster; format 0 writes no back-references, so
+    # equal values give equal bytes however they share objects.
+    return (marshal.dumps(kernel.config(), 0), *(unit.name for unit in units), *stats)
 
 
 def _stat(path: str) -> str:

@@ -50,7 +50,7 @@ Fingerprint = list[int | str]  # [size, mtime_ns, ctime_ns, inode, sha256]
 class CompiledCopy:
     """A NEFF the tree takes from a compile directory; its bytes must hash to `sha256`."""
 
-    source: Path
+    source: str | os.PathLike[str]  # a string from the bundle stage: 10,000 Paths cost
     sha256: str
     unit: str
 
