@@ -18,8 +18,23 @@ LEFTOVER_PATTERNS = (".*.tmp", ".*.new", ".*.old-*", ".work-*", ".worker-*")
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
-    with atomic_output(path, durable=durable) as tmp:
-        tmp.write_bytes(data)
+    """`atomic_output` for bytes in hand, written through the temp file's own descriptor
+    (no second open, none for the fsync): builds write several small files per unit."""
+    with reported_at(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with open(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fchmod(fd, new_file_mode())  # mkstemp's 0o600, as open() would make it
+                if durable:
+                    os.fsync(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
 
 def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:

@@ -76,7 +76,14 @@ class FailingTier:
     def fetch(self, key: CacheKey, destination: Path) -> None:
         raise ConnectionError("connection refused")
 
-    def publish(self, key: CacheKey, neff: Path, meta: dict, log: Path | None = None) -> None:
+    def publish(
+        self,
+        key: CacheKey,
+        neff: Path,
+        meta: dict,
+        log: Path | None = None,
+        sha256: str | None = None,
+    ) -> None:
         raise ConnectionError("connection refused")
 
     def discard(self, key: CacheKey) -> None:

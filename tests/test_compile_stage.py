@@ -12,10 +12,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run_nkibuild
-from helpers import build, softmax_manifest, softmax_project
+from helpers import build, pretend_new_compiler, softmax_manifest, softmax_project
 
 from nkibuild.cache import LocalCache
 from nkibuild.compiler.budget import MemoryBudget
@@ -287,9 +288,23 @@ def test_peak_memory_of_a_compile_is_recorded_and_used(
     unit_dir = root / "build" / "compile" / "softmax" / "default" / "trn1"
     result = json.loads((unit_dir / "result.json").read_text())
     assert result["peak_memory"] >= 150 * MIB
+    assert not (unit_dir / "peak-memory.json").exists()  # a finished compile's is in result.json
     (unit,) = [u for u in resolve(load_manifest(root / "nkibuild.yaml")) if "trn1" in u.name]
     assert unit.compile_memory == 64 * MIB
-    assert memory_estimate(unit, unit_dir) == result["peak_memory"]  # larger than the hint
+    assert memory_estimate(unit, unit_dir) == 64 * MIB  # no unfinished attempt: the hint
+    # The next compile of the unit (here: for a new compiler) reserves the recorded peak,
+    # which is larger than the hint.
+    reserved: list[int | None] = []
+    real_reserve = MemoryBudget.reserve
+
+    def spying(budget: MemoryBudget, estimate: int | None, *, alone: bool = False) -> Any:
+        reserved.append(estimate)
+        return real_reserve(budget, estimate, alone=alone)
+
+    monkeypatch.setattr(MemoryBudget, "reserve", spying)
+    pretend_new_compiler(root)
+    assert build(root, "compile:softmax/default/trn1").origins == {"compiled": 1}
+    assert reserved == [result["peak_memory"]]
 
 
 def test_another_checkout_gets_every_neff_from_the_cache(

@@ -73,10 +73,16 @@ class CacheChain:
                 self._guard(tier, "discard from", lambda t=tier: t.discard(key))
 
     def publish(
-        self, key: CacheKey, neff: Path, meta: dict[str, Any], log: Path | None = None
+        self,
+        key: CacheKey,
+        neff: Path,
+        meta: dict[str, Any],
+        log: Path | None = None,
+        sha256: str | None = None,
     ) -> None:
+        """`sha256`: the NEFF's, where the caller has just computed it (not hashed again)."""
         for tier in self.tiers:
-            self._upload(tier, lambda t=tier: t.publish(key, neff, meta, log))
+            self._upload(tier, lambda t=tier: t.publish(key, neff, meta, log, sha256))
 
     def _backfill(
         self, tiers: Sequence[NeffStore], key: CacheKey, neff: Path, meta: dict[str, Any]

@@ -140,7 +140,12 @@ class LocalCache:
         return record, fd
 
     def publish(
-        self, key: CacheKey, neff: Path, meta: dict[str, Any], log: Path | None = None
+        self,
+        key: CacheKey,
+        neff: Path,
+        meta: dict[str, Any],
+        log: Path | None = None,
+        sha256: str | None = None,
     ) -> None:
         if self.read_only:
             return
@@ -161,15 +166,21 @@ class LocalCache:
             if log is not None and log.exists():
                 _link_or_copy(log, stage / LOG_FILE)
             neff_file = stage / NEFF_FILE
-            record = entry_record(key, file_sha256(neff_file), meta, neff_file.stat().st_size)
+            # The caller's digest is of the file just linked (or a copy that is checked
+            # against it when fetched, like every entry).
+            digest = sha256 or file_sha256(neff_file)
+            record = entry_record(key, digest, meta, neff_file.stat().st_size)
             record = self.trust.sign(record)
-            (stage / ENTRY_FILE).write_text(json.dumps(record, indent=2, sort_keys=True))
+            # One line (json's C encoder): entries are read by nkibuild, and fetched often.
+            (stage / ENTRY_FILE).write_text(json.dumps(record, sort_keys=True))
             os.rename(stage, entry)
         except OSError:
+            shutil.rmtree(stage, ignore_errors=True)
             if not entry.exists():
                 raise
-        finally:
+        except BaseException:
             shutil.rmtree(stage, ignore_errors=True)
+            raise
 
     def discard(self, key: CacheKey) -> None:
         self._discard(self.entry_dir(key))

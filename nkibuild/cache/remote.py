@@ -111,7 +111,12 @@ class RemoteCache:
         return bytes(raw)
 
     def publish(
-        self, key: CacheKey, neff: Path, meta: dict[str, Any], log: Path | None = None
+        self,
+        key: CacheKey,
+        neff: Path,
+        meta: dict[str, Any],
+        log: Path | None = None,
+        sha256: str | None = None,
     ) -> None:
         if self.read_only:
             return
@@ -125,7 +130,7 @@ class RemoteCache:
             except CorruptEntry as error:
                 self.notices.append(f"not publishing to {self.location}: {error}")
                 return
-        sha256 = file_sha256(neff)
+        sha256 = sha256 or file_sha256(neff)
         record = entry_record(key, sha256, meta, neff.stat().st_size)
         record["neff"] = self._upload(neff, entry, f"{sha256}.neff")
         record["log"] = None

@@ -37,9 +37,15 @@ class NeffStore(Protocol):
         ...
 
     def publish(
-        self, key: CacheKey, neff: Path, meta: dict[str, Any], log: Path | None = None
+        self,
+        key: CacheKey,
+        neff: Path,
+        meta: dict[str, Any],
+        log: Path | None = None,
+        sha256: str | None = None,
     ) -> None:
-        """Store a NEFF with its metadata (and compile log); a no-op when read-only."""
+        """Store a NEFF with its metadata (and compile log); a no-op when read-only.
+        `sha256`: the NEFF's, where the caller has just computed it."""
         ...
 
     def discard(self, key: CacheKey) -> None:

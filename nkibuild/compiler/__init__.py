@@ -34,6 +34,8 @@ from nkibuild.compiler.record import (
     RESULT_FILE,
     CompiledNeff,
     finished_result,
+    is_finished,
+    last_result,
     load_result,
     write_result,
 )
@@ -85,10 +87,10 @@ class CompileOptions:
 
 def run(context: BuildContext, unit: BuildUnit) -> CompiledNeff:
     """The compile stage of a build: the unit's extracted artifact -> its NEFF."""
-    from nkibuild.frontends import load_artifact
+    from nkibuild.frontends import load_extracted
 
     layout = context.layout
-    artifact = load_artifact(layout.extract_dir(unit.extract))
+    artifact = load_extracted(layout.extract_dir(unit.extract), unit.name)
     return compile_unit(
         unit, artifact, context.toolchain, layout.compile_dir(unit), compile_options(context)
     )
@@ -136,12 +138,12 @@ def _compile_unit(
     options: CompileOptions,
 ) -> CompiledNeff:
     key = cache_key(unit, artifact.content_hash, toolchain)
-    previous = finished_result(out_dir, key.digest)
-    if previous is not None:
+    previous = last_result(out_dir)
+    if previous is not None and is_finished(previous, key.digest):
         return replace(previous, origin="build-dir")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / RESULT_FILE).unlink(missing_ok=True)
-    key_json = json.dumps(key.to_json(), indent=2, sort_keys=True)
+    key_json = json.dumps(key.to_json(), sort_keys=True)  # one line: the C encoder
     atomic_write_text(out_dir / KEY_FILE, key_json, durable=False)  # for `explain` only
     cache = options.cache
     notices: list[str] = []
@@ -150,7 +152,8 @@ def _compile_unit(
     with options.key_locks.lock(key.digest):
         produced = _cache_hit(cache, key, unit, artifact, out_dir, notices)
         if produced is None:
-            job = CompileJob(unit, artifact, toolchain, out_dir, key)
+            last_peak = previous.peak_memory if previous is not None else 0
+            job = CompileJob(unit, artifact, toolchain, out_dir, key, last_peak)
             produced = options.executor.produce(job, options, notices)
         result = verified_result(unit, toolchain, out_dir, key.digest, produced)
         if produced.origin == "compiled" and cache is not None:
@@ -169,7 +172,7 @@ def _publish(
         "peak_memory": result.peak_memory,
         "compiler_version": result.compiler_version,
     }
-    cache.publish(key, out_dir / NEFF_FILE, meta, out_dir / LOG_FILE)
+    cache.publish(key, out_dir / NEFF_FILE, meta, out_dir / LOG_FILE, result.sha256)
 
 
 def _cache_hit(

@@ -25,6 +25,7 @@ class CompileJob:
     toolchain: Toolchain
     out_dir: Path  # the unit's compile directory; the NEFF goes to out_dir/model.neff
     key: CacheKey
+    last_peak: int = 0  # bytes, of the unit's last finished compile (0: unknown)
 
 
 @dataclass(frozen=True)

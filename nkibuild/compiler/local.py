@@ -11,11 +11,9 @@ from nkibuild.compiler.job import CompileJob, Produced
 from nkibuild.compiler.neuronxcc import run_compiler
 from nkibuild.compiler.process import ProcessOutcome
 from nkibuild.compiler.record import PEAK_FILE
-from nkibuild.frontends import HloArtifact
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.plan import BuildUnit
 from nkibuild.quantities import format_size
-from nkibuild.toolchain import Toolchain
 
 if TYPE_CHECKING:
     from nkibuild.compiler import CompileOptions
@@ -27,32 +25,25 @@ class LocalExecutor:
 
     def produce(self, job: CompileJob, options: CompileOptions, notices: list[str]) -> Produced:
         timeout = job.unit.compile_timeout or options.timeout
-        outcome, neff = _compile(
-            job.unit, job.artifact, job.toolchain, job.out_dir, timeout, options, notices
-        )
+        outcome, neff = _compile(job, timeout, options, notices)
         return Produced("compiled", outcome.seconds, outcome.peak_memory, neff)
 
 
 def _compile(
-    unit: BuildUnit,
-    artifact: HloArtifact,
-    toolchain: Toolchain,
-    out_dir: Path,
-    timeout: float | None,
-    options: CompileOptions,
-    notices: list[str],
+    job: CompileJob, timeout: float | None, options: CompileOptions, notices: list[str]
 ) -> tuple[ProcessOutcome, NeffInfo]:
     """Compile within the memory budget. A compile the OOM killer took, or one that ended
     with neuronx-cc's internal-error status, is retried (`options.retries` times; after an
     OOM kill alone); deterministic failures never are."""
-    estimate = memory_estimate(unit, out_dir)
+    unit, out_dir = job.unit, job.out_dir
+    estimate = memory_estimate(unit, out_dir, job.last_peak)
     alone = False
     for attempt in range(1, options.retries + 2):
         with options.budget.reserve(estimate, alone=alone):
             run = run_compiler(
                 unit,
-                artifact,
-                toolchain,
+                job.artifact,
+                job.toolchain,
                 out_dir,
                 timeout,
                 options.processes,
@@ -60,9 +51,11 @@ def _compile(
                 last=attempt > options.retries,
             )
         outcome = run.outcome
-        _record_peak(out_dir, outcome)
         if run.neff is not None:  # none only for a failure that may be retried
+            # Its peak goes into result.json; an older attempt's would only mislead.
+            (out_dir / PEAK_FILE).unlink(missing_ok=True)
             return outcome, run.neff
+        _record_peak(out_dir, outcome)
         notices.append(_retry_notice(outcome, attempt))
         if outcome.killed:
             estimate, alone = max(estimate or 0, outcome.peak_memory), True
@@ -82,9 +75,10 @@ def _retry_notice(outcome: ProcessOutcome, attempt: int) -> str:
     )
 
 
-def memory_estimate(unit: BuildUnit, out_dir: Path) -> int | None:
-    """The larger of the manifest's hint and the peak measured at the unit's last compile."""
-    known = [m for m in (unit.compile_memory, _last_peak(out_dir)) if m]
+def memory_estimate(unit: BuildUnit, out_dir: Path, last_peak: int = 0) -> int | None:
+    """The largest of the manifest's hint, the peak of the unit's last finished compile
+    (`last_peak`, from its result.json) and that of a later attempt that did not finish."""
+    known = [m for m in (unit.compile_memory, last_peak, _last_peak(out_dir)) if m]
     return max(known) if known else None
 
 

@@ -73,7 +73,7 @@ def run_compiler(
     try:
         output, hlo = work / NEFF_FILE, work / HLO_INPUT
         # The artifact may have been built elsewhere: point its references here first.
-        hlo.write_bytes(artifact.compilable_hlo())
+        hlo.write_bytes(artifact.compilable_hlo(unit.name))  # checked against its hash
         # Paths relative to the work dir (the compiler's cwd): a real NEFF records its
         # output path, which must not differ between checkouts and machines.
         command = compiler_command(

@@ -15,7 +15,10 @@ NEFF_FILE = "model.neff"
 LOG_FILE = "compile.log"
 RESULT_FILE = "result.json"
 KEY_FILE = "key.json"  # the cache key's inputs, for `nkibuild explain`
-PEAK_FILE = "peak-memory.json"  # measured at the last compile, for scheduling the next
+# The peak memory of the unit's last compile attempt that left no result.json (an attempt
+# that was retried, e.g. after the OOM killer took it), for scheduling the next; a
+# finished compile's peak is in result.json.
+PEAK_FILE = "peak-memory.json"
 COMPILE_OUTPUTS = (NEFF_FILE, RESULT_FILE)
 
 
@@ -64,18 +67,29 @@ def load_result(out_dir: Path) -> CompiledNeff:
 def write_result(out_dir: Path, result: CompiledNeff) -> None:
     # Atomic (a killed build leaves none or all of it) but not fsync'd: every reader
     # re-hashes the NEFF against it (`finished_result`, the bundle), so what a power loss
-    # could leave torn is recompiled, never used.
-    text = json.dumps(result.to_json(), indent=2)
-    atomic_write_text(out_dir / RESULT_FILE, text, durable=False)
+    # could leave torn is recompiled, never used. One line: json's C encoder does not
+    # indent.
+    atomic_write_text(out_dir / RESULT_FILE, json.dumps(result.to_json()), durable=False)
+
+
+def last_result(out_dir: Path) -> CompiledNeff | None:
+    """What `out_dir`'s result.json records, for whichever key (None: none, or damaged)."""
+    try:
+        return load_result(out_dir)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def is_finished(result: CompiledNeff, digest: str) -> bool:
+    """Whether `result` is the finished compile for the key `digest`, its NEFF intact."""
+    try:
+        return result.cache_key == digest and file_sha256(result.neff_path) == result.sha256
+    except OSError:
+        return False
 
 
 def finished_result(out_dir: Path, digest: str) -> CompiledNeff | None:
     """The finished, intact NEFF in `out_dir` for the key `digest`, if there is one
     (e.g. from an earlier run whose doit state was lost when it was killed)."""
-    try:
-        result = load_result(out_dir)
-        if result.cache_key == digest and file_sha256(result.neff_path) == result.sha256:
-            return result
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
+    result = last_result(out_dir)
+    return result if result is not None and is_finished(result, digest) else None

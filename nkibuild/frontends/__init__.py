@@ -3,6 +3,14 @@
 The artifact directory is the stage's public output: `model.hlo_module.pb`
 plus `artifact.json` (frontend, toolchain versions, signature, content hash),
 written metadata-last so a present `artifact.json` means a complete artifact.
+
+Both are written atomically (a killed build leaves none or all of each) but not
+fsync'd: nothing trusts them without checking. The compile stage hashes the module it
+hands to the compiler against the recorded content hash (`compilable_hlo`), and an
+`artifact.json` that does not parse is refused the same way; either is then forgotten
+(`forget_artifact`), so the next build extracts it again. What a power loss could
+leave torn is thus redone, never compiled under the hash of what it was meant to be.
+A cache hit needs no module at all: its key is the recorded hash.
 """
 
 from __future__ import annotations
@@ -53,11 +61,43 @@ class HloArtifact:
         """The module as stored: references to sidecars are artifact-relative."""
         return self.hlo_path.read_bytes()
 
-    def compilable_hlo(self) -> bytes:
-        """The module with sidecar references pointing at this artifact's absolute paths."""
-        from nkibuild.frontends.relocation import materialize
+    def compilable_hlo(self, unit: str | None = None) -> bytes:
+        """The module with sidecar references pointing at this artifact's absolute paths,
+        once it (with its sidecars) is found to be what `content_hash` names.
 
-        return materialize(self.portable_hlo(), self.directory)
+        DamagedArtifact (and the artifact forgotten) if it is not: the files are not
+        fsync'd, so after a power loss they may be torn under an intact artifact.json."""
+        from nkibuild.frontends.relocation import materialize, normalized_hash
+
+        try:
+            data = self.portable_hlo()
+            intact = normalized_hash(data, self.directory, self.sidecars) == self.content_hash
+        except FileNotFoundError:
+            intact = False
+        if not intact:
+            forget_artifact(self.directory)
+            raise DamagedArtifact(
+                self.directory, "its HLO module is not the one it recorded", unit=unit
+            )
+        return materialize(data, self.directory)
+
+
+class DamagedArtifact(BuildError):
+    """An extracted artifact that is not what its extraction wrote (e.g. torn by a power
+    loss); it was forgotten, so the next build extracts it again."""
+
+    def __init__(self, directory: Path, why: str, *, unit: str | None = None) -> None:
+        super().__init__(
+            f"the extracted artifact in {directory} is damaged ({why}); it was removed "
+            "and the next build extracts it again",
+            unit=unit,
+        )
+
+
+def forget_artifact(directory: Path) -> None:
+    """Remove the metadata that marks an artifact complete: the extract task's outputs
+    check then fails, and the next build extracts it again."""
+    (directory / METADATA_FILE).unlink(missing_ok=True)
 
 
 def run(context: BuildContext, spec: ExtractSpec) -> HloArtifact:
@@ -85,8 +125,9 @@ def extract(
     """Produce the HLO artifact for one kernel variant in `out_dir`; user code runs in
     one of the build's workers that serves this project (`root`) only."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / METADATA_FILE).unlink(missing_ok=True)
-    with atomic_output(out_dir / HLO_FILE) as tmp_hlo:
+    forget_artifact(out_dir)
+    # Not durable (see the module docstring): a torn module is found before it is compiled.
+    with atomic_output(out_dir / HLO_FILE, durable=False) as tmp_hlo:
         versions, allowed = _produce_hlo(spec, root, tmp_hlo, toolchain, tracing)
         traced = tmp_hlo.read_bytes()
         module = _read(traced, spec)  # validates before anything else parses it
@@ -110,7 +151,7 @@ def extract(
         toolchain=tuple(sorted(versions.items())),
         sidecars=tuple(sidecars),
     )
-    atomic_write_text(out_dir / METADATA_FILE, json.dumps(_to_json(artifact), indent=2))
+    atomic_write_text(out_dir / METADATA_FILE, json.dumps(_to_json(artifact)), durable=False)
     return artifact
 
 
@@ -148,6 +189,8 @@ def _read(data: bytes, spec: ExtractSpec) -> HloModuleInfo:
 
 
 def load_artifact(directory: Path) -> HloArtifact:
+    """The artifact `directory` holds; OSError, ValueError, KeyError or TypeError if it
+    holds none or a damaged one (see `load_extracted`)."""
     data = json.loads((directory / METADATA_FILE).read_text())
     return HloArtifact(
         directory=directory,
@@ -159,6 +202,20 @@ def load_artifact(directory: Path) -> HloArtifact:
         toolchain=tuple((name, version) for name, version in data["toolchain"].items()),
         sidecars=tuple(data.get("sidecars", ())),
     )
+
+
+def load_extracted(directory: Path, unit: str) -> HloArtifact:
+    """The artifact an extraction left in `directory`, for compiling `unit`; a missing
+    or damaged one (an artifact.json a power loss tore, one forgotten as damaged by
+    another unit's compile) is a DamagedArtifact, and forgotten."""
+    try:
+        return load_artifact(directory)
+    except FileNotFoundError:
+        why = "it has no artifact.json"
+    except (ValueError, KeyError, TypeError, AttributeError):
+        why = "its artifact.json is not readable"
+    forget_artifact(directory)
+    raise DamagedArtifact(directory, why, unit=unit)
 
 
 def frontend_versions(frontend: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from nkibuild.cache.key import file_sha256
@@ -35,6 +35,17 @@ def record_outputs(
 ) -> dict[str, dict[str, Fingerprint]]:
     """doit action: fingerprints of the output files and of every file in `directories`."""
     return {VALUES_KEY: {path: _fingerprint(path) for path in output_files(files, directories)}}
+
+
+def outputs_record(
+    hashed: Mapping[str, str], others: Sequence[str] = ()
+) -> dict[str, dict[str, Fingerprint]]:
+    """What `record_outputs` returns, from an action that already knows the sha256 of
+    some of its outputs (`hashed`: path -> sha256, e.g. a NEFF the compile stage verified):
+    those are only stat'ed, not read again; `others` are hashed here."""
+    recorded = {path: [*_stat(path), sha256] for path, sha256 in hashed.items()}
+    recorded.update((path, _fingerprint(path)) for path in others)
+    return {VALUES_KEY: recorded}
 
 
 class OutputsIntact:

@@ -33,7 +33,8 @@ def write_extract_record(
     state_dir: Path, name: str, config: dict[str, Any], root: Path, files: list[str]
 ) -> None:
     record = {"config": config, "files": file_hashes(root, files)}
-    text = json.dumps(record, indent=2, sort_keys=True)
+    # One line: json's C encoder does not indent, and `explain` is its only reader.
+    text = json.dumps(record, sort_keys=True)
     atomic_write_text(_path(state_dir, name), text, durable=False)  # for `explain` only
 
 

@@ -163,13 +163,18 @@ def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
 @_guarded
 def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
     from nkibuild import compiler
+    from nkibuild.graph.intact import outputs_record
 
     result = compiler.run(context, unit)
+    # The outputs check's record, with the sha256 the stage verified the NEFF by (a NEFF
+    # may be hundreds of MB: it is not read again).
+    neff, record = (f"{context.layout.compile_path(unit)}/{n}" for n in compiler.COMPILE_OUTPUTS)
     return {
         "origin": result.origin,
         "notices": list(result.notices),
         "compile_seconds": result.compile_seconds,
         "peak_memory": result.peak_memory,
+        **outputs_record({neff: result.sha256}, [record]),
     }
 
 
@@ -187,15 +192,14 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
     }
     # Plain joins: the layout's paths are absolute and normalised, the names plain.
     targets = [f"{out_dir}/{name}" for name in COMPILE_OUTPUTS]
-    record, intact = outputs_checked(targets)
     return {
         "basename": "compile",
         "name": unit.name,
         "doc": f"compile {unit.name} with neuronx-cc",
-        "actions": [(run_compile, (context, unit)), record],
+        "actions": [(run_compile, (context, unit))],  # which records its outputs too
         "file_dep": [f"{extract_dir}/{name}" for name in ARTIFACT_FILES],
         "targets": targets,
-        "uptodate": [config_changed(config), intact],
+        "uptodate": [config_changed(config), OutputsIntact(targets)],
         "clean": True,
     }
 

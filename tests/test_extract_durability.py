@@ -1,0 +1,106 @@
+"""Extracted artifacts are written atomically but not fsync'd (issue 17 goal 5): what a
+power loss could tear is found before anything is compiled from it, and redone.
+
+A power loss can leave a renamed file with its size and times but not its bytes, which
+the outputs check (trusting unchanged stats, as doit does) would take as intact. Those
+tests make the check trust the stats (`trusted_stats`) to stand for that, then show the
+compile stage refusing the damaged artifact (the compiler never starts, nothing reaches
+the cache) and the next build extracting it again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import build, softmax_manifest, softmax_project
+
+from nkibuild.cache import LocalCache
+from nkibuild.graph import intact
+
+UNITS = ("softmax/default/trn1", "softmax/default/trn2")
+
+
+def project(root: Path) -> Path:
+    return softmax_project(root, softmax_manifest("{name: durable, version: 0.1.0}"))
+
+
+def artifact_dir(root: Path) -> Path:
+    (directory,) = (root / "build" / "extract").glob("**/artifact.json")
+    return directory.parent
+
+
+def trusted_stats(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every recorded output passes the outputs check, as one whose stats a power loss
+    kept would."""
+
+    def unchanged(path: str, recorded: Any) -> bool:
+        return True
+
+    monkeypatch.setattr(intact, "_unchanged", unchanged)
+
+
+def damage_in_place(path: Path) -> None:
+    """Other bytes of the same size, as a torn write leaves them (zeros)."""
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+@pytest.mark.parametrize(
+    ("damaged", "why"),
+    [
+        ("model.hlo_module.pb", "its HLO module is not the one it recorded"),
+        ("artifact.json", "its artifact.json is not readable"),
+    ],
+)
+def test_a_torn_artifact_is_never_compiled_and_the_next_build_extracts_it_again(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    isolated_cache: Path,
+    damaged: str,
+    why: str,
+) -> None:
+    root = project(tmp_path / "p")
+    assert build(root, "extract:*").ok
+    directory = artifact_dir(root)
+    clean = {name: (directory / name).read_bytes() for name in ("model.hlo_module.pb",)}
+    damage_in_place(directory / damaged)
+    counter = tmp_path / "compiles"
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_COUNTER", str(counter))
+
+    with monkeypatch.context() as power_loss:
+        trusted_stats(power_loss)
+        summary = build(root, "compile:*", keep_going=True)
+    assert not summary.executed  # the extraction was trusted, and no compile finished
+    failures = {failure.name: failure.detail for failure in summary.failures}
+    assert sorted(failures) == [f"compile:{unit}" for unit in UNITS]
+    first, second = (failures[f"compile:{unit}"] for unit in UNITS)  # -j1: in this order
+    assert f"the extracted artifact in {directory} is damaged ({why})" in first
+    assert "it was removed and the next build extracts it again" in first
+    assert f"the extracted artifact in {directory} is damaged (it has no artifact.json)" in second
+    assert all("Traceback" not in detail for detail in failures.values())
+    assert not counter.exists()  # the compiler never ran
+    assert LocalCache(isolated_cache).entries() == []  # nothing reached the cache
+    assert not (directory / "artifact.json").exists()
+
+    summary = build(root, "compile:*")
+    assert summary.ok, summary.to_json()
+    assert summary.origins == {"compiled": 2}
+    assert any(name.startswith("extract:") for name in summary.executed)
+    assert (directory / "model.hlo_module.pb").read_bytes() == clean["model.hlo_module.pb"]
+    assert json.loads((directory / "artifact.json").read_text())["frontend"] == "hlo"
+
+
+def test_a_cache_hit_needs_no_intact_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache key is the recorded hash: a NEFF cached for it is the right one whatever
+    happened to the module file since, so a hit is not refused for a torn module."""
+    assert build(project(tmp_path / "a"), "compile:*").origins == {"compiled": 2}
+    root = project(tmp_path / "b")
+    assert build(root, "extract:*").ok
+    damage_in_place(artifact_dir(root) / "model.hlo_module.pb")
+    with monkeypatch.context() as power_loss:
+        trusted_stats(power_loss)
+        assert build(root, "compile:*").origins == {"cache-local": 2}
