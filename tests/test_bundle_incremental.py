@@ -296,7 +296,7 @@ def test_an_edit_rebuilds_a_wheel_byte_identical_to_a_fresh_one(
     project = two_kernel_project(tmp_path / "p")
     assert build(project).ok
     writer = json.loads((project / "build" / "state" / WRITER_FILE).read_text())
-    assert writer == wheel_module.writer_identity()
+    assert writer["writer"] == wheel_module.writer_identity()
     copied.clear()
     (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
     summary = build(project)
@@ -332,18 +332,57 @@ def test_a_damaged_member_of_the_previous_wheel_is_not_reused(
     assert wheel.read_bytes() == fresh_wheel(project, tmp_path / "fresh")
 
 
+@pytest.fixture
+def unpacked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Sizes of the contents the wheel stage decides a compression for: every member it
+    writes, and every member of the previous wheel it checks before copying it."""
+    sizes: list[int] = []
+    compression = wheel_module._compression
+
+    def counted(data: bytes) -> int:
+        sizes.append(len(data))
+        return compression(data)
+
+    monkeypatch.setattr(wheel_module, "_compression", counted)
+    return sizes
+
+
+@pytest.mark.parametrize("touched", [False, True], ids=["as-written", "touched"])
+def test_a_wheel_with_the_stat_it_was_written_with_lends_members_unchecked(
+    tmp_path: Path, copied: list[str], unpacked: list[int], touched: bool
+) -> None:
+    """Its members are what this writer stored: not unpacked again. A wheel whose stat
+    changed (same bytes, touched) is checked member by member, and lends as much."""
+    project = two_kernel_project(tmp_path / "p")
+    assert build(project).ok
+    (wheel,) = (project / "dist").glob("*.whl")
+    if touched:
+        wheel.write_bytes(wheel.read_bytes())
+    copied.clear()
+    unpacked.clear()
+    (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
+    assert build(project).ok
+    with zipfile.ZipFile(wheel) as archive:
+        written = len(archive.namelist()) - len(copied)  # RECORD and METADATA among them
+    assert len(copied) >= 9  # all but the edited kernel's NEFFs and _build.json
+    assert len(unpacked) == written + (len(copied) if touched else 0)
+    assert wheel.read_bytes() == fresh_wheel(project, tmp_path / "fresh")
+
+
 def test_a_wheel_from_another_writer_lends_nothing(tmp_path: Path, copied: list[str]) -> None:
     project = two_kernel_project(tmp_path / "p")
     assert build(project).ok
     copied.clear()
     writer_file = project / "build" / "state" / WRITER_FILE
-    writer_file.write_text(json.dumps({**wheel_module.writer_identity(), "zlib": "0.0"}))
+    recorded = json.loads(writer_file.read_text())
+    recorded["writer"]["zlib"] = "0.0"
+    writer_file.write_text(json.dumps(recorded))
     (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
     summary = build(project)
     assert summary.ok and "wheel" in summary.executed and copied == []
     (wheel,) = (project / "dist").glob("*.whl")
     assert wheel.read_bytes() == fresh_wheel(project, tmp_path / "fresh")
-    assert json.loads(writer_file.read_text()) == wheel_module.writer_identity()
+    assert json.loads(writer_file.read_text())["writer"] == wheel_module.writer_identity()
 
 
 def test_a_previous_wheel_whose_directory_points_past_its_end_lends_nothing(

@@ -18,7 +18,7 @@ import os
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,22 +56,50 @@ def run(context: BuildContext) -> list[Path]:
     """The wheel stage of a build: the generated bundle project -> its wheels in dist/.
 
     A wheel it replaces lends its unchanged members (see `Previous`) when the same
-    writer made it: the state dir records which (`WRITER_FILE`)."""
+    writer made it, and is trusted without unpacking them while it has the stat it had
+    when written: the state dir records both (`WRITER_FILE`)."""
     from nkibuild.bundle import load_bundle
 
     bundle_dir = context.layout.bundle_dir(context.manifest)
     writer_file = context.layout.state_dir / WRITER_FILE
-    reuse = _read_writer(writer_file) == writer_identity()
+    written = _written_by_this_writer(writer_file)
     writer_file.unlink(missing_ok=True)  # until the new wheels are in place
     project = load_bundle(bundle_dir, build_info=False)
-    wheels = build_wheels(project, context.layout.dist_dir, reuse=reuse)
-    atomic_write_text(writer_file, json.dumps(writer_identity()), durable=False)
+    wheels = build_wheels(project, context.layout.dist_dir, reuse=written)
+    stats = {wheel.name: _stat(wheel) for wheel in wheels}
+    record = {"writer": writer_identity(), "wheels": stats}
+    atomic_write_text(writer_file, json.dumps(record), durable=False)
     return wheels
 
 
-def build_wheels(project: BundleProject, dist_dir: Path, *, reuse: bool = False) -> list[Path]:
+def build_wheels(
+    project: BundleProject, dist_dir: Path, *, reuse: Mapping[str, str] | None = None
+) -> list[Path]:
     """The bundle's wheel, and one per target when its NEFFs are split out."""
     return [build_wheel(each, dist_dir, reuse=reuse) for each in (project, *project.parts)]
+
+
+def _written_by_this_writer(writer_file: Path) -> dict[str, str] | None:
+    """The stats of the wheels this writer last wrote (file name -> stat), or None if
+    another writer (or none known) made what dist/ holds."""
+    try:
+        record = json.loads(writer_file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("writer") != writer_identity():
+        return None
+    stats = record.get("wheels")
+    if not isinstance(stats, dict):
+        return {}
+    return {name: stat for name, stat in stats.items() if isinstance(stat, str)}
+
+
+def _stat(path: Path) -> str:
+    try:
+        info = path.stat()
+    except OSError:
+        return ""
+    return f"{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino}"
 
 
 def writer_identity() -> dict[str, str]:
@@ -88,17 +116,13 @@ def writer_identity() -> dict[str, str]:
     }
 
 
-def _read_writer(path: Path) -> object:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def build_wheel(project: BundleProject, dist_dir: Path, *, reuse: bool = False) -> Path:
-    """Write the distribution's wheel. With `reuse`, the members of the wheel already at
-    the destination (made by this writer, see `run`) whose content is unchanged are
-    copied over as they are stored, after checking it, not read and compressed again."""
+def build_wheel(
+    project: BundleProject, dist_dir: Path, *, reuse: Mapping[str, str] | None = None
+) -> Path:
+    """Write the distribution's wheel. With `reuse` (the stats of the wheels this writer
+    wrote, see `run`), the members of the wheel already at the destination whose content
+    is unchanged are copied over as they are stored, not read and compressed again;
+    checked first unless the wheel still has the stat it was written with."""
     package = project.package
     members = [
         (path, sha256)
@@ -107,7 +131,9 @@ def build_wheel(project: BundleProject, dist_dir: Path, *, reuse: bool = False) 
     ]
     dist_info, generated = _dist_info(project)
     destination = dist_dir / wheel_file_name(package)
-    with atomic_output(destination) as tmp, Previous.of(destination if reuse else None) as old:
+    previous = destination if reuse is not None else None
+    trusted = reuse is not None and reuse.get(destination.name) == _stat(destination) != ""
+    with atomic_output(destination) as tmp, Previous.of(previous, trusted=trusted) as old:
         _write_zip(tmp, project.directory, members, generated, f"{dist_info}/RECORD", old)
     return destination
 
@@ -321,9 +347,13 @@ class Previous:
     A member is taken only if the wheel's RECORD lists it with the sha256 the bundle
     records now, its stored bytes unpack to exactly that content (CRC and sha256
     checked), and this writer would store that content the same way; so the new wheel
-    is byte for byte the one a fresh write gives. Anything unreadable: no reuse."""
+    is byte for byte the one a fresh write gives. Anything unreadable: no reuse.
+    A `trusted` wheel (this writer's, with the stat it was written with: its members
+    are what this writer stored for those sha256s) skips unpacking them, which for
+    thousands of NEFFs of many MB each is most of the stage's time."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, trusted: bool = False) -> None:
+        self.trusted = trusted
         with contextlib.ExitStack() as opened:  # a wheel that fails to open is closed again
             self.handle = opened.enter_context(open(path, "rb"))
             self.archive = opened.enter_context(zipfile.ZipFile(self.handle))
@@ -332,11 +362,11 @@ class Previous:
 
     @classmethod
     @contextlib.contextmanager
-    def of(cls, path: Path | None) -> Iterator[Previous | None]:
+    def of(cls, path: Path | None, *, trusted: bool = False) -> Iterator[Previous | None]:
         previous = None
         if path is not None and path.is_file():
             with contextlib.suppress(*UNREADABLE):
-                previous = cls(path)
+                previous = cls(path, trusted=trusted)
         try:
             yield previous
         finally:
@@ -370,6 +400,9 @@ class Previous:
             return None
         self.handle.seek(info.header_offset + LOCAL_HEADER.size + fields[-2] + fields[-1])
         stored = self.handle.read(info.compress_size)
+        if self.trusted and len(stored) == info.compress_size:
+            digest = bytes.fromhex(sha256)
+            return StoredMember(info.compress_type, info.CRC, info.file_size, stored, digest)
         if info.compress_type == zipfile.ZIP_DEFLATED:
             data = zlib.decompress(stored, -zlib.MAX_WBITS)
         elif info.compress_type == zipfile.ZIP_STORED:
