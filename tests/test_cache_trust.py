@@ -570,6 +570,25 @@ def test_file_remote_objects_that_are_not_files_are_refused(tmp_path: Path, outs
     assert snapshot(outside) == before
 
 
+@pytest.mark.parametrize("linked", ["neff", "shard"])
+def test_local_publish_never_writes_through_a_symlinked_dir(
+    cache: LocalCache, tmp_path: Path, outside: Path, linked: str
+) -> None:
+    shard = cache.entry_dir(key_of("a")).parent
+    shard.parent.parent.mkdir(parents=True)
+    if linked == "neff":
+        shard.parent.symlink_to(outside)
+    else:
+        shard.parent.mkdir()
+        shard.symlink_to(outside)
+    before = snapshot(outside)
+    publish(cache, tmp_path, "a")
+    assert snapshot(outside) == before
+    (notice,) = cache.notices
+    assert notice.startswith(f"not publishing to {cache.root}: ")
+    assert "is a symbolic link or not a directory" in notice
+
+
 def test_file_remote_publish_never_writes_through_a_symlink(tmp_path: Path, outside: Path) -> None:
     remote_dir = tmp_path / "remote"
     remote_dir.mkdir()

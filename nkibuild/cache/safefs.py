@@ -60,11 +60,12 @@ def make_dirs(root: str | Path, parts: Sequence[str]) -> None:
     is in the way)."""
     root_path = Path(root)
     root_path.mkdir(parents=True, exist_ok=True)
-    for depth, part in enumerate(parts):
-        with opened_dir(root_path, parts[:depth]) as parent, contextlib.suppress(FileExistsError):
-            os.mkdir(part, dir_fd=parent)
-    with opened_dir(root_path, parts):
-        pass  # every component is a real directory
+    with contextlib.ExitStack() as opened:  # one descriptor per component, walked once
+        parent = opened.enter_context(opened_dir(root_path, ()))
+        for part in parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=parent)
+            parent = opened.enter_context(opened_dir(parent, (part,)))  # a real directory
 
 
 @contextlib.contextmanager
