@@ -25,7 +25,6 @@ import io
 import os
 import sys
 import tarfile
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from nkibuild.errors import NkibuildError, UsageError
 from nkibuild.text import printable
 
 if TYPE_CHECKING:
+    from nkibuild.bundle import BundleProject
     from nkibuild.context import BuildContext
     from nkibuild.manifest.model import Manifest, Package
     from nkibuild.settings import BuildOptions
@@ -89,18 +89,14 @@ def prepare_metadata_for_build_wheel(
 ) -> str:
     """The wheel's `.dist-info` (its requirements depend on the compiled NEFFs' dtypes,
     so this builds; `build_wheel` then finds everything up to date)."""
-    with tempfile.TemporaryDirectory() as scratch:
-        wheel = Path(scratch) / build_wheel(scratch, config_settings)
-        return _unpack_dist_info(wheel, Path(metadata_directory))
+    return _write_metadata(Path(metadata_directory), config_settings, editable=False)
 
 
 def prepare_metadata_for_build_editable(
     metadata_directory: str, config_settings: ConfigSettings = None
 ) -> str:
-    """The editable wheel's `.dist-info`, taken from the wheel `build_editable` makes."""
-    with tempfile.TemporaryDirectory() as scratch:
-        wheel = Path(scratch) / build_editable(scratch, config_settings)
-        return _unpack_dist_info(wheel, Path(metadata_directory))
+    """The editable wheel's `.dist-info`, as `build_editable` writes it."""
+    return _write_metadata(Path(metadata_directory), config_settings, editable=True)
 
 
 def build_editable(
@@ -112,31 +108,37 @@ def build_editable(
     that installs a `.pth` file pointing at it (build/bundle/<dist>/, a path every
     build keeps), so a later `nkibuild build` changes the installed package's NEFFs and
     loaders without a reinstall."""
-    from nkibuild.bundle import load_bundle
     from nkibuild.bundle.wheel import build_editable_wheel
 
     with _reported():
-        project = project_of(config_settings)
-        context = _context(project)
-        _run(context, project.jobs)
-        bundle = load_bundle(context.layout.bundle_dir(context.manifest), build_info=False)
-        return build_editable_wheel(bundle, Path(wheel_directory)).name
+        return build_editable_wheel(_built_bundle(config_settings), Path(wheel_directory)).name
 
 
-def _unpack_dist_info(wheel: Path, metadata_directory: Path) -> str:
-    """Write the wheel's `.dist-info` files (RECORD aside, as PEP 517 allows) into
-    `metadata_directory`; return the directory's name."""
-    import zipfile
+def _built_bundle(config_settings: ConfigSettings) -> BundleProject:
+    """Build the project in its build dir; its bundle (bundle.json read, not _build.json)."""
+    from nkibuild.bundle import load_bundle
 
-    with zipfile.ZipFile(wheel) as archive:
-        names = [n for n in archive.namelist() if ".dist-info/" in n]
-        dist_info = names[0].split("/")[0]
-        for name in names:
-            if not name.endswith("/RECORD"):
-                target = metadata_directory / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(archive.read(name))
-    return dist_info
+    project = project_of(config_settings)
+    context = _context(project)
+    _run(context, project.jobs)
+    return load_bundle(context.layout.bundle_dir(context.manifest), build_info=False)
+
+
+def _write_metadata(
+    metadata_directory: Path, config_settings: ConfigSettings, *, editable: bool
+) -> str:
+    """Build, then write the wheel's `.dist-info` files (RECORD aside, as PEP 517 allows)
+    from the bundle, not by unpacking a copy of a wheel of many NEFFs; return the
+    directory's name."""
+    from nkibuild.bundle.wheel import dist_info_files
+
+    with _reported():
+        name, files = dist_info_files(_built_bundle(config_settings), editable=editable)
+        for path, data in files.items():
+            target = metadata_directory / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        return name
 
 
 def build_wheel(

@@ -356,3 +356,18 @@ def test_an_editable_split_bundle_puts_its_target_parts_on_the_path(
         package = Path(part) / f"pep_kernels_{target}"
         assert (package / "neff" / target / "softmax" / "default.neff").is_file()
     assert "pep-kernels-trn" not in metadata and "Provides-Extra" not in metadata
+    # The metadata hooks write what each wheel holds, for the editable wheel and the real one.
+    settings = {"toolchain": "fake"}
+    dist_info = backend.prepare_metadata_for_build_editable(str(tmp_path / "meta"), settings)
+    assert (tmp_path / "meta" / dist_info / "METADATA").read_text() == metadata
+    dist_info = backend.prepare_metadata_for_build_wheel(str(tmp_path / "wheel-meta"), settings)
+    wheel = backend.build_wheel(str(tmp_path / "wheels"), settings)
+    with zipfile.ZipFile(tmp_path / "wheels" / wheel) as archive:
+        wheel_metadata = archive.read(f"{dist_info}/METADATA").decode()
+    assert "Provides-Extra: trn1" in wheel_metadata
+    assert (tmp_path / "wheel-meta" / dist_info / "METADATA").read_text() == wheel_metadata
+    assert sorted(p.name for p in (tmp_path / "wheel-meta" / dist_info).iterdir()) == [
+        "METADATA",
+        "WHEEL",
+        "entry_points.txt",
+    ]

@@ -129,7 +129,7 @@ def build_wheel(
         for path, sha256 in project.files
         if path.startswith(f"{package.import_name}/")
     ]
-    dist_info, generated = _dist_info(project)
+    dist_info, generated = dist_info_files(project)
     destination = dist_dir / wheel_file_name(package)
     previous = destination if reuse is not None else None
     trusted = reuse is not None and reuse.get(destination.name) == _stat(destination) != ""
@@ -143,8 +143,7 @@ def build_editable_wheel(project: BundleProject, wheel_dir: Path) -> Path:
     the bundle's directory (and each target part's) on `sys.path`, so the installed
     package is the one in the build dir and every build updates it. The target parts
     are on that path, not requirements: there is no separate install of them."""
-    own = dataclasses.replace(project, parts=())
-    dist_info, generated = _dist_info(own)
+    dist_info, generated = dist_info_files(project, editable=True)
     directories = [project.directory, *(part.directory for part in project.parts)]
     paths = "".join(f"{directory.resolve()}\n" for directory in directories)
     generated[f"__editable__.{dist_info.removesuffix('.dist-info')}.pth"] = paths.encode()
@@ -154,8 +153,13 @@ def build_editable_wheel(project: BundleProject, wheel_dir: Path) -> Path:
     return destination
 
 
-def _dist_info(project: BundleProject) -> tuple[str, dict[str, bytes]]:
-    """The `.dist-info` directory's name and its files besides RECORD."""
+def dist_info_files(
+    project: BundleProject, *, editable: bool = False
+) -> tuple[str, dict[str, bytes]]:
+    """The `.dist-info` directory's name and its files besides RECORD. An editable
+    wheel's metadata requires no target parts: its `.pth` file puts them on the path."""
+    if editable:
+        project = dataclasses.replace(project, parts=())
     package = project.package
     dist_info = wheel_file_name(package).rsplit("-", 3)[0] + ".dist-info"
     generated = {
