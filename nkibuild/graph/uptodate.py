@@ -258,10 +258,10 @@ def decide(state_dir: Path, dicts: list[dict[str, Any]], dep_file: str) -> Decis
     # Output dirs are not walked: a file added there is ignored (see OutputsIntact), a
     # recorded one removed or changed is seen by its stat.
     listings = proof.listings
-    files = {name: graph.files(name, listings.get(name, ())) for name in graph.names}
     recorded = proof.files
     stats = {}
-    for path in dict.fromkeys(chain.from_iterable(files.values())):  # each file once
+    every = (graph.files(name, listings.get(name, ())) for name in graph.names)
+    for path in dict.fromkeys(chain.from_iterable(every)):  # each file once
         stat = stat_of(path)
         if stat is None or recorded.get(path) != stat:
             stats[path] = stat
@@ -271,7 +271,7 @@ def decide(state_dir: Path, dicts: list[dict[str, Any]], dep_file: str) -> Decis
         name
         for name in graph.names
         if proof.tasks.get(name) != fingerprints[name]
-        or (changed and not changed.isdisjoint(files[name]))
+        or (changed and not changed.isdisjoint(graph.files(name, listings.get(name, ()))))
     ]
     return Decision(graph, fingerprints, stats, graph.downstream(seeds), touched, proof)
 
