@@ -5,6 +5,7 @@ without forking the build process and still killed with it."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -17,8 +18,14 @@ import pytest
 from helpers import build, softmax_manifest, softmax_project
 
 from nkibuild.cache import LocalCache
+from nkibuild.cache import key as cache_key_module
+from nkibuild.cache import local as local_module
+from nkibuild.compiler import checks as checks_module
+from nkibuild.compiler import record as record_module
 from nkibuild.compiler.process import DeathGuard, run_process
 from nkibuild.formats import neff as neff_format
+from nkibuild.fsutil import atomic_write_bytes
+from nkibuild.graph import intact
 
 UNITS = ("softmax/default/trn1", "softmax/default/trn2")
 
@@ -102,6 +109,50 @@ def test_a_cache_on_another_filesystem_gets_copies(
             (root / "build/compile" / u / "model.neff").read_bytes() for u in UNITS
         }
     assert build(project(tmp_path / "b"), "compile:*").origins == {"cache-local": 2}
+
+
+def test_the_compile_records_the_neffs_sha256_without_hashing_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated_cache: Path
+) -> None:
+    """The stage hashes the NEFF once: the local cache entry and the outputs check's
+    record take that digest, and it is the NEFF's."""
+    hashed: list[str] = []
+    real = cache_key_module.file_sha256
+
+    def counting(path: Any) -> str:
+        hashed.append(os.fspath(path))
+        return real(path)
+
+    for module in (cache_key_module, record_module, checks_module, local_module, intact):
+        monkeypatch.setattr(module, "file_sha256", counting)
+    root = project(tmp_path / "a")
+    assert build(root, "compile:*").ok
+    neffs = [str(root / "build/compile" / u / "model.neff") for u in UNITS]
+    assert sorted(p for p in hashed if p.endswith("model.neff")) == neffs
+    for entry in LocalCache(isolated_cache).entries():
+        record = json.loads((entry.directory / "entry.json").read_text())
+        assert record["sha256"] == real(entry.directory / "model.neff")
+    hashed.clear()
+    again = build(root, "compile:*")
+    assert not again.executed and {f"compile:{u}" for u in UNITS} <= set(again.up_to_date)
+    assert hashed == []  # the record's stats still match: nothing is read
+
+
+def test_a_failed_atomic_write_keeps_the_old_file_and_leaves_no_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "result.json"
+    atomic_write_bytes(target, b"old", durable=False)
+
+    def full(fd: int, mode: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fchmod", full)
+    with pytest.raises(OSError, match="No space left on device") as raised:
+        atomic_write_bytes(target, b"new", durable=True)
+    assert raised.value.filename == str(target)  # named as the file that was not written
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
 
 
 # --- starting the compiler ---------------------------------------------------------------
