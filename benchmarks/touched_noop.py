@@ -6,7 +6,7 @@ run first touches one kernel's source (rewritten with the same bytes: new mtime 
 ctime, same content) and is timed as a whole process:
 
 - nkibuild: `nkibuild build` (its up-to-date proof compares the touched file's content
-  and re-records its stat; nothing is rebuilt, doit is asked about nothing);
+  and re-records its stat; nothing is rebuilt, doit is neither asked nor imported);
 - the baseline: plain doit running the same tasks from a dodo.py with doit's `json`
   backend (`--backend json`), which finds the mtime changed, hashes the file and runs
   nothing.
