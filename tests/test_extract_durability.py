@@ -104,3 +104,34 @@ def test_a_cache_hit_needs_no_intact_module(
     with monkeypatch.context() as power_loss:
         trusted_stats(power_loss)
         assert build(root, "compile:*").origins == {"cache-local": 2}
+
+
+class NoRay:
+    """A Ray connection that must not be used."""
+
+    def get(self, address: str | None) -> Any:
+        raise AssertionError("a Ray task was started for a damaged artifact")
+
+
+def test_a_torn_module_is_refused_before_a_ray_worker_gets_it(tmp_path: Path) -> None:
+    from nkibuild.cache import CacheKey
+    from nkibuild.compiler import CompileJob, CompileOptions
+    from nkibuild.compiler.ray_executor import RayExecutor
+    from nkibuild.context import load_context
+    from nkibuild.frontends import DamagedArtifact, load_artifact
+    from nkibuild.settings import BuildOptions
+
+    root = project(tmp_path / "p")
+    assert build(root, "extract:*").ok
+    directory = artifact_dir(root)
+    artifact = load_artifact(directory)
+    damage_in_place(directory / "model.hlo_module.pb")
+    context = load_context(
+        root / "nkibuild.yaml", root / "build", root / "dist", BuildOptions(toolchain="fake")
+    )
+    unit = context.units[0]
+    job = CompileJob(unit, artifact, context.toolchain, tmp_path / "out", CacheKey.of(hlo="x"), 0)
+    executor = RayExecutor(NoRay(), context.settings.cache, None)  # type: ignore[arg-type]
+    with pytest.raises(DamagedArtifact, match="its HLO module is not the one it recorded"):
+        executor.produce(job, CompileOptions(), [])
+    assert not (directory / "artifact.json").exists()  # forgotten where it was extracted

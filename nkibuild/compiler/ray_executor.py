@@ -40,6 +40,9 @@ class RayExecutor:
 
     def produce(self, job: CompileJob, options: CompileOptions, notices: list[str]) -> Produced:
         unit, artifact, out_dir = job.unit, job.artifact, job.out_dir
+        # A module a power loss tore is refused (and forgotten) here, where its extraction
+        # lives, before a worker is sent a copy of it.
+        artifact.compilable_hlo(unit.name)
         ray = self.connection.get(self.address)
         timeout = unit.compile_timeout or options.timeout
         task = ray.remote(_compile_task).options(
