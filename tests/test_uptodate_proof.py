@@ -259,6 +259,12 @@ def test_what_the_proof_cannot_trust_hands_everything_to_doit(
     assert decision.pending == ["t:a", "t:b", "t:join"]
 
 
+def recorded_stamp(root: Path, decision: uptodate.Decision) -> dict:
+    """Record `decision` after a build that asked doit nothing; the stamp as saved."""
+    uptodate.record(root, decision, {}, str(root / DEP_FILE))
+    return json.loads((root / STAMP_FILE).read_text())
+
+
 def test_a_touched_source_is_re_recorded_as_a_whole_record_would(
     chain: tuple[Path, list[dict]],
 ) -> None:
@@ -271,8 +277,7 @@ def test_a_touched_source_is_re_recorded_as_a_whole_record_would(
     decision = uptodate.decide(root, dicts, dep_file)
     assert decision.touched == [str(root / "src_b")]
     whole = uptodate._recorded(decision, {}, dep_file).to_json()
-    uptodate.record(root, decision, {}, dep_file)
-    stamp = json.loads((root / STAMP_FILE).read_text())
+    stamp = recorded_stamp(root, decision)
     assert stamp == whole
     assert stamp["files"][str(root / "src_b")] == uptodate.stat_of(str(root / "src_b"))
 
@@ -287,8 +292,7 @@ def test_a_task_gone_from_the_build_is_dropped_when_a_touch_is_recorded(
     fewer = dicts[:1]  # t:b and t:join no longer in the build
     decision = uptodate.decide(root, fewer, dep_file)
     assert (decision.pending, decision.touched) == ([], [str(root / "src_a")])
-    uptodate.record(root, decision, {}, dep_file)
-    stamp = json.loads((root / STAMP_FILE).read_text())
+    stamp = recorded_stamp(root, decision)
     assert sorted(stamp["tasks"]) == ["t:a"]
     assert sorted(stamp["files"]) == [str(root / "mid_a"), str(root / "src_a")]
     assert uptodate.decide(root, fewer, dep_file).pending == []
