@@ -276,7 +276,7 @@ def test_a_touched_source_is_re_recorded_as_a_whole_record_would(
     touch(root / "src_b")
     decision = uptodate.decide(root, dicts, dep_file)
     assert decision.touched == [str(root / "src_b")]
-    whole = uptodate._recorded(decision, {}, dep_file).to_json()
+    whole = uptodate._recorded(decision, {}, dep_file, {}).to_json()
     stamp = recorded_stamp(root, decision)
     assert stamp == whole
     assert stamp["files"][str(root / "src_b")] == uptodate.stat_of(str(root / "src_b"))
@@ -389,6 +389,31 @@ def test_editing_one_source_asks_doit_about_its_tasks_only(two_kernels: Path) ->
     ]
     decision = last_decision(two_kernels)
     assert (decision["handed_to_doit"], decision["proven"]) == (5, 3)
+    assert build(two_kernels).executed == []
+    assert last_decision(two_kernels)["handed_to_doit"] == 0
+
+
+def test_outputs_a_task_recorded_as_it_wrote_them_are_not_listed_or_stated_again(
+    two_kernels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bundle's tree (thousands of files at scale) is listed in the proof from the
+    fingerprints the bundle task recorded, not walked; and those stats are the files'."""
+    walked: list[tuple[str, ...]] = []
+    output_files = uptodate.output_files
+
+    def counted(files: tuple[str, ...], directories: tuple[str, ...] = ()) -> list[str]:
+        walked.append(tuple(directories))
+        return output_files(files, directories)
+
+    monkeypatch.setattr(uptodate, "output_files", counted)
+    (two_kernels / "kernels" / "beta.pb").write_bytes(hlo("beta-edited"))
+    assert "bundle" in build(two_kernels).executed
+    assert walked == []
+    stamp = json.loads((two_kernels / "build" / "state" / STAMP_FILE).read_text())
+    tree = two_kernels / "build" / "bundle" / "proof-kernels"
+    files = sorted(str(p) for p in tree.rglob("*") if p.is_file() and p.name != ".files.json")
+    assert stamp["listings"]["bundle"] == files
+    assert all(stamp["files"][path] == uptodate.stat_of(path) for path in files)
     assert build(two_kernels).executed == []
     assert last_decision(two_kernels)["handed_to_doit"] == 0
 

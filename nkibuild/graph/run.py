@@ -16,6 +16,7 @@ from nkibuild.context import BuildContext
 from nkibuild.errors import UsageError, describe_os_error
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.graph import uptodate
+from nkibuild.graph.intact import VALUES_KEY
 from nkibuild.graph.report import BuildReporter, BuildSummary, Display
 from nkibuild.graph.state import DEP_FILE
 from nkibuild.graph.tasks import task_dicts
@@ -92,6 +93,7 @@ def _run_whole_graph(
     pending = set(decision.pending)
     config = {**doit_config(context), "default_tasks": decision.pending}
     verified: dict[str, int] = {}
+    written: dict[str, dict[str, Any]] = {}
     summary = run_task_graph(
         context.session,
         [task for task in dicts if task_name(task) in pending],
@@ -100,9 +102,10 @@ def _run_whole_graph(
         display,
         proven=decision.proven,
         verified=verified,
+        written=written,
     )
     if not context.session.state_failures:  # else doit's state is what it was before
-        uptodate.record(state_dir, decision, verified, dep_file)
+        uptodate.record(state_dir, decision, verified, dep_file, written)
     return summary, figures
 
 
@@ -118,15 +121,27 @@ def _report_all_up_to_date(dicts: list[dict], display: Display) -> BuildSummary:
 
 class _PartlyProvenReporter(BuildReporter):
     """Reports the tasks the proof covers as up to date, then what doit does with the rest;
-    notes when doit found each task up to date or ran it (`verified`: name -> time_ns)."""
+    notes when doit found each task up to date or ran it (`verified`: name -> time_ns),
+    and the outputs a task that ran recorded as it wrote them (`written`: name -> the
+    fingerprints its outputs check keeps, graph/intact.py)."""
 
-    def __init__(self, display: Display, proven: Sequence[str], verified: dict[str, int]) -> None:
+    def __init__(
+        self,
+        display: Display,
+        proven: Sequence[str],
+        verified: dict[str, int],
+        written: dict[str, dict[str, Any]],
+    ) -> None:
         super().__init__(display)
         self.proven = proven
         self.verified = verified
+        self.written = written
 
     def add_success(self, task: Any) -> None:
         self.verified[task.name] = time.time_ns()
+        outputs = task.values.get(VALUES_KEY) if isinstance(task.values, dict) else None
+        if isinstance(outputs, dict):
+            self.written[task.name] = outputs
         super().add_success(task)
 
     def skip_uptodate(self, task: Any) -> None:
@@ -155,16 +170,22 @@ def run_task_graph(
     display: Display,
     proven: Sequence[str] = (),
     verified: dict[str, int] | None = None,
+    written: dict[str, dict[str, Any]] | None = None,
 ) -> BuildSummary:
     """Let doit run task dicts with `config` (dep_file, default_tasks, ...); report through
     `display`, with the tasks named in `proven` (not in `dicts`) as up to date; fills
-    `verified` (see _PartlyProvenReporter). The caller runs `session` and holds whatever
-    locks the outputs need."""
+    `verified` and `written` (see _PartlyProvenReporter). The caller runs `session` and
+    holds whatever locks the outputs need."""
     from doit.doit_cmd import DoitMain
 
     from nkibuild.graph.loader import NkibuildLoader
 
-    reporter = _PartlyProvenReporter(display, proven, {} if verified is None else verified)
+    reporter = _PartlyProvenReporter(
+        display,
+        proven,
+        {} if verified is None else verified,
+        {} if written is None else written,
+    )
     loader = NkibuildLoader(extra_config={**config, "reporter": reporter}, tasks=dicts)
 
     argv = ["run"]

@@ -42,7 +42,7 @@ from typing import Any
 from nkibuild import __version__
 from nkibuild.cache.key import file_sha256
 from nkibuild.fsutil import atomic_write_text
-from nkibuild.graph.intact import OutputsIntact, output_files
+from nkibuild.graph.intact import Fingerprint, OutputsIntact, output_files
 
 STAMP_FILE = "up-to-date.json"
 FORMAT = 4  # 4: fingerprints of marshal bytes
@@ -217,14 +217,21 @@ class Graph:
         return [name for name in self.names if name in reached]
 
 
-def _listing(task: dict[str, Any]) -> list[str]:
+def _listing(task: dict[str, Any], written: Mapping[str, Fingerprint] | None) -> list[str]:
+    """The files in the task's output directories: those it recorded writing there (the
+    bundle's thousands), else what a walk finds."""
     directories = [
         directory
         for check in task.get("uptodate", ())
         if isinstance(check, OutputsIntact)
         for directory in check.directories
     ]
-    return sorted(output_files((), directories)) if directories else []
+    if not directories:
+        return []
+    if written is None:
+        return sorted(output_files((), directories))
+    prefixes = tuple(directory.rstrip("/") + "/" for directory in directories)
+    return sorted(path for path in written if path.startswith(prefixes))
 
 
 @dataclass
@@ -296,18 +303,26 @@ def _digest(path: str, stat: Stat | None) -> str | None:
     return digest if stat_of(path) == stat else None
 
 
-def record(state_dir: Path, decision: Decision, verified: Mapping[str, int], dep_file: str) -> None:
+def record(
+    state_dir: Path,
+    decision: Decision,
+    verified: Mapping[str, int],
+    dep_file: str,
+    written: Mapping[str, Mapping[str, Fingerprint]] | None = None,
+) -> None:
     """Save the proof for the proven tasks and those in `verified` (doit found them up to
     date or ran them successfully, at the time_ns given). Sources keep the stat seen when
     deciding (doit may have read them after a later change; that change is then seen
     next time). Outputs of verified tasks are stat'ed again, since the build rewrote
-    them; one changed after doit looked at its task (ctime later) is left out, so that
-    task goes back to doit next time.
+    them, unless the task recorded them as it wrote them (`written`: task -> its outputs'
+    fingerprints, doit's values for the outputs check); one changed after doit looked at
+    its task (ctime later) is left out, so that task goes back to doit next time, as is
+    one changed after its task recorded it (its stat is then not the one recorded).
 
     Best effort: without a stamp the next build only asks doit about everything."""
     proof = _retouched(decision) if not verified else None
     if proof is None:
-        proof = _recorded(decision, verified, dep_file)
+        proof = _recorded(decision, verified, dep_file, written or {})
     # Not fsync'ed: after a power loss a damaged stamp is unreadable, which proves nothing.
     with contextlib.suppress(OSError):
         atomic_write_text(state_dir / STAMP_FILE, json.dumps(proof.to_json()), durable=False)
@@ -327,7 +342,12 @@ def _retouched(decision: Decision) -> Proof | None:
     return replace(previous, files={**previous.files, **touched})
 
 
-def _recorded(decision: Decision, verified: Mapping[str, int], dep_file: str) -> Proof:
+def _recorded(
+    decision: Decision,
+    verified: Mapping[str, int],
+    dep_file: str,
+    written: Mapping[str, Mapping[str, Fingerprint]],
+) -> Proof:
     graph, previous = decision.graph, decision.previous or Proof()
     pending = set(decision.pending)
     proof = Proof(state=stat_of(dep_file))
@@ -336,17 +356,18 @@ def _recorded(decision: Decision, verified: Mapping[str, int], dep_file: str) ->
         if name in pending and checked is None:
             continue  # failed, blocked or not reached: doit decides about it next time
         proof.tasks[name] = decision.fingerprints[name]
+        outputs = written.get(name)
         if checked is None:  # proven: its recorded files were all checked
             listing = previous.listings.get(name, [])
         else:
-            listing = _listing(graph.by_name[name])
+            listing = _listing(graph.by_name[name], outputs)
         if listing:
             proof.listings[name] = listing
         sources = set(graph.sources(name))
         for path in graph.files(name, listing):
             stat = decision.stats[path] if path in decision.stats else previous.files.get(path)
             if checked is not None and path not in sources:
-                stat = stat_of(path)
+                stat = _written_stat(outputs, path)
                 if stat is not None and _ctime_ns(stat) > checked:
                     stat = None
             if stat is not None:
@@ -357,6 +378,14 @@ def _recorded(decision: Decision, verified: Mapping[str, int], dep_file: str) ->
             if digest is not None:
                 proof.digests[path] = digest
     return proof
+
+
+def _written_stat(outputs: Mapping[str, Fingerprint] | None, path: str) -> Stat | None:
+    """The stat its task recorded for an output as it wrote it, else the file's now."""
+    fingerprint = outputs.get(path) if outputs is not None else None
+    if fingerprint is None:
+        return stat_of(path)
+    return " ".join(map(str, fingerprint[:4]))
 
 
 def _source_digest(path: str, stat: Stat | None, previous: Proof) -> str | None:
