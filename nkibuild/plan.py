@@ -7,6 +7,7 @@ Light on purpose (`validate` of an unchanged manifest imports little more than t
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import pickle
@@ -63,7 +64,7 @@ class ExtractSpec:
     target: str | None  # None: the frontend's output does not depend on the target
     lnc: int | None = None  # the launch grid, for frontends whose trace depends on it (nki)
 
-    @property
+    @functools.cached_property  # asked for thousands of times per build (paths, tasks)
     def name(self) -> str:
         parts = [self.kernel, self.variant] + ([self.target] if self.target else [])
         return "/".join(parts)
@@ -93,7 +94,7 @@ class BuildUnit:
     def variant(self) -> str:
         return self.extract.variant
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         return f"{self.kernel}/{self.variant}/{self.target}"
 

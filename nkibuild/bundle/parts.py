@@ -172,10 +172,10 @@ def _scope(context: BuildContext) -> tuple[str, ...]:
 
 def _key(context: BuildContext, kernel: Kernel, units: Sequence[BuildUnit]) -> Key:
     layout = context.layout
-    stats = []
-    for unit in units:
-        stats.append(_stat(f"{layout.compile_path(unit)}/{RESULT_FILE}"))
-        stats.append(_stat(f"{layout.extract_path(unit.extract)}/{METADATA_FILE}"))
+    records = [f"{layout.compile_path(unit)}/{RESULT_FILE}" for unit in units]
+    # An extraction serves every target of its variant: stat'ed once.
+    records += dict.fromkeys(f"{layout.extract_path(u.extract)}/{METADATA_FILE}" for u in units)
+    stats = [_stat(record) for record in records]
     # marshal, not repr: several times faster; format 0 writes no back-references, so
     # equal values give equal bytes however they share objects.
     return (marshal.dumps(kernel.config(), 0), *(unit.name for unit in units), *stats)
