@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from nkibuild.context import load_context
 from nkibuild.graph.report import BuildSummary, TaskOutcome
 from nkibuild.graph.run import RunOptions, run_build
@@ -142,3 +144,18 @@ def imported_bundle(project_dir: Path, package: str) -> Iterator[ModuleType]:
         sys.path.remove(str(project_dir))
         for name in [m for m in sys.modules if m.split(".")[0] == package]:
             del sys.modules[name]
+
+
+def manifests_parsed(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The manifests parsed from now on (a build served by the plan cache parses none)."""
+    import nkibuild.manifest
+
+    parsed: list[Path] = []
+    load_manifest = nkibuild.manifest.load_manifest
+
+    def counted(path: Path) -> object:
+        parsed.append(path)
+        return load_manifest(path)
+
+    monkeypatch.setattr(nkibuild.manifest, "load_manifest", counted)
+    return parsed

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import write_project
+from helpers import manifests_parsed, write_project
 
 from nkibuild.compiler import compiler_command
 from nkibuild.manifest import load_manifest
@@ -436,21 +436,6 @@ def cached_plan_project(root: Path) -> Path:
     return softmax_project(root, softmax_manifest(reference=True))
 
 
-def parses_counted(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """The manifests parsed from now on (a cached plan parses none)."""
-    import nkibuild.manifest
-
-    parsed: list[Path] = []
-    load_manifest = nkibuild.manifest.load_manifest
-
-    def counted(path: Path) -> object:
-        parsed.append(path)
-        return load_manifest(path)
-
-    monkeypatch.setattr(nkibuild.manifest, "load_manifest", counted)
-    return parsed
-
-
 def test_a_changed_hlo_source_keeps_the_cached_plan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -462,7 +447,7 @@ def test_a_changed_hlo_source_keeps_the_cached_plan(
     project = cached_plan_project(tmp_path / "project")
     state = project / "build" / "state"
     first = load_plan(project / "nkibuild.yaml", state)
-    parsed = parses_counted(monkeypatch)
+    parsed = manifests_parsed(monkeypatch)
     module = build_hlo_module(
         "edited", [("logits", "float32", (64, 1024))], [("float32", (64, 1024))]
     )
@@ -484,7 +469,7 @@ def test_a_python_file_still_defining_its_functions_keeps_the_cached_plan(
     project = cached_plan_project(tmp_path / "project")
     state = project / "build" / "state"
     first = load_plan(project / "nkibuild.yaml", state)
-    parsed = parses_counted(monkeypatch)
+    parsed = manifests_parsed(monkeypatch)
     reference = project / "kernels" / "reference.py"
     reference.write_text(reference.read_text() + "\n\ndef helper():\n    return 1\n")
     assert load_plan(project / "nkibuild.yaml", state) == first
@@ -505,7 +490,7 @@ def test_a_python_file_that_lost_its_function_is_validated_again(
     project = cached_plan_project(tmp_path / "project")
     state = project / "build" / "state"
     load_plan(project / "nkibuild.yaml", state)
-    parsed = parses_counted(monkeypatch)
+    parsed = manifests_parsed(monkeypatch)
     reference = project / "kernels" / "reference.py"
     reference.write_text(reference.read_text().replace("def softmax(", "def soft_max("))
     with pytest.raises(ManifestError, match="defines no 'softmax'"):

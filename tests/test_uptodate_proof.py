@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from doit.tools import config_changed
-from helpers import build, write_project
+from helpers import build, manifests_parsed, write_project
 
 from nkibuild.graph import uptodate
 from nkibuild.graph.intact import outputs_checked
@@ -346,16 +346,7 @@ def last_decision(root: Path) -> dict:
 def test_touching_one_source_rebuilds_nothing_and_asks_doit_nothing(
     two_kernels: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import nkibuild.manifest
-
-    parsed: list[Path] = []
-    load_manifest = nkibuild.manifest.load_manifest
-
-    def counted(path: Path) -> object:
-        parsed.append(path)
-        return load_manifest(path)
-
-    monkeypatch.setattr(nkibuild.manifest, "load_manifest", counted)
+    parsed = manifests_parsed(monkeypatch)
     source = two_kernels / "kernels" / "alpha.pb"
     touch(source)
     summary = build(two_kernels)
