@@ -16,7 +16,13 @@ from pathlib import Path
 from nkibuild.manifest.model import Manifest
 from nkibuild.plan import BuildUnit, ExtractSpec, load_plan
 from nkibuild.session import BuildSession
-from nkibuild.settings import BuildOptions, BuildSettings, resolve_settings
+from nkibuild.settings import (
+    ENV_COMPILER,
+    ENV_TOOLCHAIN,
+    BuildOptions,
+    BuildSettings,
+    resolve_settings,
+)
 from nkibuild.toolchain import Toolchain
 
 
@@ -83,15 +89,21 @@ def load_context(
     session: BuildSession | None = None,
 ) -> BuildContext:
     """The project's context, in `session` (a new one unless a release shares its own)."""
-    from nkibuild.toolchain import resolve_toolchain
+    from nkibuild.toolchain import cancel_unanswered, resolve_toolchain, start_version_query
 
     session = session if session is not None else BuildSession()
     layout = Layout(build_dir.resolve(), dist_dir.resolve())
-    manifest, units = load_plan(manifest_path, layout.state_dir)
-    settings = resolve_settings(options, manifest)
-    toolchain = resolve_toolchain(
-        settings.toolchain, layout.state_dir, settings.compiler, session.compiler_versions
-    )
+    versions = session.compiler_versions
+    # The compiler answers `--version` while the manifest loads (on another core).
+    start_version_query(*_likely_compiler(options), layout.state_dir, versions)
+    try:
+        manifest, units = load_plan(manifest_path, layout.state_dir)
+        settings = resolve_settings(options, manifest)
+        toolchain = resolve_toolchain(
+            settings.toolchain, layout.state_dir, settings.compiler, versions
+        )
+    finally:  # a guess the manifest overrode, or a manifest in error
+        cancel_unanswered(versions)
     return BuildContext(
         manifest=manifest,
         units=units,
@@ -100,3 +112,12 @@ def load_context(
         settings=settings,
         session=session,
     )
+
+
+def _likely_compiler(options: BuildOptions) -> tuple[str, Path | None]:
+    """The toolchain and compiler the settings will most likely resolve to, known before
+    the manifest is: the command line's or the environment's, else the defaults (the
+    manifest can set only the compiler). Only a guess: see `start_version_query`."""
+    mode = options.toolchain or os.environ.get(ENV_TOOLCHAIN) or "auto"
+    configured = options.compiler or os.environ.get(ENV_COMPILER)
+    return mode, Path(configured) if configured else None

@@ -36,6 +36,7 @@ from nkibuild.compiler.process import ProcessRegistry
 from nkibuild.errors import UsageError
 from nkibuild.frontends.failures import TraceFailures
 from nkibuild.fsutil import LEFTOVER_PATTERNS, atomic_write_text, leftovers
+from nkibuild.toolchain import VersionMemo
 from nkibuild.toolchain.worker_pool import WorkerPool
 
 if TYPE_CHECKING:
@@ -97,9 +98,9 @@ class BuildSession:
         self.key_locks = KeyLocks()
         self.processes = ProcessRegistry()
         self.ray = RayConnection()
-        # `neuronx-cc --version` answers by (command, compiler stamp): a release resolves
+        # `neuronx-cc --version` queries by (command, compiler stamp): a release resolves
         # one toolchain per project and asks each compiler once.
-        self.compiler_versions: dict[tuple[tuple[str, ...], tuple[int, ...]], str] = {}
+        self.compiler_versions: VersionMemo = {}
         self.state_failures: list[OSError] = []  # doit state files that could not be saved
         self.cache_stats = CacheCounters()  # hits, misses, errors per cache tier
         self.trace_failures = TraceFailures()  # kernels' trace errors already shown

@@ -35,7 +35,7 @@ NO_COMPILER_HELP = (
     "  (labelled as such, never loadable on a device)."
 )
 
-VersionMemo = dict[tuple[tuple[str, ...], tuple[int, ...]], str]
+VERSION_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,17 @@ class Toolchain:
     def describe(self) -> str:
         return f"neuronx-cc {self.compiler_version}{self.label}"
 
-    def compiler_environment(self) -> dict[str, str]:
+    def compiler_environment(self) -> dict[str, str] | None:
         """The environment neuronx-cc runs in: NEURON_CC_FLAGS exactly as keys record it."""
         return compiler_environment(self.neuron_cc_flags)
 
 
-def compiler_environment(flags: str) -> dict[str, str]:
+def compiler_environment(flags: str) -> dict[str, str] | None:
+    """This process's environment with NEURON_CC_FLAGS set to `flags` (unset if empty),
+    for `subprocess`'s `env`; None when it already is so: the child inherits it as it
+    is, without a copy of the environment per compile."""
+    if os.environ.get("NEURON_CC_FLAGS") == (flags or None):
+        return None
     env = {k: v for k, v in os.environ.items() if k != "NEURON_CC_FLAGS"}
     return {**env, "NEURON_CC_FLAGS": flags} if flags else env
 
@@ -123,17 +128,14 @@ def resolve_toolchain(
 ) -> Toolchain:
     """Pick the toolchain for `mode`; never falls back from auto/neuron to the double.
 
-    `memo` holds the versions already asked for in this session (a release resolves
-    one toolchain per project).
+    `memo` holds the version queries already started in this session (a release
+    resolves one toolchain per project; `start_version_query` may have started one).
     """
     if mode not in TOOLCHAIN_MODES:
         raise UsageError(f"unknown toolchain {mode!r}; choose one of {', '.join(TOOLCHAIN_MODES)}")
     if mode == "fake":
         return _double(state_dir, memo)
-    found = find_compiler(compiler)
-    if found is None:
-        raise ToolchainError(f"toolchain {mode!r}: {NO_COMPILER_HELP}")
-    command = (str(found),)
+    command, found = _compiler_identity(mode, compiler)
     flags, notices = neuron_cc_flags()
     return Toolchain(
         name="neuron",
@@ -143,6 +145,50 @@ def resolve_toolchain(
         neuron_cc_flags=flags,
         notices=notices,
     )
+
+
+def _compiler_identity(mode: str, compiler: Path | None) -> tuple[tuple[str, ...], Path]:
+    """The command that runs the compiler `mode` picks, and the path whose stat tells
+    whether that compiler changed: the double's own files, or the real launcher."""
+    if mode == "fake":
+        from nkibuild import testing
+
+        return testing.COMPILER_COMMAND, testing.HERE
+    found = find_compiler(compiler)
+    if found is None:
+        raise ToolchainError(f"toolchain {mode!r}: {NO_COMPILER_HELP}")
+    return (str(found),), found
+
+
+def start_version_query(
+    mode: str, compiler: Path | None, state_dir: Path, memo: VersionMemo
+) -> None:
+    """Start `--version` of the compiler `mode` and `compiler` pick, in the background,
+    unless `state_dir` already knows its version: a real neuronx-cc takes seconds to
+    answer, and the caller loads the manifest meanwhile.
+
+    A guess made before the final settings are known: `resolve_toolchain` joins it only
+    if it resolves the same command with the same stamp, and `cancel_unanswered` ends it
+    otherwise. What would fail here is left for `resolve_toolchain` to report.
+    """
+    if mode not in TOOLCHAIN_MODES:
+        return
+    try:
+        command, identity = _compiler_identity(mode, compiler)
+        stamp = _stat_stamp(identity)
+    except (ToolchainError, OSError):
+        return
+    key = (command, tuple(stamp))
+    if key not in memo and _recorded_version(command, stamp, state_dir) is None:
+        memo[key] = VersionQuery(command)
+
+
+def cancel_unanswered(memo: VersionMemo) -> None:
+    """End (and forget) the queries `start_version_query` guessed and nobody joined."""
+    for key, query in list(memo.items()):
+        if not query.answered:
+            query.cancel()
+            del memo[key]
 
 
 def neuron_cc_flags() -> tuple[str, tuple[str, ...]]:
@@ -193,12 +239,11 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
     if not _has_nkipy_tracer():
         worker_path.append(str(testing.FAKE_NKIPY_DIR))
 
-    command = testing.COMPILER_COMMAND
+    command, identity = _compiler_identity("fake", None)
     return Toolchain(
         name="double",
         compiler_command=command,
-        # The double's own files decide whether the cached version is still right.
-        compiler_version=_cached_version(command, testing.HERE, state_dir, memo),
+        compiler_version=_cached_version(command, identity, state_dir, memo),
         python=sys.executable,
         neuron_cc_flags=flags,
         worker_path=tuple(worker_path),
@@ -228,49 +273,105 @@ def _cached_version(
     cached under the build's state dir, keyed by the compiler's stat.
     """
     stamp = _stat_stamp(identity)
-    cache_file = state_dir / "toolchain.json"
-    cached = _read_json(cache_file).get(" ".join(command))
-    # Anything but a well-formed entry (a damaged file) is a miss: ask the compiler.
-    if isinstance(cached, dict) and cached.get("stamp") == stamp and cached.get("version"):
-        return str(cached["version"])
+    recorded = _recorded_version(command, stamp, state_dir)
+    if recorded is not None:
+        return recorded
     memo = {} if memo is None else memo
-    memo_key = (command, tuple(stamp))
-    if memo_key not in memo:
-        memo[memo_key] = read_compiler_version(command)
-    version = memo[memo_key]
+    key = (command, tuple(stamp))
+    query = memo.get(key)
+    if query is None:
+        query = memo[key] = VersionQuery(command)
+    try:
+        version = query.version()
+    except ToolchainError:
+        del memo[key]  # a failure is not remembered: the next resolve asks again
+        raise
+    cache_file = state_dir / "toolchain.json"
     entries = _read_json(cache_file)
     entries[" ".join(command)] = {"stamp": stamp, "version": version}
     atomic_write_text(cache_file, json.dumps(entries, indent=2, sort_keys=True))
     return version
 
 
-def read_compiler_version(command: tuple[str, ...]) -> str:
-    """The version token of `neuronx-cc --version`'s `NeuronX Compiler version <X>` line.
+def _recorded_version(command: tuple[str, ...], stamp: list[int], state_dir: Path) -> str | None:
+    """The version `state_dir` recorded for `command` at this `stamp`, if it did."""
+    cached = _read_json(state_dir / "toolchain.json").get(" ".join(command))
+    # Anything but a well-formed entry (a damaged file) is a miss: ask the compiler.
+    if isinstance(cached, dict) and cached.get("stamp") == stamp and cached.get("version"):
+        return str(cached["version"])
+    return None
 
-    Only the token: real output may continue the line (AMI, region), and what follows
-    would otherwise enter every cache key. Asked without NEURON_CC_FLAGS, which the
-    compiler would append to `--version` too and which cannot change its answer.
+
+def read_compiler_version(command: tuple[str, ...]) -> str:
+    """The version token of `neuronx-cc --version`'s `NeuronX Compiler version <X>` line."""
+    return VersionQuery(command).version()
+
+
+class VersionQuery:
+    """One `neuronx-cc --version`, started when made and joined by `version()`.
+
+    Only the version token is kept: real output may continue the line (AMI, region),
+    and what follows would otherwise enter every cache key. Asked without
+    NEURON_CC_FLAGS, which the compiler would append to `--version` too and which
+    cannot change its answer.
     """
-    env = compiler_environment("")
-    try:
-        proc = subprocess.run(
-            [*command, "--version"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-            env=env,
+
+    def __init__(self, command: tuple[str, ...]) -> None:
+        self.command = command
+        self._answer: str | None = None
+        self._failure: ToolchainError | None = None
+        self._process: subprocess.Popen[str] | None = None
+        try:
+            self._process = subprocess.Popen(
+                [*command, "--version"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=compiler_environment(""),
+            )
+        except OSError as error:
+            self._failure = ToolchainError(f"could not run {command[-1]} --version: {error}")
+
+    @property
+    def answered(self) -> bool:
+        return self._answer is not None
+
+    def version(self) -> str:
+        """The version; waits for the compiler's answer the first time."""
+        if self._answer is None and self._failure is None:
+            try:
+                self._answer = self._read_answer()
+            except ToolchainError as failure:
+                self._failure = failure
+        if self._failure is not None:
+            raise self._failure
+        assert self._answer is not None
+        return self._answer
+
+    def cancel(self) -> None:
+        """Stop a query nobody will join; the process is reaped and its pipes closed."""
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
+            self._process.communicate()
+
+    def _read_answer(self) -> str:
+        assert self._process is not None  # else __init__ recorded the failure
+        try:
+            stdout, stderr = self._process.communicate(timeout=VERSION_TIMEOUT_S)
+        except subprocess.TimeoutExpired as error:
+            self.cancel()
+            raise ToolchainError(f"could not run {self.command[-1]} --version: {error}") from None
+        for line in (stdout + stderr).splitlines():
+            version = parse_version_line(line)
+            if version is not None:
+                return version
+        raise ToolchainError(
+            f"{' '.join(self.command)} --version printed no '{VERSION_PREFIX}<X>' line "
+            f"(exit {self._process.returncode}): {(stdout + stderr).strip()[-500:]}"
         )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise ToolchainError(f"could not run {command[-1]} --version: {error}") from error
-    for line in (proc.stdout + proc.stderr).splitlines():
-        version = parse_version_line(line)
-        if version is not None:
-            return version
-    raise ToolchainError(
-        f"{' '.join(command)} --version printed no '{VERSION_PREFIX}<X>' line "
-        f"(exit {proc.returncode}): {(proc.stdout + proc.stderr).strip()[-500:]}"
-    )
+
+
+VersionMemo = dict[tuple[tuple[str, ...], tuple[int, ...]], VersionQuery]
 
 
 def parse_version_line(line: str) -> str | None:

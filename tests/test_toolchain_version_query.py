@@ -1,0 +1,219 @@
+"""`neuronx-cc --version` asked in the background while the manifest loads: the answer
+is the resolved compiler's, never a guess's or a stale one, and failures stay clean."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_nkibuild
+from helpers import softmax_manifest, softmax_project
+
+from nkibuild.context import load_context
+from nkibuild.errors import NkibuildError, ToolchainError
+from nkibuild.session import BuildSession
+from nkibuild.settings import BuildOptions
+from nkibuild.toolchain import (
+    cancel_unanswered,
+    compiler_environment,
+    resolve_toolchain,
+    start_version_query,
+)
+
+
+def write_compiler(path: Path, version_body: str) -> Path:
+    """An executable `neuronx-cc` whose `--version` runs `version_body` (sh); one that
+    exists is replaced (a new file renamed over it, as an install does)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = path.with_name(path.name + ".new")
+    new.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then\n{version_body}\nfi\nexit 2\n')
+    new.chmod(0o755)
+    new.replace(path)
+    return path
+
+
+def counting_compiler(path: Path, version: str, calls: Path) -> Path:
+    """A compiler that appends a line to `calls` each time it is asked its version."""
+    return write_compiler(
+        path, f"echo asked >> {calls}\necho 'NeuronX Compiler version {version}'\nexit 0"
+    )
+
+
+def wait_for(condition: object, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_the_query_runs_before_it_is_needed_and_is_asked_once(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    compiler = counting_compiler(tmp_path / "bin/neuronx-cc", "2.5.0.0+abc", calls)
+    state, memo = tmp_path / "state", {}
+    start_version_query("neuron", compiler, state, memo)
+    # The compiler answers on its own, before anything joins it.
+    wait_for(lambda: calls.exists())
+    toolchain = resolve_toolchain("neuron", state, compiler, memo)
+    assert toolchain.compiler_version == "2.5.0.0+abc"
+    assert calls.read_text() == "asked\n"  # joined, not asked again
+    # Recorded in the build's state: the next build starts no query at all.
+    memo.clear()
+    start_version_query("neuron", compiler, state, memo)
+    assert memo == {}
+    assert resolve_toolchain("neuron", state, compiler, memo).compiler_version == "2.5.0.0+abc"
+    assert calls.read_text() == "asked\n"
+
+
+def test_a_compiler_replaced_after_the_query_started_gets_its_new_version(
+    tmp_path: Path,
+) -> None:
+    calls = tmp_path / "calls"
+    compiler = counting_compiler(tmp_path / "bin/neuronx-cc", "1.0.0.0", calls)
+    state, memo = tmp_path / "state", {}
+    start_version_query("neuron", compiler, state, memo)
+    wait_for(lambda: calls.exists())  # the old compiler is answering 1.0.0.0
+    write_compiler(compiler, "echo 'NeuronX Compiler version 2.0.0.0 (newer)'\nexit 0")
+    assert resolve_toolchain("neuron", state, compiler, memo).compiler_version == "2.0.0.0"
+    cancel_unanswered(memo)
+    assert [query.version() for query in memo.values()] == ["2.0.0.0"]
+
+
+def test_a_compiler_replaced_between_builds_gets_its_new_version(tmp_path: Path) -> None:
+    project = softmax_project(tmp_path / "p", softmax_manifest(defaults="{targets: [trn2]}"))
+    compiler = write_compiler(
+        tmp_path / "bin/neuronx-cc", "echo 'NeuronX Compiler version 1.0.0.0'\nexit 0"
+    )
+    args = ["build", "extract:*", "--toolchain", "neuron", "--compiler", str(compiler)]
+    first = run_nkibuild(args, project)
+    assert first.returncode == 0, first.stderr
+    record = project / "build/state/toolchain.json"
+    assert '"version": "1.0.0.0"' in record.read_text()
+    write_compiler(compiler, "echo 'NeuronX Compiler version 1.1.0.0'\nexit 0")
+    second = run_nkibuild(args, project)
+    assert second.returncode == 0, second.stderr
+    assert '"version": "1.1.0.0"' in record.read_text()
+    assert "1.0.0.0" not in record.read_text()
+
+
+def test_a_version_query_that_fails_while_the_manifest_loads_is_a_clean_error(
+    tmp_path: Path,
+) -> None:
+    project = softmax_project(tmp_path / "p", softmax_manifest(defaults="{targets: [trn2]}"))
+    compiler = write_compiler(tmp_path / "bin/neuronx-cc", "echo 'segfault in banner'\nexit 3")
+    result = run_nkibuild(["build", "--toolchain", "neuron", "--compiler", str(compiler)], project)
+    assert result.returncode != 0
+    assert (
+        f"{compiler} --version printed no 'NeuronX Compiler version <X>' line (exit 3): "
+        "segfault in banner"
+    ) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (project / "build/state/toolchain.json").exists()
+
+
+def test_a_failed_query_is_not_remembered(tmp_path: Path) -> None:
+    compiler = write_compiler(tmp_path / "bin/neuronx-cc", "exit 1")
+    state, memo = tmp_path / "state", {}
+    start_version_query("neuron", compiler, state, memo)
+    with pytest.raises(ToolchainError, match="printed no 'NeuronX Compiler version <X>' line"):
+        resolve_toolchain("neuron", state, compiler, memo)
+    assert memo == {}
+    write_compiler(compiler, "echo 'NeuronX Compiler version 3.0'\nexit 0")  # fixed
+    assert resolve_toolchain("neuron", state, compiler, memo).compiler_version == "3.0"
+
+
+def test_a_compiler_that_cannot_start_is_reported_when_resolved(tmp_path: Path) -> None:
+    compiler = tmp_path / "bin/neuronx-cc"
+    compiler.parent.mkdir()
+    compiler.write_text("#!/no/such/interpreter\n")
+    compiler.chmod(0o755)
+    state, memo = tmp_path / "state", {}
+    start_version_query("neuron", compiler, state, memo)  # raises nothing itself
+    with pytest.raises(
+        ToolchainError,
+        match=r"could not run /.*/bin/neuronx-cc --version: \[Errno 2\] No such file",
+    ):
+        resolve_toolchain("neuron", state, compiler, memo)
+
+
+def test_a_guess_the_manifest_overrides_is_stopped_and_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing on the command line or in the environment names a compiler: the guess is
+    # the one on PATH, but the manifest names another.
+    pid_file = tmp_path / "guess.pid"
+    on_path = write_compiler(
+        tmp_path / "path/neuronx-cc",
+        f"echo $$ > {pid_file}.tmp\nmv {pid_file}.tmp {pid_file}\nexec sleep 60",
+    )
+    monkeypatch.setenv("PATH", f"{on_path.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("NKIBUILD_NEURONX_CC", raising=False)
+    monkeypatch.delenv("NKIBUILD_TOOLCHAIN", raising=False)
+    named = counting_compiler(tmp_path / "named/neuronx-cc", "4.0.0.0", tmp_path / "calls")
+    top = f"compiler: {{path: {named}}}"
+    project = softmax_project(tmp_path / "p", softmax_manifest(top=top))
+    session = BuildSession()
+    started = time.monotonic()
+    context = load_context(
+        project / "nkibuild.yaml",
+        project / "build",
+        project / "dist",
+        BuildOptions(toolchain="neuron"),
+        session,
+    )
+    assert time.monotonic() - started < 30  # the guess was not waited for
+    assert context.toolchain.compiler_command == (str(named),)
+    assert context.toolchain.compiler_version == "4.0.0.0"
+    assert [query.command for query in session.compiler_versions.values()] == [(str(named),)]
+    assert_stopped(pid_file)
+
+
+def test_a_manifest_in_error_stops_the_query_started_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pid_file = tmp_path / "query.pid"
+    compiler = write_compiler(
+        tmp_path / "bin/neuronx-cc",
+        f"echo $$ > {pid_file}.tmp\nmv {pid_file}.tmp {pid_file}\nexec sleep 60",
+    )
+    project = softmax_project(tmp_path / "p", softmax_manifest(top="bogus-key: 1"))
+    session = BuildSession()
+    with pytest.raises(NkibuildError, match="bogus-key"):
+        load_context(
+            project / "nkibuild.yaml",
+            project / "build",
+            project / "dist",
+            BuildOptions(toolchain="neuron", compiler=compiler),
+            session,
+        )
+    assert session.compiler_versions == {}
+    assert_stopped(pid_file)
+
+
+def assert_stopped(pid_file: Path) -> None:
+    """The query that writes `pid_file` and then sleeps a minute was killed and reaped
+    (possibly before it wrote the file: then it never will)."""
+    time.sleep(0.5)
+    if pid_file.exists():
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid_file.read_text()), 0)
+
+
+def test_the_compiler_inherits_the_environment_when_it_has_the_flags_already(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--verbose")
+    monkeypatch.setenv("OTHER", "kept")
+    assert compiler_environment("--verbose") is None  # inherited as it is
+    stripped = compiler_environment("")
+    assert stripped is not None
+    assert "NEURON_CC_FLAGS" not in stripped
+    assert stripped["OTHER"] == "kept"
+    monkeypatch.setenv("NEURON_CC_FLAGS", "")  # set but empty: unset for the compiler
+    emptied = compiler_environment("")
+    assert emptied is not None
+    assert "NEURON_CC_FLAGS" not in emptied
+    monkeypatch.delenv("NEURON_CC_FLAGS")
+    assert compiler_environment("") is None
+    assert (compiler_environment("-O1") or {}).get("NEURON_CC_FLAGS") == "-O1"
