@@ -305,6 +305,18 @@ def test_peak_memory_of_a_compile_is_recorded_and_used(
     pretend_new_compiler(root)
     assert build(root, "compile:softmax/default/trn1").origins == {"compiled": 1}
     assert reserved == [result["peak_memory"]]
+    # A compile that does not finish (it fails; a kill or Ctrl-C alike) removed the
+    # result.json holding the peak: the next compile still reserves it.
+    peak = json.loads((unit_dir / "result.json").read_text())["peak_memory"]
+    pretend_new_compiler(root, "2.99.1.0+third")
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_FAULT", "exit1")
+    assert not build(root, "compile:softmax/default/trn1").ok
+    assert not (unit_dir / "result.json").exists()
+    monkeypatch.delenv("NKIBUILD_FAKE_CC_FAULT")
+    reserved.clear()
+    assert build(root, "compile:softmax/default/trn1").ok
+    assert reserved == [peak]
+    assert not (unit_dir / "peak-memory.json").exists()
 
 
 def test_another_checkout_gets_every_neff_from_the_cache(

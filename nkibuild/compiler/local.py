@@ -37,6 +37,10 @@ def _compile(
     OOM kill alone); deterministic failures never are."""
     unit, out_dir = job.unit, job.out_dir
     estimate = memory_estimate(unit, out_dir, job.last_peak)
+    if job.last_peak > (_last_peak(out_dir) or 0):
+        # The result.json that held it is gone until this compile finishes: one that does
+        # not (a failure, a kill, Ctrl-C) must not take the measured peak with it.
+        _record_peak(out_dir, job.last_peak, None)
     alone = False
     for attempt in range(1, options.retries + 2):
         with options.budget.reserve(estimate, alone=alone):
@@ -55,7 +59,7 @@ def _compile(
             # Its peak goes into result.json; an older attempt's would only mislead.
             (out_dir / PEAK_FILE).unlink(missing_ok=True)
             return outcome, run.neff
-        _record_peak(out_dir, outcome)
+        _record_peak(out_dir, outcome.peak_memory, outcome.returncode)
         notices.append(_retry_notice(outcome, attempt))
         if outcome.killed:
             estimate, alone = max(estimate or 0, outcome.peak_memory), True
@@ -89,6 +93,6 @@ def _last_peak(out_dir: Path) -> int | None:
         return None
 
 
-def _record_peak(out_dir: Path, outcome: ProcessOutcome) -> None:
-    record = {"peak_memory": outcome.peak_memory, "returncode": outcome.returncode}
+def _record_peak(out_dir: Path, peak: int, returncode: int | None) -> None:
+    record = {"peak_memory": peak, "returncode": returncode}
     atomic_write_text(out_dir / PEAK_FILE, json.dumps(record), durable=False)  # a hint
