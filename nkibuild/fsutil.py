@@ -21,8 +21,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None
     """`atomic_output` for bytes in hand, written through the temp file's own descriptor
     (no second open, none for the fsync): builds write several small files per unit."""
     with reported_at(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = _temp_file_beside(path)
         try:
             with open(fd, "wb") as handle:
                 handle.write(data)
@@ -35,6 +34,16 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+
+def _temp_file_beside(path: Path) -> tuple[int, str]:
+    """A new temp file in `path`'s directory, made first if it is missing (tried after
+    the file: builds write several files per unit into directories that exist)."""
+    try:
+        return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
 
 
 def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
@@ -73,8 +82,7 @@ def atomic_output(path: Path, *, durable: bool = True) -> Iterator[Path]:
     checked when read) skip that cost.
     """
     with reported_at(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, name = _temp_file_beside(path)
         os.close(fd)
         tmp = Path(name)
         try:
@@ -93,13 +101,13 @@ def reported_at(path: Path) -> Iterator[None]:
     """Name `path` in a storage error (disk full, read-only) about one of its temp files
     or about no file at all: "dist/x.whl: No space left on device" says what could not
     be written."""
-    temp_prefix = str(path.parent / f".{path.name}.")  # atomic_output's and bundle.tree's work dirs
     try:
         yield
     except OSError as error:
         if storage_error(error) is None:
             raise  # not the disk's refusal: keep the error as it is
         refused = refused_path(error)
+        temp_prefix = str(path.parent / f".{path.name}.")  # atomic_output's, bundle.tree's
         if refused is None or refused.startswith(temp_prefix):
             raise OSError(error.errno, error.strerror, str(path)) from error
         raise
