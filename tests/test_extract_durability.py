@@ -11,6 +11,7 @@ the cache) and the next build extracting it again.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +136,41 @@ def test_a_torn_module_is_refused_before_a_ray_worker_gets_it(tmp_path: Path) ->
     with pytest.raises(DamagedArtifact, match="its HLO module is not the one it recorded"):
         executor.produce(job, CompileOptions(), [])
     assert not (directory / "artifact.json").exists()  # forgotten where it was extracted
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ("extract/softmax/default/artifact.json", "its artifact.json is not readable"),
+        ("compile/softmax/default/trn2/result.json", "result.json is missing or damaged"),
+    ],
+)
+def test_a_torn_record_the_bundle_reads_fails_one_build_and_the_next_redoes_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    isolated_cache: Path,
+    record: str,
+    message: str,
+) -> None:
+    """The bundle reads each unit's extraction and compile records when it cannot take
+    the kernel's part from its memo (here: the package changed). A record a power loss
+    tore under stats the outputs check still trusts is reported and removed, not read
+    again by every later build."""
+    root = project(tmp_path / "p")
+    assert build(root).ok
+    damaged = root / "build" / record
+    kept = damaged.stat()
+    damage_in_place(damaged)
+    os.utime(damaged, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    manifest = root / "nkibuild.yaml"
+    manifest.write_text(manifest.read_text().replace("version: 0.1.0", "version: 0.1.1"))
+    with monkeypatch.context() as power_loss:
+        trusted_stats(power_loss)
+        failed = build(root)
+    assert not failed.ok
+    (failure,) = failed.failures
+    assert failure.name == "bundle" and message in failure.detail
+    assert "Traceback" not in failure.detail
+    assert not damaged.exists()
+    assert build(root).ok
+    assert json.loads(damaged.read_text())  # written again

@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from nkibuild import __version__
 from nkibuild.cache.key import file_sha256
-from nkibuild.compiler import RESULT_FILE, CompiledNeff, load_result
-from nkibuild.frontends import METADATA_FILE, load_artifact
+from nkibuild.compiler import RESULT_FILE, CompiledNeff
+from nkibuild.compiler.record import recorded_result
+from nkibuild.frontends import METADATA_FILE, load_extracted
 from nkibuild.fsutil import atomic_write_bytes
 
 if TYPE_CHECKING:
@@ -134,9 +135,13 @@ class PartsMemo:
             if entry is not None and entry[0] == key:
                 part = _part(entry[1])
             else:
-                compiled = [load_result(layout.compile_dir(unit)) for unit in own]
-                extracted = {layout.extract_dir(unit.extract) for unit in own}
-                tools = frozenset(p for d in extracted for p in load_artifact(d).toolchain)
+                compiled = [recorded_result(layout.compile_dir(u), u.name) for u in own]
+                extracted = {layout.extract_dir(u.extract): u.name for u in own}
+                tools = frozenset(
+                    pair
+                    for directory, unit in extracted.items()
+                    for pair in load_extracted(directory, unit).toolchain
+                )
                 part = make_part(kernel, compiled, tools)
                 entry = (key, _row(part))
             self.current.kernels[kernel.name] = entry

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nkibuild.cache import file_sha256
+from nkibuild.errors import BuildError
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.manifest.model import TensorSpec
 
@@ -76,8 +77,24 @@ def last_result(out_dir: Path) -> CompiledNeff | None:
     """What `out_dir`'s result.json records, for whichever key (None: none, or damaged)."""
     try:
         return load_result(out_dir)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def recorded_result(out_dir: Path, unit: str) -> CompiledNeff:
+    """The compile `out_dir` records, for a later stage. The record is not fsync'd (see
+    `write_result`): one a power loss tore under stats the outputs check still trusts is
+    a BuildError, and removed, so that the next build compiles the unit again instead of
+    failing the same way for ever."""
+    result = last_result(out_dir)
+    if result is None:
+        (out_dir / RESULT_FILE).unlink(missing_ok=True)
+        raise BuildError(
+            f"the compile record {out_dir / RESULT_FILE} is missing or damaged; it was "
+            "removed, and the next build compiles the unit again",
+            unit=unit,
+        )
+    return result
 
 
 def is_finished(result: CompiledNeff, digest: str) -> bool:
