@@ -259,6 +259,24 @@ def test_what_the_proof_cannot_trust_hands_everything_to_doit(
     assert decision.pending == ["t:a", "t:b", "t:join"]
 
 
+def test_a_file_dated_before_1970_keeps_the_proof(chain: tuple[Path, list[dict]]) -> None:
+    """Its stat has negative times, which the stamp must take as well-formed."""
+    root, dicts = chain
+    os.utime(root / "src_a", ns=(-(10**9), -(10**9)))
+    again = proven_state(root, dicts)
+    assert again.pending == []
+    assert uptodate.stat_of(str(root / "src_a")).split(" ")[1] == str(-(10**9))
+
+
+def test_a_listed_path_no_file_can_have_hands_its_task_to_doit(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    root, dicts = chain
+    proven_state(root, dicts)
+    retyped(root, "listings", {"t:a": ["bad\u0000path"]})
+    assert uptodate.decide(root, dicts, str(root / DEP_FILE)).pending == ["t:a", "t:join"]
+
+
 def recorded_stamp(root: Path, decision: uptodate.Decision) -> dict:
     """Record `decision` after a build that asked doit nothing; the stamp as saved."""
     uptodate.record(root, decision, {}, str(root / DEP_FILE))

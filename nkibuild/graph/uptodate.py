@@ -96,7 +96,7 @@ def fingerprint(task: dict[str, Any]) -> str:
 def stat_of(path: str) -> Stat | None:
     try:
         info = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in a path a damaged stamp lists
         return None
     return f"{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino}"
 
@@ -162,7 +162,9 @@ def _all_strings(values: Iterable[object]) -> bool:
 
 # What `stat_of` writes: four ASCII decimal integers (str.isdigit would take "²",
 # which int() refuses), one stat per line once joined.
-_STAT_LINES = re.compile(r"[0-9]+ [0-9]+ [0-9]+ [0-9]+(?:\n[0-9]+ [0-9]+ [0-9]+ [0-9]+)*")
+# size, mtime, ctime (negative before 1970), inode: what `stat_of` writes.
+_STAT = r"[0-9]+ -?[0-9]+ -?[0-9]+ [0-9]+"
+_STAT_LINES = re.compile(rf"{_STAT}(?:\n{_STAT})*")
 
 
 def _all_stats(values: list[object]) -> bool:
