@@ -449,6 +449,22 @@ def test_bad_source_date_epochs_name_the_variable(tmp_path: Path) -> None:
     assert fine.returncode == 0, fine.stderr
 
 
+def test_a_new_source_date_epoch_alone_writes_the_wheel_again(tmp_path: Path) -> None:
+    import zipfile
+
+    project = softmax_project(tmp_path / "p", softmax_manifest())
+    assert run_nkibuild(["build", "--toolchain", "fake"], project).returncode == 0
+    epoch = {"SOURCE_DATE_EPOCH": "1700000000"}  # 2023-11-14 22:13:20 UTC
+    again = run_nkibuild(["build", "--toolchain", "fake"], project, env=epoch)
+    assert again.returncode == 0, again.stderr
+    assert "done   wheel" in again.stdout and "done   bundle" not in again.stdout
+    (wheel,) = (project / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert {info.date_time for info in archive.infolist()} == {(2023, 11, 14, 22, 13, 20)}
+    same = run_nkibuild(["build", "--toolchain", "fake"], project, env=epoch)
+    assert "0 ran" in same.stdout, same.stdout
+
+
 def test_an_sdist_refuses_a_bad_source_date_epoch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

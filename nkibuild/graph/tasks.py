@@ -283,6 +283,8 @@ def _wheel_task(context: BuildContext) -> dict[str, Any]:
         "actions": [(run_wheel, (context,)), record],
         "file_dep": [_path(bundle_dir / STAMP_FILE), *checked],
         "targets": wheels,
-        "uptodate": [intact],
+        # The members' timestamp: a new SOURCE_DATE_EPOCH writes the wheel again (and a
+        # bad one fails it, naming the variable, as when it runs for another reason).
+        "uptodate": [config_changed(os.environ.get("SOURCE_DATE_EPOCH", "").strip()), intact],
         "clean": True,
     }
