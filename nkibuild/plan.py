@@ -11,6 +11,7 @@ import functools
 import hashlib
 import os
 import pickle
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,10 +251,11 @@ def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[Bui
         cached = _read_plan(cache_file, key)
         if cached is not None:
             return cached
+    validating = time.time_ns()
     manifest = load_manifest(manifest_path)  # errors show the path as the user typed it
     units = resolve(manifest)
     files = _named_files(manifest)
-    stamps = _python_stamps(manifest, files)
+    stamps = _python_stamps(manifest, files, validating)
     if key is not None and stamps is not None:
         _write_plan(cache_file, (key, files, stamps, manifest, units))
     return manifest, units
@@ -282,18 +284,30 @@ def _named_files(manifest: Manifest) -> tuple[str, ...]:
     return tuple(sorted({ref.path for ref in refs if ref}))
 
 
-def _python_stamps(manifest: Manifest, files: tuple[str, ...]) -> Stamps | None:
+def _python_stamps(manifest: Manifest, files: tuple[str, ...], validating: int) -> Stamps | None:
     """The stamps of the Python files validation parsed, or None if a named file no
-    longer passes the checks validation made (deleted, a directory, a symlink out)."""
+    longer passes the checks validation made (deleted, a directory, a symlink out).
+
+    A file changed since `validating` began (time_ns, less a margin: file times come
+    from a clock that lags by up to a tick) may have been saved after it was parsed: it
+    gets no stat, so the next build parses it again rather than trust a plan validated
+    on its earlier text."""
     from nkibuild.manifest.semantic import python_functions
 
     stats = _confined_stats(manifest.root, files)
     if stats is None:
         return None
     wanted = python_functions(manifest)
+    recent = validating - 20_000_000
     return tuple(
-        (name, stats[name], tuple(sorted(wanted[name]))) for name in files if name in wanted
+        (name, stats[name] if _ctime_ns(stats[name]) < recent else "", tuple(sorted(wanted[name])))
+        for name in files
+        if name in wanted
     )
+
+
+def _ctime_ns(stat: str) -> int:
+    return int(stat.split(" ")[1])
 
 
 def _confined_stats(root: Path, files: tuple[str, ...]) -> dict[str, str] | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -496,3 +497,29 @@ def test_a_python_file_that_lost_its_function_is_validated_again(
     with pytest.raises(ManifestError, match="defines no 'softmax'"):
         load_plan(project / "nkibuild.yaml", state)
     assert parsed == [project / "nkibuild.yaml"]
+
+
+def test_a_python_file_saved_while_the_manifest_is_validated_is_parsed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saved after validation parsed it and before the cache took its stat: the cache
+    must not vouch for its new text (found by review)."""
+    import nkibuild.manifest
+    from nkibuild.errors import ManifestError
+    from nkibuild.plan import load_plan
+
+    project = cached_plan_project(tmp_path / "project")
+    time.sleep(0.05)  # the project's files predate the validation below
+    reference = project / "kernels" / "reference.py"
+    load_manifest = nkibuild.manifest.load_manifest
+
+    def saved_meanwhile(path: Path) -> object:
+        manifest = load_manifest(path)
+        reference.write_text(reference.read_text().replace("def softmax(", "def soft_max("))
+        return manifest
+
+    monkeypatch.setattr(nkibuild.manifest, "load_manifest", saved_meanwhile)
+    load_plan(project / "nkibuild.yaml", project / "build" / "state")
+    monkeypatch.setattr(nkibuild.manifest, "load_manifest", load_manifest)
+    with pytest.raises(ManifestError, match="defines no 'softmax'"):
+        load_plan(project / "nkibuild.yaml", project / "build" / "state")
