@@ -377,9 +377,13 @@ def _shipped_source(kernel: Kernel) -> SourceRef | None:
 @functools.cache
 def generator_digest() -> str:
     """Hash of the code that writes bundles: a bundle is stale when it changes, even
-    within one nkibuild version (a development checkout, a patched install)."""
+    within one nkibuild version (a development checkout, a patched install). Besides
+    this package: the model whose values the generated code spells (padding, tensor
+    specs) and the padding checks run on the compiled outputs."""
     digest = hashlib.sha256()
-    for source in sorted(Path(__file__).parent.glob("*.py")):
+    manifest = Path(__file__).parent.parent / "manifest"
+    sources = [*Path(__file__).parent.glob("*.py"), manifest / "model.py", manifest / "buckets.py"]
+    for source in sorted(sources):
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
     return digest.hexdigest()
 
