@@ -155,3 +155,25 @@ def example_bundle_info(tmp_path: Path) -> BuildInfo:
     project = project_of_three(tmp_path / "p")
     assert build(project).ok
     return read_build_info(project / "build" / "bundle" / "parts-kernels" / PACKAGE / "_build.json")
+
+
+@pytest.mark.parametrize(
+    ("change", "recomputed"),
+    [
+        (("version: 1.0.0}", "version: 1.0.0, split-targets: true}"), sorted(KERNELS)),
+        (("    inputs:\n      logits", "    targets: [trn2]\n    inputs:\n      logits"), None),
+    ],
+    ids=["split-targets", "one-kernels-targets"],
+)
+def test_what_changes_a_kernels_neffs_or_their_place_recomputes_its_part(
+    tmp_path: Path, made: list[str], change: tuple[str, str], recomputed: list[str] | None
+) -> None:
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    made.clear()
+    manifest = project / "nkibuild.yaml"
+    manifest.write_text(manifest.read_text().replace(*change, 1))  # the first: softmax's
+    assert build(project).ok
+    assert sorted(made) == (recomputed or ["softmax"])
+    if recomputed is None:
+        assert tree(project) == rebuilt_without_memo(project)
