@@ -128,7 +128,6 @@ def test_an_interrupted_build_still_writes_its_report(
     project: Path, tmp_path: Path, isolated_cache: Path
 ) -> None:
     report = tmp_path / "report.json"
-    trn1_done = project / "build" / "compile" / "softmax" / "default" / "trn1" / "result.json"
     counter = tmp_path / "compiles"
     env = {
         "NKIBUILD_FAKE_CC_FAULT": "hang",
@@ -136,16 +135,24 @@ def test_an_interrupted_build_still_writes_its_report(
         "NKIBUILD_FAKE_CC_COUNTER": str(counter),
     }
     command = ["build", "--toolchain", "fake", "-j", "2", "--report", str(report)]
-    build = subprocess.Popen(
-        [sys.executable, "-m", "nkibuild", *command],
-        cwd=project,
-        env={**os.environ, "CI": "true", **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    progress = tmp_path / "progress.txt"
+    with progress.open("w") as output:
+        build = subprocess.Popen(
+            [sys.executable, "-m", "nkibuild", *command],
+            cwd=project,
+            env={**os.environ, "CI": "true", **env},
+            stdout=output,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    # Interrupted once trn1's compile task has finished (reported done, not just its
+    # result.json written) and trn2's compiler hangs.
     deadline = time.monotonic() + 120
-    while not (trn1_done.exists() and counter.exists() and len(counter.read_text().split()) >= 2):
+    while not (
+        f"done   compile:{UNITS[0]}" in progress.read_text()
+        and counter.exists()
+        and len(counter.read_text().split()) >= 2
+    ):
         assert build.poll() is None and time.monotonic() < deadline, build.stderr
         time.sleep(0.1)
     build.send_signal(signal.SIGINT)
