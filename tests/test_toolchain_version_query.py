@@ -11,7 +11,7 @@ import pytest
 from conftest import run_nkibuild
 from helpers import softmax_manifest, softmax_project
 
-from nkibuild.context import load_context
+from nkibuild.context import BuildContext, load_context
 from nkibuild.errors import NkibuildError, ToolchainError
 from nkibuild.session import BuildSession
 from nkibuild.settings import BuildOptions
@@ -38,6 +38,19 @@ def counting_compiler(path: Path, version: str, calls: Path) -> Path:
     """A compiler that appends a line to `calls` each time it is asked its version."""
     return write_compiler(
         path, f"echo asked >> {calls}\necho 'NeuronX Compiler version {version}'\nexit 0"
+    )
+
+
+def sleeping_compiler(path: Path, pid_file: Path) -> Path:
+    """A compiler whose `--version` writes its pid to `pid_file`, then sleeps a minute."""
+    return write_compiler(
+        path, f"echo $$ > {pid_file}.tmp\nmv {pid_file}.tmp {pid_file}\nexec sleep 60"
+    )
+
+
+def load_project(project: Path, options: BuildOptions, session: BuildSession) -> BuildContext:
+    return load_context(
+        project / "nkibuild.yaml", project / "build", project / "dist", options, session
     )
 
 
@@ -143,10 +156,7 @@ def test_a_guess_the_manifest_overrides_is_stopped_and_not_used(
     # Nothing on the command line or in the environment names a compiler: the guess is
     # the one on PATH, but the manifest names another.
     pid_file = tmp_path / "guess.pid"
-    on_path = write_compiler(
-        tmp_path / "path/neuronx-cc",
-        f"echo $$ > {pid_file}.tmp\nmv {pid_file}.tmp {pid_file}\nexec sleep 60",
-    )
+    on_path = sleeping_compiler(tmp_path / "path/neuronx-cc", pid_file)
     monkeypatch.setenv("PATH", f"{on_path.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("NKIBUILD_NEURONX_CC", raising=False)
     monkeypatch.delenv("NKIBUILD_TOOLCHAIN", raising=False)
@@ -155,13 +165,7 @@ def test_a_guess_the_manifest_overrides_is_stopped_and_not_used(
     project = softmax_project(tmp_path / "p", softmax_manifest(top=top))
     session = BuildSession()
     started = time.monotonic()
-    context = load_context(
-        project / "nkibuild.yaml",
-        project / "build",
-        project / "dist",
-        BuildOptions(toolchain="neuron"),
-        session,
-    )
+    context = load_project(project, BuildOptions(toolchain="neuron"), session)
     assert time.monotonic() - started < 30  # the guess was not waited for
     assert context.toolchain.compiler_command == (str(named),)
     assert context.toolchain.compiler_version == "4.0.0.0"
@@ -169,24 +173,13 @@ def test_a_guess_the_manifest_overrides_is_stopped_and_not_used(
     assert_stopped(pid_file)
 
 
-def test_a_manifest_in_error_stops_the_query_started_for_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_manifest_in_error_stops_the_query_started_for_it(tmp_path: Path) -> None:
     pid_file = tmp_path / "query.pid"
-    compiler = write_compiler(
-        tmp_path / "bin/neuronx-cc",
-        f"echo $$ > {pid_file}.tmp\nmv {pid_file}.tmp {pid_file}\nexec sleep 60",
-    )
+    compiler = sleeping_compiler(tmp_path / "bin/neuronx-cc", pid_file)
     project = softmax_project(tmp_path / "p", softmax_manifest(top="bogus-key: 1"))
     session = BuildSession()
     with pytest.raises(NkibuildError, match="bogus-key"):
-        load_context(
-            project / "nkibuild.yaml",
-            project / "build",
-            project / "dist",
-            BuildOptions(toolchain="neuron", compiler=compiler),
-            session,
-        )
+        load_project(project, BuildOptions(toolchain="neuron", compiler=compiler), session)
     assert session.compiler_versions == {}
     assert_stopped(pid_file)
 
