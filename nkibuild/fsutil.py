@@ -17,6 +17,21 @@ from nkibuild.errors import refused_path, storage_error
 LEFTOVER_PATTERNS = (".*.tmp", ".*.new", ".*.old-*", ".work-*", ".worker-*")
 
 
+def stamp_of(info: os.stat_result) -> str:
+    """Size, mtime, ctime and inode as one string: what changes whenever a file is
+    written or replaced (ctime cannot be set back; a rename brings another inode). A
+    string, not a tuple: records keep tens of thousands of these."""
+    return f"{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino}"
+
+
+def stat_stamp(path: str | os.PathLike[str]) -> str | None:
+    """`stamp_of` the file at `path`, or None if it cannot be stat'ed."""
+    try:
+        return stamp_of(os.stat(path))
+    except (OSError, ValueError):  # ValueError: a NUL in the path (a damaged record's)
+        return None
+
+
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
     """`atomic_output` for bytes in hand, written through the temp file's own descriptor
     (no second open, none for the fsync): builds write several small files per unit."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from nkibuild import __version__
-from nkibuild.fsutil import atomic_write_bytes
+from nkibuild.fsutil import atomic_write_bytes, stamp_of
 from nkibuild.manifest.model import (
     CompileSettings,
     Constant,
@@ -274,7 +274,7 @@ def _plan_key(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-# (path, "mtime_ns ctime_ns size", functions it must define) per Python file validated.
+# (path, its fsutil.stamp_of, functions it must define) per Python file validated.
 Stamps = tuple[tuple[str, str, tuple[str, ...]], ...]
 
 
@@ -306,8 +306,8 @@ def _python_stamps(manifest: Manifest, files: tuple[str, ...], validating: int) 
     )
 
 
-def _ctime_ns(stat: str) -> int:
-    return int(stat.split(" ")[1])
+def _ctime_ns(stamp: str) -> int:
+    return int(stamp.split(" ")[2])
 
 
 def _confined_stats(root: Path, files: tuple[str, ...]) -> dict[str, str] | None:
@@ -316,10 +316,7 @@ def _confined_stats(root: Path, files: tuple[str, ...]) -> dict[str, str] | None
     stats = confined_stats([root / name for name in files], (root,))
     if stats is None:
         return None
-    return {
-        name: f"{info.st_mtime_ns} {info.st_ctime_ns} {info.st_size}"
-        for name, info in zip(files, stats, strict=True)
-    }
+    return {name: stamp_of(info) for name, info in zip(files, stats, strict=True)}
 
 
 def _read_plan(cache_file: Path, key: str) -> tuple[Manifest, tuple[BuildUnit, ...]] | None:

@@ -477,8 +477,9 @@ def test_a_python_file_still_defining_its_functions_keeps_the_cached_plan(
     assert parsed == []
     _, files, stamps, _, _ = pickle.loads((state / PLAN_CACHE_FILE).read_bytes())
     assert files == ("kernels/reference.py", "kernels/softmax.hlo.pb")
-    info = reference.stat()
-    recorded = f"{info.st_mtime_ns} {info.st_ctime_ns} {info.st_size}"
+    from nkibuild.fsutil import stat_stamp
+
+    recorded = stat_stamp(reference)
     assert stamps == (("kernels/reference.py", recorded, ("softmax",)),)
 
 

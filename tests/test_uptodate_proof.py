@@ -13,6 +13,7 @@ import pytest
 from doit.tools import config_changed
 from helpers import build, manifests_parsed, write_project
 
+from nkibuild.fsutil import stat_stamp
 from nkibuild.graph import uptodate
 from nkibuild.graph.intact import outputs_checked
 from nkibuild.graph.loader import DEP_FILE
@@ -265,7 +266,7 @@ def test_a_file_dated_before_1970_keeps_the_proof(chain: tuple[Path, list[dict]]
     os.utime(root / "src_a", ns=(-(10**9), -(10**9)))
     again = proven_state(root, dicts)
     assert again.pending == []
-    assert uptodate.stat_of(str(root / "src_a")).split(" ")[1] == str(-(10**9))
+    assert stat_stamp(str(root / "src_a")).split(" ")[1] == str(-(10**9))
 
 
 def test_a_listed_path_no_file_can_have_hands_its_task_to_doit(
@@ -297,7 +298,7 @@ def test_a_touched_source_is_re_recorded_as_a_whole_record_would(
     whole = uptodate._recorded(decision, {}, dep_file, {}).to_json()
     stamp = recorded_stamp(root, decision)
     assert stamp == whole
-    assert stamp["files"][str(root / "src_b")] == uptodate.stat_of(str(root / "src_b"))
+    assert stamp["files"][str(root / "src_b")] == stat_stamp(str(root / "src_b"))
 
 
 def test_a_task_gone_from_the_build_is_dropped_when_a_touch_is_recorded(
@@ -422,7 +423,7 @@ def test_outputs_a_task_recorded_as_it_wrote_them_are_not_listed_or_stated_again
     tree = two_kernels / "build" / "bundle" / "proof-kernels"
     files = sorted(str(p) for p in tree.rglob("*") if p.is_file() and p.name != ".files.json")
     assert stamp["listings"]["bundle"] == files
-    assert all(stamp["files"][path] == uptodate.stat_of(path) for path in files)
+    assert all(stamp["files"][path] == stat_stamp(path) for path in files)
     assert build(two_kernels).executed == []
     assert last_decision(two_kernels)["handed_to_doit"] == 0
 

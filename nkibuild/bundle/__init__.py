@@ -145,8 +145,9 @@ def write_bundle(
     the files whose content changed (nkibuild.bundle.tree); `bundle.json` is written last."""
     info = _header(manifest, parts, provenance)
     files = _project_files(manifest, info, parts)
-    for part in parts:
-        files |= {n.name: CompiledCopy(n.source, n.sha256, n.unit) for n in part.neffs}
+    files.update(
+        (n.name, CompiledCopy(n.source, n.sha256, n.unit)) for part in parts for n in part.neffs
+    )
     for target in split_targets(manifest):
         files |= _part_files(manifest.package, target)
 

@@ -33,7 +33,7 @@ from nkibuild.cache.key import file_sha256
 from nkibuild.compiler import RESULT_FILE, CompiledNeff
 from nkibuild.compiler.record import recorded_result
 from nkibuild.frontends import METADATA_FILE, load_extracted
-from nkibuild.fsutil import atomic_write_bytes
+from nkibuild.fsutil import atomic_write_bytes, stat_stamp
 
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext
@@ -151,10 +151,10 @@ class PartsMemo:
     def file_sha256(self, path: Path) -> str:
         """The sha256 of a project file, hashed again only if its stat changed."""
         name = os.fspath(path)
-        stat = _stat(name)
+        stat = stat_stamp(name)
         known = self.previous.digests.get(name)
         sha256 = known[1] if known and stat and known[0] == stat else file_sha256(path)
-        self.current.digests[name] = (stat, sha256)
+        self.current.digests[name] = (stat or "", sha256)
         return sha256
 
     def save(self) -> None:
@@ -180,18 +180,11 @@ def _key(context: BuildContext, kernel: Kernel, units: Sequence[BuildUnit]) -> K
     records = [f"{layout.compile_path(unit)}/{RESULT_FILE}" for unit in units]
     # An extraction serves every target of its variant: stat'ed once.
     records += dict.fromkeys(f"{layout.extract_path(u.extract)}/{METADATA_FILE}" for u in units)
-    stats = [_stat(record) for record in records]
+    # A missing record ("") never matches: a part is kept only once made from all of them.
+    stats = [stat_stamp(record) or "" for record in records]
     # marshal, not repr: several times faster; format 0 writes no back-references, so
     # equal values give equal bytes however they share objects.
     return (marshal.dumps(kernel.config(), 0), *(unit.name for unit in units), *stats)
-
-
-def _stat(path: str) -> str:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return ""  # no record: never a match (a recorded key has every stat)
-    return f"{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino}"
 
 
 def _load(memo_file: Path, scope: tuple[str, ...]) -> _Memo:

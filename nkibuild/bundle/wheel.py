@@ -30,7 +30,7 @@ from packaging.version import Version
 from nkibuild import __version__
 from nkibuild.bundle import BundleProject
 from nkibuild.errors import BuildError, UsageError
-from nkibuild.fsutil import atomic_output, atomic_write_text
+from nkibuild.fsutil import atomic_output, atomic_write_text, stat_stamp
 from nkibuild.manifest.model import Package
 from nkibuild.text import printable
 
@@ -66,7 +66,7 @@ def run(context: BuildContext) -> list[Path]:
     writer_file.unlink(missing_ok=True)  # until the new wheels are in place
     project = load_bundle(bundle_dir, build_info=False)
     wheels = build_wheels(project, context.layout.dist_dir, reuse=written)
-    stats = {wheel.name: _stat(wheel) for wheel in wheels}
+    stats = {wheel.name: stat_stamp(wheel) for wheel in wheels}
     record = {"writer": writer_identity(), "wheels": stats}
     atomic_write_text(writer_file, json.dumps(record), durable=False)
     return wheels
@@ -92,14 +92,6 @@ def _written_by_this_writer(writer_file: Path) -> dict[str, str] | None:
     if not isinstance(stats, dict):
         return {}
     return {name: stat for name, stat in stats.items() if isinstance(stat, str)}
-
-
-def _stat(path: Path) -> str:
-    try:
-        info = path.stat()
-    except OSError:
-        return ""
-    return f"{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino}"
 
 
 def writer_identity() -> dict[str, str]:
@@ -132,7 +124,8 @@ def build_wheel(
     dist_info, generated = dist_info_files(project)
     destination = dist_dir / wheel_file_name(package)
     previous = destination if reuse is not None else None
-    trusted = reuse is not None and reuse.get(destination.name) == _stat(destination) != ""
+    stamp = stat_stamp(destination)
+    trusted = reuse is not None and stamp is not None and reuse.get(destination.name) == stamp
     with atomic_output(destination) as tmp, Previous.of(previous, trusted=trusted) as old:
         _write_zip(tmp, project.directory, members, generated, f"{dist_info}/RECORD", old)
     return destination

@@ -31,7 +31,6 @@ import functools
 import hashlib
 import json
 import marshal
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -41,7 +40,7 @@ from typing import Any
 
 from nkibuild import __version__
 from nkibuild.cache.key import file_sha256
-from nkibuild.fsutil import atomic_write_text
+from nkibuild.fsutil import atomic_write_text, stat_stamp
 from nkibuild.graph.intact import Fingerprint, OutputsIntact, output_files
 
 STAMP_FILE = "up-to-date.json"
@@ -91,14 +90,6 @@ def fingerprint(task: dict[str, Any]) -> str:
     except ValueError:
         encoded = b"r" + repr(entry).encode()
     return hashlib.sha256(encoded).hexdigest()
-
-
-def stat_of(path: str) -> Stat | None:
-    try:
-        info = os.stat(path)
-    except (OSError, ValueError):  # ValueError: a NUL in a path a damaged stamp lists
-        return None
-    return f"{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino}"
 
 
 def _size(stat: Stat) -> int:
@@ -160,9 +151,9 @@ def _all_strings(values: Iterable[object]) -> bool:
     return True
 
 
-# What `stat_of` writes: four ASCII decimal integers (str.isdigit would take "²",
+# What `stat_stamp` writes: four ASCII decimal integers (str.isdigit would take "²",
 # which int() refuses), one stat per line once joined.
-# size, mtime, ctime (negative before 1970), inode: what `stat_of` writes.
+# size, mtime, ctime (negative before 1970), inode: what `stat_stamp` writes.
 _STAT = r"[0-9]+ -?[0-9]+ -?[0-9]+ [0-9]+"
 _STAT_LINES = re.compile(rf"{_STAT}(?:\n{_STAT})*")
 
@@ -260,9 +251,9 @@ def decide(state_dir: Path, dicts: list[dict[str, Any]], dep_file: str) -> Decis
     graph = Graph(dicts)
     fingerprints = {name: fingerprint(task) for name, task in graph.by_name.items()}
     proof = load(state_dir)
-    if proof is None or proof.state is None or proof.state != stat_of(dep_file):
+    if proof is None or proof.state is None or proof.state != stat_stamp(dep_file):
         # doit decides about every task; recording needs the sources' stats from now.
-        stats = {path: stat_of(path) for name in graph.names for path in graph.sources(name)}
+        stats = {path: stat_stamp(path) for name in graph.names for path in graph.sources(name)}
         return Decision(graph, fingerprints, stats, list(graph.names), [], None)
     # Output dirs are not walked: a file added there is ignored (see OutputsIntact), a
     # recorded one removed or changed is seen by its stat.
@@ -271,7 +262,7 @@ def decide(state_dir: Path, dicts: list[dict[str, Any]], dep_file: str) -> Decis
     stats = {}
     every = (graph.files(name, listings.get(name, ())) for name in graph.names)
     for path in dict.fromkeys(chain.from_iterable(every)):  # each file once
-        stat = stat_of(path)
+        stat = stat_stamp(path)
         if stat is None or recorded.get(path) != stat:
             stats[path] = stat
     touched = [path for path in sorted(stats) if _same_content(path, stats[path], proof)]
@@ -302,7 +293,7 @@ def _digest(path: str, stat: Stat | None) -> str | None:
         digest = file_sha256(path)
     except OSError:
         return None
-    return digest if stat_of(path) == stat else None
+    return digest if stat_stamp(path) == stat else None
 
 
 def record(
@@ -352,7 +343,7 @@ def _recorded(
 ) -> Proof:
     graph, previous = decision.graph, decision.previous or Proof()
     pending = set(decision.pending)
-    proof = Proof(state=stat_of(dep_file))
+    proof = Proof(state=stat_stamp(dep_file))
     for name in graph.names:
         checked = verified.get(name)
         if name in pending and checked is None:
@@ -386,7 +377,7 @@ def _written_stat(outputs: Mapping[str, Fingerprint] | None, path: str) -> Stat 
     """The stat its task recorded for an output as it wrote it, else the file's now."""
     fingerprint = outputs.get(path) if outputs is not None else None
     if fingerprint is None:
-        return stat_of(path)
+        return stat_stamp(path)
     return " ".join(map(str, fingerprint[:4]))
 
 
