@@ -32,13 +32,13 @@ from nkibuild.bundle.buildinfo import (
     encode,
     read_build_info,
 )
-from nkibuild.bundle.parts import KernelPart, NeffFile
 from nkibuild.bundle.tree import CompiledCopy, Content, Fingerprint, digest, update_tree
 from nkibuild.compiler import CompiledNeff
 from nkibuild.errors import BuildError
 from nkibuild.manifest.model import Kernel, Manifest, Package, SourceRef
 
 if TYPE_CHECKING:
+    from nkibuild.bundle.parts import KernelPart
     from nkibuild.context import BuildContext
 
 STAMP_FILE = "bundle.json"
@@ -296,6 +296,8 @@ def kernel_part(
 ) -> KernelPart:
     """What the bundle takes from `kernel` and its units' NEFFs; `tools`: the frontend
     packages its extractions recorded (for the provenance summary)."""
+    from nkibuild.bundle.parts import KernelPart, NeffFile  # not on a no-op build's path
+
     neffs: dict[str, dict[str, NeffInfo]] = {}
     for neff in compiled:
         neffs.setdefault(neff.target, {})[neff.variant] = _neff_info(manifest, neff)

@@ -220,13 +220,15 @@ def load_extracted(directory: Path, unit: str) -> HloArtifact:
 
 def frontend_versions(frontend: str) -> dict[str, str]:
     """Installed versions of a frontend's packages, without importing them."""
-    from importlib import metadata
-
     packages = {
         "jax": ("jax", "jaxlib"),
         "nki": ("nki", "torch-xla", "torch-neuronx"),
         "nkipy": ("nkipy",),
     }.get(frontend, ())
+    if not packages:  # hlo: no package; importlib.metadata costs a no-op build ~15 ms
+        return {}
+    from importlib import metadata
+
     versions = {}
     for package in packages:
         try:
