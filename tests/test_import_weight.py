@@ -81,3 +81,14 @@ def test_a_build_with_a_pending_task_imports_doit(example_project: Path) -> None
     modules = imported_modules(["build", "--toolchain", "fake"], example_project)
     assert "doit" in modules
     assert wheel.exists()
+
+
+def test_a_noop_build_of_prebuilt_modules_asks_no_package_metadata(tmp_path: Path) -> None:
+    """The hlo frontend has no package whose version enters its tasks: importlib.metadata
+    (with email.*) stays unimported when nothing runs."""
+    from helpers import softmax_manifest, softmax_project
+
+    project = softmax_project(tmp_path / "p", softmax_manifest())
+    built(project)
+    modules = imported_modules(["build", "--toolchain", "fake"], project)
+    assert loaded(modules, ("importlib.metadata", "doit")) == []
