@@ -168,7 +168,8 @@ def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
     result = compiler.run(context, unit)
     # The outputs check's record, with the sha256 the stage verified the NEFF by (a NEFF
     # may be hundreds of MB: it is not read again).
-    neff, record = (f"{context.layout.compile_path(unit)}/{n}" for n in compiler.COMPILE_OUTPUTS)
+    out_dir = context.layout.compile_path(unit)
+    neff, record = f"{out_dir}/{compiler.NEFF_FILE}", f"{out_dir}/{compiler.RESULT_FILE}"
     return {
         "origin": result.origin,
         "notices": list(result.notices),
