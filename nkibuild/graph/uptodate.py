@@ -45,7 +45,7 @@ from nkibuild.graph.intact import Fingerprint, OutputsIntact, output_files
 
 STAMP_FILE = "up-to-date.json"
 FORMAT = 4  # 4: fingerprints of marshal bytes
-Stat = str  # "size mtime_ns ctime_ns inode": one string, not a list (memory at scale)
+Stat = str  # fsutil.stat_stamp: "size mtime_ns ctime_ns inode"
 
 
 def task_name(task: dict[str, Any]) -> str:
@@ -151,9 +151,9 @@ def _all_strings(values: Iterable[object]) -> bool:
     return True
 
 
-# What `stat_stamp` writes: four ASCII decimal integers (str.isdigit would take "²",
-# which int() refuses), one stat per line once joined.
-# size, mtime, ctime (negative before 1970), inode: what `stat_stamp` writes.
+# What `stat_stamp` writes: size, mtime, ctime (negative before 1970) and inode as ASCII
+# decimal integers (str.isdigit would take "²", which int() refuses); one stat per line
+# once joined.
 _STAT = r"[0-9]+ -?[0-9]+ -?[0-9]+ [0-9]+"
 _STAT_LINES = re.compile(rf"{_STAT}(?:\n{_STAT})*")
 
