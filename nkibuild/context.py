@@ -17,11 +17,10 @@ from nkibuild.manifest.model import Manifest
 from nkibuild.plan import BuildUnit, ExtractSpec, load_plan
 from nkibuild.session import BuildSession
 from nkibuild.settings import (
-    ENV_COMPILER,
-    ENV_TOOLCHAIN,
     BuildOptions,
     BuildSettings,
     resolve_settings,
+    value_before_manifest,
 )
 from nkibuild.toolchain import Toolchain
 
@@ -118,6 +117,4 @@ def _likely_compiler(options: BuildOptions) -> tuple[str, Path | None]:
     """The toolchain and compiler the settings will most likely resolve to, known before
     the manifest is: the command line's or the environment's, else the defaults (the
     manifest can set only the compiler). Only a guess: see `start_version_query`."""
-    mode = options.toolchain or os.environ.get(ENV_TOOLCHAIN) or "auto"
-    configured = options.compiler or os.environ.get(ENV_COMPILER)
-    return mode, Path(configured) if configured else None
+    return value_before_manifest(options, "toolchain"), value_before_manifest(options, "compiler")

@@ -185,10 +185,18 @@ def resolve_settings(
     return settings
 
 
+def value_before_manifest(
+    options: BuildOptions, name: str, environ: Mapping[str, str] = os.environ
+) -> Any:
+    """An option's value as `resolve_settings` gives it unless the manifest sets it:
+    what can be known before the manifest is read (to start work early on a guess)."""
+    return _Resolver(options, None, environ).value(name)
+
+
 @dataclass(frozen=True)
 class _Resolver:
     options: BuildOptions
-    manifest: Manifest
+    manifest: Manifest | None  # None: not read yet (see value_before_manifest)
     environ: Mapping[str, str]
 
     def value(self, name: str) -> Any:
@@ -202,7 +210,8 @@ class _Resolver:
                 return option.parse(text)
             except ValueError as error:
                 raise UsageError(f"{option.env}: {error}") from None
-        from_manifest = option.manifest(self.manifest) if option.manifest else None
+        manifest = self.manifest
+        from_manifest = option.manifest(manifest) if option.manifest and manifest else None
         if from_manifest is not None:
             return from_manifest
         return option.default
