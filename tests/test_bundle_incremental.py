@@ -276,6 +276,15 @@ def fresh_wheel(project: Path, out: Path) -> bytes:
     return build_wheel(bundle, out).read_bytes()
 
 
+def built_wheel(root: Path, copied: list[str]) -> tuple[Path, Path]:
+    """The two-kernel project built, and its wheel; `copied` emptied for what follows."""
+    project = two_kernel_project(root)
+    assert build(project).ok
+    copied.clear()
+    (wheel,) = (project / "dist").glob("*.whl")
+    return project, wheel
+
+
 @pytest.fixture
 def copied(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Names of the members taken from a previous wheel, as they are taken."""
@@ -316,10 +325,7 @@ def test_an_edit_rebuilds_a_wheel_byte_identical_to_a_fresh_one(
 def test_a_damaged_member_of_the_previous_wheel_is_not_reused(
     tmp_path: Path, copied: list[str]
 ) -> None:
-    project = two_kernel_project(tmp_path / "p")
-    assert build(project).ok
-    copied.clear()
-    (wheel,) = (project / "dist").glob("*.whl")
+    project, wheel = built_wheel(tmp_path / "p", copied)
     with zipfile.ZipFile(wheel) as archive:
         info = archive.getinfo("inc_kernels/neff/trn2/softmax/default.neff")
     data = bytearray(wheel.read_bytes())
@@ -388,10 +394,7 @@ def test_a_wheel_from_another_writer_lends_nothing(tmp_path: Path, copied: list[
 def test_a_previous_wheel_whose_directory_points_past_its_end_lends_nothing(
     tmp_path: Path, copied: list[str]
 ) -> None:
-    project = two_kernel_project(tmp_path / "p")
-    assert build(project).ok
-    copied.clear()
-    (wheel,) = (project / "dist").glob("*.whl")
+    project, wheel = built_wheel(tmp_path / "p", copied)
     data = bytearray(wheel.read_bytes())
     # The first central directory header's local header offset (at byte 42 of it) now
     # points 10 bytes before the end: too few bytes there for a local header.
