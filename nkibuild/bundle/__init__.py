@@ -153,8 +153,7 @@ def write_bundle(
 
     digests = {name: digest(content) for name, content in files.items()}
     targets = sorted({target for part in parts for target in part.targets})
-    stamp = _stamp(manifest, info, digests, targets)
-    stamp_bytes = json.dumps(stamp, indent=2, sort_keys=True).encode()
+    stamp_bytes = _stamp_text(_stamp(manifest, info, digests, targets)).encode()
     recorded = update_tree(out_dir, files, STAMP_FILE, stamp_bytes, digests=digests)
     return WrittenBundle(out_dir, recorded)
 
@@ -220,6 +219,32 @@ def _stamp(
         "requirements": list(info.requirements),
         "targets": targets,
     }
+
+
+def _stamp_text(stamp: dict[str, Any]) -> str:
+    """`json.dumps(stamp, indent=2, sort_keys=True)`, its file lists (15,000 entries at
+    10,000 units) written by json's C encoder: `indent` makes json encode in Python."""
+    lists = [stamp["files"], *(part["files"] for part in stamp["parts"])]
+    marked = {**stamp, "files": "\0files 0"}
+    marked["parts"] = [
+        {**part, "files": f"\0files {i}"} for i, part in enumerate(stamp["parts"], 1)
+    ]
+    text = json.dumps(marked, indent=2, sort_keys=True)
+    for number, files in enumerate(lists):
+        marker = f'"\\u0000files {number}"'
+        if text.count(marker) != 1:  # a value of the manifest spells a marker: no shortcut
+            return json.dumps(stamp, indent=2, sort_keys=True)
+        depth = 2 if number == 0 else 6  # the top level's member, or a part's in a list
+        text = text.replace(marker, _flat_object(files, " " * depth))
+    return text
+
+
+def _flat_object(members: Mapping[str, str], indent: str) -> str:
+    """A JSON object of string members as `json.dumps(indent=2, sort_keys=True)` writes
+    it at `indent`: the same separators, given to the C encoder."""
+    inner = indent + "  "
+    text = json.dumps(members, sort_keys=True, separators=(",\n" + inner, ": "))
+    return text if not members else "{\n" + inner + text[1:-1] + "\n" + indent + "}"
 
 
 def load_bundle(directory: Path, *, build_info: bool = True) -> BundleProject:

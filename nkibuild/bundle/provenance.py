@@ -29,12 +29,16 @@ def material_files(manifest: Manifest) -> list[Path]:
     from nkibuild.confine import glob_files
 
     root = manifest.root
-    found: set[Path] = set()
+    # Each distinct name once: thousands of kernels share a few files and patterns.
+    named: set[str] = set()
+    patterns: set[str] = set()
     for kernel in manifest.kernels:
-        found.add(root / kernel.source.path)
-        found.update(Path(match) for pattern in kernel.deps for match in glob_files(root, pattern))
+        named.add(kernel.source.path)
+        patterns.update(kernel.deps)
         if kernel.reference is not None:
-            found.add(root / kernel.reference.path)
+            named.add(kernel.reference.path)
+    found = {root / name for name in named}
+    found.update(Path(match) for pattern in patterns for match in glob_files(root, pattern))
     return sorted(found)
 
 

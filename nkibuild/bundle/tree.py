@@ -28,7 +28,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -77,13 +77,13 @@ def update_tree(
     `digests`: the sha256 of each wanted file, if the caller has them already."""
     digests = dict(digests or {name: digest(content) for name, content in wanted.items()})
     digests[stamp_name] = hashlib.sha256(stamp).hexdigest()
-    known = read_record(root)
-    changed = [name for name in wanted if not _kept(root, name, known, digests[name])]
+    known = read_record(root, digests)
+    changed = _changed(root, wanted, known, digests)
     # A complete tree holds what its record lists; after a killed update or without a
     # record (a tree from an older nkibuild), the tree itself is listed.
     complete = known and (root / stamp_name).exists()
     strays = _strays(root, digests, known if complete else None)
-    if not changed and not strays and _kept(root, stamp_name, known, digests[stamp_name]):
+    if not changed and not strays and not _changed(root, [stamp_name], known, digests):
         return {name: known[name] for name in digests}
     with reported_at(root):
         root.parent.mkdir(parents=True, exist_ok=True)
@@ -97,19 +97,28 @@ def update_tree(
         finally:
             shutil.rmtree(work, ignore_errors=True)
         atomic_write_bytes(root / stamp_name, stamp, durable=False)
-        record = {name: [*_stat(root, name), sha] for name, sha in digests.items()}
+        # A kept file's stat is the one just compared with its record: only the files
+        # written are stat'ed again.
+        written = {*changed, stamp_name}
+        record = {
+            name: [*_stat(root, name), sha] if name in written else known[name]
+            for name, sha in digests.items()
+        }
         atomic_write_text(root / RECORD_FILE, json.dumps(record), durable=False)
     return record
 
 
-def read_record(root: Path) -> dict[str, Fingerprint]:
+def read_record(root: Path, wanted: Container[str] = ()) -> dict[str, Fingerprint]:
     """The fingerprints the last complete update recorded (none if unreadable, or if it
-    names a file outside the tree: its names are removed as strays)."""
+    names a file outside the tree: its names are removed as strays). Names in `wanted`
+    are the caller's own, inside the tree: not checked again (15,000 at 10,000 units)."""
     try:
         record = json.loads((root / RECORD_FILE).read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(record, dict) or not all(map(_inside_tree, record)):
+    if not isinstance(record, dict):
+        return {}
+    if not all(_inside_tree(name) for name in record if name not in wanted):
         return {}
     return record
 
@@ -121,14 +130,30 @@ def _inside_tree(name: object) -> bool:
     return not {"", ".", ".."}.intersection(name.split("/"))
 
 
-def _kept(root: Path, name: str, known: Mapping[str, Fingerprint], sha256: str) -> bool:
-    recorded = known.get(name)
-    if not isinstance(recorded, list) or len(recorded) != 5 or recorded[4] != sha256:
-        return False
-    try:
-        return _stat(root, name) == recorded[:4]
-    except OSError:
-        return False
+def _changed(
+    root: Path, names: Iterable[str], known: Mapping[str, Fingerprint], digests: Mapping[str, str]
+) -> list[str]:
+    """The `names` to write again: all but those whose recorded sha256 is the one wanted
+    and whose stat is as recorded. One loop, no call per file: it runs over every file
+    of the tree at each update."""
+    prefix = f"{root}/"
+    changed = []
+    for name in names:
+        recorded = known.get(name)
+        try:
+            info = os.stat(prefix + name)
+            kept = recorded == [
+                info.st_size,
+                info.st_mtime_ns,
+                info.st_ctime_ns,
+                info.st_ino,
+                digests[name],
+            ]
+        except OSError:
+            kept = False
+        if not kept:
+            changed.append(name)
+    return changed
 
 
 def _strays(
