@@ -227,13 +227,19 @@ def pending_tasks(dicts: list[dict], config: dict) -> list[str]:
     return [name for name in names if name in real]
 
 
+def task_names(dicts: list[dict]) -> list[str]:
+    """The names doit gives the tasks of `dicts`: each task's, and a group task per
+    basename with subtasks (`compile` for `compile:*`). Read from the dicts: building
+    doit's tasks only to name them cost a cold build ~4 ms before its first compile."""
+    groups = {task["basename"]: None for task in dicts if "name" in task}
+    return [*(task_name(task) for task in dicts), *groups]
+
+
 def check_selection(dicts: list[dict], selection: Sequence[str]) -> None:
     """Unknown task names are a usage error with suggestions, before doit runs."""
     if not selection:
         return
-    from nkibuild.graph.loader import to_tasks
-
-    names = [task.name for task in to_tasks(dicts, [])]
+    names = task_names(dicts)
     for pattern in selection:
         # As doit: only "*" makes a pattern; anything else names one task (or group).
         matches = fnmatch.filter(names, pattern) if "*" in pattern else pattern in names
