@@ -26,6 +26,7 @@ from nkibuild.bundle import runtime
 from nkibuild.cli.display import PlainDisplay, format_elapsed
 from nkibuild.cli.main import EXIT_CODES, build_parser
 from nkibuild.graph.report import BuildSummary
+from nkibuild.graph.uptodate import STAMP_FILE
 
 SOFTMAX = "compile:softmax/default/trn2"
 HLO_ONLY = """\
@@ -102,7 +103,7 @@ def test_summary_counts_compiled_build_dir_local_and_remote_apart(
     # Lost build state (a build killed before doit saved it): the NEFF in the build dir
     # is reused, which is not a cache hit.
     (third_project / "build" / "state" / "doit-state.json").unlink()
-    (third_project / "build" / "state" / "up-to-date.json").unlink(missing_ok=True)
+    (third_project / "build" / "state" / STAMP_FILE).unlink(missing_ok=True)
     fourth, progress = _build_json(third_project, elsewhere)
     assert fourth["compile_origins"] == {"build-dir": 1}
     assert "0 compiled, 1 reused from build dir, 0 local cache hits, 0 remote" in progress

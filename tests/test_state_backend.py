@@ -82,3 +82,61 @@ def test_the_earlier_layout_is_still_read(tmp_path: Path) -> None:
     db.remove("wheel")
     db.dump()
     assert path.read_text() == HEADER + "\n"
+
+
+def test_a_run_that_changed_a_few_tasks_appends_their_lines(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    db = saved(path, {f"t{index}": {"k": index} for index in range(20)})
+    before = path.read_text()
+    db.set("t3", "k", "new")
+    db.remove("t5")
+    db.dump()
+    after = path.read_text()
+    assert after.startswith(before)  # the earlier lines are not written again
+    assert after[len(before) :] == '"t3"\t{"k": "new"}\n"t5"\tnull\n'
+    reread = AtomicJsonDB(str(path), JSONCodec())
+    assert reread.get("t3", "k") == "new"
+    assert not reread.in_("t5")
+    assert reread.get("t4", "k") == 4
+
+
+def test_a_line_cut_short_leaves_the_tasks_earlier_entry(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    saved(path, {"a": {"k": 1}, "b": {"k": 2}})
+    with path.open("a") as handle:  # a build killed while appending
+        handle.write('"a"\t{"k": 3')
+    db = AtomicJsonDB(str(path), JSONCodec())
+    assert db.get("a", "k") == 1
+    assert db.get("b", "k") == 2
+    db.set("b", "k", 4)
+    db.dump()  # written whole: nothing is appended to a cut line
+    text = path.read_text()
+    assert text.startswith(HEADER + "\n") and text.endswith("\n")
+    assert '{"k": 3' not in text
+    reread = AtomicJsonDB(str(path), JSONCodec())
+    assert (reread.get("a", "k"), reread.get("b", "k")) == (1, 4)
+
+
+def test_superseded_lines_are_compacted_away(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    db = saved(path, {"small": {"k": 1}, "big": {"k": "x" * 1000}})
+    sizes = []
+    for run in range(12):
+        db.set("big", "k", str(run) * 1000)
+        db.dump()
+        sizes.append(path.stat().st_size)
+        db = AtomicJsonDB(str(path), JSONCodec())
+    assert db.get("big", "k") == "11" * 1000  # the last line written wins
+    assert db.get("small", "k") == 1
+    assert max(sizes) < 2 * 2 * 1100 + 200  # never much past twice the live entries
+    assert min(sizes) < 2 * 1100  # and written whole again at times
+
+
+def test_a_result_equal_to_the_values_is_saved_once(tmp_path: Path) -> None:
+    outputs = {"outputs": {"/p/a.neff": [1, 2, 3, 4, "ab"]}}
+    path = tmp_path / "state.json"
+    saved(path, {"t": {"_values_:": outputs, "result:": dict(outputs)}, "u": {"result:": "x"}})
+    assert path.read_text().count("a.neff") == 1
+    reread = AtomicJsonDB(str(path), JSONCodec())
+    assert reread.get("t", "result:") == outputs == reread.get("t", "_values_:")
+    assert reread.get("u", "result:") == "x"

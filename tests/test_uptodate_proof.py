@@ -5,6 +5,7 @@ tasks to doit; anything the proof does not understand hands everything to doit."
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import time
 from pathlib import Path
@@ -207,29 +208,37 @@ def test_an_output_changed_after_doit_checked_its_task_is_not_proven(
     assert uptodate.decide(root, dicts, dep_file).pending == ["t:b", "t:join"]
 
 
+def saved_stamp(state_dir: Path) -> dict:
+    return marshal.loads((state_dir / STAMP_FILE).read_bytes())
+
+
 def retyped(root: Path, field: str, value: object) -> None:
-    stamp = json.loads((root / STAMP_FILE).read_text())
-    (root / STAMP_FILE).write_text(json.dumps({**stamp, field: value}))
+    (root / STAMP_FILE).write_bytes(marshal.dumps({**saved_stamp(root), field: value}))
+
+
+def truncated(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
 def garbled_stats(root: Path) -> None:
     """Every recorded stat (sources with digests too) replaced by a non-stat string."""
-    stamp = json.loads((root / STAMP_FILE).read_text())
-    retyped(root, "files", dict.fromkeys(stamp["files"], "garbage"))
+    retyped(root, "files", dict.fromkeys(saved_stamp(root)["files"], "garbage"))
 
 
 def restat(root: Path, stat: str) -> None:
     """Every recorded stat replaced by `stat`."""
-    stamp = json.loads((root / STAMP_FILE).read_text())
-    retyped(root, "files", dict.fromkeys(stamp["files"], stat))
+    retyped(root, "files", dict.fromkeys(saved_stamp(root)["files"], stat))
 
 
 @pytest.mark.parametrize(
     "damage",
     [
         pytest.param(lambda root: (root / DEP_FILE).write_text("rewritten"), id="doit-state"),
-        pytest.param(lambda root: (root / STAMP_FILE).write_text('{"format": 3'), id="truncated"),
-        pytest.param(lambda root: (root / STAMP_FILE).write_text("[]"), id="not-an-object"),
+        pytest.param(lambda root: truncated(root / STAMP_FILE), id="truncated"),
+        pytest.param(lambda root: (root / STAMP_FILE).write_text("[]"), id="not-marshal"),
+        pytest.param(
+            lambda root: (root / STAMP_FILE).write_bytes(marshal.dumps([])), id="not-a-dict"
+        ),
         pytest.param(lambda root: (root / STAMP_FILE).unlink(), id="missing"),
         pytest.param(lambda root: retyped(root, "files", []), id="files-a-list"),
         pytest.param(lambda root: retyped(root, "listings", {"t:a": 3}), id="listing-a-number"),
@@ -278,10 +287,13 @@ def test_a_listed_path_no_file_can_have_hands_its_task_to_doit(
     assert uptodate.decide(root, dicts, str(root / DEP_FILE)).pending == ["t:a", "t:join"]
 
 
-def recorded_stamp(root: Path, decision: uptodate.Decision) -> dict:
-    """Record `decision` after a build that asked doit nothing; the stamp as saved."""
-    uptodate.record(root, decision, {}, str(root / DEP_FILE))
-    return json.loads((root / STAMP_FILE).read_text())
+def recorded_stamp(
+    root: Path, decision: uptodate.Decision, verified: dict[str, int] | None = None
+) -> dict:
+    """Record `decision` after a build in which doit verified `verified` (none: it was
+    asked nothing); the stamp as saved."""
+    uptodate.record(root, decision, verified or {}, str(root / DEP_FILE))
+    return saved_stamp(root)
 
 
 def test_a_touched_source_is_re_recorded_as_a_whole_record_would(
@@ -295,7 +307,7 @@ def test_a_touched_source_is_re_recorded_as_a_whole_record_would(
     touch(root / "src_b")
     decision = uptodate.decide(root, dicts, dep_file)
     assert decision.touched == [str(root / "src_b")]
-    whole = uptodate._recorded(decision, {}, dep_file, {}).to_json()
+    whole = uptodate._recorded(decision, {}, dep_file, {}).to_dict()
     stamp = recorded_stamp(root, decision)
     assert stamp == whole
     assert stamp["files"][str(root / "src_b")] == stat_stamp(str(root / "src_b"))
@@ -317,11 +329,65 @@ def test_a_task_gone_from_the_build_is_dropped_when_a_touch_is_recorded(
     assert uptodate.decide(root, fewer, dep_file).pending == []
 
 
+def test_after_a_change_only_the_pending_tasks_are_recorded_again(
+    chain: tuple[Path, list[dict]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The proven t:a is not gone over again, and the stamp is what recording every task
+    # from scratch gives.
+    root, dicts = chain
+    dep_file = str(root / DEP_FILE)
+    proven_state(root, dicts)
+    (root / "src_b").write_text("edited")
+    touch(root / "src_a")  # same content, new stat: a proven task's touched source
+    decision = uptodate.decide(root, dicts, dep_file)
+    assert (decision.pending, decision.proven) == (["t:b", "t:join"], ["t:a"])
+    verified = checked_now(decision.pending)
+    whole = uptodate._recorded(decision, verified, dep_file, {}).to_dict()
+    recorded: list[str] = []
+    record_task = uptodate._record_task
+    monkeypatch.setattr(
+        uptodate,
+        "_record_task",
+        lambda proof, d, name, *rest: recorded.append(name) or record_task(proof, d, name, *rest),
+    )
+    stamp = recorded_stamp(root, decision, verified)
+    assert recorded == ["t:b", "t:join"]
+    assert stamp == whole
+    assert uptodate.decide(root, dicts, dep_file).pending == []
+
+
+def test_a_pending_task_doit_did_not_verify_stays_pending(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    root, dicts = chain
+    dep_file = str(root / DEP_FILE)
+    proven_state(root, dicts)
+    (root / "src_b").write_text("edited")
+    decision = uptodate.decide(root, dicts, dep_file)
+    stamp = recorded_stamp(root, decision, checked_now(["t:b"]))  # t:join failed
+    assert sorted(stamp["tasks"]) == ["t:a", "t:b"]
+    assert uptodate.decide(root, dicts, dep_file).pending == ["t:join"]
+
+
+def test_a_previous_task_gone_from_the_build_records_every_task_again(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    root, dicts = chain
+    dep_file = str(root / DEP_FILE)
+    proven_state(root, dicts)
+    (root / "src_a").write_text("edited")
+    fewer = dicts[:1]
+    decision = uptodate.decide(root, fewer, dep_file)
+    assert decision.pending == ["t:a"]
+    stamp = recorded_stamp(root, decision, checked_now(["t:a"]))
+    assert sorted(stamp["tasks"]) == ["t:a"]
+    assert sorted(stamp["files"]) == [str(root / "mid_a"), str(root / "src_a")]
+
+
 def test_a_stamp_of_another_nkibuild_proves_nothing(chain: tuple[Path, list[dict]]) -> None:
     root, dicts = chain
     proven_state(root, dicts)
-    stamp = json.loads((root / STAMP_FILE).read_text())
-    (root / STAMP_FILE).write_text(json.dumps({**stamp, "nkibuild": "0.0.0-other"}))
+    retyped(root, "nkibuild", "0.0.0-other")
     assert len(uptodate.decide(root, dicts, str(root / DEP_FILE)).pending) == 3
 
 
@@ -419,7 +485,7 @@ def test_outputs_a_task_recorded_as_it_wrote_them_are_not_listed_or_stated_again
     (two_kernels / "kernels" / "beta.pb").write_bytes(hlo("beta-edited"))
     assert "bundle" in build(two_kernels).executed
     assert walked == []
-    stamp = json.loads((two_kernels / "build" / "state" / STAMP_FILE).read_text())
+    stamp = saved_stamp(two_kernels / "build" / "state")
     tree = two_kernels / "build" / "bundle" / "proof-kernels"
     files = sorted(str(p) for p in tree.rglob("*") if p.is_file() and p.name != ".files.json")
     assert stamp["listings"]["bundle"] == files
