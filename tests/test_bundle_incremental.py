@@ -287,7 +287,8 @@ def built_wheel(root: Path, copied: list[str]) -> tuple[Path, Path]:
 
 @pytest.fixture
 def copied(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Names of the members taken from a previous wheel, as they are taken."""
+    """Names of the members taken from a previous wheel, as they are taken (one by one
+    or, from a trusted wheel, in runs)."""
     names: list[str] = []
     copy_member = wheel_module._copy_member
 
@@ -296,6 +297,13 @@ def copied(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return copy_member(archive, name, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(wheel_module, "_copy_member", counted)
+    copy_run = wheel_module._copy_run
+
+    def counted_run(directory: wheel_module.Directory, run: range, *args: object) -> None:
+        names.extend(directory.names[run.start : run.stop])
+        copy_run(directory, run, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(wheel_module, "_copy_run", counted_run)
     return names
 
 

@@ -13,6 +13,7 @@ import base64
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import struct
@@ -21,7 +22,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from packaging.tags import Tag
 from packaging.utils import canonicalize_name
@@ -126,8 +127,13 @@ def build_wheel(
     previous = destination if reuse is not None else None
     stamp = stat_stamp(destination)
     trusted = reuse is not None and stamp is not None and reuse.get(destination.name) == stamp
-    with atomic_output(destination) as tmp, Previous.of(previous, trusted=trusted) as old:
-        _write_zip(tmp, project.directory, members, generated, f"{dist_info}/RECORD", old)
+    record_name = f"{dist_info}/RECORD"
+    with atomic_output(destination) as tmp:
+        root = project.directory
+        if trusted and _update_zip(tmp, destination, root, members, generated, record_name):
+            return destination
+        with Previous.of(previous, trusted=trusted) as old:
+            _write_zip(tmp, root, members, generated, record_name, old)
     return destination
 
 
@@ -289,19 +295,26 @@ def _write_zip(
             if stored is not None:
                 record.append(_copy_member(archive, name, stamp, stored))
                 continue
-            data = (root / name).read_bytes()
-            digest = hashlib.sha256(data).digest()
-            if recorded and digest.hex() != recorded:
-                raise BuildError(
-                    f"{root / name} changed after the bundle was generated (sha256 differs "
-                    "from bundle.json); rebuild the bundle instead of editing its files"
-                )
+            data, digest = _read_member(root, name, recorded)
             record.append(_write_member(archive, name, data, stamp, digest))
         for name, data in sorted(generated.items()):
             record.append(_write_member(archive, name, data, stamp, hashlib.sha256(data).digest()))
         record.append(f"{record_name},,")
         listing = ("\n".join(record) + "\n").encode()
         _write_member(archive, record_name, listing, stamp, None)
+
+
+def _read_member(root: Path, name: str, recorded: str) -> tuple[bytes, bytes]:
+    """A bundle file's bytes and sha256, refused if they are no longer what the bundle
+    stage recorded: it was changed after the bundle was generated."""
+    data = (root / name).read_bytes()
+    digest = hashlib.sha256(data).digest()
+    if recorded and digest.hex() != recorded:
+        raise BuildError(
+            f"{root / name} changed after the bundle was generated (sha256 differs "
+            "from bundle.json); rebuild the bundle instead of editing its files"
+        )
+    return data, digest
 
 
 def _write_member(
@@ -314,8 +327,12 @@ def _write_member(
     archive.writestr(info, data)
     if digest is None:
         return ""
-    encoded = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-    return f"{name},sha256={encoded},{len(data)}"
+    return f"{name},sha256={_record_hash(digest)},{len(data)}"
+
+
+def _record_hash(digest: bytes) -> str:
+    """A sha256 as RECORD writes it: urlsafe base64 without padding (PEP 376/427)."""
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def _compression(data: bytes) -> int:
@@ -414,8 +431,8 @@ class Previous:
         return StoredMember(info.compress_type, info.CRC, len(data), stored, digest)
 
 
-LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zipfile's own layout of a local file header
-LOCAL_SIGNATURE = b"PK\x03\x04"
+LOCAL_HEADER = struct.Struct(zipfile.structFileHeader)
+LOCAL_SIGNATURE = zipfile.stringFileHeader
 # Whatever reading a damaged wheel raises (RuntimeError: an encrypted member;
 # NotImplementedError, a RuntimeError: an unknown compression; struct.error: a
 # header cut short) means no reuse, never a failed stage.
@@ -452,5 +469,284 @@ def _copy_member(
     archive.filelist.append(info)
     archive.NameToInfo[name] = info
     archive._didModify = True  # else close() would not write the central directory
-    encoded = base64.urlsafe_b64encode(member.digest).rstrip(b"=").decode()
-    return f"{name},sha256={encoded},{member.size}"
+    return f"{name},sha256={_record_hash(member.digest)},{member.size}"
+
+
+# Updating a trusted wheel (`_update_zip`) reads and writes zipfile's own records
+# (its layouts and signatures) directly: building one ZipInfo per member, as opening
+# the wheel with zipfile and closing the new one do, is most of an update's time when
+# thousands of members are unchanged.
+CENTRAL_HEADER = struct.Struct(zipfile.structCentralDir)
+CENTRAL_OFFSET_AT = CENTRAL_HEADER.size - 4  # its last field: the local header's offset
+OFFSET_FIELD = struct.Struct("<L")
+END_RECORD = struct.Struct(zipfile.structEndArchive)
+END_RECORD64 = struct.Struct(zipfile.structEndArchive64)
+END_LOCATOR64 = struct.Struct(zipfile.structEndArchive64Locator)
+UTF8_NAME = 0x800  # the flag zipfile sets on a member whose name is not ASCII
+COPY_CHUNK = 1 << 20
+
+
+class Declined(Exception):
+    """The previous wheel is not laid out as this writer lays out a plain wheel (members
+    back to back, no ZIP64 member, the same date): update it member by member."""
+
+
+@dataclass(frozen=True)
+class Directory:
+    """A previous wheel's central directory as stored, one list entry per member.
+
+    A member's local entry (header and stored bytes) runs from its offset to the next
+    member's; the last one's up to the central directory (`offsets` ends with its
+    offset). `starts` says where each member's central header starts in `headers`."""
+
+    names: list[str]
+    offsets: list[int]
+    starts: list[int]
+    headers: bytes
+    index: dict[str, int]
+    record: dict[str, str]  # the wheel's RECORD lines by member name
+
+    def unchanged(self, name: str, sha256: str) -> int | None:
+        """The index of the member stored with this content, if there is one."""
+        line = self.record.get(name)
+        if not sha256 or line is None:
+            return None
+        if not line.startswith(f"{name},sha256={_record_hash(bytes.fromhex(sha256))},"):
+            return None
+        return self.index.get(name)
+
+
+@dataclass
+class Output:
+    """The wheel being written: its file, its central directory and RECORD lines so far."""
+
+    handle: BinaryIO
+    central: bytearray = dataclasses.field(default_factory=bytearray)
+    record: list[str] = dataclasses.field(default_factory=list)
+    count: int = 0
+
+
+def _update_zip(
+    target: Path,
+    previous: Path,
+    root: Path,
+    members: Iterable[tuple[str, str]],
+    generated: dict[str, bytes],
+    record_name: str,
+) -> bool:
+    """Write the wheel as `_write_zip` would, from a trusted previous wheel (this
+    writer's, as it wrote it), in time that grows with the changed members.
+
+    Each run of members stored there one after another with the content they have now
+    is copied as one byte range: a local header depends on the name, content,
+    compression and date only, all the same. Their central headers are taken as stored
+    with offsets moved; only the other members are read and compressed. False (and
+    nothing reused) when the previous wheel is unreadable or not in this writer's
+    plain layout; the caller then writes member by member."""
+    stamp = _date_time()
+    try:
+        with open(previous, "rb") as source, open(target, "wb") as handle:
+            directory = _read_directory(source, stamp)
+            output = Output(handle)
+            _write_update(output, directory, source, root, members, stamp)
+            for name, data in sorted(generated.items()):
+                _write_new(output, name, data, hashlib.sha256(data).digest(), stamp)
+            output.record.append(f"{record_name},,")
+            listing = ("\n".join(output.record) + "\n").encode()
+            _write_new(output, record_name, listing, None, stamp)
+            _write_central_directory(output)
+    except (Declined, *UNREADABLE):
+        return False
+    return True
+
+
+def _write_update(
+    output: Output,
+    directory: Directory,
+    source: BinaryIO,
+    root: Path,
+    members: Iterable[tuple[str, str]],
+    stamp: tuple[int, ...],
+) -> None:
+    """The bundle's members in order: unchanged ones in runs from `source`."""
+    run = range(0)
+    for name, recorded in sorted(members):
+        index = directory.unchanged(name, recorded)
+        if index is not None and run and index == run.stop:
+            run = range(run.start, index + 1)
+            continue
+        if run:
+            _copy_run(directory, run, source, output)
+        run = range(0) if index is None else range(index, index + 1)
+        if index is None:
+            data, digest = _read_member(root, name, recorded)
+            _write_new(output, name, data, digest, stamp)
+    if run:
+        _copy_run(directory, run, source, output)
+
+
+def _read_directory(handle: BinaryIO, stamp: tuple[int, ...]) -> Directory:
+    """The central directory of the wheel `handle` reads, and its RECORD."""
+    offset, size, count = _end_of(handle)
+    handle.seek(offset)
+    headers = handle.read(size)
+    # A member is this writer's plain one if its central header has no extra field or
+    # comment and the date a header of `stamp` has.
+    dos_time, dos_date = _dos_date_time(stamp)
+    names, offsets, starts, ends = [], [], [], []
+    at = 0
+    for _ in range(count):
+        fields = CENTRAL_HEADER.unpack_from(headers, at)
+        signature, flags, time, date, size_stored, size_content = (
+            fields[0],
+            fields[5],
+            fields[7],
+            fields[8],
+            fields[10],
+            fields[11],
+        )
+        name_length, extra_length, comment_length, local = (
+            fields[12],
+            fields[13],
+            fields[14],
+            fields[18],
+        )
+        if signature != zipfile.stringCentralDir or (time, date) != (dos_time, dos_date):
+            raise Declined
+        if extra_length or comment_length or size_content * 1.05 > zipfile.ZIP64_LIMIT:
+            raise Declined  # writestr's rule for a ZIP64 local header
+        name = headers[at + CENTRAL_HEADER.size : at + CENTRAL_HEADER.size + name_length]
+        names.append(name.decode("utf-8" if flags & UTF8_NAME else "cp437"))
+        offsets.append(local)
+        ends.append(local + LOCAL_HEADER.size + name_length + size_stored)
+        starts.append(at)
+        at += CENTRAL_HEADER.size + name_length
+    if at != len(headers) or not names:
+        raise Declined
+    offsets.append(offset)
+    starts.append(at)
+    if offsets[0] != 0 or ends != offsets[1:]:
+        raise Declined  # members not back to back: a range copy would take other bytes
+    record = _record_lines(handle, names[-1], headers[starts[-2] :], offsets[-2])
+    index = {name: number for number, name in enumerate(names)}
+    return Directory(names, offsets, starts, headers, index, record)
+
+
+def _dos_date_time(stamp: tuple[int, ...]) -> tuple[int, int]:
+    """The time and date fields of a header written with `stamp`, as zipfile encodes them."""
+    info = zipfile.ZipInfo("-", date_time=stamp)  # type: ignore[arg-type]
+    info.CRC = 0
+    fields = LOCAL_HEADER.unpack_from(info.FileHeader())
+    return fields[5], fields[6]
+
+
+def _end_of(handle: BinaryIO) -> tuple[int, int, int]:
+    """The central directory's offset, size and entry count, from the end records
+    (ZIP64 ones when present), as zipfile writes them: no archive comment."""
+    end = handle.seek(-END_RECORD.size, os.SEEK_END)
+    signature, _, _, _, count, size, offset, comment = END_RECORD.unpack(
+        handle.read(END_RECORD.size)
+    )
+    if signature != zipfile.stringEndArchive or comment:
+        raise Declined
+    if end >= END_LOCATOR64.size:
+        handle.seek(end - END_LOCATOR64.size)
+        locator = END_LOCATOR64.unpack(handle.read(END_LOCATOR64.size))
+        if locator[0] == zipfile.stringEndArchive64Locator:
+            end = locator[2]
+            handle.seek(end)
+            fields = END_RECORD64.unpack(handle.read(END_RECORD64.size))
+            if fields[0] != zipfile.stringEndArchive64:
+                raise Declined
+            count, size, offset = fields[7], fields[8], fields[9]
+    if offset + size != end:
+        raise Declined
+    return offset, size, count
+
+
+def _record_lines(handle: BinaryIO, name: str, header: bytes, offset: int) -> dict[str, str]:
+    """The lines of the RECORD member (the last) by the member they list."""
+    fields = CENTRAL_HEADER.unpack_from(header)
+    if not name.endswith(".dist-info/RECORD"):
+        raise Declined
+    handle.seek(offset + LOCAL_HEADER.size + fields[12])
+    stored = handle.read(fields[10])
+    if fields[6] == zipfile.ZIP_DEFLATED:
+        listing = zlib.decompress(stored, -zlib.MAX_WBITS)
+    elif fields[6] == zipfile.ZIP_STORED:
+        listing = stored
+    else:
+        raise Declined
+    if zlib.crc32(listing) != fields[9]:
+        raise Declined
+    return {line.partition(",")[0]: line for line in listing.decode().splitlines()}
+
+
+def _copy_run(directory: Directory, run: range, source: BinaryIO, output: Output) -> None:
+    """Copy the members `run` indexes, stored one after another, as one byte range."""
+    first, end = directory.offsets[run.start], directory.offsets[run.stop]
+    moved = output.handle.tell() - first
+    if directory.offsets[run.stop - 1] + moved > zipfile.ZIP64_LIMIT:
+        raise Declined  # its central header would need a ZIP64 offset
+    source.seek(first)
+    remaining = end - first
+    while remaining:
+        chunk = source.read(min(remaining, COPY_CHUNK))
+        if not chunk:
+            raise EOFError(f"the previous wheel ends {remaining} bytes early")
+        output.handle.write(chunk)
+        remaining -= len(chunk)
+    at = len(output.central) - directory.starts[run.start] + CENTRAL_OFFSET_AT
+    output.central += directory.headers[directory.starts[run.start] : directory.starts[run.stop]]
+    if moved:
+        for index in run:
+            OFFSET_FIELD.pack_into(
+                output.central, at + directory.starts[index], directory.offsets[index] + moved
+            )
+    output.record.extend(directory.record[name] for name in directory.names[run.start : run.stop])
+    output.count += len(run)
+
+
+def _write_new(
+    output: Output, name: str, data: bytes, digest: bytes | None, stamp: tuple[int, ...]
+) -> None:
+    """Write one member as `_write_member` writes it: zipfile writes it alone into
+    memory, whose local entry and central header (its offset moved) are taken."""
+    offset = output.handle.tell()
+    if offset > zipfile.ZIP64_LIMIT:
+        raise Declined  # its central header would need a ZIP64 offset
+    scratch = io.BytesIO()
+    with zipfile.ZipFile(scratch, "w") as archive:
+        line = _write_member(archive, name, data, stamp, digest)
+        local_end = archive.start_dir
+    written = scratch.getvalue()
+    fields = CENTRAL_HEADER.unpack_from(written, local_end)
+    header_end = local_end + CENTRAL_HEADER.size + fields[12] + fields[13] + fields[14]
+    output.handle.write(written[:local_end])
+    at = len(output.central)
+    output.central += written[local_end:header_end]
+    OFFSET_FIELD.pack_into(output.central, at + CENTRAL_OFFSET_AT, offset)
+    if line:
+        output.record.append(line)
+    output.count += 1
+
+
+def _write_central_directory(output: Output) -> None:
+    """The central directory and end records, by zipfile's rules for them (ZIP64 end
+    records past its limits), so the archive ends as a fresh write's does."""
+    offset = output.handle.tell()
+    output.handle.write(output.central)
+    count, size = output.count, len(output.central)
+    if count > zipfile.ZIP_FILECOUNT_LIMIT or max(offset, size) > zipfile.ZIP64_LIMIT:
+        output.handle.write(
+            END_RECORD64.pack(
+                zipfile.stringEndArchive64, 44, 45, 45, 0, 0, count, count, size, offset
+            )
+        )
+        output.handle.write(
+            END_LOCATOR64.pack(zipfile.stringEndArchive64Locator, 0, offset + size, 1)
+        )
+        count, size, offset = min(count, 0xFFFF), min(size, 0xFFFFFFFF), min(offset, 0xFFFFFFFF)
+    output.handle.write(
+        END_RECORD.pack(zipfile.stringEndArchive, 0, 0, count, count, size, offset, 0)
+    )

@@ -1,0 +1,246 @@
+"""Updating a trusted wheel: runs of unchanged members are copied from the previous wheel
+as byte ranges and only the rest is written, and the result is always byte for byte the
+wheel a fresh write gives; a previous wheel that is damaged, truncated, from another date
+or not trusted lends nothing (and never fails the write)."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from nkibuild.bundle import BundleProject
+from nkibuild.bundle import wheel as wheel_module
+from nkibuild.bundle.wheel import Directory, build_wheel, wheel_file_name
+from nkibuild.errors import BuildError
+from nkibuild.fsutil import stat_stamp
+from nkibuild.manifest.model import Package
+
+PACKAGE = Package(name="upd-kernels", version="1.0.0", import_name="upd_kernels")
+DIST_INFO = "upd_kernels-1.0.0.dist-info"
+NAMES = [f"upd_kernels/neff/k{number:02d}/default.neff" for number in range(12)]
+
+
+def contents(tag: str, names: list[str] = NAMES) -> dict[str, bytes]:
+    return {name: f"{name} {tag}\n".encode() * 40 for name in names}
+
+
+def project(directory: Path, files: dict[str, bytes]) -> BundleProject:
+    for name, data in files.items():
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        (directory / name).write_bytes(data)
+    recorded = tuple(sorted((n, hashlib.sha256(d).hexdigest()) for n, d in files.items()))
+    return BundleProject(directory, PACKAGE, recorded, None)
+
+
+class Seen:
+    """What an update did: the runs it copied (member names) and the members it wrote."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.runs: list[list[str]] = []
+        self.written: list[str] = []
+        copy_run, write_new = wheel_module._copy_run, wheel_module._write_new
+
+        def counted_run(directory: Directory, run: range, *args: object) -> None:
+            self.runs.append(directory.names[run.start : run.stop])
+            copy_run(directory, run, *args)  # type: ignore[arg-type]
+
+        def counted_write(output: object, name: str, *args: object) -> None:
+            self.written.append(name)
+            write_new(output, name, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(wheel_module, "_copy_run", counted_run)
+        monkeypatch.setattr(wheel_module, "_write_new", counted_write)
+
+
+@pytest.fixture
+def seen(monkeypatch: pytest.MonkeyPatch) -> Seen:
+    return Seen(monkeypatch)
+
+
+def written_before(tmp_path: Path, files: dict[str, bytes]) -> Path:
+    return build_wheel(project(tmp_path / "before", files), tmp_path / "dist")
+
+
+def trusted(wheel: Path) -> dict[str, str]:
+    """The writer's record for `wheel` as it is now: what `run` passes when it wrote it."""
+    stamp = stat_stamp(wheel)
+    assert stamp is not None
+    return {wheel.name: stamp}
+
+
+def updated(tmp_path: Path, files: dict[str, bytes], reuse: dict[str, str]) -> bytes:
+    """The wheel written over the previous one with `reuse`; checked to be the fresh one."""
+    after = project(tmp_path / "after", files)
+    wheel = build_wheel(after, tmp_path / "dist", reuse=reuse).read_bytes()
+    assert wheel == build_wheel(after, tmp_path / "fresh").read_bytes()
+    assert [p.name for p in (tmp_path / "dist").iterdir()] == [wheel_file_name(PACKAGE)]
+    return wheel
+
+
+DIST_INFO_FILES = [f"{DIST_INFO}/{n}" for n in ("METADATA", "WHEEL", "entry_points.txt", "RECORD")]
+
+
+def test_a_member_changed_in_the_middle_splits_the_copy_in_two_runs(
+    tmp_path: Path, seen: Seen
+) -> None:
+    wheel = written_before(tmp_path, contents("old"))
+    files = contents("old") | {NAMES[5]: b"new content\n"}
+    seen.written.clear()
+    updated(tmp_path, files, trusted(wheel))
+    assert seen.runs == [NAMES[:5], NAMES[6:]]
+    assert seen.written == [NAMES[5], *DIST_INFO_FILES]
+
+
+def test_first_and_last_member_changed(tmp_path: Path, seen: Seen) -> None:
+    wheel = written_before(tmp_path, contents("old"))
+    files = contents("old") | {NAMES[0]: b"first\n", NAMES[-1]: b"last\n"}
+    seen.written.clear()
+    updated(tmp_path, files, trusted(wheel))
+    assert seen.runs == [NAMES[1:-1]]
+    assert seen.written == [NAMES[0], NAMES[-1], *DIST_INFO_FILES]
+
+
+def test_members_added_and_removed(tmp_path: Path, seen: Seen) -> None:
+    wheel = written_before(tmp_path, contents("old"))
+    added = "upd_kernels/neff/k03a/default.neff"  # sorts between k03 and k04
+    files = {n: d for n, d in contents("old").items() if n not in (NAMES[7], NAMES[8])}
+    files[added] = b"added\n"
+    seen.written.clear()
+    updated(tmp_path, files, trusted(wheel))
+    assert seen.runs == [NAMES[:4], NAMES[4:7], NAMES[9:]]
+    assert seen.written == [added, *DIST_INFO_FILES]
+    with zipfile.ZipFile(tmp_path / "dist" / wheel.name) as archive:
+        assert archive.testzip() is None
+        assert NAMES[7] not in archive.namelist() and archive.read(added) == b"added\n"
+        assert archive.read(NAMES[9]) == contents("old")[NAMES[9]]
+
+
+def test_nothing_changed_copies_every_member_in_one_run(tmp_path: Path, seen: Seen) -> None:
+    wheel = written_before(tmp_path, contents("old"))
+    before = wheel.read_bytes()
+    seen.written.clear()
+    assert updated(tmp_path, contents("old"), trusted(wheel)) == before
+    assert seen.runs == [NAMES]
+
+
+@pytest.mark.parametrize(
+    ("second", "reused"), [(1_700_000_101, True), (1_700_000_102, False), (1_800_000_000, False)]
+)
+def test_another_source_date_epoch_reuses_only_what_has_the_same_zip_date(
+    tmp_path: Path, seen: Seen, monkeypatch: pytest.MonkeyPatch, second: int, reused: bool
+) -> None:
+    """A ZIP date counts in two-second steps: 1_700_000_100 and _101 give equal headers."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000100")
+    wheel = written_before(tmp_path, contents("old"))
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", str(second))
+    seen.written.clear()
+    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel))
+    assert seen.runs == ([NAMES[:5], NAMES[6:]] if reused else [])
+
+
+def damage_truncated(data: bytes) -> bytes:
+    return data[:-10]
+
+
+def damage_directory_offset(data: bytes) -> bytes:
+    damaged = bytearray(data)
+    first = damaged.index(b"PK\x01\x02")  # the first central header's local offset: 42
+    damaged[first + 42 : first + 46] = (len(data) - 10).to_bytes(4, "little")
+    return bytes(damaged)
+
+
+def damage_record(data: bytes) -> bytes:
+    damaged = bytearray(data)
+    record = damaged.rindex(f"{DIST_INFO}/RECORD".encode(), 0, damaged.index(b"PK\x01\x02"))
+    damaged[record + 40] ^= 0xFF  # inside the RECORD's deflated bytes: CRC no longer matches
+    return bytes(damaged)
+
+
+def damage_end_record(data: bytes) -> bytes:
+    return data[:-22] + b"PK\x05\x06" + b"\xff" * 18
+
+
+def damage_not_a_zip(data: bytes) -> bytes:
+    return b"PK\x03\x04 not a zip archive"
+
+
+def damage_empty(data: bytes) -> bytes:
+    return b""
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        damage_truncated,
+        damage_directory_offset,
+        damage_record,
+        damage_end_record,
+        damage_not_a_zip,
+        damage_empty,
+    ],
+)
+def test_a_damaged_trusted_wheel_lends_no_run_and_the_wheel_is_still_right(
+    tmp_path: Path, seen: Seen, damage: object
+) -> None:
+    """Even when its stat is the one recorded (a rewrite that kept it, a stale record)."""
+    wheel = written_before(tmp_path, contents("old"))
+    wheel.write_bytes(damage(wheel.read_bytes()))  # type: ignore[operator]
+    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel))
+    assert seen.runs == []
+
+
+def test_a_wheel_whose_stat_changed_is_not_updated_in_runs(tmp_path: Path, seen: Seen) -> None:
+    wheel = written_before(tmp_path, contents("old"))
+    reuse = trusted(wheel)
+    wheel.write_bytes(wheel.read_bytes())  # same bytes, another stat
+    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, reuse)
+    assert seen.runs == []
+
+
+def test_a_file_changed_after_the_bundle_leaves_the_previous_wheel(
+    tmp_path: Path, seen: Seen
+) -> None:
+    wheel = written_before(tmp_path, contents("old"))
+    before = wheel.read_bytes()
+    after = project(tmp_path / "after", contents("old") | {NAMES[5]: b"new\n"})
+    (after.directory / NAMES[5]).write_bytes(b"edited by hand\n")
+    with pytest.raises(BuildError, match=r"k05/default.neff changed after the bundle"):
+        build_wheel(after, tmp_path / "dist", reuse=trusted(wheel))
+    assert wheel.read_bytes() == before
+    assert [p.name for p in (tmp_path / "dist").iterdir()] == [wheel.name]
+
+
+def test_zip64_end_records_past_the_member_count_limit(
+    tmp_path: Path, seen: Seen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """zipfile's limits made small: more members than an end record counts need ZIP64
+    end records, read from the previous wheel and written as zipfile writes them."""
+    monkeypatch.setattr(zipfile, "ZIP_FILECOUNT_LIMIT", 5)
+    wheel = written_before(tmp_path, contents("old"))
+    assert b"PK\x06\x06" in wheel.read_bytes()
+    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel))
+    assert seen.runs == [NAMES[:5], NAMES[6:]]
+
+
+def test_zip64_members_and_offsets_are_written_member_by_member(
+    tmp_path: Path, seen: Seen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ZIP64_LIMIT, headers carry ZIP64 fields this update does not move: declined."""
+    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 2000)
+    files = contents("old") | {NAMES[2]: hashlib.sha512(b"x").digest() * 100}
+    wheel = written_before(tmp_path, files)
+    updated(tmp_path, files | {NAMES[5]: b"new\n"}, trusted(wheel))
+    assert seen.runs == []
+
+
+def test_a_wheel_growing_past_zip64_offsets_is_written_member_by_member(
+    tmp_path: Path, seen: Seen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The previous wheel fits the limit; the new one's later members do not."""
+    wheel = written_before(tmp_path, contents("old"))
+    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", len(wheel.read_bytes()) - 200)
+    bigger = {NAMES[0]: hashlib.sha512(b"x").digest() * 8}  # incompressible: moves the rest
+    updated(tmp_path, contents("old") | bigger, trusted(wheel))
