@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -177,3 +178,60 @@ def test_what_changes_a_kernels_neffs_or_their_place_recomputes_its_part(
     assert sorted(made) == (recomputed or ["softmax"])
     if recomputed is None:
         assert tree(project) == rebuilt_without_memo(project)
+
+
+def test_an_edit_appends_to_the_memo_and_a_torn_append_is_redone(
+    tmp_path: Path, made: list[str]
+) -> None:
+    """An edit appends its part to the memo instead of writing the whole memo anew; an
+    append cut short lends nothing of its own and the next bundle writes the memo anew."""
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    memo = project / "build" / "state" / MEMO_FILE
+    snapshot = memo.read_bytes()
+    (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
+    made.clear()
+    assert build(project).ok and made == ["other"]
+    appended = memo.read_bytes()
+    assert appended.startswith(snapshot) and len(appended) > len(snapshot)
+    memo.write_bytes(appended[:-7])  # killed while appending
+    (project / "kernels" / "third.hlo.pb").write_bytes(hlo("edited too"))
+    made.clear()
+    assert build(project).ok
+    assert sorted(made) == ["other", "third"]  # other's recorded part was the torn one
+    rewritten = memo.read_bytes()
+    assert not rewritten.startswith(appended[:-7])
+    made.clear()
+    assert build(project, "bundle").ok and made == []
+    assert tree(project) == rebuilt_without_memo(project)
+
+
+def test_a_memo_entry_that_is_not_a_part_is_made_again(tmp_path: Path, made: list[str]) -> None:
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    expected = tree(project)
+    memo = project / "build" / "state" / MEMO_FILE
+    scope, kernels, digests = pickle.loads(memo.read_bytes())
+    kernels["other"] = (kernels["other"][0], ("other", "not a part"))
+    kernels["third"] = "not an entry"
+    memo.write_bytes(pickle.dumps((scope, kernels, digests)))
+    shutil.rmtree(project / "build" / "bundle")
+    made.clear()
+    assert build(project, "bundle").ok
+    assert sorted(made) == ["other", "third"]
+    assert tree(project) == expected
+
+
+def test_bundle_json_is_its_content_indented_with_sorted_keys(tmp_path: Path) -> None:
+    """bundle.json's file lists are encoded apart (fast); the file reads as one
+    `json.dumps(indent=2, sort_keys=True)`, split-target parts included."""
+    project = project_of_three(tmp_path / "p")
+    manifest = project / "nkibuild.yaml"
+    manifest.write_text(
+        manifest.read_text().replace("version: 1.0.0}", "version: 1.0.0, split-targets: true}")
+    )
+    assert build(project).ok
+    text = (project / "build" / "bundle" / "parts-kernels" / "bundle.json").read_text()
+    stamp = json.loads(text)
+    assert stamp["parts"] and all(part["files"] for part in stamp["parts"])
+    assert text == json.dumps(stamp, indent=2, sort_keys=True)

@@ -19,6 +19,7 @@ generator, the package or where the build directory is.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import marshal
 import os
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from nkibuild.plan import BuildUnit
 
 MEMO_FILE = "bundle-parts.pickle"
+MAX_UPDATES = 100  # appended to a snapshot before it is written anew: each costs a load
 
 
 @dataclass(frozen=True)
@@ -98,11 +100,27 @@ def _part(row: PartRow) -> KernelPart:
     )
 
 
+def _kept_part(entry: object, key: Key | None) -> KernelPart | None:
+    """The memo's part if it was made from what `key` says; None if not, or if the
+    entry is not one (a damaged memo: the part is made again)."""
+    if key is None or not isinstance(entry, tuple) or len(entry) != 2 or entry[0] != key:
+        return None
+    try:
+        return _part(entry[1])
+    except (TypeError, ValueError):
+        return None
+
+
 @dataclass
 class _Memo:
     scope: tuple[str, ...]
     kernels: dict[str, tuple[Key | None, PartRow]]  # name -> (key, part)
     digests: dict[str, tuple[str, str]]  # path -> (stat, sha256)
+    # Of the file it was read from: the bytes read whole (appending after anything else
+    # would hide the update), the snapshot's own and the number of updates after it.
+    length: int = 0
+    snapshot_length: int = 0
+    updates: int = 0
 
     def to_state(self) -> tuple[object, ...]:
         return (self.scope, self.kernels, self.digests)
@@ -132,9 +150,8 @@ class PartsMemo:
             own = units.get(kernel.name, [])
             key = _key(context, kernel, own)
             entry = self.previous.kernels.get(kernel.name)
-            if key is not None and entry is not None and entry[0] == key:
-                part = _part(entry[1])
-            else:
+            part = _kept_part(entry, key)
+            if part is None:
                 compiled = [recorded_result(layout.compile_dir(u), u.name) for u in own]
                 extracted = {layout.extract_dir(u.extract): u.name for u in own}
                 tools = frozenset(
@@ -158,8 +175,25 @@ class PartsMemo:
         return sha256
 
     def save(self) -> None:
-        if self.current != self.previous:
-            _save(self.file, self.current)
+        """Append what changed since the last bundle to the memo file (a kilobyte for a
+        one-kernel edit, where the whole memo is 18 MB at 10,000 units), or write it anew
+        once the updates would cost a load more than the snapshot does."""
+        previous, current = self.previous, self.current
+        # An unchanged kernel's entry is the very object loaded: compared by identity.
+        changed = {
+            name: entry
+            for name, entry in current.kernels.items()
+            if previous.kernels.get(name) is not entry
+        }
+        removed = [name for name in previous.kernels if name not in current.kernels]
+        if not changed and not removed and current.digests == previous.digests:
+            return
+        update = pickle.dumps((changed, removed, current.digests), protocol=5)
+        with contextlib.suppress(OSError):  # a hint: without it the next bundle computes all
+            if previous.updates >= MAX_UPDATES or not _appended(self.file, previous, update):
+                # Not fsync'ed: one lost to a power cut only costs the next bundle its time.
+                state = pickle.dumps(current.to_state(), protocol=5)
+                atomic_write_bytes(self.file, state, durable=False)
 
 
 def _scope(context: BuildContext) -> tuple[str, ...]:
@@ -195,16 +229,40 @@ def _key(context: BuildContext, kernel: Kernel, units: Sequence[BuildUnit]) -> K
 
 
 def _load(memo_file: Path, scope: tuple[str, ...]) -> _Memo:
+    """The memo's snapshot with the updates appended after it applied in order, up to
+    the first that is torn or damaged (a killed append: the next save writes anew)."""
     try:
-        saved_scope, kernels, digests = pickle.loads(memo_file.read_bytes())
-        if saved_scope == scope and isinstance(kernels, dict) and isinstance(digests, dict):
-            return _Memo(scope, kernels, digests)
+        data = memo_file.read_bytes()
+        stream = io.BytesIO(data)
+        saved_scope, kernels, digests = pickle.load(stream)
+        if saved_scope != scope or not isinstance(kernels, dict) or not isinstance(digests, dict):
+            raise ValueError("another build's memo")
     except Exception:  # none yet, damaged, or of another layout: nothing is known
-        pass
-    return _Memo(scope, {}, {})
+        return _Memo(scope, {}, {})
+    memo = _Memo(scope, kernels, digests, stream.tell(), stream.tell())
+    while memo.length < len(data):
+        try:
+            changed, removed, digests = pickle.load(stream)
+            if not (isinstance(changed, dict) and isinstance(digests, dict)):
+                break
+            memo.kernels.update(changed)
+            for name in removed:
+                memo.kernels.pop(name, None)
+        except Exception:  # torn or damaged: what follows is not trusted
+            break
+        memo.digests = digests
+        memo.length = stream.tell()
+        memo.updates += 1
+    return memo
 
 
-def _save(memo_file: Path, memo: _Memo) -> None:
-    with contextlib.suppress(OSError):  # a hint: without it the next bundle computes all
-        # Not fsync'ed: one lost to a power cut only costs the next bundle its time.
-        atomic_write_bytes(memo_file, pickle.dumps(memo.to_state(), protocol=5), durable=False)
+def _appended(memo_file: Path, previous: _Memo, update: bytes) -> bool:
+    """Append `update` to the memo file `previous` was read from whole; False (nothing
+    written) if there is none, it is not as read, or the updates outgrow the snapshot."""
+    if not previous.length or previous.length + len(update) > 2 * previous.snapshot_length:
+        return False
+    with open(memo_file, "ab") as handle:
+        if handle.tell() != previous.length:
+            return False
+        handle.write(update)
+    return True
