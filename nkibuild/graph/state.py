@@ -112,10 +112,11 @@ class AtomicJsonDB:
     def dump(self) -> None:
         if not (self._changed or self._rewrite):
             return
-        appended = self._appended()
+        changes = {task_id: self._encoded_change(task_id) for task_id in sorted(self._changed)}
+        appended = "".join(f"{json.dumps(task_id)}\t{line}\n" for task_id, line in changes.items())
         try:
             if self._rewrite or not self._file_chars or self._outweighs(appended):
-                text = self._text()
+                text = self._text(changes)
                 atomic_write_text(Path(self.name), text)
                 self._file_chars = len(text)
             else:
@@ -134,26 +135,24 @@ class AtomicJsonDB:
         self._changed.clear()
         self._rewrite = False
 
-    def _appended(self) -> str:
-        """The lines this run adds: the entries it set, a removal for those it removed."""
-        lines = []
-        for task_id in sorted(self._changed):
-            entry = self._db.get(task_id)
-            encoded = REMOVED if entry is None else self._encode(entry)
-            lines.append(f"{json.dumps(task_id)}\t{encoded}\n")
-        return "".join(lines)
+    def _encoded_change(self, task_id: str) -> str:
+        """The line's entry for a task this run set, or the removal of one it removed."""
+        entry = self._db.get(task_id)
+        return REMOVED if entry is None else self._encode(entry)
 
     def _outweighs(self, appended: str) -> bool:
         live = sum(end - start for start, end in self._encoded.values()) + len(appended)
         return self._file_chars + len(appended) > COMPACT_RATIO * live + len(HEADER)
 
-    def _text(self) -> str:
+    def _text(self, changes: dict[str, str]) -> str:
+        """The whole file: every task's latest entry, once."""
         lines = [HEADER]
         for task_id in self._encoded:
             lines.append(f"{json.dumps(task_id)}\t{self._saved(task_id)}")
         for task_id, entry in self._db.items():
             if task_id not in self._encoded:
-                lines.append(f"{json.dumps(task_id)}\t{self._encode(entry)}")
+                encoded = changes.get(task_id) or self._encode(entry)
+                lines.append(f"{json.dumps(task_id)}\t{encoded}")
         return "\n".join(lines) + "\n"
 
     def _saved(self, task_id: str) -> str:
