@@ -11,9 +11,11 @@ a kernel's part from there while the kernel's manifest entry (`Kernel.config`, w
 bundle takes from it) and the stats of its units' compile and extraction records are
 as recorded; the records are written atomically, so a rewritten one has a new stat.
 The memo also keeps the sha256 of each project file the provenance summary lists, by
-stat. It is a hint, like the plan cache: a missing, damaged or foreign memo only means
-every part is computed again, and it never outlives a change of nkibuild, the bundle
-generator, the package or where the build directory is.
+stat. A bundle that changed a few parts appends them to the memo file (`save`) rather
+than writing 18 MB anew; a load stops at an update cut short, and the next save writes
+the memo whole. It is a hint, like the plan cache: a missing, damaged or foreign memo
+only means every part is computed again, and it never outlives a change of nkibuild,
+the bundle generator, the package or where the build directory is.
 """
 
 from __future__ import annotations
