@@ -219,7 +219,8 @@ def _key(context: BuildContext, kernel: Kernel, units: Sequence[BuildUnit]) -> K
     layout = context.layout
     records = [f"{layout.compile_path(unit)}/{RESULT_FILE}" for unit in units]
     # An extraction serves every target of its variant: stat'ed once.
-    records += dict.fromkeys(f"{layout.extract_path(u.extract)}/{METADATA_FILE}" for u in units)
+    extractions = {unit.extract.name: unit.extract for unit in units}.values()
+    records += [f"{layout.extract_path(spec)}/{METADATA_FILE}" for spec in extractions]
     stats = []
     for record in records:  # a loop, not a call per record: 15,000 at 10,000 units
         try:
