@@ -115,7 +115,8 @@ def build_wheel(
     """Write the distribution's wheel. With `reuse` (the stats of the wheels this writer
     wrote, see `run`), the members of the wheel already at the destination whose content
     is unchanged are copied over as they are stored, not read and compressed again;
-    checked first unless the wheel still has the stat it was written with."""
+    checked first unless the wheel still has the stat it was written with, in which
+    case they are copied in runs of consecutive members (`_update_zip`)."""
     package = project.package
     members = [
         (path, sha256)
