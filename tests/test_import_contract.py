@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nkibuild"
 
 # Bottom first; names in one tuple are one layer and may not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("text",),  # escaping of file-derived text, used by every message
+    ("text", "plaindata"),  # escaping of file-derived text; pickles read without code
     ("errors", "quantities", "dtypes"),
     ("fsutil", "confine"),
     ("formats",),

@@ -5,8 +5,8 @@ tasks to doit; anything the proof does not understand hands everything to doit."
 from __future__ import annotations
 
 import json
-import marshal
 import os
+import pickle
 import time
 from pathlib import Path
 
@@ -14,6 +14,7 @@ import pytest
 from doit.tools import config_changed
 from helpers import build, manifests_parsed, write_project
 
+from nkibuild import plaindata
 from nkibuild.fsutil import stat_stamp
 from nkibuild.graph import uptodate
 from nkibuild.graph.intact import outputs_checked
@@ -209,11 +210,11 @@ def test_an_output_changed_after_doit_checked_its_task_is_not_proven(
 
 
 def saved_stamp(state_dir: Path) -> dict:
-    return marshal.loads((state_dir / STAMP_FILE).read_bytes())
+    return plaindata.loads((state_dir / STAMP_FILE).read_bytes())
 
 
 def retyped(root: Path, field: str, value: object) -> None:
-    (root / STAMP_FILE).write_bytes(marshal.dumps({**saved_stamp(root), field: value}))
+    (root / STAMP_FILE).write_bytes(plaindata.dumps({**saved_stamp(root), field: value}))
 
 
 def truncated(path: Path) -> None:
@@ -235,9 +236,9 @@ def restat(root: Path, stat: str) -> None:
     [
         pytest.param(lambda root: (root / DEP_FILE).write_text("rewritten"), id="doit-state"),
         pytest.param(lambda root: truncated(root / STAMP_FILE), id="truncated"),
-        pytest.param(lambda root: (root / STAMP_FILE).write_text("[]"), id="not-marshal"),
+        pytest.param(lambda root: (root / STAMP_FILE).write_text("[]"), id="not-a-pickle"),
         pytest.param(
-            lambda root: (root / STAMP_FILE).write_bytes(marshal.dumps([])), id="not-a-dict"
+            lambda root: (root / STAMP_FILE).write_bytes(plaindata.dumps([])), id="not-a-dict"
         ),
         pytest.param(lambda root: (root / STAMP_FILE).unlink(), id="missing"),
         pytest.param(lambda root: retyped(root, "files", []), id="files-a-list"),
@@ -249,6 +250,9 @@ def restat(root: Path, stat: str) -> None:
         pytest.param(lambda root: restat(root, "\u00b2 1 1 1"), id="stat-unicode-digits"),
         pytest.param(lambda root: restat(root, "1 1 1 1\n2 2 2 2"), id="stat-two-lines"),
         pytest.param(lambda root: restat(root, "1 1 1"), id="stat-three-numbers"),
+        # int() refuses more than 4,300 digits; no stat has more than 20.
+        pytest.param(lambda root: restat(root, "9" * 5000 + " 1 1 1"), id="stat-huge-number"),
+        pytest.param(lambda root: retyped(root, "files", {3: "1 1 1 1"}), id="path-a-number"),
         pytest.param(lambda root: retyped(root, "state", "\u0663 1 1 1"), id="state-arabic-digit"),
         pytest.param(lambda root: retyped(root, "tasks", {"t:a": 3}), id="fingerprint-a-number"),
         pytest.param(lambda root: retyped(root, "digests", {"x": None}), id="digest-null"),
@@ -382,6 +386,87 @@ def test_a_previous_task_gone_from_the_build_records_every_task_again(
     stamp = recorded_stamp(root, decision, checked_now(["t:a"]))
     assert sorted(stamp["tasks"]) == ["t:a"]
     assert sorted(stamp["files"]) == [str(root / "mid_a"), str(root / "src_a")]
+
+
+def simulated_build(root: Path, tasks: list[dict], run: dict) -> uptodate.Decision:
+    """Decide, run the pending tasks' `run` functions (as doit would), record."""
+    dep_file = str(root / DEP_FILE)
+    decision = uptodate.decide(root, tasks, dep_file)
+    verified = {}
+    for name in decision.pending:
+        run[name]()
+        verified[name] = time.time_ns()
+    uptodate.record(root, decision, verified, dep_file)
+    return decision
+
+
+def test_a_source_changed_during_the_build_keeps_no_digest_of_older_content(
+    tmp_path: Path,
+) -> None:
+    # The task ran on "c2"; the source was edited meanwhile, then restored to "c1": the
+    # digest of "c1" must not pass it as touched (the output was made from "c2").
+    (tmp_path / DEP_FILE).write_text("x")
+    source, output = tmp_path / "s.txt", tmp_path / "o.txt"
+    made = task("a", [source], [output])
+
+    def run_and_edit() -> None:
+        output.write_text("built from " + source.read_text())
+        time.sleep(0.01)
+        source.write_text("c3")
+
+    source.write_text("c1")
+    simulated_build(tmp_path, [made], {"t:a": lambda: output.write_text(source.read_text())})
+    source.write_text("c2")
+    simulated_build(tmp_path, [made], {"t:a": run_and_edit})
+    time.sleep(0.01)
+    source.write_text("c1")
+    decision = uptodate.decide(tmp_path, [made], str(tmp_path / DEP_FILE))
+    assert (decision.pending, decision.touched) == (["t:a"], [])
+
+
+def test_a_file_that_became_an_output_is_never_touched(tmp_path: Path) -> None:
+    # s.txt was a source (its digest recorded); a new task now writes it. Rewritten with
+    # the old source's bytes, it is not what that task wrote.
+    (tmp_path / DEP_FILE).write_text("x")
+    shared, output = tmp_path / "s.txt", tmp_path / "o.txt"
+    reader = task("a", [shared], [output])
+    writer = task("b", [], [shared])
+    run = {
+        "t:a": lambda: output.write_text("built from " + shared.read_text()),
+        "t:b": lambda: shared.write_text("c2"),
+    }
+    shared.write_text("c1")
+    simulated_build(tmp_path, [reader], run)
+    time.sleep(0.01)
+    simulated_build(tmp_path, [writer, reader], run)
+    time.sleep(0.01)
+    shared.write_text("c1")
+    decision = uptodate.decide(tmp_path, [writer, reader], str(tmp_path / DEP_FILE))
+    assert (decision.pending, decision.touched) == (["t:b", "t:a"], [])
+
+
+def test_an_output_changed_after_its_producer_was_checked_is_not_recorded_by_its_reader(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    root, dicts = chain
+    dep_file = str(root / DEP_FILE)
+    proven_state(root, dicts)
+    (root / "src_b").write_text("edited")
+    decision = uptodate.decide(root, dicts, dep_file)
+    checked = checked_now(["t:b"])
+    time.sleep(0.01)
+    (root / "mid_b").write_text("changed after t:b was checked, before t:join was")
+    uptodate.record(root, decision, {**checked, **checked_now(["t:join"])}, dep_file)
+    assert uptodate.decide(root, dicts, dep_file).pending == ["t:b", "t:join"]
+
+
+def test_a_stamp_naming_a_class_is_refused_unrun(chain: tuple[Path, list[dict]]) -> None:
+    root, dicts = chain
+    proven_state(root, dicts)
+    hostile = pickle.dumps({"format": uptodate.FORMAT, "run": Path("x")})
+    (root / STAMP_FILE).write_bytes(hostile)
+    assert uptodate.load(root) is None
+    assert len(uptodate.decide(root, dicts, str(root / DEP_FILE)).pending) == 3
 
 
 def test_a_stamp_of_another_nkibuild_proves_nothing(chain: tuple[Path, list[dict]]) -> None:
