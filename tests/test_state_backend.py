@@ -140,3 +140,35 @@ def test_a_result_equal_to_the_values_is_saved_once(tmp_path: Path) -> None:
     reread = AtomicJsonDB(str(path), JSONCodec())
     assert reread.get("t", "result:") == outputs == reread.get("t", "_values_:")
     assert reread.get("u", "result:") == "x"
+
+
+def test_damaged_files_forget_what_they_damage_without_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    good = '"a"\t{"k": 1}\n'
+    cases = {
+        "not-utf8": (HEADER + "\n").encode() + b'"b"\t{"k": "\xc3\n',
+        "two-ids-in-a-key": (HEADER + "\n" + good + '"b","c"\t{"k": 2}\n').encode(),
+        "deep-entry": (HEADER + "\n" + good + '"b"\t' + "[" * 100_000 + "\n").encode(),
+        "deep-key": (HEADER + "\n" + good + "[" * 100_000 + '\t{"k": 2}\n').encode(),
+        "earlier-layout-non-dict": json.dumps({"a": {"k": 1}, "b": [1]}).encode(),
+    }
+    for name, damaged in cases.items():
+        path.write_bytes(damaged)
+        db = AtomicJsonDB(str(path), JSONCodec())
+        assert db.get("b", "k") is None, name
+        assert db.get("a", "k") == (None if name == "not-utf8" else 1), name
+        db.set("c", "k", 3)
+        db.dump()  # written whole, readable again
+        assert path.read_text().startswith(HEADER + "\n"), name
+        assert AtomicJsonDB(str(path), JSONCodec()).get("c", "k") == 3, name
+
+
+def test_a_file_replaced_since_it_was_read_is_written_whole(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    db = saved(path, {"a": {"k": 1}, "b": {"k": 2}})
+    path.unlink()  # e.g. `nkibuild clean` while the build ran
+    db.set("b", "k", 3)
+    db.dump()
+    assert path.read_text().startswith(HEADER + "\n")
+    reread = AtomicJsonDB(str(path), JSONCodec())
+    assert (reread.get("a", "k"), reread.get("b", "k")) == (1, 3)

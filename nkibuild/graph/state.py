@@ -62,6 +62,9 @@ class AtomicJsonDB:
         self._db: dict[str, dict[str, Any]] = {}  # decoded entries
         self._changed: set[str] = set()  # task ids set or removed since the file was read
         self._file_chars = 0  # the file as read, superseded lines included
+        # (inode, size) of the file as read or last written: appending to another (a
+        # `clean` meanwhile) would make a file without its header.
+        self._identity: tuple[int, int] | None = None
         self._rewrite = False  # the file must be written whole (damaged, earlier layout)
         self._load()
 
@@ -69,12 +72,13 @@ class AtomicJsonDB:
         try:
             with open(self.name, encoding="utf-8") as handle:
                 text = handle.read()
+                info = os.fstat(handle.fileno())
         except FileNotFoundError:
             return
-        except OSError:
+        except (OSError, ValueError):  # ValueError: not UTF-8 (nkibuild writes ASCII)
             self._rewrite = True  # replace the unreadable file at the end of this run
             return
-        self._file_chars = len(text)
+        self._file_chars, self._identity = len(text), (info.st_ino, info.st_size)
         if text.startswith(HEADER + "\n"):
             self._text_read = text
             self._encoded, intact = _entries(text)
@@ -82,9 +86,10 @@ class AtomicJsonDB:
             return
         try:  # the earlier layout: one JSON object
             data = self.codec.decode(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             data = None
-        self._db = data if isinstance(data, dict) else {}
+        entries = data.items() if isinstance(data, dict) else ()
+        self._db = {task_id: entry for task_id, entry in entries if isinstance(entry, dict)}
         self._rewrite = True
 
     def _entry(self, task_id: str) -> dict[str, Any] | None:
@@ -92,7 +97,7 @@ class AtomicJsonDB:
         if entry is None and task_id in self._encoded:
             try:
                 entry = self.codec.decode(self._saved(task_id))
-            except ValueError:
+            except (ValueError, RecursionError):
                 entry = None
             if not isinstance(entry, dict):  # damaged: forget this task only
                 del self._encoded[task_id]
@@ -116,12 +121,12 @@ class AtomicJsonDB:
         appended = "".join(f"{json.dumps(task_id)}\t{line}\n" for task_id, line in changes.items())
         try:
             if self._rewrite or not self._file_chars or self._outweighs(appended):
-                text = self._text(changes)
-                atomic_write_text(Path(self.name), text)
-                self._file_chars = len(text)
-            else:
-                _append(self.name, appended)
+                self._write_whole(changes)
+            elif (identity := _append(self.name, appended, self._identity)) is not None:
                 self._file_chars += len(appended)
+                self._identity = identity
+            else:  # not the file that was read
+                self._write_whole(changes)
         except OSError as error:
             # doit would print a traceback; the session's build reports it after doit
             # returns (doit constructs this object, so the session is found, not passed).
@@ -134,6 +139,12 @@ class AtomicJsonDB:
             return
         self._changed.clear()
         self._rewrite = False
+
+    def _write_whole(self, changes: dict[str, str]) -> None:
+        text = self._text(changes)
+        atomic_write_text(Path(self.name), text)
+        info = os.stat(self.name)
+        self._file_chars, self._identity = len(text), (info.st_ino, info.st_size)
 
     def _encoded_change(self, task_id: str) -> str:
         """The line's entry for a task this run set, or the removal of one it removed."""
@@ -206,7 +217,9 @@ def _entries(text: str) -> tuple[dict[str, tuple[int, int]], bool]:
         start = end + 1
     try:  # one decode for all ids: this runs on every build that hands doit a task
         ids = json.loads(f"[{','.join(keys)}]")
-    except ValueError:
+    except (ValueError, RecursionError):
+        ids = None
+    if not isinstance(ids, list) or len(ids) != len(keys):  # a damaged key
         ids = [_task_id(key) for key in keys]
         intact = False
     encoded: dict[str, tuple[int, int]] = {}
@@ -224,14 +237,19 @@ def _entries(text: str) -> tuple[dict[str, tuple[int, int]], bool]:
 def _task_id(key: str) -> str | None:
     try:
         task_id = json.loads(key)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return task_id if isinstance(task_id, str) else None
 
 
-def _append(name: str, lines: str) -> None:
-    """Add whole lines at the end of the file, durably (as the rewrite is)."""
-    with open(name, "a", encoding="utf-8") as handle:
-        handle.write(lines)
+def _append(name: str, lines: str, identity: tuple[int, int] | None) -> tuple[int, int] | None:
+    """Add whole lines at the end of the file, durably (as the rewrite is), if it is still
+    the one of `identity` (inode, size); its identity after, or None (nothing written)."""
+    with open(name, "ab") as handle:
+        info = os.fstat(handle.fileno())
+        if (info.st_ino, info.st_size) != identity:
+            return None
+        handle.write(lines.encode("utf-8"))
         handle.flush()
         os.fsync(handle.fileno())
+        return info.st_ino, handle.tell()
