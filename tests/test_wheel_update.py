@@ -94,6 +94,17 @@ def test_a_member_changed_in_the_middle_splits_the_copy_in_two_runs(
     assert seen.written == [NAMES[5], *DIST_INFO_FILES]
 
 
+def test_member_names_with_commas_keep_their_own_record_lines(tmp_path: Path) -> None:
+    # RECORD is not quoted: a name holding what looks like another line's fields must not
+    # take that line (keyed by what precedes the last two fields, never by the first).
+    plain = "upd_kernels/data/x"
+    data = b"x data\n"
+    lookalike = f"{plain},sha256={wheel_module._record_hash(hashlib.sha256(data).digest())},7"
+    files = {plain: data, lookalike: b"other\n"}
+    wheel = written_before(tmp_path, files)
+    updated(tmp_path, files | {lookalike: b"changed\n"}, trusted(wheel))
+
+
 def test_first_and_last_member_changed(tmp_path: Path, seen: Seen) -> None:
     wheel = written_before(tmp_path, contents("old"))
     files = contents("old") | {NAMES[0]: b"first\n", NAMES[-1]: b"last\n"}

@@ -25,13 +25,12 @@ import io
 import json
 import marshal
 import os
-import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nkibuild import __version__
+from nkibuild import __version__, plaindata
 from nkibuild.cache.key import file_sha256
 from nkibuild.compiler import RESULT_FILE, CompiledNeff
 from nkibuild.compiler.record import recorded_result
@@ -190,11 +189,11 @@ class PartsMemo:
         removed = [name for name in previous.kernels if name not in current.kernels]
         if not changed and not removed and current.digests == previous.digests:
             return
-        update = pickle.dumps((changed, removed, current.digests), protocol=5)
+        update = plaindata.dumps((changed, removed, current.digests))
         with contextlib.suppress(OSError):  # a hint: without it the next bundle computes all
             if previous.updates >= MAX_UPDATES or not _appended(self.file, previous, update):
                 # Not fsync'ed: one lost to a power cut only costs the next bundle its time.
-                state = pickle.dumps(current.to_state(), protocol=5)
+                state = plaindata.dumps(current.to_state())
                 atomic_write_bytes(self.file, state, durable=False)
 
 
@@ -237,16 +236,16 @@ def _load(memo_file: Path, scope: tuple[str, ...]) -> _Memo:
     try:
         data = memo_file.read_bytes()
         stream = io.BytesIO(data)
-        saved_scope, kernels, digests = pickle.load(stream)
-        if saved_scope != scope or not isinstance(kernels, dict) or not isinstance(digests, dict):
+        saved_scope, kernels, digests = plaindata.load(stream)
+        if saved_scope != scope or not isinstance(kernels, dict) or not _digests(digests):
             raise ValueError("another build's memo")
     except Exception:  # none yet, damaged, or of another layout: nothing is known
         return _Memo(scope, {}, {})
     memo = _Memo(scope, kernels, digests, stream.tell(), stream.tell())
     while memo.length < len(data):
         try:
-            changed, removed, digests = pickle.load(stream)
-            if not (isinstance(changed, dict) and isinstance(digests, dict)):
+            changed, removed, digests = plaindata.load(stream)
+            if not (isinstance(changed, dict) and _names(removed) and _digests(digests)):
                 break
             memo.kernels.update(changed)
             for name in removed:
@@ -257,6 +256,21 @@ def _load(memo_file: Path, scope: tuple[str, ...]) -> _Memo:
         memo.length = stream.tell()
         memo.updates += 1
     return memo
+
+
+def _names(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(name, str) for name in value)
+
+
+def _digests(value: object) -> bool:
+    """path -> (stat, sha256), all strings: what `file_sha256` reads without checking."""
+    return isinstance(value, dict) and all(
+        isinstance(path, str)
+        and isinstance(known, tuple)
+        and len(known) == 2
+        and all(isinstance(part, str) for part in known)
+        for path, known in value.items()
+    )
 
 
 def _appended(memo_file: Path, previous: _Memo, update: bytes) -> bool:

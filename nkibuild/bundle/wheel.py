@@ -393,8 +393,9 @@ class Previous:
         (name,) = [n for n in self.archive.namelist() if n.endswith(".dist-info/RECORD")]
         listed = {}
         for line in self.archive.read(name).decode().splitlines():
-            path, _, rest = line.partition(",")
-            algorithm, _, encoded = rest.partition(",")[0].partition("=")
+            # The last two fields (hash, size) hold no comma; a member's name may.
+            path, hashed, _ = line.rsplit(",", 2)
+            algorithm, _, encoded = hashed.partition("=")
             if algorithm == "sha256":
                 listed[path] = base64.urlsafe_b64decode(encoded + "==").hex()
         return listed
@@ -680,7 +681,8 @@ def _record_lines(handle: BinaryIO, name: str, header: bytes, offset: int) -> di
         raise Declined
     if zlib.crc32(listing) != fields[9]:
         raise Declined
-    return {line.partition(",")[0]: line for line in listing.decode().splitlines()}
+    # By the name before the last two fields (hash, size), which hold no comma.
+    return {line.rsplit(",", 2)[0]: line for line in listing.decode().splitlines()}
 
 
 def _copy_run(directory: Directory, run: range, source: BinaryIO, output: Output) -> None:
