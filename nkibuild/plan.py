@@ -10,14 +10,14 @@ import contextlib
 import functools
 import hashlib
 import os
-import pickle
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from nkibuild import __version__
+from nkibuild import __version__, plaindata
 from nkibuild.fsutil import atomic_write_bytes, stamp_of
 from nkibuild.manifest.model import (
     CompileSettings,
@@ -238,9 +238,9 @@ def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[Bui
     validation made: each is still a regular file in the project, and a Python file
     whose stat changed still defines the functions the manifest names from it
     (validation parses those files; an hlo source's content is the build's business,
-    not validation's). It is a pickle: the build dir is written only by nkibuild and
-    is trusted like the source tree beside it. A build dir that cannot be written is
-    no error: the plan is then not cached.
+    not validation's). It is a pickle, read allowing only the plan's own dataclasses
+    and paths (a build dir restored from elsewhere names no code to run). A build dir
+    that cannot be written is no error: the plan is then not cached.
     """
     from nkibuild.manifest import load_manifest
 
@@ -319,10 +319,32 @@ def _confined_stats(root: Path, files: tuple[str, ...]) -> dict[str, str] | None
     return {name: stamp_of(info) for name, info in zip(files, stats, strict=True)}
 
 
+@functools.cache
+def _cached_classes() -> frozenset[type]:
+    """What a cached plan is made of: the manifest model's, the plan's and the errors'
+    dataclasses (positions), and this platform's paths."""
+    import dataclasses
+
+    from nkibuild import errors
+    from nkibuild.manifest import model
+
+    modules = (model, errors, sys.modules[__name__])
+    found = {
+        value
+        for module in modules
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and dataclasses.is_dataclass(value)
+        and value.__module__ == module.__name__
+    }
+    return frozenset({*found, type(Path())})
+
+
 def _read_plan(cache_file: Path, key: str) -> tuple[Manifest, tuple[BuildUnit, ...]] | None:
     try:
-        cached_key, files, stamps, manifest, units = pickle.loads(cache_file.read_bytes())
-    except Exception:
+        data = cache_file.read_bytes()
+        cached_key, files, stamps, manifest, units = plaindata.loads(data, _cached_classes())
+    except (OSError, ValueError, TypeError):  # TypeError: not five values
         return None
     if cached_key != key:
         return None
@@ -345,4 +367,4 @@ def _write_plan(cache_file: Path, entry: tuple[object, ...]) -> None:
     with contextlib.suppress(OSError):
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         # A hint, not a result: a cache lost to a power cut is validated again.
-        atomic_write_bytes(cache_file, pickle.dumps(entry), durable=False)
+        atomic_write_bytes(cache_file, plaindata.dumps(entry), durable=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +160,13 @@ def manifests_parsed(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
     monkeypatch.setattr(nkibuild.manifest, "load_manifest", counted)
     return parsed
+
+
+class RemovesWhenLoaded:
+    """What a crafted pickle in a build dir could hold: unpickling it calls os.remove."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.remove, (str(self.path),)

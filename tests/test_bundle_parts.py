@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import build, softmax_manifest, softmax_project
+from helpers import RemovesWhenLoaded, build, softmax_manifest, softmax_project
 
 import nkibuild.bundle
 from nkibuild.bundle.buildinfo import BuildInfo, document_text, encode, read_build_info
@@ -117,25 +117,13 @@ def test_a_damaged_memo_lends_nothing(tmp_path: Path, made: list[str], memo: byt
     assert tree(project) == expected
 
 
-class _RemovesWhenLoaded:
-    """What a crafted memo could hold: unpickling it would call os.remove."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        import os
-
-        return os.remove, (str(self.path),)
-
-
 def test_a_memo_naming_a_function_is_not_run(tmp_path: Path, made: list[str]) -> None:
     project = project_of_three(tmp_path / "p")
     assert build(project).ok
     canary = tmp_path / "canary"
     canary.write_text("still here")
     memo = project / "build" / "state" / MEMO_FILE
-    memo.write_bytes(pickle.dumps(_RemovesWhenLoaded(canary)))
+    memo.write_bytes(pickle.dumps(RemovesWhenLoaded(canary)))
     shutil.rmtree(project / "build" / "bundle")  # so that the bundle runs and reads it
     made.clear()
     assert build(project, "bundle").ok

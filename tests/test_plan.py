@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import manifests_parsed, write_project
+from helpers import RemovesWhenLoaded, manifests_parsed, write_project
 
 from nkibuild.compiler import compiler_command
 from nkibuild.manifest import load_manifest
@@ -524,3 +524,24 @@ def test_a_python_file_saved_while_the_manifest_is_validated_is_parsed_again(
     monkeypatch.setattr(nkibuild.manifest, "load_manifest", load_manifest)
     with pytest.raises(ManifestError, match="defines no 'softmax'"):
         load_plan(project / "nkibuild.yaml", project / "build" / "state")
+
+
+def test_a_plan_cache_naming_a_function_is_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the plan's own dataclasses and paths are unpickled: a build dir restored from
+    elsewhere cannot run code through the cache, which is then validated anew."""
+    import pickle
+
+    from nkibuild.plan import PLAN_CACHE_FILE, load_plan
+
+    project = cached_plan_project(tmp_path / "project")
+    state = project / "build" / "state"
+    first = load_plan(project / "nkibuild.yaml", state)
+    canary = tmp_path / "canary"
+    canary.write_text("still here")
+    (state / PLAN_CACHE_FILE).write_bytes(pickle.dumps(RemovesWhenLoaded(canary)))
+    parsed = manifests_parsed(monkeypatch)
+    assert load_plan(project / "nkibuild.yaml", state) == first
+    assert canary.exists()
+    assert parsed == [project / "nkibuild.yaml"]
