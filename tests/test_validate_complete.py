@@ -413,3 +413,33 @@ def test_the_warning_follows_what_the_bundle_accepts(
 
 def test_a_kernel_without_variants_is_never_warned_about(example_project: Path) -> None:
     assert manifest_warnings(load_manifest(example_project / "nkibuild.yaml")) == []
+
+
+# ------------------------------------------ values repeated across kernels
+
+
+def test_a_mistake_repeated_in_many_kernels_is_reported_for_each(tmp_path: Path) -> None:
+    """The schema check skips a value it already found valid under the same subschema
+    (kernels repeat their inputs); a value it found wrong is checked, and reported,
+    wherever it is."""
+    good = "{x: {shape: [128, 64], dtype: float32}}"
+    bad = "{x: {shape: [128, 64], dtype: float33}}"
+    kernels = [
+        ("a", good),
+        ("b", bad),
+        ("c", good),
+        ("d", bad),
+        ("e", "{x: {shape: [0], dtype: float32}}"),
+    ]
+    lines = ["format-version: 1", "package: {name: repeats, version: 1.0.0}", "kernels:"]
+    for name, inputs in kernels:
+        lines += [f"  {name}:", "    frontend: hlo", "    source: k.pb", f"    inputs: {inputs}"]
+    (tmp_path / "nkibuild.yaml").write_text("\n".join(lines) + "\n")
+    (tmp_path / "k.pb").write_bytes(b"\x08\x01")
+    found = [(d.json_path, d.message) for d in problems(tmp_path / "nkibuild.yaml")]
+    assert [path for path, _ in found] == [
+        "$.kernels.b.inputs.x.dtype",
+        "$.kernels.d.inputs.x.dtype",
+        "$.kernels.e.inputs.x.shape[0]",
+    ]
+    assert found[0][1] == found[1][1]
