@@ -333,6 +333,17 @@ def test_a_task_gone_from_the_build_is_dropped_when_a_touch_is_recorded(
     assert uptodate.decide(root, fewer, dep_file).pending == []
 
 
+def after_editing_src_b(
+    chain: tuple[Path, list[dict]],
+) -> tuple[Path, list[dict], str, uptodate.Decision]:
+    """The chain proven, then src_b edited: the decision (t:b and t:join pending)."""
+    root, dicts = chain
+    proven_state(root, dicts)
+    (root / "src_b").write_text("edited")
+    dep_file = str(root / DEP_FILE)
+    return root, dicts, dep_file, uptodate.decide(root, dicts, dep_file)
+
+
 def test_after_a_change_only_the_pending_tasks_are_recorded_again(
     chain: tuple[Path, list[dict]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -363,11 +374,7 @@ def test_after_a_change_only_the_pending_tasks_are_recorded_again(
 def test_a_pending_task_doit_did_not_verify_stays_pending(
     chain: tuple[Path, list[dict]],
 ) -> None:
-    root, dicts = chain
-    dep_file = str(root / DEP_FILE)
-    proven_state(root, dicts)
-    (root / "src_b").write_text("edited")
-    decision = uptodate.decide(root, dicts, dep_file)
+    root, dicts, dep_file, decision = after_editing_src_b(chain)
     stamp = recorded_stamp(root, decision, checked_now(["t:b"]))  # t:join failed
     assert sorted(stamp["tasks"]) == ["t:a", "t:b"]
     assert uptodate.decide(root, dicts, dep_file).pending == ["t:join"]
@@ -448,11 +455,7 @@ def test_a_file_that_became_an_output_is_never_touched(tmp_path: Path) -> None:
 def test_an_output_changed_after_its_producer_was_checked_is_not_recorded_by_its_reader(
     chain: tuple[Path, list[dict]],
 ) -> None:
-    root, dicts = chain
-    dep_file = str(root / DEP_FILE)
-    proven_state(root, dicts)
-    (root / "src_b").write_text("edited")
-    decision = uptodate.decide(root, dicts, dep_file)
+    root, dicts, dep_file, decision = after_editing_src_b(chain)
     checked = checked_now(["t:b"])
     time.sleep(0.01)
     (root / "mid_b").write_text("changed after t:b was checked, before t:join was")
