@@ -340,13 +340,34 @@ def _cached_classes() -> frozenset[type]:
     return frozenset({*found, type(Path())})
 
 
+def _cached_shapes(files: object, stamps: object, manifest: object, units: object) -> bool:
+    """The types `_read_plan` relies on (what `_write_plan` writes): a damaged or crafted
+    cache is then a cache miss, not a traceback."""
+    return (
+        isinstance(manifest, Manifest)
+        and isinstance(units, tuple)
+        and all(isinstance(unit, BuildUnit) for unit in units)
+        and isinstance(files, tuple)
+        and all(isinstance(name, str) for name in files)
+        and isinstance(stamps, tuple)
+        and all(
+            isinstance(stamp, tuple)
+            and len(stamp) == 3
+            and stamp[0] in files
+            and isinstance(stamp[1], str)
+            and isinstance(stamp[2], tuple)
+            for stamp in stamps
+        )
+    )
+
+
 def _read_plan(cache_file: Path, key: str) -> tuple[Manifest, tuple[BuildUnit, ...]] | None:
     try:
         data = cache_file.read_bytes()
         cached_key, files, stamps, manifest, units = plaindata.loads(data, _cached_classes())
     except (OSError, ValueError, TypeError):  # TypeError: not five values
         return None
-    if cached_key != key:
+    if cached_key != key or not _cached_shapes(files, stamps, manifest, units):
         return None
     current = _confined_stats(manifest.root, files)
     if current is None:

@@ -545,3 +545,25 @@ def test_a_plan_cache_naming_a_function_is_not_run(
     assert load_plan(project / "nkibuild.yaml", state) == first
     assert canary.exists()
     assert parsed == [project / "nkibuild.yaml"]
+
+
+def test_a_plan_cache_of_the_right_key_but_other_shapes_is_a_miss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nkibuild import plaindata
+    from nkibuild.plan import PLAN_CACHE_FILE, _cached_classes, load_plan
+
+    project = cached_plan_project(tmp_path / "project")
+    state = project / "build" / "state"
+    first = load_plan(project / "nkibuild.yaml", state)
+    cache = state / PLAN_CACHE_FILE
+    key, files, stamps, manifest, units = plaindata.loads(cache.read_bytes(), _cached_classes())
+    for damaged in [
+        (key, files, stamps, "not a manifest", units),
+        (key, files, stamps, manifest, [*units]),
+        (key, files, (("elsewhere.py", "1 2 3 4", ()),), manifest, units),
+    ]:
+        cache.write_bytes(plaindata.dumps(damaged))
+        parsed = manifests_parsed(monkeypatch)
+        assert load_plan(project / "nkibuild.yaml", state) == first
+        assert parsed == [project / "nkibuild.yaml"]
