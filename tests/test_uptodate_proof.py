@@ -169,6 +169,32 @@ def test_equal_values_built_apart_have_one_fingerprint() -> None:
     )
 
 
+def test_checks_and_actions_declare_the_signature_doit_would_compute() -> None:
+    """doit reads each check's and action's signature for every task; they are declared
+    once, and must be what inspecting the call itself gives."""
+    import inspect
+
+    from nkibuild.graph import tasks
+    from nkibuild.graph.intact import OutputsIntact
+
+    def shape(signature: inspect.Signature) -> list[tuple[str, object]]:
+        return [(p.name, p.kind) for p in signature.parameters.values()]
+
+    for check in (uptodate.ConfigChanged({"v": 1}), OutputsIntact(["/a"])):
+        called = shape(inspect.signature(type(check).__call__))[1:]  # without self
+        assert (
+            shape(inspect.signature(check))
+            == called
+            == [
+                ("task", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                ("values", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            ]
+        )
+    for action in (tasks.run_bundle, tasks.run_wheel):
+        assert inspect.signature(action) == inspect.signature(action.__wrapped__)
+        assert "__signature__" in vars(action)
+
+
 def test_a_check_marshal_cannot_write_is_fingerprinted_by_its_repr() -> None:
     class Check:
         def __init__(self, setting: str) -> None:

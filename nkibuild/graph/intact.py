@@ -48,17 +48,21 @@ def outputs_record(
     return {VALUES_KEY: recorded}
 
 
+# doit inspects every `uptodate` check's signature for each task; computing it for an
+# instance costs more than the check itself in a 1,000-unit no-op build. A check class
+# declares it (`__signature__`): what its `__call__` takes.
+CHECK_SIGNATURE = inspect.Signature(
+    [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        for name in ("task", "values")
+    ]
+)
+
+
 class OutputsIntact:
     """doit `uptodate` check: False if a recorded output was changed or removed."""
 
-    # doit inspects every check's signature for each task; computing it for an
-    # instance costs more than the check itself in a 1,000-unit no-op build.
-    __signature__ = inspect.Signature(
-        [
-            inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-            for name in ("task", "values")
-        ]
-    )
+    __signature__ = CHECK_SIGNATURE
 
     def __init__(self, files: Sequence[str], directories: Sequence[str] = ()) -> None:
         self.files = tuple(files)

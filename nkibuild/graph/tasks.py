@@ -9,6 +9,7 @@ through `config_changed`, so an edit reruns exactly the tasks it affects.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -81,6 +82,9 @@ def _guarded(action: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             return TaskFailed(refused.render())
 
+    # doit reads an action's signature for each task it runs (for its `targets`,
+    # `changed` arguments); through `__wrapped__` that is computed anew every time.
+    run.__signature__ = inspect.signature(action)  # type: ignore[attr-defined]
     return run
 
 

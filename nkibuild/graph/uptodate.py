@@ -40,7 +40,7 @@ from typing import Any
 from nkibuild import __version__, plaindata
 from nkibuild.cache.key import file_sha256
 from nkibuild.fsutil import atomic_write_bytes, stat_stamp
-from nkibuild.graph.intact import Fingerprint, OutputsIntact, output_files
+from nkibuild.graph.intact import CHECK_SIGNATURE, Fingerprint, OutputsIntact, output_files
 
 STAMP_FILE = "up-to-date.stamp"
 FORMAT = 6  # 4: fingerprints of marshal bytes; 6: the stamp a plain-data pickle, not JSON
@@ -55,6 +55,8 @@ class ConfigChanged:
     """doit's `config_changed` check, made when doit first uses it: a build whose every
     task the proof covers never imports doit (a fifth of a 1,000-unit no-op's time).
     Fingerprints read `config`; doit stores and compares its own digest, as before."""
+
+    __signature__ = CHECK_SIGNATURE
 
     def __init__(self, config: dict[str, Any] | str) -> None:
         self.config = config
