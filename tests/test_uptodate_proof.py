@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -326,16 +327,38 @@ def recorded_stamp(
     return saved_stamp(root)
 
 
+def decided_after(
+    chain: tuple[Path, list[dict]],
+    *changes: Callable[[Path], object],
+    tasks: list[dict] | None = None,
+) -> tuple[Path, list[dict], str, uptodate.Decision]:
+    """The chain proven, then `changes` made to its files: the decision about `tasks`
+    (default: the chain's)."""
+    root, dicts = chain
+    proven_state(root, dicts)
+    for change in changes:
+        change(root)
+    dep_file = str(root / DEP_FILE)
+    return root, dicts, dep_file, uptodate.decide(root, dicts if tasks is None else tasks, dep_file)
+
+
+def edit_src_b(root: Path) -> None:
+    (root / "src_b").write_text("edited")
+
+
+def after_editing_src_b(
+    chain: tuple[Path, list[dict]],
+) -> tuple[Path, list[dict], str, uptodate.Decision]:
+    """The chain proven, then src_b edited: the decision (t:b and t:join pending)."""
+    return decided_after(chain, edit_src_b)
+
+
 def test_a_touched_source_is_re_recorded_as_a_whole_record_would(
     chain: tuple[Path, list[dict]],
 ) -> None:
     # Nothing pending: the previous stamp is kept with the touched file's new stat,
     # which must be what recording every task again would have written.
-    root, dicts = chain
-    dep_file = str(root / DEP_FILE)
-    proven_state(root, dicts)
-    touch(root / "src_b")
-    decision = uptodate.decide(root, dicts, dep_file)
+    root, _, dep_file, decision = decided_after(chain, lambda root: touch(root / "src_b"))
     assert decision.touched == [str(root / "src_b")]
     whole = uptodate._recorded(decision, {}, dep_file, {}).to_dict()
     stamp = recorded_stamp(root, decision)
@@ -346,12 +369,10 @@ def test_a_touched_source_is_re_recorded_as_a_whole_record_would(
 def test_a_task_gone_from_the_build_is_dropped_when_a_touch_is_recorded(
     chain: tuple[Path, list[dict]],
 ) -> None:
-    root, dicts = chain
-    dep_file = str(root / DEP_FILE)
-    proven_state(root, dicts)
-    touch(root / "src_a")
-    fewer = dicts[:1]  # t:b and t:join no longer in the build
-    decision = uptodate.decide(root, fewer, dep_file)
+    fewer = chain[1][:1]  # t:b and t:join no longer in the build
+    root, _, dep_file, decision = decided_after(
+        chain, lambda root: touch(root / "src_a"), tasks=fewer
+    )
     assert (decision.pending, decision.touched) == ([], [str(root / "src_a")])
     stamp = recorded_stamp(root, decision)
     assert sorted(stamp["tasks"]) == ["t:a"]
@@ -359,28 +380,15 @@ def test_a_task_gone_from_the_build_is_dropped_when_a_touch_is_recorded(
     assert uptodate.decide(root, fewer, dep_file).pending == []
 
 
-def after_editing_src_b(
-    chain: tuple[Path, list[dict]],
-) -> tuple[Path, list[dict], str, uptodate.Decision]:
-    """The chain proven, then src_b edited: the decision (t:b and t:join pending)."""
-    root, dicts = chain
-    proven_state(root, dicts)
-    (root / "src_b").write_text("edited")
-    dep_file = str(root / DEP_FILE)
-    return root, dicts, dep_file, uptodate.decide(root, dicts, dep_file)
-
-
 def test_after_a_change_only_the_pending_tasks_are_recorded_again(
     chain: tuple[Path, list[dict]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The proven t:a is not gone over again, and the stamp is what recording every task
     # from scratch gives.
-    root, dicts = chain
-    dep_file = str(root / DEP_FILE)
-    proven_state(root, dicts)
-    (root / "src_b").write_text("edited")
-    touch(root / "src_a")  # same content, new stat: a proven task's touched source
-    decision = uptodate.decide(root, dicts, dep_file)
+    # src_a touched: same content, new stat: a proven task's touched source
+    root, dicts, dep_file, decision = decided_after(
+        chain, edit_src_b, lambda root: touch(root / "src_a")
+    )
     assert (decision.pending, decision.proven) == (["t:b", "t:join"], ["t:a"])
     verified = checked_now(decision.pending)
     whole = uptodate._recorded(decision, verified, dep_file, {}).to_dict()
@@ -409,12 +417,9 @@ def test_a_pending_task_doit_did_not_verify_stays_pending(
 def test_a_previous_task_gone_from_the_build_records_every_task_again(
     chain: tuple[Path, list[dict]],
 ) -> None:
-    root, dicts = chain
-    dep_file = str(root / DEP_FILE)
-    proven_state(root, dicts)
-    (root / "src_a").write_text("edited")
-    fewer = dicts[:1]
-    decision = uptodate.decide(root, fewer, dep_file)
+    root, _, _, decision = decided_after(
+        chain, lambda root: (root / "src_a").write_text("edited"), tasks=chain[1][:1]
+    )
     assert decision.pending == ["t:a"]
     stamp = recorded_stamp(root, decision, checked_now(["t:a"]))
     assert sorted(stamp["tasks"]) == ["t:a"]
