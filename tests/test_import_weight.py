@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_nkibuild
 
 HEAVY = ("jax", "jaxlib", "torch", "torch_xla", "nki", "nkipy", "spike", "google.protobuf")
 NOT_ON_NOOP = (*HEAVY, "yaml", "jsonschema", "rich.live", "rich.progress")
@@ -42,14 +43,7 @@ def imported_modules(args: list[str], cwd: Path) -> set[str]:
 
 def built(project: Path) -> None:
     """A full build in its own process: a probe then makes the next build."""
-    result = subprocess.run(
-        [sys.executable, "-m", "nkibuild", "build", "--toolchain", "fake"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = run_nkibuild(["build", "--toolchain", "fake"], project)
     assert result.returncode == 0, result.stderr
 
 
