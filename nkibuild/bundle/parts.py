@@ -239,7 +239,7 @@ def _load(memo_file: Path, scope: tuple[str, ...]) -> _Memo:
         saved_scope, kernels, digests = plaindata.load(stream)
         if saved_scope != scope or not isinstance(kernels, dict) or not _digests(digests):
             raise ValueError("another build's memo")
-    except Exception:  # none yet, damaged, or of another layout: nothing is known
+    except (OSError, ValueError, TypeError):  # none yet, damaged, another layout
         return _Memo(scope, {}, {})
     memo = _Memo(scope, kernels, digests, stream.tell(), stream.tell())
     while memo.length < len(data):
@@ -250,7 +250,7 @@ def _load(memo_file: Path, scope: tuple[str, ...]) -> _Memo:
             memo.kernels.update(changed)
             for name in removed:
                 memo.kernels.pop(name, None)
-        except Exception:  # torn or damaged: what follows is not trusted
+        except (ValueError, TypeError):  # torn or damaged: what follows is not trusted
             break
         memo.digests = digests
         memo.length = stream.tell()
