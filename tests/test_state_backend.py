@@ -172,3 +172,115 @@ def test_a_file_replaced_since_it_was_read_is_written_whole(tmp_path: Path) -> N
     assert path.read_text().startswith(HEADER + "\n")
     reread = AtomicJsonDB(str(path), JSONCodec())
     assert (reread.get("a", "k"), reread.get("b", "k")) == (1, 3)
+
+
+def big_entry(files: int) -> dict:
+    outputs = {f"/b/tree/f{index}.neff": [index, 7, 7, index, "ab" * 32] for index in range(files)}
+    values = {"outputs": outputs, "_config_changed": "digest"}
+    deps = [f"/b/compile/u{index}/result.json" for index in range(files)]
+    return {
+        "_values_:": values,
+        "result:": {"outputs": outputs},  # the action's return: the values but doit's own
+        "deps:": deps,
+        **{dep: [1.5, 100, "md5"] for dep in deps},
+    }
+
+
+def test_a_big_entry_changed_a_little_is_saved_as_a_patch(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    db = saved(path, {"bundle": big_entry(200), "other": {"k": 1}})
+    before = path.read_text()
+    assert before.count("f17.neff") == 1  # the result is saved by reference to the values
+    outputs = {**db.get("bundle", "_values_:")["outputs"]}
+    outputs["/b/tree/f3.neff"] = [3, 8, 8, 3, "cd" * 32]
+    del outputs["/b/tree/f4.neff"]
+    outputs["/b/tree/new.neff"] = [1, 2, 3, 4, "ef" * 32]
+    # As doit saves a task it ran: every key again, the file_dep in another order.
+    db.set("bundle", "_values_:", {"outputs": outputs, "_config_changed": "digest"})
+    db.set("bundle", "result:", {"outputs": outputs})
+    db.set("bundle", "/b/compile/u5/result.json", (2.5, 101, "md5b"))
+    db.set("bundle", "deps:", tuple(reversed(big_entry(200)["deps:"])))
+    db.dump()
+    after = path.read_text()
+    assert after.startswith(before)
+    task_id, line = after[len(before) :].rstrip("\n").split("\t")
+    assert task_id == '"bundle"' and line.startswith("[") and len(line) < 800
+    reread = AtomicJsonDB(str(path), JSONCodec())
+    entry = {key: reread.get("bundle", key) for key in ("_values_:", "result:", "deps:")}
+    assert entry["_values_:"]["outputs"] == outputs
+    assert entry["result:"] == {"outputs": outputs}
+    assert entry["deps:"] == big_entry(200)["deps:"]  # the same set: not written again
+    assert reread.get("bundle", "/b/compile/u5/result.json") == [2.5, 101, "md5b"]
+    assert reread.get("other", "k") == 1
+
+
+def test_patches_pile_up_until_the_entry_is_written_whole(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    saved(path, {"bundle": big_entry(200)})
+    kinds = []
+    for run in range(60):
+        db = AtomicJsonDB(str(path), JSONCodec())
+        db.set("bundle", "/b/compile/u1/result.json", [float(run), 100, "md5"])
+        db.dump()
+        kinds.append(path.read_text().splitlines()[-1].split("\t")[1][0])
+    assert kinds.count("{") >= 1 and kinds.count("[") >= 50  # patches, then whole again
+    reread = AtomicJsonDB(str(path), JSONCodec())
+    assert reread.get("bundle", "/b/compile/u1/result.json") == [59.0, 100, "md5"]
+    assert reread.get("bundle", "result:") == {"outputs": big_entry(200)["_values_:"]["outputs"]}
+
+
+def test_a_whole_rewrite_applies_the_patches(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    db = saved(path, {"bundle": big_entry(200)})
+    db.set("bundle", "/b/compile/u1/result.json", [9.0, 100, "md5"])
+    db.dump()
+    assert path.read_text().splitlines()[-1].startswith('"bundle"\t[')
+    with path.open("a") as handle:  # a build killed while appending: written whole next
+        handle.write('"other"\t{"k"')
+    db = AtomicJsonDB(str(path), JSONCodec())
+    db.set("bundle", "/b/compile/u2/result.json", [8.0, 100, "md5"])
+    db.dump()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2 and lines[1].startswith('"bundle"\t{')  # merged, one line
+    reread = AtomicJsonDB(str(path), JSONCodec())
+    assert reread.get("bundle", "/b/compile/u1/result.json") == [9.0, 100, "md5"]
+    assert reread.get("bundle", "/b/compile/u2/result.json") == [8.0, 100, "md5"]
+    assert reread.get("bundle", "/b/compile/u3/result.json") == [1.5, 100, "md5"]
+
+
+def test_damaged_patches_forget_their_task_only(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    saved(path, {"bundle": {"k": {"a": 1}}, "t": {"k": 2}})
+    base = path.read_text()
+    cases = {
+        "not-a-list-of-operations": '"bundle"\t[1]\n',
+        "keys-not-strings": '"bundle"\t[[[1], 2]]\n',
+        "into-a-value": '"bundle"\t[[["k", "a", "b"], 2]]\n',
+        "of-a-removed-task": '"bundle"\tnull\n"bundle"\t[[["k"], 2]]\n',
+        "result-of-missing-values": '"bundle"\t[[["result:is:_values_:"], ["outputs"]]]\n',
+    }
+    for name, damage in cases.items():
+        path.write_text(base + damage)
+        db = AtomicJsonDB(str(path), JSONCodec())
+        assert db.get("bundle", "k") is None, name
+        assert db.get("t", "k") == 2, name
+        db.set("t", "k", 3)
+        db.dump()  # written whole, without the damage
+        reread = AtomicJsonDB(str(path), JSONCodec())
+        assert (reread.get("bundle", "k"), reread.get("t", "k")) == (None, 3), name
+    path.write_text(base + '"bundle"\t[[["k", "a"], 3]]\n')  # a good one, to compare
+    assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "k") == {"a": 3}
+    path.write_text(base + '"bundle"\t[[["k", "a"], 3]')  # cut short: the entry before
+    assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "k") == {"a": 1}
+
+
+def test_version_2_files_are_read_and_written_anew(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    version_2 = '{"format": "nkibuild-doit-state", "version": 2}'
+    entry = {"_values_:": {"o": 1}, "result:is:_values_:": True}
+    path.write_text(f'{version_2}\n"a"\t{json.dumps(entry)}\n')
+    db = AtomicJsonDB(str(path), JSONCodec())
+    assert db.get("a", "result:") == {"o": 1}
+    db.dump()
+    assert path.read_text().startswith(HEADER + "\n")
+    assert AtomicJsonDB(str(path), JSONCodec()).get("a", "result:") == {"o": 1}

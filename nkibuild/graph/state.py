@@ -11,7 +11,15 @@ removes the task. Entries are decoded when doit first asks about their task. A r
 that changed a few tasks of thousands (after an edit the up-to-date proof, uptodate.py,
 hands doit only those) appends their lines instead of writing every entry again;
 once the file holds more superseded lines than live ones it is rewritten whole, to a
-temp file renamed over it. A file of the earlier layout (one JSON object) is still read.
+temp file renamed over it. A file of the earlier layouts (one JSON object; version 2,
+which has no patches) is still read.
+
+A task whose entry is big and changed a little (the bundle's lists every compile
+record and every file of its tree: megabytes at 10,000 units, of which an edit changes
+a few) gets a patch line instead: a JSON list of operations on its entry as the lines
+before it leave it (`[[key, ...], value]` sets a value, `[[key, ...]]` removes one,
+the keys a path into nested objects). The entry is written whole again once its
+patches would outweigh half of it.
 
 A line cut short (a build killed while appending) is not fatal: an entry that does
 not decode only means "that task is not known to be up to date", and an unterminated
@@ -34,17 +42,26 @@ BACKEND_NAME = "nkibuild-json"
 DEP_FILE = "doit-state.json"  # in the build's state dir
 
 
-# Version 2 files are read the same way by every nkibuild that writes them: later lines
-# win, and a `null` entry is not an entry.
-HEADER = '{"format": "nkibuild-doit-state", "version": 2}'
+# Every nkibuild that writes version 3 reads it the same way: later lines win, a `null`
+# entry is not an entry, a line whose entry is a JSON list patches the entry before it.
+# Version 2 is version 3 without patches.
+HEADER = '{"format": "nkibuild-doit-state", "version": 3}'
+READABLE_HEADERS = (HEADER, '{"format": "nkibuild-doit-state", "version": 2}')
 REMOVED = "null"
 # doit saves a task's values and the result of its last action, which for nkibuild's
-# tasks are the same dict (the outputs record: the bundle's lists 15,000 files at 10,000
-# units); it is written once, with this key saying so. doit's own keys end in ":" and
-# the others are absolute paths, so the name cannot be a task's.
+# tasks is the values but for what doit adds to them (the outputs record: the bundle's
+# lists 15,000 files at 10,000 units); it is written once, this key naming the values
+# that make the result. doit's own keys end in ":" and the others are absolute paths,
+# so the name cannot be a task's.
 VALUES, RESULT, RESULT_IS_VALUES = "_values_:", "result:", "result:is:_values_:"
+FILE_DEPS = "deps:"
 # Appending stops paying once superseded lines outweigh the live ones this much.
 COMPACT_RATIO = 2
+MAX_PATCHES = 50  # a task's patches applied on decode before it is written whole again
+PATCH_DEPTH = 3  # keys deep: the bundle's `_values_:` -> `outputs` -> a file
+_MISSING: Any = object()  # a key an entry does not have
+
+Span = tuple[int, int]  # where a line's entry is in the file's text
 
 
 class AtomicJsonDB:
@@ -55,12 +72,16 @@ class AtomicJsonDB:
     def __init__(self, name: str, codec: Any, *, module_name: str | None = None) -> None:
         self.name = name
         self.codec = codec
-        # Entries as saved and unchanged: task id -> where its entry is in the file's text
-        # (kept whole; slicing 15,000 entries out of tens of MB costs more than reading it).
+        # Each task's entry as saved: where its whole entry and the patches after it are
+        # in the file's text (kept whole; slicing 15,000 entries out of tens of MB costs
+        # more than reading it).
         self._text_read = ""
-        self._encoded: dict[str, tuple[int, int]] = {}
+        self._lines: dict[str, list[Span]] = {}
         self._db: dict[str, dict[str, Any]] = {}  # decoded entries
-        self._changed: set[str] = set()  # task ids set or removed since the file was read
+        # Changed since the file was read: tasks to write whole (new) or as removed, and
+        # the keys changed in the others, with their values as the file has them.
+        self._whole: set[str] = set()
+        self._edits: dict[str, dict[str, Any]] = {}
         self._file_chars = 0  # the file as read, superseded lines included
         # (inode, size) of the file as read or last written: appending to another (a
         # `clean` meanwhile) would make a file without its header.
@@ -79,10 +100,11 @@ class AtomicJsonDB:
             self._rewrite = True  # replace the unreadable file at the end of this run
             return
         self._file_chars, self._identity = len(text), (info.st_ino, info.st_size)
-        if text.startswith(HEADER + "\n"):
+        header, newline, _ = text.partition("\n")
+        if newline and header in READABLE_HEADERS:
             self._text_read = text
-            self._encoded, intact = _entries(text)
-            self._rewrite = not intact
+            self._lines, intact = _entries(text, len(header) + 1)
+            self._rewrite = not intact or header != HEADER
             return
         try:  # the earlier layout: one JSON object
             data = self.codec.decode(text)
@@ -94,39 +116,46 @@ class AtomicJsonDB:
 
     def _entry(self, task_id: str) -> dict[str, Any] | None:
         entry = self._db.get(task_id)
-        if entry is None and task_id in self._encoded:
-            try:
-                entry = self.codec.decode(self._saved(task_id))
-            except (ValueError, RecursionError):
-                entry = None
-            if not isinstance(entry, dict):  # damaged: forget this task only
-                del self._encoded[task_id]
+        if entry is None and task_id in self._lines:
+            entry = self._decoded(self._lines[task_id])
+            if entry is None:  # damaged: forget this task only
+                del self._lines[task_id]
                 self._rewrite = True
                 return None
-            if entry.pop(RESULT_IS_VALUES, None) is not None and VALUES in entry:
-                entry[RESULT] = entry[VALUES]
             self._db[task_id] = entry
         return entry
 
+    def _decoded(self, lines: list[Span]) -> dict[str, Any] | None:
+        try:
+            entry = self.codec.decode(self._saved(lines[0]))
+            if not isinstance(entry, dict):
+                return None
+            for span in lines[1:]:
+                _patch(entry, self.codec.decode(self._saved(span)))
+        except (ValueError, RecursionError):
+            return None
+        return _with_result(entry)
+
     def _encode(self, entry: dict[str, Any]) -> str:
-        if RESULT in entry and entry[RESULT] == entry.get(VALUES):
-            entry = {**entry, RESULT_IS_VALUES: True}
+        reference = _result_reference(entry)
+        if reference is not None:
+            entry = {**entry, RESULT_IS_VALUES: reference}
             del entry[RESULT]
         return self.codec.encode(entry)
 
     def dump(self) -> None:
-        if not (self._changed or self._rewrite):
+        if not (self._whole or self._edits or self._rewrite):
             return
-        changes = {task_id: self._encoded_change(task_id) for task_id in sorted(self._changed)}
+        changes, patched = self._changes()
         appended = "".join(f"{json.dumps(task_id)}\t{line}\n" for task_id, line in changes.items())
         try:
-            if self._rewrite or not self._file_chars or self._outweighs(appended):
-                self._write_whole(changes)
+            if self._rewrite or not self._file_chars or self._outweighs(changes, appended, patched):
+                self._write_whole(changes, patched)
             elif (identity := _append(self.name, appended, self._identity)) is not None:
                 self._file_chars += len(appended)
                 self._identity = identity
             else:  # not the file that was read
-                self._write_whole(changes)
+                self._write_whole(changes, patched)
         except OSError as error:
             # doit would print a traceback; the session's build reports it after doit
             # returns (doit constructs this object, so the session is found, not passed).
@@ -137,72 +166,223 @@ class AtomicJsonDB:
                 raise
             session.state_failures.append(error)
             return
-        self._changed.clear()
+        # The saved lines no longer describe the tasks written: their decoded entries do.
+        for task_id in changes:
+            self._lines.pop(task_id, None)
+        self._whole.clear()
+        self._edits.clear()
         self._rewrite = False
 
-    def _write_whole(self, changes: dict[str, str]) -> None:
-        text = self._text(changes)
+    def _changes(self) -> tuple[dict[str, str], set[str]]:
+        """Each changed task's line: its patch, its whole entry or its removal; and which
+        of them are patches."""
+        changes: dict[str, str] = {}
+        patched: set[str] = set()
+        for task_id in sorted(self._whole.union(self._edits)):
+            entry = self._db.get(task_id)
+            if task_id in self._edits and entry is not None:
+                patch = self._patch_line(task_id, entry)
+                if patch is not None:
+                    changes[task_id] = patch
+                    patched.add(task_id)
+                    continue
+            changes[task_id] = REMOVED if entry is None else self._encode(entry)
+        return changes, patched
+
+    def _patch_line(self, task_id: str, entry: dict[str, Any]) -> str | None:
+        """The changes to the task's saved entry as a patch line; None where the entry
+        is better written whole (small, or patched enough already)."""
+        lines = self._lines.get(task_id)
+        if lines is None or len(lines) > MAX_PATCHES:
+            return None
+        before = self._edits[task_id]
+        operations = [
+            operation
+            for key, value in before.items()
+            if key != RESULT
+            for operation in _diff([key], value, entry.get(key, _MISSING))
+        ]
+        if RESULT in before or VALUES in before:
+            operations += _result_operations(entry)
+        line = self.codec.encode(operations)
+        start, end = lines[0]
+        patches = sum(end - start for start, end in lines[1:])
+        return line if 2 * (patches + len(line)) <= end - start else None
+
+    def _write_whole(self, changes: dict[str, str], patched: set[str]) -> None:
+        text = self._text(changes, patched)
         atomic_write_text(Path(self.name), text)
         info = os.stat(self.name)
         self._file_chars, self._identity = len(text), (info.st_ino, info.st_size)
 
-    def _encoded_change(self, task_id: str) -> str:
-        """The line's entry for a task this run set, or the removal of one it removed."""
-        entry = self._db.get(task_id)
-        return REMOVED if entry is None else self._encode(entry)
-
-    def _outweighs(self, appended: str) -> bool:
-        live = sum(end - start for start, end in self._encoded.values()) + len(appended)
+    def _outweighs(self, changes: dict[str, str], appended: str, patched: set[str]) -> bool:
+        # A task written whole supersedes its saved lines; a patch adds to them.
+        live = len(appended) + sum(
+            end - start
+            for task_id, lines in self._lines.items()
+            if task_id not in changes or task_id in patched
+            for start, end in lines
+        )
         return self._file_chars + len(appended) > COMPACT_RATIO * live + len(HEADER)
 
-    def _text(self, changes: dict[str, str]) -> str:
-        """The whole file: every task's latest entry, once."""
+    def _text(self, changes: dict[str, str], patched: set[str]) -> str:
+        """The whole file: every task's latest entry, once, patches applied."""
         lines = [HEADER]
-        for task_id in self._encoded:
-            lines.append(f"{json.dumps(task_id)}\t{self._saved(task_id)}")
+        for task_id, saved in list(self._lines.items()):
+            if task_id in changes and task_id not in patched:
+                encoded = changes[task_id]
+            elif task_id in self._edits or len(saved) > 1:
+                entry = self._entry(task_id)
+                if entry is None:  # damaged: forgotten
+                    continue
+                encoded = self._encode(entry)
+            else:
+                encoded = self._saved(saved[0])
+            lines.append(f"{json.dumps(task_id)}\t{encoded}")
         for task_id, entry in self._db.items():
-            if task_id not in self._encoded:
+            if task_id not in self._lines:
                 encoded = changes.get(task_id) or self._encode(entry)
                 lines.append(f"{json.dumps(task_id)}\t{encoded}")
         return "\n".join(lines) + "\n"
 
-    def _saved(self, task_id: str) -> str:
-        start, end = self._encoded[task_id]
+    def _saved(self, span: Span) -> str:
+        start, end = span
         return self._text_read[start:end]
 
     def set(self, task_id: str, dependency: str, value: Any) -> None:
         entry = self._entry(task_id)
         if entry is None:
             entry = self._db[task_id] = {}
+            self._whole.add(task_id)
+        elif task_id not in self._whole:
+            saved = entry.get(dependency, _MISSING)
+            if _equal(saved, value) or (dependency == FILE_DEPS and _same_set(saved, value)):
+                return  # doit sets every key of a task it ran: most are as saved
+            self._edits.setdefault(task_id, {}).setdefault(dependency, saved)
         entry[dependency] = value
-        self._encoded.pop(task_id, None)  # saved re-encoded
-        self._changed.add(task_id)
 
     def get(self, task_id: str, dependency: str) -> Any:
         entry = self._entry(task_id)
         return entry.get(dependency) if entry is not None else None
 
     def in_(self, task_id: str) -> bool:
-        return task_id in self._db or task_id in self._encoded
+        return task_id in self._db or task_id in self._lines
 
     def remove(self, task_id: str) -> None:
+        saved = self._lines.pop(task_id, None) is not None
         found = self._db.pop(task_id, None) is not None
-        if self._encoded.pop(task_id, None) is not None or found:
-            self._changed.add(task_id)
+        self._edits.pop(task_id, None)
+        if saved or found:
+            self._whole.add(task_id)
 
     def remove_all(self) -> None:
-        self._db, self._encoded = {}, {}
+        self._db, self._lines, self._edits, self._whole = {}, {}, {}, set()
         self._rewrite = True
 
 
-def _entries(text: str) -> tuple[dict[str, tuple[int, int]], bool]:
-    """Where each task's saved entry is in `text` (the last line of each task winning),
-    still encoded; and whether every line was whole (else the file is to be rewritten)."""
+def _equal(saved: Any, value: Any) -> bool:
+    """Whether `value` would be saved as `saved` is (JSON has no tuples: doit's are lists
+    once read back)."""
+    if saved is _MISSING:
+        return False
+    return saved == (list(value) if type(value) is tuple else value)
+
+
+def _same_set(saved: Any, value: Any) -> bool:
+    """doit reads its list of a task's file_dep as a set, and writes it in the order of
+    one (which differs between processes)."""
+    return type(saved) is list and set(saved) == set(value)
+
+
+def _diff(keys: list[str], before: Any, after: Any) -> list[list[Any]]:
+    """Patch operations turning `before` (at `keys`) into `after`: nested objects are
+    compared member by member, down to PATCH_DEPTH keys."""
+    if after is _MISSING:
+        return [[keys]]
+    if type(before) is not dict or type(after) is not dict or len(keys) >= PATCH_DEPTH:
+        return [[keys, after]]
+    operations: list[list[Any]] = []
+    for key, value in after.items():
+        if type(key) is not str:  # JSON would make it a string: set the object whole
+            return [[keys, after]]
+        saved = before.get(key, _MISSING)
+        if not _equal(saved, value):
+            operations += _diff([*keys, key], saved, value)
+    operations += [[[*keys, key]] for key in before.keys() - after.keys()]
+    return operations
+
+
+def _result_operations(entry: dict[str, Any]) -> list[list[Any]]:
+    """The result as the file saves it: by reference where the values hold it."""
+    reference = _result_reference(entry)
+    if reference is not None:
+        return [[[RESULT_IS_VALUES], reference], [[RESULT]]]
+    result = entry.get(RESULT, _MISSING)
+    if result is _MISSING:
+        return [[[RESULT]], [[RESULT_IS_VALUES]]]
+    return [[[RESULT], result], [[RESULT_IS_VALUES]]]
+
+
+def _result_reference(entry: dict[str, Any]) -> list[str] | None:
+    """The keys of the values the result consists of (doit adds its own values, such as
+    `config_changed`'s digest, to those the action returned), or None if it is not so."""
+    result, values = entry.get(RESULT), entry.get(VALUES)
+    if type(result) is not dict or type(values) is not dict:
+        return None
+    for key, value in result.items():
+        if type(key) is not str or values.get(key, _MISSING) != value:
+            return None
+    return list(result)
+
+
+def _with_result(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """`entry` with its result taken from its values where the file saved it so; None
+    if the reference is to values the entry does not have (damaged)."""
+    reference = entry.pop(RESULT_IS_VALUES, None)
+    values = entry.get(VALUES)
+    if reference is None:
+        return entry
+    if reference is True:  # written by earlier versions: the values whole
+        if values is not None:
+            entry[RESULT] = values
+        return entry
+    if not (type(values) is dict and type(reference) is list):
+        return None
+    if not all(type(key) is str and key in values for key in reference):
+        return None
+    entry[RESULT] = {key: values[key] for key in reference}
+    return entry
+
+
+def _patch(entry: dict[str, Any], operations: Any) -> None:
+    """Apply a patch line's operations to `entry`; ValueError if it is not one."""
+    if not isinstance(operations, list):
+        raise ValueError("not a patch")
+    for operation in operations:
+        if not (isinstance(operation, list) and len(operation) in (1, 2)):
+            raise ValueError("not a patch operation")
+        keys = operation[0]
+        if not (isinstance(keys, list) and keys and all(type(key) is str for key in keys)):
+            raise ValueError("not a patch's keys")
+        target = entry
+        for key in keys[:-1]:
+            target = target.get(key)
+            if not isinstance(target, dict):
+                raise ValueError("a patch of what the entry does not have")
+        if len(operation) == 2:
+            target[keys[-1]] = operation[1]
+        else:
+            target.pop(keys[-1], None)
+
+
+def _entries(text: str, start: int) -> tuple[dict[str, list[Span]], bool]:
+    """Where each task's saved entry is in `text` from `start` on (its last whole line,
+    or removal, and the patch lines after it), still encoded; and whether every line was
+    whole (else the file is to be rewritten)."""
     keys: list[str] = []
-    spans: list[tuple[int, int]] = []
+    spans: list[Span] = []
     intact = True
     find = text.find
-    start = len(HEADER) + 1
     while start < len(text):
         end = find("\n", start)
         if end < 0:  # a last line without its newline was cut short
@@ -222,16 +402,23 @@ def _entries(text: str) -> tuple[dict[str, tuple[int, int]], bool]:
     if not isinstance(ids, list) or len(ids) != len(keys):  # a damaged key
         ids = [_task_id(key) for key in keys]
         intact = False
-    encoded: dict[str, tuple[int, int]] = {}
+    entries: dict[str, list[Span]] = {}
     for task_id, span in zip(ids, spans, strict=True):
         if not isinstance(task_id, str):
             intact = False
             continue
-        encoded.pop(task_id, None)  # the file's order of the latest lines
         start, end = span
+        if text.startswith("[", start):  # a patch of the task's entry so far
+            saved = entries.get(task_id)
+            if saved is None:  # of no entry: not understood
+                intact = False
+            else:
+                saved.append(span)
+            continue
+        entries.pop(task_id, None)  # the file's order of the latest lines
         if not (end - start == len(REMOVED) and text.startswith(REMOVED, start)):
-            encoded[task_id] = span
-    return encoded, intact
+            entries[task_id] = [span]
+    return entries, intact
 
 
 def _task_id(key: str) -> str | None:
