@@ -174,6 +174,22 @@ def damage_end_record(data: bytes) -> bytes:
     return data[:-22] + b"PK\x05\x06" + b"\xff" * 18
 
 
+def damage_central_name(data: bytes) -> bytes:
+    """A name in the central directory no longer the one RECORD lists (same length)."""
+    damaged = bytearray(data)
+    first = damaged.index(b"PK\x01\x02")
+    damaged[first + 46 + NAMES[0].index("k00")] = ord("x")
+    return bytes(damaged)
+
+
+def damage_name_flag(data: bytes) -> bytes:
+    """An ASCII name flagged as UTF-8: a header this writer would not write."""
+    damaged = bytearray(data)
+    first = damaged.index(b"PK\x01\x02")
+    damaged[first + 9] |= 0x08  # the high byte of the flags: 0x800
+    return bytes(damaged)
+
+
 def damage_not_a_zip(data: bytes) -> bytes:
     return b"PK\x03\x04 not a zip archive"
 
@@ -189,6 +205,8 @@ def damage_empty(data: bytes) -> bytes:
         damage_directory_offset,
         damage_record,
         damage_end_record,
+        damage_central_name,
+        damage_name_flag,
         damage_not_a_zip,
         damage_empty,
     ],
@@ -255,3 +273,54 @@ def test_a_wheel_growing_past_zip64_offsets_is_written_member_by_member(
     monkeypatch.setattr(zipfile, "ZIP64_LIMIT", len(wheel.read_bytes()) - 200)
     bigger = {NAMES[0]: hashlib.sha512(b"x").digest() * 8}  # incompressible: moves the rest
     updated(tmp_path, contents("old") | bigger, trusted(wheel))
+
+
+def test_names_that_are_not_ascii_are_updated_in_runs(tmp_path: Path, seen: Seen) -> None:
+    """zipfile flags a non-ASCII name as UTF-8 and stores it so; the update reads it so."""
+    names = sorted([*NAMES, "upd_kernels/neff/k03ü/default.neff", "upd_kernels/日本.txt"])
+    wheel = written_before(tmp_path, contents("old", names))
+    changed = "upd_kernels/neff/k03ü/default.neff"
+    seen.written.clear()
+    updated(tmp_path, contents("old", names) | {changed: b"new\n"}, trusted(wheel))
+    at = names.index(changed)
+    assert seen.runs == [names[:at], names[at + 1 :]]
+    assert seen.written == [changed, *DIST_INFO_FILES]
+
+
+@pytest.mark.parametrize("fails", ["missing", "refused"])
+def test_runs_are_copied_through_memory_where_the_kernel_cannot(
+    tmp_path: Path, seen: Seen, monkeypatch: pytest.MonkeyPatch, fails: str
+) -> None:
+    """No copy_file_range (not Linux), or one the file system refuses: the same wheel."""
+    wheel = written_before(tmp_path, contents("old"))
+    if fails == "missing":
+        monkeypatch.delattr(wheel_module.os, "copy_file_range", raising=False)
+    else:
+
+        def refused(*args: object) -> int:
+            raise OSError(18, "Invalid cross-device link")
+
+        monkeypatch.setattr(wheel_module.os, "copy_file_range", refused, raising=False)
+    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel))
+    assert seen.runs == [NAMES[:5], NAMES[6:]]
+
+
+def test_record_hashes_of_many_digests_are_each_one_encoded_alone() -> None:
+    digests = [hashlib.sha256(str(number).encode()).digest() for number in range(300)]
+    hexdigests = [digest.hex() for digest in digests]
+    expected = [wheel_module._record_hash(digest) for digest in digests]
+    assert wheel_module._record_hashes(hexdigests) == expected
+    # A value that is no sha256 in hex gets a hash no RECORD line holds; the rest theirs.
+    odd = [hexdigests[0], "", "zz" * 32, hexdigests[1][:-2], " " + hexdigests[2][1:], hexdigests[3]]
+    hashes = wheel_module._record_hashes(odd)
+    assert [hashes[0], hashes[-1]] == [expected[0], expected[3]]
+    assert all("," in h for h in hashes[1:-1])
+
+
+def test_a_bundle_record_that_is_no_sha256_is_refused_not_copied(tmp_path: Path) -> None:
+    wheel = written_before(tmp_path, contents("old"))
+    after = project(tmp_path / "after", contents("old"))
+    files = dict(after.files) | {NAMES[3]: "not-a-digest"}
+    after = BundleProject(after.directory, PACKAGE, tuple(sorted(files.items())), None)
+    with pytest.raises(BuildError, match=r"k03/default.neff changed after the bundle"):
+        build_wheel(after, tmp_path / "dist", reuse=trusted(wheel))
