@@ -145,13 +145,16 @@ def write_bundle(
     the files whose content changed (nkibuild.bundle.tree); `bundle.json` is written last."""
     info = _header(manifest, parts, provenance)
     files = _project_files(manifest, info, parts)
-    files.update(
-        (n.name, CompiledCopy(n.source, n.sha256, n.unit)) for part in parts for n in part.neffs
-    )
+    neffs = [neff for part in parts for neff in part.neffs]
+    files.update((name, CompiledCopy(source, sha256, unit)) for name, source, sha256, unit in neffs)
     for target in split_targets(manifest):
         files |= _part_files(manifest.package, target)
 
-    digests = {name: digest(content) for name, content in files.items()}
+    # Each kernel's module and NEFFs have the sha256 its part recorded: not hashed again.
+    pkg = manifest.package.import_name
+    known = {_module_file(pkg, part.name): part.module_sha256 for part in parts}
+    known.update((name, sha256) for name, _, sha256, _ in neffs)
+    digests = {name: known.get(name) or digest(content) for name, content in files.items()}
     targets = sorted({target for part in parts for target in part.targets})
     stamp_bytes = _stamp_text(_stamp(manifest, info, digests, targets)).encode()
     recorded = update_tree(out_dir, files, STAMP_FILE, stamp_bytes, digests=digests)
@@ -174,10 +177,15 @@ def _project_files(
         f"{pkg}/{FILE_NAME}": document_text(info.header_json(), kernels),
     }
     for part in parts:
-        files[f"{pkg}/_kernels/{part.name}.py"] = part.module
+        files[_module_file(pkg, part.name)] = part.module
     files |= _modules(manifest, f"{pkg}/{REFERENCE_PACKAGE}", _references(manifest))
     files |= _modules(manifest, f"{pkg}/{SOURCES_PACKAGE}", _shipped_sources(manifest))
     return {name: _encoded(content) for name, content in files.items()}
+
+
+def _module_file(import_name: str, kernel: str) -> str:
+    """Where a kernel's generated loader goes in the tree."""
+    return f"{import_name}/_kernels/{kernel}.py"
 
 
 def _encoded(content: str | Content) -> Content:
@@ -197,6 +205,7 @@ def _stamp(
     """`bundle.json`: the package, every file of its project with its sha256, the parts,
     and what the wheel's METADATA needs from `_build.json`."""
     package = manifest.package
+    parts_prefix = f"{PARTS_DIR}/"
     parts = []
     for target in split_targets(manifest):
         part = target_package(package, target)
@@ -213,7 +222,7 @@ def _stamp(
         )
     return {
         "package": vars(package),
-        "files": {n: d for n, d in digests.items() if not n.startswith(f"{PARTS_DIR}/")},
+        "files": {n: d for n, d in digests.items() if not n.startswith(parts_prefix)},
         "parts": parts,
         "nkibuild": __version__,
         "requirements": list(info.requirements),
@@ -321,25 +330,27 @@ def kernel_part(
 ) -> KernelPart:
     """What the bundle takes from `kernel` and its units' NEFFs; `tools`: the frontend
     packages its extractions recorded (for the provenance summary)."""
-    from nkibuild.bundle.parts import KernelPart, NeffFile  # not on a no-op build's path
+    from nkibuild.bundle.parts import KernelPart  # not on a no-op build's path
 
     neffs: dict[str, dict[str, NeffInfo]] = {}
     for neff in compiled:
         neffs.setdefault(neff.target, {})[neff.variant] = _neff_info(manifest, neff)
     info = _kernel_info(kernel, neffs)
+    module = codegen.kernel_module(manifest.package.import_name, kernel, info).encode()
     return KernelPart(
         name=kernel.name,
         info_text=encode(info.to_json()),
-        module=codegen.kernel_module(manifest.package.import_name, kernel, info).encode(),
+        module=module,
+        module_sha256=hashlib.sha256(module).hexdigest(),
         neffs=tuple(
-            NeffFile(_neff_file(manifest, neff), str(neff.neff_path), neff.sha256, neff.unit)
+            (_neff_file(manifest, neff), str(neff.neff_path), neff.sha256, neff.unit)
             for neff in compiled
         ),
-        targets=frozenset(neffs),
-        dtypes=frozenset(t.dtype for neff in compiled for t in (*neff.inputs, *neff.outputs)),
-        compiler_versions=frozenset(neff.compiler_version for neff in compiled),
+        targets=tuple(sorted(neffs)),
+        dtypes=tuple(sorted({t.dtype for neff in compiled for t in (*neff.inputs, *neff.outputs)})),
+        compiler_versions=tuple(sorted({neff.compiler_version for neff in compiled})),
+        tools=tuple(sorted(tools)),
         placeholder=any(neff.placeholder for neff in compiled),
-        tools=tools,
     )
 
 

@@ -357,7 +357,13 @@ def document_text(header: Mapping[str, Any], kernels: Mapping[str, str]) -> str:
 
 def _object_text(members: Mapping[str, str]) -> str:
     """A JSON object from its (plain) keys and encoded values, in `sort_keys` order."""
-    return "{" + ",".join(f"{encode(key)}:{members[key]}" for key in sorted(members)) + "}"
+    return "{" + ",".join(f"{_key_text(key)}:{members[key]}" for key in sorted(members)) + "}"
+
+
+def _key_text(key: str) -> str:
+    """`encode(key)`; an ASCII identifier (every kernel's name) has nothing to escape,
+    so it is quoted without a call of the encoder per kernel."""
+    return f'"{key}"' if key.isascii() and key.isidentifier() else encode(key)
 
 
 def read_build_info(path: Path) -> BuildInfo:

@@ -28,7 +28,7 @@ def package_init(package: Package, kernels: Sequence[Kernel]) -> str:
     # called `importlib`, `getattr`, `globals` or `AttributeError` breaks nothing.
     names = [kernel.name for kernel in kernels]
     type_imports = "".join(f"    from ._kernels.{name} import {name}\n" for name in sorted(names))
-    exported = ", ".join(_py(name) for name in [*names, "build_info"])
+    exported = _py_items([*names, "build_info"])
     return (
         f'"""Neuron kernels of {package.name!r}, built by nkibuild.\n\n'
         f"Kernels: {', '.join(names)}. Each is loaded on first use.\n"
@@ -186,8 +186,14 @@ def _py(text: str) -> str:
 
 
 def _py_tuple(items: Sequence[str]) -> str:
-    inner = ", ".join(_py(item) for item in items)
+    inner = _py_items(items)
     return f"({inner},)" if len(items) == 1 else f"({inner})"
+
+
+def _py_items(items: Sequence[str]) -> str:
+    """`", ".join(_py(item) for item in items)`, in one call of the encoder (a JSON
+    list separates its items so): the package's `__init__` names thousands of kernels."""
+    return json.dumps(list(items))[1:-1]
 
 
 def _short(text: str, limit: int = 60) -> str:

@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nkibuild import __version__, plaindata
 from nkibuild.cache.key import file_sha256
@@ -46,76 +46,79 @@ MEMO_FILE = "bundle-parts.pickle"
 MAX_UPDATES = 100  # appended to a snapshot before it is written anew: each costs a load
 
 
-@dataclass(frozen=True)
-class NeffFile:
-    """A NEFF the bundle's tree takes from a compile directory."""
-
-    name: str  # its path in the tree
-    source: str  # the compiled NEFF
-    sha256: str  # from the compile record: the bytes copied must hash to it
-    unit: str
+# A NEFF the bundle's tree takes from a compile directory: its path in the tree, the
+# compiled NEFF, the sha256 its compile recorded (the bytes copied must hash to it) and
+# its unit. A plain tuple, as the memo keeps it: none made per NEFF at each bundle.
+NeffRow = tuple[str, str, str, str]
 
 
-@dataclass(frozen=True)
-class KernelPart:
-    """Everything the bundle takes from one kernel and its compiled units."""
+class KernelPart(NamedTuple):
+    """Everything the bundle takes from one kernel and its compiled units.
+
+    A tuple, not a dataclass: a bundle of 10,000 units takes 5,000 of them from the
+    memo, where a frozen dataclass costs several times a tuple to make."""
 
     name: str
     info_text: str  # its entry of `_build.json`'s "kernels", encoded as the file has it
     module: bytes  # its generated loader
-    neffs: tuple[NeffFile, ...]
-    targets: frozenset[str]  # those it has NEFFs for
-    dtypes: frozenset[str]  # of its NEFFs' inputs and outputs
-    compiler_versions: frozenset[str]
+    module_sha256: str
+    neffs: tuple[NeffRow, ...]
+    targets: tuple[str, ...]  # those it has NEFFs for, sorted (as the tuples below)
+    dtypes: tuple[str, ...]  # of its NEFFs' inputs and outputs
+    compiler_versions: tuple[str, ...]
+    tools: tuple[tuple[str, str], ...]  # its extractions' frontend packages and versions
     placeholder: bool  # a NEFF of the toolchain double among them
-    tools: frozenset[tuple[str, str]]  # its extractions' frontend packages and versions
 
 
 PartMaker = Callable[["Kernel", Sequence[CompiledNeff], frozenset[tuple[str, str]]], KernelPart]
 
 
-# A part as the memo keeps it: tuples and strings only, which unpickle several times
-# faster than dataclasses (0.05 s rather than 0.3 s for 5,000 kernels).
-PartRow = tuple[Any, ...]
 Key = bytes  # the kernel's config, its units and their records' stats (`_key`)
 
 
-def _row(part: KernelPart) -> PartRow:
-    neffs = tuple((n.name, n.source, n.sha256, n.unit) for n in part.neffs)
-    sets = (part.targets, part.dtypes, part.compiler_versions, part.tools)
-    return (part.name, part.info_text, part.module, neffs, *map(tuple, sets), part.placeholder)
-
-
-def _part(row: PartRow) -> KernelPart:
-    name, info_text, module, neffs, targets, dtypes, versions, tools, placeholder = row
-    return KernelPart(
-        name,
-        info_text,
-        module,
-        tuple(NeffFile(*neff) for neff in neffs),
-        frozenset(targets),
-        frozenset(dtypes),
-        frozenset(versions),
-        placeholder,
-        frozenset(tools),
-    )
-
-
-def _kept_part(entry: object, key: Key | None) -> KernelPart | None:
-    """The memo's part if it was made from what `key` says; None if not, or if the
-    entry is not one (a damaged memo: the part is made again)."""
-    if key is None or not isinstance(entry, tuple) or len(entry) != 2 or entry[0] != key:
+def _kept_part(entry: object, key: Key | None, name: str) -> KernelPart | None:
+    """The memo's part of kernel `name` if it was made from what `key` says; None if
+    not, or if the entry is not a part of that kernel (a damaged memo: made again)."""
+    if key is None or type(entry) is not tuple or len(entry) != 2 or entry[0] != key:
         return None
-    try:
-        return _part(entry[1])
-    except (TypeError, ValueError):
+    row = entry[1]
+    if type(row) is not tuple or len(row) != len(KernelPart._fields):
         return None
+    part = KernelPart._make(row)
+    return part if part.name == name and _well_typed(part) else None
+
+
+_GROUPS = (tuple,) * 5  # the types of a part's neffs, targets, dtypes, versions and tools
+
+
+def _well_typed(part: KernelPart) -> bool:
+    """Whether every value of a part read from the memo has the type the bundle reads:
+    the pickle holds plain data, but not necessarily of these shapes. Tests inline,
+    no call per value: it runs for every kept kernel (5,000 at 10,000 units)."""
+    name, info_text, module, module_sha256, neffs, targets, dtypes, versions, tools, flag = part
+    groups = (type(neffs), type(targets), type(dtypes), type(versions), type(tools))
+    if type(module) is not bytes or type(flag) is not bool or groups != _GROUPS:
+        return False
+    texts = [name, info_text, module_sha256, *targets, *dtypes, *versions]
+    for neff in neffs:
+        if type(neff) is not tuple or len(neff) != 4:
+            return False
+        texts += neff
+    for tool in tools:
+        if type(tool) is not tuple or len(tool) != 2:
+            return False
+        texts += tool
+    try:  # one join in C checks that every one is a string
+        "".join(texts)
+    except TypeError:
+        return False
+    return True
 
 
 @dataclass
 class _Memo:
     scope: tuple[str, ...]
-    kernels: dict[str, tuple[Key | None, PartRow]]  # name -> (key, part)
+    kernels: dict[str, tuple[Key | None, tuple[Any, ...]]]  # name -> (key, part's fields)
     digests: dict[str, tuple[str, str]]  # path -> (stat, sha256)
     # Of the file it was read from: the bytes read whole (appending after anything else
     # would hide the update), the snapshot's own and the number of updates after it.
@@ -151,7 +154,7 @@ class PartsMemo:
             own = units.get(kernel.name, [])
             key = _key(context, kernel, own)
             entry = self.previous.kernels.get(kernel.name)
-            part = _kept_part(entry, key)
+            part = _kept_part(entry, key, kernel.name)
             if part is None:
                 compiled = [recorded_result(layout.compile_dir(u), u.name) for u in own]
                 extracted = {layout.extract_dir(u.extract): u.name for u in own}
@@ -161,7 +164,7 @@ class PartsMemo:
                     for pair in load_extracted(directory, unit).toolchain
                 )
                 part = make_part(kernel, compiled, tools)
-                entry = (key, _row(part))
+                entry = (key, part[:])
             self.current.kernels[kernel.name] = entry
             parts.append(part)
         return parts

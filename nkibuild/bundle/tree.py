@@ -29,8 +29,8 @@ import os
 import shutil
 import tempfile
 from collections.abc import Container, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from nkibuild.errors import BuildError
 from nkibuild.fsutil import (
@@ -46,9 +46,9 @@ CHUNK = 1 << 20
 Fingerprint = list[int | str]  # [size, mtime_ns, ctime_ns, inode, sha256]
 
 
-@dataclass(frozen=True)
-class CompiledCopy:
-    """A NEFF the tree takes from a compile directory; its bytes must hash to `sha256`."""
+class CompiledCopy(NamedTuple):
+    """A NEFF the tree takes from a compile directory; its bytes must hash to `sha256`.
+    A tuple: the bundle stage makes one per NEFF (10,000) at each update."""
 
     source: str | os.PathLike[str]  # a string from the bundle stage: 10,000 Paths cost
     sha256: str
