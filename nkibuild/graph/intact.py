@@ -74,8 +74,22 @@ class OutputsIntact:
         if not isinstance(recorded, dict):
             return None  # nothing recorded (never ran): doit's other checks decide
         # A file added to an output directory is ignored: nothing reads what its task
-        # did not write (the wheel packs only the files bundle.json lists).
-        return all(_unchanged(path, fingerprint) for path, fingerprint in recorded.items())
+        # did not write (the wheel packs only the files bundle.json lists). One loop, no
+        # call per file: the bundle's are 15,000 at 10,000 units.
+        stat = os.stat
+        for path, fingerprint in recorded.items():
+            try:
+                info = stat(path)
+            except OSError:
+                return False
+            if (
+                info.st_mtime_ns != fingerprint[1]
+                or info.st_ctime_ns != fingerprint[2]
+                or info.st_ino != fingerprint[3]
+                or info.st_size != fingerprint[0]
+            ) and not _same_content(path, info.st_size, fingerprint):
+                return False
+        return True
 
 
 def output_files(files: Sequence[str], directories: Sequence[str] = ()) -> list[str]:
@@ -113,11 +127,6 @@ def _fingerprint(path: str) -> Fingerprint:
     return [*_stat(path), file_sha256(path)]
 
 
-def _unchanged(path: str, recorded: Fingerprint) -> bool:
-    try:
-        stat = _stat(path)
-    except OSError:
-        return False
-    if stat == recorded[:4]:
-        return True
-    return stat[0] == recorded[0] and file_sha256(path) == recorded[4]
+def _same_content(path: str, size: int, recorded: Fingerprint) -> bool:
+    """A file whose stat changed: still what was recorded if its size and sha256 are."""
+    return size == recorded[0] and file_sha256(path) == recorded[4]

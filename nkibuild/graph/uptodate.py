@@ -425,11 +425,10 @@ def _record_task(
     for path in graph.files(name, listing):
         if path in read:
             continue
-        stat = decision.stats[path] if path in decision.stats else previous.files.get(path)
-        if checked is not None and path not in sources:
-            stat = _written_stat(outputs, path)
-            if stat is not None and _ctime_ns(stat) > checked:
-                stat = None
+        if checked is None or path in sources:
+            stat = decision.stats[path] if path in decision.stats else previous.files.get(path)
+        else:
+            stat = _written_stat(outputs, path, checked)
         if stat is not None:
             proof.files[path] = stat
         else:
@@ -443,12 +442,17 @@ def _record_task(
             proof.digests.pop(path, None)
 
 
-def _written_stat(outputs: Mapping[str, Fingerprint] | None, path: str) -> Stat | None:
-    """The stat its task recorded for an output as it wrote it, else the file's now."""
+def _written_stat(
+    outputs: Mapping[str, Fingerprint] | None, path: str, checked: int
+) -> Stat | None:
+    """The stat its task recorded for an output as it wrote it, else the file's now;
+    None if it changed after doit looked at the task (at `checked`)."""
     fingerprint = outputs.get(path) if outputs is not None else None
     if fingerprint is None:
-        return stat_stamp(path)
-    return " ".join(map(str, fingerprint[:4]))
+        stat = stat_stamp(path)
+        return stat if stat is None or _ctime_ns(stat) <= checked else None
+    size, mtime_ns, ctime_ns, inode = fingerprint[:4]
+    return f"{size} {mtime_ns} {ctime_ns} {inode}" if ctime_ns <= checked else None
 
 
 def _source_digest(path: str, stat: Stat | None, previous: Proof) -> str | None:
