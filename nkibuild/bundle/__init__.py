@@ -144,17 +144,14 @@ def write_bundle(
     """Bring `out_dir` up to date with the manifest and the kernels' parts, writing only
     the files whose content changed (nkibuild.bundle.tree); `bundle.json` is written last."""
     info = _header(manifest, parts, provenance)
-    files = _project_files(manifest, info, parts)
-    neffs = [neff for part in parts for neff in part.neffs]
-    files.update((name, CompiledCopy(source, sha256, unit)) for name, source, sha256, unit in neffs)
+    files, digests = _project_files(manifest, info, parts)
+    # A NEFF's sha256 is its compile record's, as its part keeps it: not hashed here.
+    for part in parts:
+        for name, source, sha256, unit in part.neffs:
+            files[name] = CompiledCopy(source, sha256, unit)
+            digests[name] = sha256
     for target in split_targets(manifest):
-        files |= _part_files(manifest.package, target)
-
-    # Each kernel's module and NEFFs have the sha256 its part recorded: not hashed again.
-    pkg = manifest.package.import_name
-    known = {_module_file(pkg, part.name): part.module_sha256 for part in parts}
-    known.update((name, sha256) for name, _, sha256, _ in neffs)
-    digests = {name: known.get(name) or digest(content) for name, content in files.items()}
+        _add_hashed(files, digests, _part_files(manifest.package, target))
     targets = sorted({target for part in parts for target in part.targets})
     stamp_bytes = _stamp_text(_stamp(manifest, info, digests, targets)).encode()
     recorded = update_tree(out_dir, files, STAMP_FILE, stamp_bytes, digests=digests)
@@ -163,29 +160,41 @@ def write_bundle(
 
 def _project_files(
     manifest: Manifest, info: BuildInfo, parts: Sequence[KernelPart]
-) -> dict[str, Content]:
-    """The generated project, NEFFs aside: pyproject.toml, the package and its modules."""
+) -> tuple[dict[str, Content], dict[str, str]]:
+    """The generated project, NEFFs aside (pyproject.toml, the package and its modules),
+    and each file's sha256."""
     package = manifest.package
     pkg = package.import_name
     extras = {t: [target_package(package, t).name] for t in split_targets(manifest)}
     kernels = {part.name: part.info_text for part in parts}
-    files: dict[str, str | Content] = {
+    generated = {
         "pyproject.toml": codegen.pyproject(package, list(info.requirements), extras=extras),
         f"{pkg}/__init__.py": codegen.package_init(package, manifest.kernels),
         f"{pkg}/_kernels/__init__.py": '"""Generated kernel modules."""\n',
         f"{pkg}/_runtime.py": RUNTIME_SOURCE.read_bytes(),
         f"{pkg}/{FILE_NAME}": document_text(info.header_json(), kernels),
     }
-    for part in parts:
-        files[_module_file(pkg, part.name)] = part.module
-    files |= _modules(manifest, f"{pkg}/{REFERENCE_PACKAGE}", _references(manifest))
-    files |= _modules(manifest, f"{pkg}/{SOURCES_PACKAGE}", _shipped_sources(manifest))
-    return {name: _encoded(content) for name, content in files.items()}
+    files: dict[str, Content] = {}
+    digests: dict[str, str] = {}
+    _add_hashed(files, digests, {name: _encoded(text) for name, text in generated.items()})
+    for part in parts:  # its sha256 as its part keeps it
+        name = f"{pkg}/_kernels/{part.name}.py"
+        files[name] = part.module
+        digests[name] = part.module_sha256
+    shipped = {
+        **_modules(manifest, f"{pkg}/{REFERENCE_PACKAGE}", _references(manifest)),
+        **_modules(manifest, f"{pkg}/{SOURCES_PACKAGE}", _shipped_sources(manifest)),
+    }
+    _add_hashed(files, digests, shipped)
+    return files, digests
 
 
-def _module_file(import_name: str, kernel: str) -> str:
-    """Where a kernel's generated loader goes in the tree."""
-    return f"{import_name}/_kernels/{kernel}.py"
+def _add_hashed(
+    files: dict[str, Content], digests: dict[str, str], added: Mapping[str, Content]
+) -> None:
+    """Add files to the tree's `files`, with their sha256 to its `digests`."""
+    files.update(added)
+    digests.update((name, digest(content)) for name, content in added.items())
 
 
 def _encoded(content: str | Content) -> Content:

@@ -356,8 +356,12 @@ def document_text(header: Mapping[str, Any], kernels: Mapping[str, str]) -> str:
 
 
 def _object_text(members: Mapping[str, str]) -> str:
-    """A JSON object from its (plain) keys and encoded values, in `sort_keys` order."""
-    return "{" + ",".join(f"{_key_text(key)}:{members[key]}" for key in sorted(members)) + "}"
+    """A JSON object from its (plain) keys and encoded values, in `sort_keys` order.
+    Joined once: formatting each member first copies megabytes of kernel entries."""
+    texts = []
+    for key in sorted(members):
+        texts += (",", _key_text(key), ":", members[key])
+    return "{" + "".join(texts[1:]) + "}"
 
 
 def _key_text(key: str) -> str:

@@ -135,24 +135,31 @@ def _changed(
 ) -> list[str]:
     """The `names` to write again: all but those whose recorded sha256 is the one wanted
     and whose stat is as recorded. One loop, no call per file: it runs over every file
-    of the tree at each update."""
-    prefix = f"{root}/"
+    of the tree at each update; each stat'ed relative to the tree's directory, whose
+    path is then not looked up again for each file."""
+    try:
+        tree = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # no tree yet (or not a directory): every file is written
+        return list(names)
     changed = []
-    for name in names:
-        recorded = known.get(name)
-        try:
-            info = os.stat(prefix + name)
-            kept = recorded == [
-                info.st_size,
-                info.st_mtime_ns,
-                info.st_ctime_ns,
-                info.st_ino,
-                digests[name],
-            ]
-        except OSError:
-            kept = False
-        if not kept:
-            changed.append(name)
+    try:
+        for name in names:
+            recorded = known.get(name)
+            try:
+                info = os.stat(name, dir_fd=tree)
+                kept = recorded == [
+                    info.st_size,
+                    info.st_mtime_ns,
+                    info.st_ctime_ns,
+                    info.st_ino,
+                    digests[name],
+                ]
+            except OSError:
+                kept = False
+            if not kept:
+                changed.append(name)
+    finally:
+        os.close(tree)
     return changed
 
 
