@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -324,3 +325,55 @@ def test_a_bundle_record_that_is_no_sha256_is_refused_not_copied(tmp_path: Path)
     after = BundleProject(after.directory, PACKAGE, tuple(sorted(files.items())), None)
     with pytest.raises(BuildError, match=r"k03/default.neff changed after the bundle"):
         build_wheel(after, tmp_path / "dist", reuse=trusted(wheel))
+
+
+def big_text(tag: str) -> bytes:
+    """Compressible content past FAST_DEFLATE_BYTES, as `_build.json` is for many kernels."""
+    return b"".join(
+        b'{"kernel": "k%05d", "tag": "%s"},\n' % (n, tag.encode()) for n in range(40_000)
+    )
+
+
+def stored_bytes(wheel: Path, name: str) -> bytes:
+    with zipfile.ZipFile(wheel) as archive:
+        info = archive.getinfo(name)
+    data = wheel.read_bytes()
+    start = info.header_offset + 30 + len(info.filename.encode())
+    return data[start : start + info.compress_size]
+
+
+def deflated(data: bytes, level: int) -> bytes:
+    compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return compressor.compress(data) + compressor.flush()
+
+
+def test_a_big_file_is_deflated_at_the_fastest_level_and_a_small_one_at_the_default(
+    tmp_path: Path,
+) -> None:
+    big = big_text("old")
+    assert len(big) >= wheel_module.FAST_DEFLATE_BYTES
+    wheel = written_before(tmp_path, contents("old") | {NAMES[0]: big})
+    assert stored_bytes(wheel, NAMES[0]) == deflated(big, 1) != deflated(big, 6)
+    assert stored_bytes(wheel, NAMES[1]) == deflated(contents("old")[NAMES[1]], 6)
+
+
+def test_an_untrusted_wheel_lends_no_big_deflated_member(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wheel of another writer that deflated a big file at zlib's default level: its
+    stream unpacks to the right content but is not the one this writer writes."""
+    files = contents("old") | {NAMES[0]: big_text("old")}
+    with monkeypatch.context() as other_writer:
+        other_writer.setattr(wheel_module, "FAST_DEFLATE_LEVEL", 6)
+        wheel = written_before(tmp_path, files)
+    assert stored_bytes(wheel, NAMES[0]) == deflated(files[NAMES[0]], 6)
+    copied: list[str] = []
+    copy_member = wheel_module._copy_member
+
+    def counted(archive: zipfile.ZipFile, name: str, *args: object) -> str:
+        copied.append(name)
+        return copy_member(archive, name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(wheel_module, "_copy_member", counted)
+    updated(tmp_path, files | {NAMES[5]: b"new\n"}, {})  # no stat recorded: untrusted
+    assert copied == [n for n in NAMES if n not in (NAMES[0], NAMES[5])]
