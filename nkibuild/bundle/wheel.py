@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress, count, pairwise, repeat
-from operator import add, itemgetter, ne
+from operator import add, itemgetter, ne, not_
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -529,15 +529,22 @@ class Directory:
 
     def stored_indexes(self, members: Sequence[tuple[str, str]]) -> list[int]:
         """For each member (name, sha256 as hex), the index of the member stored under
-        that name with that content, or NOT_STORED: RECORD's `name,sha256=<hash>`
-        looked up for all members at once."""
+        that name with that content, or NOT_STORED: RECORD's `name,sha256=<hash>,`
+        looked up for all members at once. When the wheel holds the same members first
+        (none added or removed), each is compared with its own line, no lookup built."""
         if not members:
             return []
+        names, hexdigests = zip(*members, strict=True)
+        keys = list(map(add, map(add, names, repeat(",sha256=")), _record_hashes(hexdigests)))
+        if self.names[: len(names)] == list(names):
+            found = list(range(len(names)))
+            prefixes = map(add, keys, repeat(","))
+            for index in compress(count(), map(not_, map(str.startswith, self.lines, prefixes))):
+                found[index] = NOT_STORED
+            return found
         stored = dict(
             zip(map(itemgetter(0), map(str.rpartition, self.lines, repeat(","))), count())
         )
-        names, hexdigests = zip(*members, strict=True)
-        keys = map(add, map(add, names, repeat(",sha256=")), _record_hashes(hexdigests))
         return list(map(stored.get, keys, repeat(NOT_STORED)))
 
 
