@@ -249,3 +249,75 @@ def test_bundle_json_is_its_content_indented_with_sorted_keys(tmp_path: Path) ->
     stamp = json.loads(text)
     assert stamp["parts"] and all(part["files"] for part in stamp["parts"])
     assert text == json.dumps(stamp, indent=2, sort_keys=True)
+
+
+def _damaged(row: tuple, field: str, value: object) -> tuple:
+    """A memo row (a part's fields) with one field replaced."""
+    from nkibuild.bundle.parts import KernelPart
+
+    return KernelPart._make(row)._replace(**{field: value})[:]
+
+
+ROW_DAMAGE = {
+    "module-text": lambda row: _damaged(row, "module", row[2].decode()),
+    "info-bytes": lambda row: _damaged(row, "info_text", row[1].encode()),
+    "another-kernels-name": lambda row: _damaged(row, "name", "softmax"),
+    "neff-row-short": lambda row: _damaged(row, "neffs", tuple(n[:3] for n in row[4])),
+    "neff-row-list": lambda row: _damaged(row, "neffs", tuple(list(n) for n in row[4])),
+    "neff-sha-number": lambda row: _damaged(row, "neffs", ((*row[4][0][:2], 7, row[4][0][3]),)),
+    "targets-a-string": lambda row: _damaged(row, "targets", "trn2"),
+    "tool-not-a-pair": lambda row: _damaged(row, "tools", (("nki",),)),
+    "placeholder-number": lambda row: _damaged(row, "placeholder", 1),
+    "sha-none": lambda row: _damaged(row, "module_sha256", None),
+    "row-short": lambda row: row[:-1],
+}
+
+
+@pytest.mark.parametrize("damage", list(ROW_DAMAGE), ids=list(ROW_DAMAGE))
+def test_a_memo_row_of_the_wrong_shape_is_made_again(
+    tmp_path: Path, made: list[str], damage: str
+) -> None:
+    """A row under its kernel's own key but with a value of the wrong type (or another
+    kernel's name) lends nothing: the part is made again, and the tree is as before."""
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    expected = tree(project)
+    memo = project / "build" / "state" / MEMO_FILE
+    scope, kernels, digests = pickle.loads(memo.read_bytes())
+    key, row = kernels["other"]
+    kernels["other"] = (key, ROW_DAMAGE[damage](row))
+    memo.write_bytes(pickle.dumps((scope, kernels, digests)))
+    shutil.rmtree(project / "build" / "bundle")
+    made.clear()
+    assert build(project, "bundle").ok
+    assert made == ["other"]
+    assert tree(project) == expected
+
+
+def test_a_kept_part_is_the_part_made_anew(tmp_path: Path, made: list[str]) -> None:
+    """What the memo lends is field for field the part computing it anew gives (the
+    module's sha256 included), tuples and all."""
+    from nkibuild.bundle.parts import KernelPart
+
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    memo = project / "build" / "state" / MEMO_FILE
+    _, kernels, _ = pickle.loads(memo.read_bytes())
+    rows = {name: KernelPart._make(entry[1]) for name, entry in kernels.items()}
+    assert all(
+        part.module_sha256 == hashlib.sha256(part.module).hexdigest() for part in rows.values()
+    )
+    assert all(type(part.neffs[0]) is tuple for part in rows.values())  # plain data
+    memo.unlink()
+    shutil.rmtree(project / "build" / "bundle")
+    made.clear()
+    assert build(project, "bundle").ok and sorted(made) == sorted(KERNELS)
+    _, anew, _ = pickle.loads(memo.read_bytes())
+    assert {name: entry[1] for name, entry in anew.items()} == {n: r[:] for n, r in rows.items()}
+
+
+@pytest.mark.parametrize("key", ["k00001", "_x", "a b", "é", 'a"b\\c', "1st"])
+def test_document_text_encodes_each_kernels_name_as_json_does(key: str) -> None:
+    kernels = {key: encode({"n": 1}), "zz": encode([])}
+    text = document_text({"format_version": 1}, kernels)
+    assert text == encode({"format_version": 1, "kernels": {key: {"n": 1}, "zz": []}}) + "\n"
