@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,8 +87,11 @@ def load_context(
     dist_dir: Path,
     options: BuildOptions,
     session: BuildSession | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> BuildContext:
-    """The project's context, in `session` (a new one unless a release shares its own)."""
+    """The project's context, in `session` (a new one unless a release shares its own);
+    `meanwhile`: work independent of the manifest, run while it is validated (if it is:
+    not when the plan is cached), by a forked child where one can (plan.load_plan)."""
     from nkibuild.toolchain import cancel_unanswered, resolve_toolchain, start_version_query
 
     session = session if session is not None else BuildSession()
@@ -96,7 +100,7 @@ def load_context(
     # The compiler answers `--version` while the manifest loads (on another core).
     start_version_query(*_likely_compiler(options), layout.state_dir, versions)
     try:
-        manifest, units = load_plan(manifest_path, layout.state_dir)
+        manifest, units = load_plan(manifest_path, layout.state_dir, meanwhile)
         settings = resolve_settings(options, manifest)
         toolchain = resolve_toolchain(
             settings.toolchain, layout.state_dir, settings.compiler, versions

@@ -12,7 +12,7 @@ import hashlib
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -230,7 +230,9 @@ _PLAN_CODE = (
 )
 
 
-def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[BuildUnit, ...]]:
+def load_plan(
+    manifest_path: Path, state_dir: Path, meanwhile: Callable[[], None] | None = None
+) -> tuple[Manifest, tuple[BuildUnit, ...]]:
     """The validated manifest and its build units, from the plan cache when still valid.
 
     The cache is keyed by the manifest's bytes and location and by the code that
@@ -240,7 +242,8 @@ def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[Bui
     (validation parses those files; an hlo source's content is the build's business,
     not validation's). It is a pickle, read allowing only the plan's own dataclasses
     and paths (a build dir restored from elsewhere names no code to run). A build dir
-    that cannot be written is no error: the plan is then not cached.
+    that cannot be written is no error: the plan is then not cached. `meanwhile` runs
+    while the manifest is validated, if it is (manifest.load_manifest).
     """
     from nkibuild.manifest import load_manifest
 
@@ -252,7 +255,7 @@ def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[Bui
         if cached is not None:
             return cached
     validating = time.time_ns()
-    manifest = load_manifest(manifest_path)  # errors show the path as the user typed it
+    manifest = load_manifest(manifest_path, meanwhile)  # errors: the path as the user typed it
     units = resolve(manifest)
     files = _named_files(manifest)
     stamps = _python_stamps(manifest, files, validating)

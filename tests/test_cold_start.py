@@ -1,17 +1,26 @@
 """The cold build's start-up path: what it computes instead of asking doit must agree
-with doit."""
+with doit, and the manifest checked by a forked child must be checked as in-process."""
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from conftest import run_nkibuild
+from helpers import softmax_manifest, softmax_project
+from test_import_weight import imported_modules
 
 from nkibuild.context import load_context
-from nkibuild.errors import UsageError
+from nkibuild.errors import ManifestError, UsageError
 from nkibuild.graph.loader import to_tasks
 from nkibuild.graph.run import check_selection, task_names
 from nkibuild.graph.tasks import task_dicts
+from nkibuild.manifest import load_manifest
+from nkibuild.manifest.forkcheck import ForkedCheck
 from nkibuild.settings import BuildOptions
 
 
@@ -40,3 +49,104 @@ def test_selection_by_group_pattern_and_subtask_is_accepted(dicts: list[dict]) -
 def test_unknown_selection_names_close_tasks(dicts: list[dict]) -> None:
     with pytest.raises(UsageError, match=r"no task matches 'compil'; did you mean compile"):
         check_selection(dicts, ["compil"])
+
+
+def test_a_forked_check_answers_from_another_process() -> None:
+    parent = os.getpid()
+    check = ForkedCheck.start(lambda: os.getpid() != parent)
+    assert check is not None
+    assert check.passed()
+    assert check.passed()  # the answer is kept once the child is reaped
+
+
+@pytest.mark.parametrize("answer", [lambda: False, lambda: 1 / 0])
+def test_a_forked_check_that_says_no_or_fails_has_not_passed(answer) -> None:
+    check = ForkedCheck.start(answer)
+    assert check is not None
+    assert not check.passed()
+
+
+def test_a_forked_check_writes_nothing_and_runs_nothing_of_the_parent(capfd) -> None:
+    def noisy() -> bool:
+        print("from the child")
+        print("and its stderr", file=sys.stderr)
+        raise KeyboardInterrupt  # must end the child, never reach the code below
+
+    check = ForkedCheck.start(noisy)
+    assert check is not None
+    assert not check.passed()
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+
+
+def test_a_cancelled_check_is_killed_and_reaped() -> None:
+    check = ForkedCheck.start(lambda: time.sleep(60) is None)
+    assert check is not None
+    started = time.monotonic()
+    check.cancel()
+    assert time.monotonic() - started < 10
+    assert not check.passed()
+    with pytest.raises(ChildProcessError):  # reaped: no zombie left
+        os.waitpid(-1, os.WNOHANG)
+
+
+def test_no_fork_while_another_thread_runs() -> None:
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert ForkedCheck.start(lambda: True) is None
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_the_manifest_checked_beside_is_the_one_checked_here(example_project: Path) -> None:
+    ran: list[str] = []
+    path = example_project / "nkibuild.yaml"
+    beside = load_manifest(path, lambda: ran.append("meanwhile"))
+    assert ran == ["meanwhile"]
+    assert beside == load_manifest(path)
+
+
+def test_a_manifest_in_error_checked_beside_reports_as_checked_here(tmp_path: Path) -> None:
+    manifest = softmax_manifest(kernel="    dtype: float33\n    colour: red\n")
+    project = softmax_project(tmp_path / "p", manifest)
+    ran: list[str] = []
+    with pytest.raises(ManifestError) as beside:
+        load_manifest(project / "nkibuild.yaml", lambda: ran.append("meanwhile"))
+    with pytest.raises(ManifestError) as here:
+        load_manifest(project / "nkibuild.yaml")
+    assert ran == ["meanwhile"]
+    assert beside.value.render() == here.value.render()
+    assert "nkibuild.yaml:10:5: " in here.value.render()
+    assert "unknown key 'colour'" in here.value.render()
+
+
+def _build_modules(project: Path) -> set[str]:
+    return imported_modules(["build", "--toolchain", "fake", "compile:*"], project)
+
+
+def test_a_first_build_validates_its_manifest_in_a_child(tmp_path: Path) -> None:
+    project = softmax_project(tmp_path / "p", softmax_manifest())
+    assert "jsonschema" not in _build_modules(project)  # the child imported it
+    assert (project / "build/compile/softmax/default/trn2/model.neff").is_file()
+    (project / "nkibuild.yaml").write_text(softmax_manifest(defaults="{targets: [trn2]}"))
+    # A build dir with state: validated here (the build may need nothing else).
+    assert "jsonschema" in _build_modules(project)
+
+
+def test_a_first_build_reports_a_manifest_in_error_as_a_later_one(tmp_path: Path) -> None:
+    manifest = softmax_manifest(kernel="    dtype: float33\n")
+    project = softmax_project(tmp_path / "p", manifest)
+    first = run_nkibuild(["build", "--toolchain", "fake"], project)
+    (project / "build" / "state").mkdir(parents=True)
+    later = run_nkibuild(["build", "--toolchain", "fake"], project)
+    assert (first.returncode, first.stdout, first.stderr) == (
+        later.returncode,
+        later.stdout,
+        later.stderr,
+    )
+    assert first.returncode == 2
+    assert "nkibuild.yaml:10:5: " in first.stderr
+    assert "unknown key 'dtype'" in first.stderr

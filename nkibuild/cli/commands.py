@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from nkibuild.context import BuildContext
     from nkibuild.manifest.model import Manifest
     from nkibuild.plan import BuildUnit
@@ -22,12 +24,47 @@ EXIT_OK, EXIT_BUILD_FAILED = 0, 1
 DEFAULT_MANIFEST = "nkibuild.yaml"
 
 
-def _context(args: argparse.Namespace) -> BuildContext:
+def _context(args: argparse.Namespace, meanwhile: Callable[[], None] | None = None) -> BuildContext:
     from nkibuild.context import load_context
 
     _require_manifest(args)
     options = _build_options(args)
-    return load_context(Path(args.manifest), Path(args.build_dir), Path(args.dist_dir), options)
+    build_dir, dist_dir = Path(args.build_dir), Path(args.dist_dir)
+    return load_context(Path(args.manifest), build_dir, dist_dir, options, meanwhile=meanwhile)
+
+
+# What a first build imports before its first compile: doit and the lock, the modules of
+# the task dicts, the extraction's HLO reader (protobuf) and the compile stage's. In a
+# build dir without state (nothing to prove up to date, every task runs) they are
+# imported while a forked child validates the manifest (manifest/forkcheck.py), which
+# takes them off the start-up's critical path.
+_FIRST_BUILD_MODULES = (
+    "filelock",
+    "doit.doit_cmd",
+    "nkibuild.graph.loader",
+    "nkibuild.bundle.provenance",
+    "nkibuild.bundle.wheel",
+    "nkibuild.frontends",
+    "nkibuild.formats.hlo",
+    "nkibuild.compiler",
+    "nkibuild.formats.neff",
+)
+
+
+def _first_build_imports(args: argparse.Namespace) -> Callable[[], None] | None:
+    from nkibuild.context import Layout
+
+    layout = Layout(Path(args.build_dir).resolve(), Path(args.dist_dir).resolve())
+    if layout.state_dir.exists():
+        return None  # a later build may prove every task up to date and need none of them
+
+    def load() -> None:
+        import importlib
+
+        for name in _FIRST_BUILD_MODULES:
+            importlib.import_module(name)
+
+    return load
 
 
 def _build_options(args: argparse.Namespace) -> BuildOptions:
@@ -53,7 +90,7 @@ def build(args: argparse.Namespace) -> int:
     from nkibuild.cli.display import PlainDisplay, RichDisplay, use_rich
     from nkibuild.graph.run import RunOptions, run_build
 
-    context = _context(args)
+    context = _context(args, _first_build_imports(args))
     for notice in context.toolchain.notices:
         print(f"warning: {notice}", file=sys.stderr)
     if use_rich(sys.stdout) and not args.json_summary:

@@ -1,0 +1,81 @@
+"""A yes/no check run in a forked copy of this process, on the machine's other core.
+
+A cold build validates its manifest before anything else can start: importing
+jsonschema and checking the document take ~80-100 ms of one core while the other idles.
+A forked child inherits the parsed document and answers only "valid" (exit 0) or not;
+the build process meanwhile does work that does not depend on the answer (imports)
+and joins the child before it acts on the manifest. The child writes nothing (its
+stdout and stderr go to /dev/null) and leaves by `os._exit`: no atexit handler, no
+buffer flushed twice, no exception reaching the parent's code.
+
+Only where forking is safe: Linux, and a process with no other thread (a thread
+holding a lock at the fork would leave it held in the child forever).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+_PASSED, _FAILED, _CRASHED = 0, 1, 2
+
+
+class ForkedCheck:
+    """A running check; `passed()` waits for its answer, `cancel()` kills it."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid: int | None = pid
+        self._status: int | None = None
+
+    @classmethod
+    def start(cls, check: Callable[[], bool]) -> ForkedCheck | None:
+        """`check()` running in a child process; None where no child can run it."""
+        if not sys.platform.startswith("linux") or threading.active_count() != 1:
+            return None
+        # Ctrl-C held back across the fork: the child then dies of it (SIG_DFL) instead
+        # of raising KeyboardInterrupt into a copy of the build, the parent raises it.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            pid = os.fork()
+        except OSError:  # no process left under the user's limit: check in-process
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            return None
+        if pid == 0:
+            _run_child(check, blocked)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        return cls(pid)
+
+    def passed(self) -> bool:
+        """Whether the check answered yes (False if it said no, failed or was killed)."""
+        if self._pid is not None:
+            _, status = os.waitpid(self._pid, 0)
+            self._pid, self._status = None, status
+        return self._status is not None and os.waitstatus_to_exitcode(self._status) == _PASSED
+
+    def cancel(self) -> None:
+        """Kill and reap the child if it still runs (the parent was interrupted)."""
+        if self._pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._pid, signal.SIGKILL)
+        os.waitpid(self._pid, 0)
+        self._pid = None
+
+
+def _run_child(check: Callable[[], bool], mask: set[signal.Signals]) -> None:
+    code = _CRASHED
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        # Python's streams too: one may write to another descriptor (a capture).
+        sys.stdout = sys.stderr = open(devnull, "w", closefd=False)  # noqa: SIM115
+        code = _PASSED if check() else _FAILED
+    finally:  # whatever happened (a failure is "not shown valid"), the child ends here
+        os._exit(code)
