@@ -255,7 +255,11 @@ def load_plan(
         if cached is not None:
             return cached
     validating = time.time_ns()
-    manifest = load_manifest(manifest_path, meanwhile)  # errors: the path as the user typed it
+    # Errors show the path as the user typed it.
+    if meanwhile is None:
+        manifest = load_manifest(manifest_path)
+    else:
+        manifest = load_manifest(manifest_path, meanwhile)
     units = resolve(manifest)
     files = _named_files(manifest)
     stamps = _python_stamps(manifest, files, validating)
