@@ -261,7 +261,8 @@ def _flat_object(members: Mapping[str, str], indent: str) -> str:
     """A JSON object of string members as `json.dumps(indent=2, sort_keys=True)` writes
     it at `indent`: the same separators, given to the C encoder."""
     inner = indent + "  "
-    text = json.dumps(members, sort_keys=True, separators=(",\n" + inner, ": "))
+    separators = (",\n" + inner, ": ")  # strings only: no cycle to look for
+    text = json.dumps(members, sort_keys=True, separators=separators, check_circular=False)
     return text if not members else "{\n" + inner + text[1:-1] + "\n" + indent + "}"
 
 
