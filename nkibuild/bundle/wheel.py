@@ -491,10 +491,13 @@ def _copy_member(
 # columns (one `map` or slice per column, not a Python call per member): per-member
 # work is most of an update's time when only a few of 15,000 members changed.
 CENTRAL_HEADER = struct.Struct(zipfile.structCentralDir)
-# The fields of a central header an update checks, the others skipped: signature,
-# flags, date and time, stored and content sizes, name length, extra and comment
-# lengths (together), local header offset.
-CENTRAL_CHECKED = struct.Struct("<4s4xH2x4s4xLLHL8xL")
+# Where a central header holds the fields an update reads (after its signature).
+FLAGS_AT = 8
+DATE_TIME_AT = 12
+STORED_SIZE_AT = 20
+SIZE_AT = 24
+NAME_LENGTH_AT = 28
+EXTRA_COMMENT_LENGTHS_AT = 30  # the extra field's length, then the comment's
 CENTRAL_OFFSET_AT = CENTRAL_HEADER.size - 4  # its last field: the local header's offset
 OFFSET_FIELD = struct.Struct("<L")
 END_RECORD = struct.Struct(zipfile.structEndArchive)
@@ -654,39 +657,62 @@ def _read_directory(handle: BinaryIO, stamp: tuple[int, ...]) -> Directory:
     lines = _record_lines(handle, headers)
     if len(lines) != count:
         raise Declined
-    names = list(map(itemgetter(0), map(str.rsplit, lines, repeat(","), repeat(2))))
+    names = [line.rsplit(",", 2)[0] for line in lines]
     joined = "".join(names)
     if joined.isascii():
         lengths, flags = list(map(len, names)), [0] * count
     else:
-        encoded = [name.encode() for name in names]
-        lengths = list(map(len, encoded))
+        lengths = [len(name.encode()) for name in names]
         flags = [0 if name.isascii() else UTF8_NAME for name in names]
     starts = list(accumulate(map(add, lengths, repeat(CENTRAL_HEADER.size)), initial=0))
     if starts[-1] != len(headers):
         raise Declined
-    fields = map(CENTRAL_CHECKED.unpack_from, repeat(headers), starts[:-1])
-    signatures, flag_bits, dates, stored_sizes, sizes, name_lengths, extras, offsets = zip(
-        *fields, strict=True
-    )
-    name_starts = map(add, starts, repeat(CENTRAL_HEADER.size))
+    name_starts = list(map(add, starts, repeat(CENTRAL_HEADER.size)))
+    fixed = FixedParts(b"".join(map(headers.__getitem__, map(slice, starts[:-1], name_starts))))
     stored_names = b"".join(map(headers.__getitem__, map(slice, name_starts, starts[1:])))
+    name_lengths, stored_sizes = fixed.field(NAME_LENGTH_AT, 2), fixed.field(STORED_SIZE_AT, 4)
+    offsets = [*fixed.field(CENTRAL_OFFSET_AT, 4), offset]
     # This writer's plain members: names as zipfile encodes them, no extra field or
     # comment, the date a header of `stamp` has, no ZIP64 local header (writestr's rule).
     if (
-        list(name_lengths) != lengths
+        name_lengths != lengths
         or stored_names != joined.encode()
-        or list(flag_bits) != flags
-        or set(signatures) != {zipfile.stringCentralDir}
-        or set(dates) != {_dos_date_time(stamp)}
-        or any(extras)
-        or max(sizes) * 1.05 > zipfile.ZIP64_LIMIT
+        or fixed.field(FLAGS_AT, 2) != flags
+        or not fixed.everywhere(0, zipfile.stringCentralDir)
+        or not fixed.everywhere(DATE_TIME_AT, _dos_date_time(stamp))
+        or not fixed.everywhere(EXTRA_COMMENT_LENGTHS_AT, bytes(4))
+        or max(fixed.field(SIZE_AT, 4)) * 1.05 > zipfile.ZIP64_LIMIT
     ):
         raise Declined
     local_sizes = map(add, map(add, name_lengths, stored_sizes), repeat(LOCAL_HEADER.size))
-    if list(accumulate(local_sizes, initial=0)) != [*offsets, offset]:
+    if list(accumulate(local_sizes, initial=0)) != offsets:
         raise Declined  # members not back to back: a range copy would take other bytes
-    return Directory(names, [*offsets, offset], starts, headers, lines)
+    return Directory(names, offsets, starts, headers, lines)
+
+
+@dataclass(frozen=True)
+class FixedParts:
+    """Central headers without their names, back to back: as each is as long, a field
+    of all of them is a few slices with a step (one per byte), not a call per header."""
+
+    data: bytes
+
+    def field(self, at: int, size: int) -> list[int]:
+        """The little-endian field of `size` bytes (2 or 4) at `at` of every header."""
+        count = len(self.data) // CENTRAL_HEADER.size
+        gathered = bytearray(size * count)
+        for byte in range(size):
+            gathered[byte::size] = self.data[at + byte :: CENTRAL_HEADER.size]
+        return list(struct.unpack(f"<{count}{'H' if size == 2 else 'L'}", gathered))
+
+    def everywhere(self, at: int, value: bytes) -> bool:
+        """Whether every header holds `value` at `at`."""
+        count = len(self.data) // CENTRAL_HEADER.size
+        columns = (self.data[at + byte :: CENTRAL_HEADER.size] for byte in range(len(value)))
+        return all(
+            column == bytes([expected]) * count
+            for column, expected in zip(columns, value, strict=True)
+        )
 
 
 def _dos_date_time(stamp: tuple[int, ...]) -> bytes:
