@@ -3,7 +3,9 @@ with doit, and the manifest checked by a forked child must be checked as in-proc
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -12,14 +14,13 @@ from pathlib import Path
 import pytest
 from conftest import run_nkibuild
 from helpers import softmax_manifest, softmax_project
-from test_import_weight import imported_modules
 
 from nkibuild.context import load_context
 from nkibuild.errors import ManifestError, UsageError
 from nkibuild.graph.loader import to_tasks
 from nkibuild.graph.run import check_selection, task_names
 from nkibuild.graph.tasks import task_dicts
-from nkibuild.manifest import load_manifest
+from nkibuild.manifest import forkcheck, load_manifest
 from nkibuild.manifest.forkcheck import ForkedCheck
 from nkibuild.settings import BuildOptions
 
@@ -51,6 +52,29 @@ def test_unknown_selection_names_close_tasks(dicts: list[dict]) -> None:
         check_selection(dicts, ["compil"])
 
 
+@pytest.fixture
+def idle_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on an idle machine: the check forks whatever this one's load."""
+    monkeypatch.setattr(forkcheck, "_idle_core", lambda: True)
+
+
+def test_no_fork_when_every_core_is_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forkcheck, "_idle_core", lambda: False)
+    assert ForkedCheck.start(lambda: True) is None
+
+
+def test_an_idle_core_is_read_from_the_runnable_count(tmp_path: Path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    loadavg = tmp_path / "loadavg"
+    for runnable, idle in ((1, True), (cores, True), (cores + 1, False)):
+        loadavg.write_text(f"3.50 2.40 1.30 {runnable}/120 4242\n")
+        assert forkcheck._idle_core(str(loadavg)) is idle
+    loadavg.write_text("")
+    assert not forkcheck._idle_core(str(loadavg))  # unreadable: no fork
+    assert forkcheck._idle_core() in (True, False)  # this machine's, whatever it is
+
+
+@pytest.mark.usefixtures("idle_core")
 def test_a_forked_check_answers_from_another_process() -> None:
     parent = os.getpid()
     check = ForkedCheck.start(lambda: os.getpid() != parent)
@@ -59,6 +83,7 @@ def test_a_forked_check_answers_from_another_process() -> None:
     assert check.passed()  # the answer is kept once the child is reaped
 
 
+@pytest.mark.usefixtures("idle_core")
 @pytest.mark.parametrize("answer", [lambda: False, lambda: 1 / 0])
 def test_a_forked_check_that_says_no_or_fails_has_not_passed(answer) -> None:
     check = ForkedCheck.start(answer)
@@ -66,6 +91,7 @@ def test_a_forked_check_that_says_no_or_fails_has_not_passed(answer) -> None:
     assert not check.passed()
 
 
+@pytest.mark.usefixtures("idle_core")
 def test_a_forked_check_writes_nothing_and_runs_nothing_of_the_parent(capfd) -> None:
     def noisy() -> bool:
         print("from the child")
@@ -79,6 +105,7 @@ def test_a_forked_check_writes_nothing_and_runs_nothing_of_the_parent(capfd) -> 
     assert (out, err) == ("", "")
 
 
+@pytest.mark.usefixtures("idle_core")
 def test_a_cancelled_check_is_killed_and_reaped() -> None:
     check = ForkedCheck.start(lambda: time.sleep(60) is None)
     assert check is not None
@@ -90,6 +117,7 @@ def test_a_cancelled_check_is_killed_and_reaped() -> None:
         os.waitpid(-1, os.WNOHANG)
 
 
+@pytest.mark.usefixtures("idle_core")
 def test_no_fork_while_another_thread_runs() -> None:
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
@@ -101,6 +129,7 @@ def test_no_fork_while_another_thread_runs() -> None:
         thread.join()
 
 
+@pytest.mark.usefixtures("idle_core")
 def test_the_manifest_checked_beside_is_the_one_checked_here(example_project: Path) -> None:
     ran: list[str] = []
     path = example_project / "nkibuild.yaml"
@@ -109,6 +138,7 @@ def test_the_manifest_checked_beside_is_the_one_checked_here(example_project: Pa
     assert beside == load_manifest(path)
 
 
+@pytest.mark.usefixtures("idle_core")
 def test_a_manifest_in_error_checked_beside_reports_as_checked_here(tmp_path: Path) -> None:
     manifest = softmax_manifest(kernel="    dtype: float33\n    colour: red\n")
     project = softmax_project(tmp_path / "p", manifest)
@@ -123,23 +153,45 @@ def test_a_manifest_in_error_checked_beside_reports_as_checked_here(tmp_path: Pa
     assert "unknown key 'colour'" in here.value.render()
 
 
-def _build_modules(project: Path) -> set[str]:
-    return imported_modules(["build", "--toolchain", "fake", "compile:*"], project)
+# `nkibuild build 'compile:*'` as on an idle machine; prints the modules it imported.
+IDLE_PROBE = """\
+import json, sys
+from nkibuild.manifest import forkcheck
+from nkibuild.cli.main import main
+forkcheck._idle_core = lambda: True
+code = main(sys.argv[1:])
+print(json.dumps(sorted(sys.modules)))
+sys.exit(code)
+"""
+
+
+def _idle_build(project: Path, *tasks: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """`nkibuild build` of `tasks` as on an idle machine, and the modules it imported."""
+    args = ["build", "--toolchain", "fake", *tasks]
+    command = [sys.executable, "-c", IDLE_PROBE, *args]
+    result = subprocess.run(command, cwd=project, capture_output=True, text=True, check=False)
+    *shown, modules = result.stdout.splitlines()
+    result.stdout = "".join(f"{line}\n" for line in shown)
+    return result, set(json.loads(modules))
 
 
 def test_a_first_build_validates_its_manifest_in_a_child(tmp_path: Path) -> None:
     project = softmax_project(tmp_path / "p", softmax_manifest())
-    assert "jsonschema" not in _build_modules(project)  # the child imported it
+    result, modules = _idle_build(project, "compile:*")
+    assert result.returncode == 0, result.stderr
+    assert "jsonschema" not in modules  # the child imported it
     assert (project / "build/compile/softmax/default/trn2/model.neff").is_file()
     (project / "nkibuild.yaml").write_text(softmax_manifest(defaults="{targets: [trn2]}"))
     # A build dir with state: validated here (the build may need nothing else).
-    assert "jsonschema" in _build_modules(project)
+    result, modules = _idle_build(project, "compile:*")
+    assert result.returncode == 0, result.stderr
+    assert "jsonschema" in modules
 
 
 def test_a_first_build_reports_a_manifest_in_error_as_a_later_one(tmp_path: Path) -> None:
     manifest = softmax_manifest(kernel="    dtype: float33\n")
     project = softmax_project(tmp_path / "p", manifest)
-    first = run_nkibuild(["build", "--toolchain", "fake"], project)
+    first, _ = _idle_build(project)
     (project / "build" / "state").mkdir(parents=True)
     later = run_nkibuild(["build", "--toolchain", "fake"], project)
     assert (first.returncode, first.stdout, first.stderr) == (

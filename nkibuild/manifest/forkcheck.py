@@ -9,7 +9,10 @@ stdout and stderr go to /dev/null) and leaves by `os._exit`: no atexit handler, 
 buffer flushed twice, no exception reaching the parent's code.
 
 Only where forking is safe: Linux, and a process with no other thread (a thread
-holding a lock at the fork would leave it held in the child forever).
+holding a lock at the fork would leave it held in the child forever). And only where
+a core is idle: the child runs in the build's session, which the kernel schedules as
+one group (autogrouping), so on a machine whose cores are all busy the child's CPU
+would be taken from the build process itself, and the fork would only add its cost.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class ForkedCheck:
     def start(cls, check: Callable[[], bool]) -> ForkedCheck | None:
         """`check()` running in a child process; None where no child can run it."""
         if not sys.platform.startswith("linux") or threading.active_count() != 1:
+            return None
+        if not _idle_core():
             return None
         # Ctrl-C held back across the fork: the child then dies of it (SIG_DFL) instead
         # of raising KeyboardInterrupt into a copy of the build, the parent raises it.
@@ -79,3 +84,15 @@ def _run_child(check: Callable[[], bool], mask: set[signal.Signals]) -> None:
         code = _PASSED if check() else _FAILED
     finally:  # whatever happened (a failure is "not shown valid"), the child ends here
         os._exit(code)
+
+
+def _idle_core(loadavg: str = "/proc/loadavg") -> bool:
+    """Whether a core is left for the child: no more tasks runnable now, as
+    /proc/loadavg counts them (this process among them, and the compiler's `--version`
+    query the build may have started, which ends soon), than this process's cores."""
+    try:
+        with open(loadavg) as handle:
+            runnable = int(handle.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return runnable <= len(os.sched_getaffinity(0))
