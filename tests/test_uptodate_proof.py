@@ -641,3 +641,15 @@ def test_a_build_killed_after_doit_saved_its_state_is_decided_by_doit(
         "extract:alpha/default",
         "wheel",
     ]
+
+
+def test_config_digests_follow_the_values() -> None:
+    config = {"kernels": [{"name": "k", "shape": [8, 16]}], "nkibuild": "1"}
+    rebuilt = {"kernels": [{"name": "k", "shape": [8, 16]}], "nkibuild": "1"}
+    assert uptodate.config_digest(config) == uptodate.config_digest(rebuilt)
+    changed = {"kernels": [{"name": "k", "shape": [8, 17]}], "nkibuild": "1"}
+    assert uptodate.config_digest(changed) != uptodate.config_digest(config)
+    assert uptodate.config_digest("as it is") == "as it is"
+    with pytest.raises(TypeError):  # neither marshal nor JSON: as doit's own digest
+        uptodate.config_digest({"object": Path("x")})
+    assert uptodate.config_digest({"n": 1.0}) != uptodate.config_digest({"n": 1})

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import marshal
 import re
 from collections.abc import Iterable, Mapping
@@ -54,7 +55,7 @@ def task_name(task: dict[str, Any]) -> str:
 class ConfigChanged:
     """doit's `config_changed` check, made when doit first uses it: a build whose every
     task the proof covers never imports doit (a fifth of a 1,000-unit no-op's time).
-    Fingerprints read `config`; doit stores and compares its own digest, as before."""
+    Fingerprints read `config`; doit stores and compares its digest (`config_digest`)."""
 
     __signature__ = CHECK_SIGNATURE
 
@@ -65,7 +66,7 @@ class ConfigChanged:
     def _check(self) -> Any:
         from doit.tools import config_changed
 
-        return config_changed(self.config)
+        return config_changed(config_digest(self.config))
 
     def configure_task(self, task: Any) -> None:
         self._check.configure_task(task)
@@ -75,6 +76,20 @@ class ConfigChanged:
 
     def __repr__(self) -> str:  # as doit's, which names it in `doit info`'s reasons
         return repr(self._check)
+
+
+def config_digest(config: dict[str, Any] | str) -> str:
+    """What doit stores and compares for a task's config: a string as it is; a dict's
+    sha256 of its marshal bytes (format 0, as `fingerprint`: several times faster than
+    the sorted JSON doit would hash, 30 ms for the bundle's 5,000 kernels). Bytes that
+    differ for equal values (a mapping's order) only rerun the task; where marshal
+    cannot write a value, the JSON doit would hash."""
+    if isinstance(config, str):
+        return config
+    try:
+        return "marshal:" + hashlib.sha256(marshal.dumps(config, 0)).hexdigest()
+    except ValueError:
+        return "json:" + hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
 def fingerprint(task: dict[str, Any]) -> str:
