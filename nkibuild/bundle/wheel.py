@@ -3,8 +3,9 @@
 Standard backends always deflate, which costs time and gains nothing on
 NEFFs (their payload is already gzip); they also need SOURCE_DATE_EPOCH or VCS
 tweaks to be reproducible. This writer stores a file when deflating does not
-pay, sorts entries, and fixes every timestamp, so equal inputs give a
-byte-identical wheel. Names, versions and tags come from `packaging`.
+pay, deflates big files at zlib's fastest level, sorts entries, and fixes every
+timestamp, so equal inputs give a byte-identical wheel. Names, versions and tags
+come from `packaging`.
 """
 
 from __future__ import annotations
