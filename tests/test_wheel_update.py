@@ -316,6 +316,11 @@ def test_record_hashes_of_many_digests_are_each_one_encoded_alone() -> None:
     hashes = wheel_module._record_hashes(odd)
     assert [hashes[0], hashes[-1]] == [expected[0], expected[3]]
     assert all("," in h for h in hashes[1:-1])
+    # One digest a byte long and the next a byte short: as many bytes, none shifted.
+    shifted = [hexdigests[0] + "ab", hexdigests[1], hexdigests[2][:-2], hexdigests[3]]
+    hashes = wheel_module._record_hashes(shifted)
+    assert hashes[1] == expected[1] and hashes[3] == expected[3]
+    assert "," in hashes[0] and "," in hashes[2]
 
 
 def test_a_bundle_record_that_is_no_sha256_is_refused_not_copied(tmp_path: Path) -> None:

@@ -561,7 +561,8 @@ def _record_hashes(hexdigests: Sequence[str]) -> list[str]:
         joined = bytes.fromhex("00".join(hexdigests) + "00")
     except ValueError:
         joined = b""
-    if len(joined) != 33 * len(hexdigests):  # fromhex skips spaces: a short digest
+    # Each of 64 characters and 33 bytes in all: each was 32 bytes (fromhex skips spaces).
+    if len(joined) != 33 * len(hexdigests) or set(map(len, hexdigests)) != {64}:
         return [_record_hash_of(hexdigest) for hexdigest in hexdigests]
     text = base64.urlsafe_b64encode(joined).decode()
     return [text[at : at + 43] for at in range(0, len(text), 44)]
