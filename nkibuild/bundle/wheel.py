@@ -48,7 +48,7 @@ MIN_DEFLATE_GAIN = 0.05
 SAMPLE_BYTES = 1 << 14
 # A file this big is deflated at zlib's fastest level: at the default level, the 6 MB
 # `_build.json` of 5,000 kernels and the RECORD of their 15,000 members took 50 ms of
-# every rebuild's wheel, for 0.3% of the wheel's size.
+# every rebuild's wheel; level 1 makes that wheel 0.14% bigger.
 FAST_DEFLATE_BYTES = 1 << 20
 FAST_DEFLATE_LEVEL = 1
 
