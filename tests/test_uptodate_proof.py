@@ -237,7 +237,10 @@ def test_an_output_changed_after_doit_checked_its_task_is_not_proven(
 
 
 def saved_stamp(state_dir: Path) -> dict:
-    return plaindata.loads((state_dir / STAMP_FILE).read_bytes())
+    """The stamp as the next build reads it: its snapshot with the changes after it."""
+    read = uptodate.load(state_dir)
+    assert read is not None
+    return read.proof.to_dict()
 
 
 def retyped(root: Path, field: str, value: object) -> None:
@@ -653,3 +656,50 @@ def test_config_digests_follow_the_values() -> None:
     with pytest.raises(TypeError):  # neither marshal nor JSON: as doit's own digest
         uptodate.config_digest({"object": Path("x")})
     assert uptodate.config_digest({"n": 1.0}) != uptodate.config_digest({"n": 1})
+
+
+def stamp_file(root: Path) -> tuple[int, int]:
+    info = (root / STAMP_FILE).stat()
+    return info.st_ino, info.st_size
+
+
+def test_an_edit_appends_its_change_to_the_stamp(chain: tuple[Path, list[dict]]) -> None:
+    root, _, dep_file, decision = after_editing_src_b(chain)
+    inode, size = stamp_file(root)
+    verified = checked_now(decision.pending)
+    stamp = recorded_stamp(root, decision, verified)
+    assert stamp == uptodate._recorded(decision, verified, dep_file, {}).to_dict()
+    grown_inode, grown_size = stamp_file(root)
+    assert grown_inode == inode and size < grown_size < 2 * size  # appended, not rewritten
+    assert uptodate.decide(root, chain[1], dep_file).pending == []
+
+
+def test_a_change_cut_short_leaves_the_proof_before_it(chain: tuple[Path, list[dict]]) -> None:
+    root, dicts, dep_file, decision = after_editing_src_b(chain)
+    before = saved_stamp(root)
+    _, size = stamp_file(root)
+    recorded_stamp(root, decision, checked_now(decision.pending))
+    appended = (root / STAMP_FILE).read_bytes()
+    for cut in (1, (len(appended) - size) // 2, len(appended) - size - 1):
+        (root / STAMP_FILE).write_bytes(appended[:-cut])
+        assert saved_stamp(root) == before, cut
+        # The proof of before the edit: src_b's tasks go back to doit.
+        assert uptodate.decide(root, dicts, dep_file).pending == ["t:b", "t:join"], cut
+    damaged = plaindata.dumps({"tasks": [], "files": {}, "digests": {}, "listings": {}})
+    (root / STAMP_FILE).write_bytes(appended[:size] + damaged + appended[size:])
+    assert saved_stamp(root) == before  # nothing after a change not understood
+
+
+def test_the_stamp_is_written_whole_after_enough_changes(
+    chain: tuple[Path, list[dict]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(uptodate, "MAX_CHANGES", 1)
+    root, dicts, dep_file, decision = after_editing_src_b(chain)
+    recorded_stamp(root, decision, checked_now(decision.pending))
+    inode, _ = stamp_file(root)
+    (root / "src_b").write_text("edited again")
+    again = uptodate.decide(root, dicts, dep_file)
+    stamp = recorded_stamp(root, again, checked_now(again.pending))
+    assert stamp_file(root)[0] != inode  # a new file (atomic rewrite) with one snapshot
+    assert plaindata.loads((root / STAMP_FILE).read_bytes())["files"] == stamp["files"]
+    assert uptodate.decide(root, dicts, dep_file).pending == []
