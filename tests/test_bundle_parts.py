@@ -321,3 +321,34 @@ def test_document_text_encodes_each_kernels_name_as_json_does(key: str) -> None:
     kernels = {key: encode({"n": 1}), "zz": encode([])}
     text = document_text({"format_version": 1}, kernels)
     assert text == encode({"format_version": 1, "kernels": {key: {"n": 1}, "zz": []}}) + "\n"
+
+
+def test_a_memo_that_cannot_be_read_lends_nothing(tmp_path: Path, made: list[str]) -> None:
+    """The memo is unpickled as its file is read: a path that is no readable file
+    (here a directory) is no memo, and the bundle is made whole, without a traceback."""
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    expected = tree(project)
+    memo = project / "build" / "state" / MEMO_FILE
+    memo.unlink()
+    memo.mkdir()
+    shutil.rmtree(project / "build" / "bundle")
+    made.clear()
+    summary = build(project, "bundle")
+    assert summary.ok and sorted(made) == sorted(KERNELS)
+    assert tree(project) == expected
+
+
+def test_updates_after_a_damaged_one_are_not_applied(tmp_path: Path, made: list[str]) -> None:
+    """Unpickling stops at the first damaged update: a later, whole one is not trusted."""
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    memo = project / "build" / "state" / MEMO_FILE
+    snapshot = memo.read_bytes()
+    _, kernels, digests = pickle.loads(snapshot)
+    later = pickle.dumps(({"other": (b"stale key", kernels["other"][1])}, [], digests))
+    memo.write_bytes(snapshot + b"\x80\x05garbage" + later)
+    shutil.rmtree(project / "build" / "bundle")
+    made.clear()
+    assert build(project, "bundle").ok
+    assert made == []  # the snapshot's parts, not the update's stale key

@@ -21,14 +21,13 @@ the bundle generator, the package or where the build directory is.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import marshal
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 from nkibuild import __version__, plaindata
 from nkibuild.cache.key import file_sha256
@@ -249,17 +248,22 @@ def _keys(
 
 def _load(memo_file: Path, scope: tuple[str, ...]) -> _Memo:
     """The memo's snapshot with the updates appended after it applied in order, up to
-    the first that is torn or damaged (a killed append: the next save writes anew)."""
+    the first that is torn or damaged (a killed append: the next save writes anew).
+    Unpickled from the file as it is read, not from a copy of its 18 MB in memory
+    (a fresh process pays a page fault for each page of that copy)."""
     try:
-        data = memo_file.read_bytes()
-        stream = io.BytesIO(data)
-        saved_scope, kernels, digests = plaindata.load(stream)
-        if saved_scope != scope or not isinstance(kernels, dict) or not _digests(digests):
-            raise ValueError("another build's memo")
+        with open(memo_file, "rb") as stream:
+            return _loaded(stream, os.fstat(stream.fileno()).st_size, scope)
     except (OSError, ValueError, TypeError):  # none yet, damaged, another layout
         return _Memo(scope, {}, {})
+
+
+def _loaded(stream: BinaryIO, size: int, scope: tuple[str, ...]) -> _Memo:
+    saved_scope, kernels, digests = plaindata.load(stream)
+    if saved_scope != scope or not isinstance(kernels, dict) or not _digests(digests):
+        raise ValueError("another build's memo")
     memo = _Memo(scope, kernels, digests, stream.tell(), stream.tell())
-    while memo.length < len(data):
+    while memo.length < size:
         try:
             changed, removed, digests = plaindata.load(stream)
             if not (isinstance(changed, dict) and _names(removed) and _digests(digests)):
@@ -267,7 +271,7 @@ def _load(memo_file: Path, scope: tuple[str, ...]) -> _Memo:
             memo.kernels.update(changed)
             for name in removed:
                 memo.kernels.pop(name, None)
-        except (ValueError, TypeError):  # torn or damaged: what follows is not trusted
+        except (OSError, ValueError, TypeError):  # torn or damaged: what follows is not trusted
             break
         memo.digests = digests
         memo.length = stream.tell()
