@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from nkibuild.plan import BuildUnit
 
 MEMO_FILE = "bundle-parts.pickle"
+STAT_FIELDS = 4  # of a record, in a key: size, mtime and ctime (ns), inode
 MAX_UPDATES = 100  # appended to a snapshot before it is written anew: each costs a load
 
 
@@ -230,19 +231,20 @@ def _keys(
         extractions = {unit.extract.name: unit.extract for unit in own}.values()
         records += [f"{layout.extract_path(spec)}/{METADATA_FILE}" for spec in extractions]
         spans.append((kernel, [unit.name for unit in own], start, len(records)))
-    stats: list[tuple[int, int, int, int] | None] = []
+    # Four numbers a record, in one flat list: no tuple a record kept alive (15,000
+    # objects more for the garbage collector to go through).
+    stats: list[int | None] = []
     for record in records:
         try:
             info = os.stat(record)
         except (OSError, ValueError):  # ValueError: a NUL in the path
-            stats.append(None)
+            stats += (None,) * STAT_FIELDS
             continue
-        stats.append((info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino))
+        stats += (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
     keys = []
     for kernel, names, start, end in spans:
-        own_stats = stats[start:end]
-        missing = None in own_stats
-        keys.append(None if missing else marshal.dumps((kernel.config(), names, own_stats), 0))
+        own = stats[start * STAT_FIELDS : end * STAT_FIELDS]
+        keys.append(None if None in own else marshal.dumps((kernel.config(), names, own), 0))
     return keys
 
 
