@@ -88,15 +88,15 @@ def _run_whole_graph(
         if decision.touched:
             uptodate.record(state_dir, decision, {}, dep_file)
         return _report_all_up_to_date(dicts, display), figures
+    from nkibuild.graph.handover import handed_over
     from nkibuild.graph.loader import doit_config
 
-    pending = set(decision.pending)
     config = {**doit_config(context), "default_tasks": decision.pending}
     verified: dict[str, int] = {}
     written: dict[str, dict[str, Any]] = {}
     summary = run_task_graph(
         context.session,
-        [task for task in dicts if task_name(task) in pending],
+        handed_over(decision, dicts),
         config,
         options,
         display,

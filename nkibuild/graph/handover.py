@@ -1,0 +1,73 @@
+"""The tasks the up-to-date proof hands to doit, each told which of its inputs may have
+changed.
+
+After an edit the proof hands doit a few tasks, the bundle among them, whose file_dep
+are every compile record (10,000 at 10,000 units). doit compares each file_dep with
+what it saved for the task, after its `uptodate` checks, unless one of those said the
+task is not up to date. `InputsChanged`, put first among a handed task's checks,
+compares only the file_dep that may have changed since the proof was made (written by
+a task handed to doit, or seen changed when deciding), with doit's own file checker
+and saved state. One that differs is one doit's own comparison would find: the task
+runs, without its other file_dep compared one by one. None that differs decides
+nothing (the check says None) and doit compares them all, as without it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from doit.dependency import UptodateCalculator
+
+from nkibuild.graph.intact import CHECK_SIGNATURE
+from nkibuild.graph.uptodate import Decision, task_name
+
+
+class InputsChanged(UptodateCalculator):
+    """doit `uptodate` check: False if one of `candidates` (file_dep of the task) differs
+    from doit's saved state for it; None otherwise."""
+
+    __signature__ = CHECK_SIGNATURE
+
+    def __init__(self, candidates: list[str]) -> None:
+        super().__init__()
+        self.candidates = candidates
+        self.checker: Any = None
+
+    def setup(self, dep_manager: Any, tasks_dict: dict[str, Any]) -> None:
+        super().setup(dep_manager, tasks_dict)
+        self.checker = dep_manager.checker
+
+    def __call__(self, task: Any, values: dict[str, Any]) -> bool | None:
+        for path in self.candidates:
+            saved = self.get_val(task.name, path)
+            if saved is None:
+                return False  # never saved for this task: doit's check finds it changed
+            try:
+                info = os.stat(path)
+            except OSError:
+                return None  # missing: doit's own check reports it
+            if self.checker.check_modified(path, info, saved):
+                return False
+        return None
+
+    def __repr__(self) -> str:  # doit names a check in `doit info`'s reasons
+        return f"inputs changed among {self.candidates!r}"
+
+
+def handed_over(decision: Decision, dicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pending tasks of `dicts`; with a proof, each with `InputsChanged` first among
+    its checks (without one, doit compares every file anyway)."""
+    pending = set(decision.pending)
+    handed = [task for task in dicts if task_name(task) in pending]
+    if decision.previous is None:
+        return handed
+    producer, changed = decision.graph.producer, decision.stats.keys()
+    for index, task in enumerate(handed):
+        candidates = [
+            path for path in task["file_dep"] if producer.get(path) in pending or path in changed
+        ]
+        if candidates:
+            checks = [InputsChanged(candidates), *task.get("uptodate", ())]
+            handed[index] = {**task, "uptodate": checks}
+    return handed
