@@ -9,7 +9,8 @@ from pathlib import Path
 from doit.dependency import Dependency, MD5Checker
 from doit.task import Task
 
-from nkibuild.graph.handover import InputsChanged
+from nkibuild.graph.handover import InputsChanged, UnlessInputsChanged
+from nkibuild.graph.intact import OutputsIntact
 from nkibuild.graph.state import AtomicJsonDB
 
 
@@ -56,3 +57,22 @@ def test_missing_or_never_saved_candidates(tmp_path: Path) -> None:
     new = tmp_path / "new.json"
     new.write_text("a file_dep the task never saved")
     assert checked(manager, task, [new]) is False
+
+
+def test_a_task_that_runs_anyway_skips_its_outputs_check(tmp_path: Path) -> None:
+    files = [tmp_path / "record.json"]
+    manager, task = saved_task(tmp_path, files)
+    looked: list[str] = []
+
+    class Counted(OutputsIntact):
+        def __call__(self, task: Task, values: dict) -> bool | None:
+            looked.append(task.name)
+            return True
+
+    inputs = InputsChanged([str(files[0])])
+    inputs.setup(manager, {task.name: task})
+    outputs = UnlessInputsChanged(Counted(()), inputs)
+    assert (inputs(task, {}), outputs(task, {})) == (None, True)  # nothing found: it looks
+    files[0].write_text("changed content")
+    assert (inputs(task, {}), outputs(task, {})) == (False, None)  # runs anyway: skipped
+    assert looked == ["bundle"]

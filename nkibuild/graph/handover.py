@@ -9,7 +9,10 @@ compares only the file_dep that may have changed since the proof was made (writt
 a task handed to doit, or seen changed when deciding), with doit's own file checker
 and saved state. One that differs is one doit's own comparison would find: the task
 runs, without its other file_dep compared one by one. None that differs decides
-nothing (the check says None) and doit compares them all, as without it.
+nothing (the check says None) and doit compares them all, as without it. A task that
+runs anyway needs no other check that only looks (the outputs check: the bundle's
+15,000 files): those say None for it; checks that also save something (`config_changed`'s
+digest) run as before.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from doit.dependency import UptodateCalculator
 
-from nkibuild.graph.intact import CHECK_SIGNATURE
+from nkibuild.graph.intact import CHECK_SIGNATURE, OutputsIntact
 from nkibuild.graph.uptodate import Decision, task_name
 
 
@@ -33,26 +36,47 @@ class InputsChanged(UptodateCalculator):
         super().__init__()
         self.candidates = candidates
         self.checker: Any = None
+        self.found = False  # one of them differs: the task runs
 
     def setup(self, dep_manager: Any, tasks_dict: dict[str, Any]) -> None:
         super().setup(dep_manager, tasks_dict)
         self.checker = dep_manager.checker
 
     def __call__(self, task: Any, values: dict[str, Any]) -> bool | None:
+        self.found = self._found(task.name)
+        return False if self.found else None
+
+    def _found(self, name: str) -> bool:
         for path in self.candidates:
-            saved = self.get_val(task.name, path)
+            saved = self.get_val(name, path)
             if saved is None:
-                return False  # never saved for this task: doit's check finds it changed
+                return True  # never saved for this task: doit's check finds it changed
             try:
                 info = os.stat(path)
             except OSError:
-                return None  # missing: doit's own check reports it
+                return False  # missing: doit's own check reports it
             if self.checker.check_modified(path, info, saved):
-                return False
-        return None
+                return True
+        return False
 
     def __repr__(self) -> str:  # doit names a check in `doit info`'s reasons
         return f"inputs changed among {self.candidates!r}"
+
+
+class UnlessInputsChanged:
+    """A check that only looks, skipped (None) once `inputs` found the task must run."""
+
+    __signature__ = CHECK_SIGNATURE
+
+    def __init__(self, check: Any, inputs: InputsChanged) -> None:
+        self.check = check
+        self.inputs = inputs
+
+    def __call__(self, task: Any, values: dict[str, Any]) -> bool | None:
+        return None if self.inputs.found else self.check(task, values)
+
+    def __repr__(self) -> str:
+        return repr(self.check)
 
 
 def handed_over(decision: Decision, dicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -68,6 +92,13 @@ def handed_over(decision: Decision, dicts: list[dict[str, Any]]) -> list[dict[st
             path for path in task["file_dep"] if producer.get(path) in pending or path in changed
         ]
         if candidates:
-            checks = [InputsChanged(candidates), *task.get("uptodate", ())]
-            handed[index] = {**task, "uptodate": checks}
+            inputs = InputsChanged(candidates)
+            checks = [_unless(check, inputs) for check in task.get("uptodate", ())]
+            handed[index] = {**task, "uptodate": [inputs, *checks]}
     return handed
+
+
+def _unless(check: Any, inputs: InputsChanged) -> Any:
+    """`check`, skipped once `inputs` found a change if it is an outputs check (one that
+    also saves something, as `config_changed` does, runs as it is)."""
+    return UnlessInputsChanged(check, inputs) if isinstance(check, OutputsIntact) else check
