@@ -73,7 +73,7 @@ class KernelPart(NamedTuple):
 PartMaker = Callable[["Kernel", Sequence[CompiledNeff], frozenset[tuple[str, str]]], KernelPart]
 
 
-Key = bytes  # the kernel's config, its units and their records' stats (`_key`)
+Key = bytes  # the kernel's config, its units and their records' stats (`_keys`)
 
 
 def _kept_part(entry: object, key: Key | None, name: str) -> KernelPart | None:
