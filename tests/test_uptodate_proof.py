@@ -703,3 +703,24 @@ def test_the_stamp_is_written_whole_after_enough_changes(
     assert stamp_file(root)[0] != inode  # a new file (atomic rewrite) with one snapshot
     assert plaindata.loads((root / STAMP_FILE).read_bytes())["files"] == stamp["files"]
     assert uptodate.decide(root, dicts, dep_file).pending == []
+
+
+def test_what_the_proof_told_doit_leaves_doits_own_state_complete(two_kernels: Path) -> None:
+    """An edit built through the proof (its handed tasks told which inputs changed, doit's
+    checker given the proof's timestamps): doit alone then finds every task up to date,
+    and reruns exactly what a later edit affects."""
+    (two_kernels / "kernels" / "beta.pb").write_bytes(hlo("beta-edited"))
+    assert "bundle" in build(two_kernels).executed
+    state_dir = two_kernels / "build" / "state"
+    uptodate.forget(state_dir)
+    assert build(two_kernels).executed == []
+    (two_kernels / "kernels" / "alpha.pb").write_bytes(hlo("alpha-edited"))
+    uptodate.forget(state_dir)
+    executed = build(two_kernels).executed
+    assert sorted(executed) == [
+        "bundle",
+        "compile:alpha/default/trn1",
+        "compile:alpha/default/trn2",
+        "extract:alpha/default",
+        "wheel",
+    ]

@@ -13,6 +13,13 @@ nothing (the check says None) and doit compares them all, as without it. A task 
 runs anyway needs no other check that only looks (the outputs check: the bundle's
 15,000 files): those say None for it; checks that also save something (`config_changed`'s
 digest) run as before.
+
+Saving a task it ran, doit asks its file checker for each file_dep's state, which
+stat's the file to find its timestamp as saved (the state then kept). `proof_checker`
+takes the timestamp of a file the proof found as recorded, and that no handed task
+writes, from the proof instead: the state is kept exactly where doit would keep it, as
+of deciding; a file changed since then is saved with its older state, which only makes
+the next build compare it again.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from doit.dependency import UptodateCalculator
+from doit.dependency import MD5Checker, UptodateCalculator
 
 from nkibuild.graph.intact import CHECK_SIGNATURE, OutputsIntact
 from nkibuild.graph.uptodate import Decision, task_name
@@ -102,3 +109,36 @@ def _unless(check: Any, inputs: InputsChanged) -> Any:
     """`check`, skipped once `inputs` found a change if it is an outputs check (one that
     also saves something, as `config_changed` does, runs as it is)."""
     return UnlessInputsChanged(check, inputs) if isinstance(check, OutputsIntact) else check
+
+
+def proof_checker(decision: Decision) -> type[MD5Checker]:
+    """doit's MD5 checker for this build, taking from the proof the timestamps of the
+    files it found as recorded (see the module docstring)."""
+    recorded = decision.previous.files if decision.previous is not None else {}
+    changed, producer = decision.stats, decision.graph.producer
+    pending = set(decision.pending)
+
+    class ProofChecker(MD5Checker):
+        def get_state(self, dep: str, current_state: Any) -> Any:
+            stat = recorded.get(dep)
+            if (
+                current_state
+                and stat is not None
+                and dep not in changed
+                and producer.get(dep) not in pending
+                and current_state[0] == st_mtime(stat)
+            ):
+                return None  # doit's own answer for a file of this timestamp
+            return super().get_state(dep, current_state)
+
+    # doit saves its checker's class name with every task and distrusts a task saved
+    # under another: this is the MD5 checker as doit saves and reads it.
+    ProofChecker.__name__ = ProofChecker.__qualname__ = MD5Checker.__name__
+    return ProofChecker
+
+
+def st_mtime(stat: str) -> float:
+    """`os.stat().st_mtime` of a file of this stat (`fsutil.stat_stamp`), computed as
+    Python does from the nanoseconds: seconds plus nanoseconds times 1e-9."""
+    seconds, nanoseconds = divmod(int(stat.split(" ", 2)[1]), 1_000_000_000)
+    return seconds + nanoseconds * 1e-9

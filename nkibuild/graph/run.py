@@ -88,10 +88,14 @@ def _run_whole_graph(
         if decision.touched:
             uptodate.record(state_dir, decision, {}, dep_file)
         return _report_all_up_to_date(dicts, display), figures
-    from nkibuild.graph.handover import handed_over
+    from nkibuild.graph.handover import handed_over, proof_checker
     from nkibuild.graph.loader import doit_config
 
-    config = {**doit_config(context), "default_tasks": decision.pending}
+    config = {
+        **doit_config(context),
+        "default_tasks": decision.pending,
+        "check_file_uptodate": proof_checker(decision),
+    }
     verified: dict[str, int] = {}
     written: dict[str, dict[str, Any]] = {}
     summary = run_task_graph(
