@@ -98,7 +98,10 @@ def build(args: argparse.Namespace) -> int:
     else:  # with --json, stdout carries only the JSON document
         display = PlainDisplay(sys.stderr if args.json_summary else sys.stdout)
     options = RunOptions(
-        selection=tuple(args.tasks), jobs=max(1, args.jobs), keep_going=args.keep_going
+        selection=tuple(args.tasks),
+        jobs=max(1, args.jobs),
+        keep_going=args.keep_going,
+        owns_process=True,
     )
     try:
         with recorded("build", args.report, context.session.cache_stats, display) as record:

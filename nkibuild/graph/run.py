@@ -6,6 +6,7 @@ the up-to-date proof covers never loads it."""
 from __future__ import annotations
 
 import fnmatch
+import gc
 import json
 import time
 from collections.abc import Sequence
@@ -32,6 +33,11 @@ class RunOptions:
     jobs: int = 1
     keep_going: bool = False
     lock_timeout: float = 0.0
+    # The caller owns its process (the CLI): what was loaded to decide (millions of
+    # objects at 10,000 units, which live until the build ends) is moved out of the
+    # garbage collector's sight before doit runs, which would scan it again in each of
+    # its collections (0.15 s after an edit at 10,000 units).
+    owns_process: bool = False
 
 
 def run_build(context: BuildContext, options: RunOptions, display: Display) -> BuildSummary:
@@ -56,6 +62,7 @@ def _run_locked(context: BuildContext, options: RunOptions, display: Display) ->
         # doit alone decides about a selection; what it runs changes its state, so the
         # proof is dropped rather than kept beside state it no longer describes.
         uptodate.forget(state_dir)
+        _loaded(options)
         summary = _run_doit(context, dicts, options, display)
     else:
         summary, record["up_to_date_decision"] = _run_whole_graph(context, dicts, options, display)
@@ -88,6 +95,7 @@ def _run_whole_graph(
         if decision.touched:
             uptodate.record(state_dir, decision, {}, dep_file)
         return _report_all_up_to_date(dicts, display), figures
+    _loaded(options)
     from nkibuild.graph.handover import handed_over, proof_checker
     from nkibuild.graph.loader import doit_config
 
@@ -111,6 +119,12 @@ def _run_whole_graph(
     if not context.session.state_failures:  # else doit's state is what it was before
         uptodate.record(state_dir, decision, verified, dep_file, written)
     return summary, figures
+
+
+def _loaded(options: RunOptions) -> None:
+    """Everything doit needs is loaded: see RunOptions.owns_process."""
+    if options.owns_process:
+        gc.freeze()
 
 
 def _report_all_up_to_date(dicts: list[dict], display: Display) -> BuildSummary:
