@@ -284,3 +284,37 @@ def test_version_2_files_are_read_and_written_anew(tmp_path: Path) -> None:
     db.dump()
     assert path.read_text().startswith(HEADER + "\n")
     assert AtomicJsonDB(str(path), JSONCodec()).get("a", "result:") == {"o": 1}
+
+
+def test_values_python_takes_for_equal_are_saved_as_set(tmp_path: Path) -> None:
+    """1, 1.0 and True are equal in Python, not in JSON (nor 0.0 and -0.0): each is saved
+    as doit set it, whole or in a patch."""
+    path = tmp_path / "state.json"
+    for before, after in [(1, True), (True, 1), (1, 1.0), (0.0, -0.0), ([1, "a"], [True, "a"])]:
+        db = saved(path, {"t": {"flag": before}})
+        db.set("t", "flag", after)
+        assert repr(db.get("t", "flag")) == repr(after)
+        db.dump()
+        assert repr(AtomicJsonDB(str(path), JSONCodec()).get("t", "flag")) == repr(after)
+    big = big_entry(100)
+    big["_values_:"]["ok"] = 0
+    path = tmp_path / "big.json"
+    db = saved(path, {"bundle": big})
+    values = {**big["_values_:"], "ok": False}
+    values["outputs"] = {**values["outputs"], "/b/tree/f1.neff": [True, 7, 7, 1, "ab" * 32]}
+    db.set("bundle", "_values_:", values)
+    db.set("bundle", "result:", {"outputs": values["outputs"]})
+    db.dump()
+    assert path.read_text().splitlines()[-1].startswith('"bundle"\t[')  # a patch
+    reread = AtomicJsonDB(str(path), JSONCodec()).get("bundle", "_values_:")
+    assert reread["ok"] is False
+    assert reread["outputs"]["/b/tree/f1.neff"][0] is True
+
+
+def test_a_damaged_file_dep_list_is_replaced_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(HEADER + '\n"v"\t{"deps:": [["x"], {"y": 1}], "checker:": "MD5Checker"}\n')
+    db = AtomicJsonDB(str(path), JSONCodec())
+    db.set("v", "deps:", ("/a",))
+    db.dump()
+    assert AtomicJsonDB(str(path), JSONCodec()).get("v", "deps:") == ["/a"]

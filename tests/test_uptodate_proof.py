@@ -724,3 +724,26 @@ def test_what_the_proof_told_doit_leaves_doits_own_state_complete(two_kernels: P
         "extract:alpha/default",
         "wheel",
     ]
+
+
+def test_a_stamp_whose_snapshot_has_no_maps_proves_nothing(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    """A change after a snapshot whose maps are not dicts is not applied to them."""
+    root, dicts = chain
+    proven_state(root, dicts)
+    snapshot = {**saved_stamp(root), "tasks": []}
+    change = {"tasks": {"t:a": "f"}, "files": {}, "digests": {}, "listings": {}, "state": None}
+    (root / STAMP_FILE).write_bytes(plaindata.dumps(snapshot) + plaindata.dumps(change))
+    assert uptodate.load(root) is None
+    assert len(uptodate.decide(root, dicts, str(root / DEP_FILE)).pending) == 3
+
+
+def test_configs_json_cannot_write_are_refused_as_doit_refuses_them() -> None:
+    import array
+
+    with pytest.raises(TypeError):  # marshal would write both as the same four bytes
+        uptodate.config_digest({"x": array.array("i", [1])})
+    with pytest.raises(TypeError):
+        uptodate.config_digest({"x": {1, 2}})
+    assert uptodate.config_digest({"x": 1}) != uptodate.config_digest({"x": True})

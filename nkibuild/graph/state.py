@@ -281,17 +281,50 @@ class AtomicJsonDB:
 
 
 def _equal(saved: Any, value: Any) -> bool:
-    """Whether `value` would be saved as `saved` is (JSON has no tuples: doit's are lists
-    once read back)."""
+    """Whether `value` would be saved as `saved` is: equal, and of the same JSON types
+    throughout (Python takes 1, 1.0 and True for equal, and 0.0 for -0.0; JSON has no
+    tuples: doit's are lists once read back)."""
     if saved is _MISSING:
         return False
-    return saved == (list(value) if type(value) is tuple else value)
+    if type(value) is tuple:
+        value = list(value)
+    return saved == value and _same_types(saved, value)
+
+
+_SCALARS = {str, int, bool, type(None)}  # equal values of one of these types save alike
+
+
+def _same_types(saved: Any, value: Any) -> bool:
+    """For values found equal: whether each part has the same JSON type (a list of plain
+    scalars, as an output's fingerprint, is compared in one call)."""
+    kind = type(saved)
+    if kind is list:
+        if type(value) is not list and type(value) is not tuple:
+            return False
+        types = list(map(type, saved))
+        if types == list(map(type, value)) and _SCALARS.issuperset(types):
+            return True
+        return all(map(_same_types, saved, value))
+    if kind is dict:
+        return type(value) is dict and all(
+            _same_types(item, value[key]) for key, item in saved.items()
+        )
+    if kind is float:  # 0.0 == -0.0, which JSON writes apart
+        return type(value) is float and repr(saved) == repr(value)
+    return kind is type(value)
 
 
 def _same_set(saved: Any, value: Any) -> bool:
     """doit reads its list of a task's file_dep as a set, and writes it in the order of
-    one (which differs between processes)."""
-    return type(saved) is list and set(saved) == set(value)
+    one (which differs between processes); a saved list that is not of names is not it."""
+    try:
+        return (
+            type(saved) is list
+            and all(type(path) is str for path in saved)
+            and set(saved) == set(value)
+        )
+    except TypeError:  # not hashable: not doit's
+        return False
 
 
 def _diff(keys: list[str], before: Any, after: Any) -> list[list[Any]]:
@@ -330,7 +363,7 @@ def _result_reference(entry: dict[str, Any]) -> list[str] | None:
     if type(result) is not dict or type(values) is not dict:
         return None
     for key, value in result.items():
-        if type(key) is not str or values.get(key, _MISSING) != value:
+        if type(key) is not str or not _equal(values.get(key, _MISSING), value):
             return None
     return list(result)
 
