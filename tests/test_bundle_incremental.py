@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import build, softmax_manifest, softmax_project
+from helpers import build, counted_member_copies, softmax_manifest, softmax_project
 
 from nkibuild.bundle import load_bundle
 from nkibuild.bundle import wheel as wheel_module
@@ -289,14 +289,7 @@ def built_wheel(root: Path, copied: list[str]) -> tuple[Path, Path]:
 def copied(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Names of the members taken from a previous wheel, as they are taken (one by one
     or, from a trusted wheel, in runs)."""
-    names: list[str] = []
-    copy_member = wheel_module._copy_member
-
-    def counted(archive: zipfile.ZipFile, name: str, *args: object) -> str:
-        names.append(name)
-        return copy_member(archive, name, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(wheel_module, "_copy_member", counted)
+    names = counted_member_copies(monkeypatch)
     copy_run = wheel_module._copy_run
 
     def counted_run(directory: wheel_module.Directory, run: range, *args: object) -> None:

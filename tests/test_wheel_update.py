@@ -11,6 +11,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from helpers import counted_member_copies
 
 from nkibuild.bundle import BundleProject
 from nkibuild.bundle import wheel as wheel_module
@@ -372,13 +373,6 @@ def test_an_untrusted_wheel_lends_no_big_deflated_member(
         other_writer.setattr(wheel_module, "FAST_DEFLATE_LEVEL", 6)
         wheel = written_before(tmp_path, files)
     assert stored_bytes(wheel, NAMES[0]) == deflated(files[NAMES[0]], 6)
-    copied: list[str] = []
-    copy_member = wheel_module._copy_member
-
-    def counted(archive: zipfile.ZipFile, name: str, *args: object) -> str:
-        copied.append(name)
-        return copy_member(archive, name, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(wheel_module, "_copy_member", counted)
+    copied = counted_member_copies(monkeypatch)
     updated(tmp_path, files | {NAMES[5]: b"new\n"}, {})  # no stat recorded: untrusted
     assert copied == [n for n in NAMES if n not in (NAMES[0], NAMES[5])]
