@@ -33,12 +33,15 @@ def _context(args: argparse.Namespace, meanwhile: Callable[[], None] | None = No
     return load_context(Path(args.manifest), build_dir, dist_dir, options, meanwhile=meanwhile)
 
 
-# What a first build imports before its first compile: doit and the lock, the modules of
-# the task dicts, the extraction's HLO reader (protobuf) and the compile stage's. In a
-# build dir without state (nothing to prove up to date, every task runs) they are
-# imported while a forked child validates the manifest (manifest/forkcheck.py), which
-# takes them off the start-up's critical path.
+# What a first build imports before its first compile: the build's runner and report,
+# doit and the lock, the modules of the task dicts, the extraction's HLO reader
+# (protobuf) and the compile stage's. In a build dir without state (nothing to prove up
+# to date, every task runs) they are imported while a forked child validates the
+# manifest (manifest/forkcheck.py), which takes them off the start-up's critical path.
 _FIRST_BUILD_MODULES = (
+    "nkibuild.graph.run",
+    "nkibuild.cli.buildreport",
+    "nkibuild.cli.display",
     "filelock",
     "doit.doit_cmd",
     "nkibuild.graph.loader",
@@ -86,11 +89,12 @@ def _build_options(args: argparse.Namespace) -> BuildOptions:
 
 
 def build(args: argparse.Namespace) -> int:
+    context = _context(args, _first_build_imports(args))
+    # Imported once the context is loaded: a first build imports them meanwhile.
     from nkibuild.cli.buildreport import recorded
     from nkibuild.cli.display import PlainDisplay, RichDisplay, use_rich
     from nkibuild.graph.run import RunOptions, run_build
 
-    context = _context(args, _first_build_imports(args))
     for notice in context.toolchain.notices:
         print(f"warning: {notice}", file=sys.stderr)
     if use_rich(sys.stdout) and not args.json_summary:
