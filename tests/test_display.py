@@ -132,6 +132,7 @@ def test_plain_display_keeps_the_stream_it_was_made_with() -> None:
     display.start(1)
     with contextlib.redirect_stdout(capture):  # as doit does around an action
         display.task_finished(outcome("compile:k/default/trn2"))
+    display.close()  # its heartbeat thread: left running, it would outlive the test
     assert "done   compile:k/default/trn2 0.5s (compiled)" in real.getvalue()
     assert capture.getvalue() == ""
 
