@@ -18,6 +18,7 @@ changes appended after it (`records`, `append`): a load stops at a change cut sh
 from __future__ import annotations
 
 import io
+import os
 import pickle
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -55,16 +56,25 @@ def loads(data: bytes, classes: Collection[type] = ()) -> Any:
     return load(io.BytesIO(data), classes)
 
 
-def records(data: bytes, classes: Collection[type] = ()) -> Iterator[tuple[Any, int]]:
-    """Each value pickled one after the other in `data`, with the offset after it; stops
-    at the first that is cut short or damaged (what follows it is not trusted)."""
-    stream = io.BytesIO(data)
-    while stream.tell() < len(data):
+def records(
+    stream: IO[bytes], size: int, classes: Collection[type] = ()
+) -> Iterator[tuple[Any, int]]:
+    """Each value pickled one after the other in `stream` (of `size` bytes), with the
+    offset after it; stops at the first that is cut short or damaged (what follows it is
+    not trusted). Read from the stream as unpickled: a file of megabytes is not copied
+    into memory first (a fresh process pays a page fault for each page of a copy)."""
+    while stream.tell() < size:
         try:
             value = load(stream, classes)
         except ValueError:
             return
         yield value, stream.tell()
+
+
+def read_records(path: Path, classes: Collection[type] = ()) -> Iterator[tuple[Any, int]]:
+    """`records` of the file at `path`; OSError if it cannot be opened."""
+    with open(path, "rb") as stream:
+        yield from records(stream, os.fstat(stream.fileno()).st_size, classes)
 
 
 def append(path: Path, read: int, snapshot: int, change: bytes) -> bool:

@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nkibuild import __version__, plaindata
 from nkibuild.cache.key import file_sha256
@@ -194,7 +194,9 @@ class PartsMemo:
             return
         update = plaindata.dumps((changed, removed, current.digests))
         with contextlib.suppress(OSError):  # a hint: without it the next bundle computes all
-            if previous.updates >= MAX_UPDATES or not _appended(self.file, previous, update):
+            if previous.updates >= MAX_UPDATES or not plaindata.append(
+                self.file, previous.length, previous.snapshot_length, update
+            ):
                 # Not fsync'ed: one lost to a power cut only costs the next bundle its time.
                 state = plaindata.dumps(current.to_state())
                 atomic_write_bytes(self.file, state, durable=False)
@@ -250,35 +252,42 @@ def _keys(
 
 def _load(memo_file: Path, scope: tuple[str, ...]) -> _Memo:
     """The memo's snapshot with the updates appended after it applied in order, up to
-    the first that is torn or damaged (a killed append: the next save writes anew).
-    Unpickled from the file as it is read, not from a copy of its 18 MB in memory
-    (a fresh process pays a page fault for each page of that copy)."""
+    the first that is torn or damaged (a killed append: the next save writes anew)."""
+    memo = None
     try:
-        with open(memo_file, "rb") as stream:
-            return _loaded(stream, os.fstat(stream.fileno()).st_size, scope)
+        for value, end in plaindata.read_records(memo_file):
+            if memo is None:
+                memo = _snapshot(value, scope, end)
+            elif not _updated(memo, value, end):
+                break
     except (OSError, ValueError, TypeError):  # none yet, damaged, another layout
         return _Memo(scope, {}, {})
+    return memo if memo is not None else _Memo(scope, {}, {})
 
 
-def _loaded(stream: BinaryIO, size: int, scope: tuple[str, ...]) -> _Memo:
-    saved_scope, kernels, digests = plaindata.load(stream)
+def _snapshot(value: Any, scope: tuple[str, ...], end: int) -> _Memo:
+    saved_scope, kernels, digests = value
     if saved_scope != scope or not isinstance(kernels, dict) or not _digests(digests):
         raise ValueError("another build's memo")
-    memo = _Memo(scope, kernels, digests, stream.tell(), stream.tell())
-    while memo.length < size:
-        try:
-            changed, removed, digests = plaindata.load(stream)
-            if not (isinstance(changed, dict) and _names(removed) and _digests(digests)):
-                break
-            memo.kernels.update(changed)
-            for name in removed:
-                memo.kernels.pop(name, None)
-        except (OSError, ValueError, TypeError):  # torn or damaged: what follows is not trusted
-            break
-        memo.digests = digests
-        memo.length = stream.tell()
-        memo.updates += 1
-    return memo
+    return _Memo(scope, kernels, digests, end, end)
+
+
+def _updated(memo: _Memo, value: Any, end: int) -> bool:
+    """Apply an update appended to the memo; False if it is not one (what follows is
+    not trusted)."""
+    try:
+        changed, removed, digests = value
+    except (TypeError, ValueError):
+        return False
+    if not (isinstance(changed, dict) and _names(removed) and _digests(digests)):
+        return False
+    memo.kernels.update(changed)
+    for name in removed:
+        memo.kernels.pop(name, None)
+    memo.digests = digests
+    memo.length = end
+    memo.updates += 1
+    return True
 
 
 def _names(value: object) -> bool:
@@ -294,15 +303,3 @@ def _digests(value: object) -> bool:
         and all(isinstance(part, str) for part in known)
         for path, known in value.items()
     )
-
-
-def _appended(memo_file: Path, previous: _Memo, update: bytes) -> bool:
-    """Append `update` to the memo file `previous` was read from whole; False (nothing
-    written) if there is none, it is not as read, or the updates outgrow the snapshot."""
-    if not previous.length or previous.length + len(update) > 2 * previous.snapshot_length:
-        return False
-    with open(memo_file, "ab") as handle:
-        if handle.tell() != previous.length:
-            return False
-        handle.write(update)
-    return True

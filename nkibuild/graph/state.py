@@ -284,6 +284,8 @@ def _equal(saved: Any, value: Any) -> bool:
     """Whether `value` would be saved as `saved` is: equal, and of the same JSON types
     throughout (Python takes 1, 1.0 and True for equal, and 0.0 for -0.0; JSON has no
     tuples: doit's are lists once read back)."""
+    if saved is value:  # the values doit passes back, or a result's part of them
+        return saved is not _MISSING
     if saved is _MISSING:
         return False
     if type(value) is tuple:

@@ -146,21 +146,20 @@ class StampRead:
 def load(state_dir: Path) -> StampRead | None:
     """The recorded proof: the stamp's snapshot with the changes appended after it
     applied in order, up to the first cut short or not understood."""
+    stamp = None
     try:
-        data = (state_dir / STAMP_FILE).read_bytes()
+        for value, end in plaindata.read_records(state_dir / STAMP_FILE):
+            if stamp is None:
+                proof = _snapshot(value)
+                if proof is None:
+                    return None  # another layout: nothing is proven
+                stamp = StampRead(proof, end, end, 0)
+            elif _applied(stamp.proof, value):
+                stamp = replace(stamp, length=end, changes=stamp.changes + 1)
+            else:
+                break
     except OSError:
         return None
-    stamp = None
-    for value, end in plaindata.records(data):
-        if stamp is None:
-            proof = _snapshot(value)
-            if proof is None:
-                return None  # another layout: nothing is proven
-            stamp = StampRead(proof, end, end, 0)
-        elif _applied(stamp.proof, value):
-            stamp = replace(stamp, length=end, changes=stamp.changes + 1)
-        else:
-            break
     return stamp if stamp is not None and _well_formed(stamp.proof) else None
 
 
