@@ -96,7 +96,7 @@ def test_a_member_changed_in_the_middle_splits_the_copy_in_two_runs(
     assert seen.written == [NAMES[5], *DIST_INFO_FILES]
 
 
-def test_member_names_with_commas_keep_their_own_record_lines(tmp_path: Path) -> None:
+def test_member_names_with_commas_keep_their_own_record_lines(tmp_path: Path, seen: Seen) -> None:
     # RECORD is not quoted: a name holding what looks like another line's fields must not
     # take that line (keyed by what precedes the last two fields, never by the first).
     plain = "upd_kernels/data/x"
@@ -104,7 +104,11 @@ def test_member_names_with_commas_keep_their_own_record_lines(tmp_path: Path) ->
     lookalike = f"{plain},sha256={wheel_module._record_hash(hashlib.sha256(data).digest())},7"
     files = {plain: data, lookalike: b"other\n"}
     wheel = written_before(tmp_path, files)
-    updated(tmp_path, files | {lookalike: b"changed\n"}, trusted(wheel))
+    added = "upd_kernels/data/z"  # members added: matched by that key, not one by one
+    seen.written.clear()
+    updated(tmp_path, files | {lookalike: b"changed\n", added: b"z\n"}, trusted(wheel))
+    assert seen.runs == [[plain]]
+    assert seen.written[:2] == [lookalike, added]
 
 
 def test_first_and_last_member_changed(tmp_path: Path, seen: Seen) -> None:
@@ -274,7 +278,8 @@ def test_a_wheel_growing_past_zip64_offsets_is_written_member_by_member(
     wheel = written_before(tmp_path, contents("old"))
     monkeypatch.setattr(zipfile, "ZIP64_LIMIT", len(wheel.read_bytes()) - 200)
     bigger = {NAMES[0]: hashlib.sha512(b"x").digest() * 8}  # incompressible: moves the rest
-    updated(tmp_path, contents("old") | bigger, trusted(wheel))
+    updated(tmp_path, contents("old") | bigger, trusted(wheel))  # as a fresh write
+    assert seen.runs == [NAMES[1:]]  # tried, then declined: its offsets pass the limit
 
 
 def test_names_that_are_not_ascii_are_updated_in_runs(tmp_path: Path, seen: Seen) -> None:
