@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -52,6 +53,9 @@ def test_unknown_selection_names_close_tasks(dicts: list[dict]) -> None:
         check_selection(dicts, ["compil"])
 
 
+ALONE = "NKIBUILD_TEST_ALONE"  # set in the new interpreter a test is run alone in
+
+
 @pytest.fixture
 def idle_core(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     """As on an idle machine: the check forks whatever this one's load. It never forks
@@ -59,10 +63,13 @@ def idle_core(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -
     for good (fsspec's IO loop, moto's server): there, the test runs alone in a new
     interpreter instead, and is reported skipped here once it passed there."""
     if threading.active_count() != 1:
+        assert ALONE not in os.environ, "threads even in a new interpreter"
         command = [sys.executable, "-m", "pytest", request.node.nodeid, "-q"]
         command += ["-p", "no:cacheprovider", "-p", "no:xdist"]
-        cwd = request.config.rootpath
-        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+        cwd, env = request.config.rootpath, {**os.environ, ALONE: "1"}
+        result = subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, check=False
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         pytest.skip("other threads in this worker: passed alone in a new interpreter")
     monkeypatch.setattr(forkcheck, "_idle_core", lambda: True)
@@ -81,7 +88,6 @@ def test_an_idle_core_is_read_from_the_runnable_count(tmp_path: Path) -> None:
         assert forkcheck._idle_core(str(loadavg)) is idle
     loadavg.write_text("")
     assert not forkcheck._idle_core(str(loadavg))  # unreadable: no fork
-    assert forkcheck._idle_core() in (True, False)  # this machine's, whatever it is
 
 
 @pytest.mark.usefixtures("idle_core")
@@ -119,12 +125,40 @@ def test_a_forked_check_writes_nothing_and_runs_nothing_of_the_parent(capfd) -> 
 def test_a_cancelled_check_is_killed_and_reaped() -> None:
     check = ForkedCheck.start(lambda: time.sleep(60) is None)
     assert check is not None
+    child = check._pid
+    assert child is not None
     started = time.monotonic()
     check.cancel()
     assert time.monotonic() - started < 10
     assert not check.passed()
     with pytest.raises(ChildProcessError):  # reaped: no zombie left
-        os.waitpid(-1, os.WNOHANG)
+        os.waitpid(child, os.WNOHANG)
+
+
+@pytest.mark.usefixtures("idle_core")
+def test_a_check_that_does_not_answer_in_time_is_killed_and_not_passed() -> None:
+    check = ForkedCheck.start(lambda: time.sleep(60) is None)
+    assert check is not None
+    child = check._pid
+    assert child is not None
+    started = time.monotonic()
+    assert not check.passed(timeout=0.2)  # the caller then checks in-process
+    assert time.monotonic() - started < 10
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)
+
+
+@pytest.mark.usefixtures("idle_core")
+def test_a_child_the_system_reaped_is_no_answer_and_no_traceback() -> None:
+    """A parent started with SIGCHLD ignored: the kernel reaps its children itself."""
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        check = ForkedCheck.start(lambda: True)
+        assert check is not None
+        assert not check.passed()
+        check.cancel()
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
 
 
 @pytest.mark.usefixtures("idle_core")

@@ -22,9 +22,12 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 _PASSED, _FAILED, _CRASHED = 0, 1, 2
+# Longer than any check takes (~0.1 s); past it the child is taken as stuck.
+ANSWER_TIMEOUT = 10.0
 
 
 class ForkedCheck:
@@ -54,11 +57,23 @@ class ForkedCheck:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return cls(pid)
 
-    def passed(self) -> bool:
-        """Whether the check answered yes (False if it said no, failed or was killed)."""
-        if self._pid is not None:
-            _, status = os.waitpid(self._pid, 0)
-            self._pid, self._status = None, status
+    def passed(self, timeout: float = ANSWER_TIMEOUT) -> bool:
+        """Whether the check answered yes within `timeout` seconds (False if it said no,
+        failed, was killed, or is still running then: it is killed, and the caller checks
+        in-process)."""
+        deadline = time.monotonic() + timeout
+        while self._pid is not None:
+            try:
+                pid, status = os.waitpid(self._pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by the system (SIGCHLD ignored): no answer
+                self._pid = None
+                break
+            if pid:
+                self._pid, self._status = None, status
+            elif time.monotonic() > deadline:  # stuck (a lock another thread held?)
+                self.cancel()
+            else:
+                time.sleep(0.001)
         return self._status is not None and os.waitstatus_to_exitcode(self._status) == _PASSED
 
     def cancel(self) -> None:
@@ -67,7 +82,8 @@ class ForkedCheck:
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(self._pid, signal.SIGKILL)
-        os.waitpid(self._pid, 0)
+        with contextlib.suppress(ChildProcessError):  # reaped by the system already
+            os.waitpid(self._pid, 0)
         self._pid = None
 
 
