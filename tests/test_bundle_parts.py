@@ -220,19 +220,31 @@ def test_an_edit_appends_to_the_memo_and_a_torn_append_is_redone(
     assert tree(project) == rebuilt_without_memo(project)
 
 
-def test_a_memo_entry_that_is_not_a_part_is_made_again(tmp_path: Path, made: list[str]) -> None:
+def _memo_columns(memo: Path) -> tuple[tuple, list, dict]:
+    """The memo's scope, the state of its kernels and its file digests (a snapshot)."""
+    scope, state, digests = pickle.loads(memo.read_bytes())
+    return scope, list(state), digests
+
+
+def _column(name: str) -> int:
+    from nkibuild.bundle.parts import KernelPart
+
+    return KernelPart._fields.index(name)
+
+
+def test_a_memo_column_that_is_not_a_parts_lends_nothing(tmp_path: Path, made: list[str]) -> None:
+    """The memo keeps the parts as columns, checked whole: one cut short lends nothing."""
     project = project_of_three(tmp_path / "p")
     assert build(project).ok
     expected = tree(project)
     memo = project / "build" / "state" / MEMO_FILE
-    scope, kernels, digests = pickle.loads(memo.read_bytes())
-    kernels["other"] = (kernels["other"][0], ("other", "not a part"))
-    kernels["third"] = "not an entry"
-    memo.write_bytes(pickle.dumps((scope, kernels, digests)))
+    scope, state, digests = _memo_columns(memo)
+    state[4][_column("module")].pop()
+    memo.write_bytes(pickle.dumps((scope, tuple(state), digests)))
     shutil.rmtree(project / "build" / "bundle")
     made.clear()
     assert build(project, "bundle").ok
-    assert sorted(made) == ["other", "third"]
+    assert sorted(made) == sorted(KERNELS)
     assert tree(project) == expected
 
 
@@ -261,7 +273,6 @@ def _damaged(row: tuple, field: str, value: object) -> tuple:
 ROW_DAMAGE = {
     "module-text": lambda row: _damaged(row, "module", row[2].decode()),
     "info-bytes": lambda row: _damaged(row, "info_text", row[1].encode()),
-    "another-kernels-name": lambda row: _damaged(row, "name", "softmax"),
     "neff-row-short": lambda row: _damaged(row, "neffs", tuple(n[:3] for n in row[4])),
     "neff-row-list": lambda row: _damaged(row, "neffs", tuple(list(n) for n in row[4])),
     "neff-sha-number": lambda row: _damaged(row, "neffs", ((*row[4][0][:2], 7, row[4][0][3]),)),
@@ -269,28 +280,30 @@ ROW_DAMAGE = {
     "tool-not-a-pair": lambda row: _damaged(row, "tools", (("nki",),)),
     "placeholder-number": lambda row: _damaged(row, "placeholder", 1),
     "sha-none": lambda row: _damaged(row, "module_sha256", None),
-    "row-short": lambda row: row[:-1],
 }
 
 
 @pytest.mark.parametrize("damage", list(ROW_DAMAGE), ids=list(ROW_DAMAGE))
-def test_a_memo_row_of_the_wrong_shape_is_made_again(
+def test_a_memo_value_of_the_wrong_type_lends_nothing(
     tmp_path: Path, made: list[str], damage: str
 ) -> None:
-    """A row under its kernel's own key but with a value of the wrong type (or another
-    kernel's name) lends nothing: the part is made again, and the tree is as before."""
+    """A kernel's part in the memo with a value of the wrong type: the memo is not
+    trusted (no traceback), every part is made again, and the tree is as before."""
     project = project_of_three(tmp_path / "p")
     assert build(project).ok
     expected = tree(project)
     memo = project / "build" / "state" / MEMO_FILE
-    scope, kernels, digests = pickle.loads(memo.read_bytes())
-    key, row = kernels["other"]
-    kernels["other"] = (key, ROW_DAMAGE[damage](row))
-    memo.write_bytes(pickle.dumps((scope, kernels, digests)))
+    scope, state, digests = _memo_columns(memo)
+    columns = state[4]
+    at = columns[0].index("other")
+    row = ROW_DAMAGE[damage](tuple(column[at] for column in columns))
+    for column, value in zip(columns, row, strict=True):
+        column[at] = value
+    memo.write_bytes(pickle.dumps((scope, tuple(state), digests)))
     shutil.rmtree(project / "build" / "bundle")
     made.clear()
     assert build(project, "bundle").ok
-    assert made == ["other"]
+    assert sorted(made) == sorted(KERNELS)
     assert tree(project) == expected
 
 
@@ -353,10 +366,52 @@ def test_updates_after_a_damaged_one_are_not_applied(tmp_path: Path, made: list[
     assert build(project).ok
     memo = project / "build" / "state" / MEMO_FILE
     snapshot = memo.read_bytes()
-    _, kernels, digests = pickle.loads(snapshot)
-    later = pickle.dumps(({"other": (b"stale key", kernels["other"][1])}, [], digests))
+    _, state, digests = pickle.loads(snapshot)
+    columns = state[4]
+    at = columns[0].index("other")
+    stats = [0] * (state[2][at] * 4)  # not the records' stats: would lend nothing if applied
+    row = tuple(column[at] for column in columns)
+    later = pickle.dumps(([(at, "other", state[0][at], stats, row)], digests))
     memo.write_bytes(snapshot + b"\x80\x05garbage" + later)
     shutil.rmtree(project / "build" / "bundle")
     made.clear()
     assert build(project, "bundle").ok
     assert made == []  # the snapshot's parts, not the update's stale key
+
+
+def test_a_kernel_added_or_removed_remakes_its_own_part_only(
+    tmp_path: Path, made: list[str]
+) -> None:
+    """Another list of kernels is matched with the memo's by name: the others are kept,
+    and the tree is the one computing every part anew writes."""
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    manifest = project / "nkibuild.yaml"
+    original = manifest.read_text()
+    (project / "kernels" / "fourth.hlo.pb").write_bytes(hlo("fourth"))
+    manifest.write_text(
+        original + "  fourth:\n    frontend: hlo\n    source: kernels/fourth.hlo.pb\n"
+        "    inputs:\n      logits: {shape: [64, 1024], dtype: float32}\n"
+    )
+    made.clear()
+    assert build(project).ok
+    assert made == ["fourth"]
+    assert tree(project) == rebuilt_without_memo(project)
+    manifest.write_text(original.replace("  other:", "  zother:"))
+    made.clear()
+    assert build(project).ok
+    assert made == ["zother"]
+    assert tree(project) == rebuilt_without_memo(project)
+
+
+def test_a_record_removed_is_not_lent_for(tmp_path: Path, made: list[str]) -> None:
+    """A kernel whose compile record is gone: the build compiles it again and the
+    bundle remakes its part (its record's stat is not the memo's), and only its."""
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    record = next((project / "build" / "compile").glob("other/*/*/result.json"))
+    record.unlink()
+    made.clear()
+    assert build(project).ok
+    assert made == ["other"]
+    assert tree(project) == rebuilt_without_memo(project)
