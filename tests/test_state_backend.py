@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import pytest
 from doit.dependency import JSONCodec
 
+from nkibuild import plaindata
+from nkibuild.fsutil import stamp_of
 from nkibuild.graph.state import HEADER, AtomicJsonDB
 
 
@@ -318,3 +322,105 @@ def test_a_damaged_file_dep_list_is_replaced_not_a_traceback(tmp_path: Path) -> 
     db.set("v", "deps:", ("/a",))
     db.dump()
     assert AtomicJsonDB(str(path), JSONCodec()).get("v", "deps:") == ["/a"]
+
+
+def every_entry(path: Path, task_ids: list[str]) -> dict[str, dict | None]:
+    db = AtomicJsonDB(str(path), JSONCodec())
+    return {task_id: db._entry(task_id) for task_id in task_ids}
+
+
+def test_the_index_describes_the_file_after_appends_patches_and_rewrites(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    index = Path(f"{path}.index")
+    db = saved(path, {"bundle": big_entry(100), **{f"t{n}": {"k": n} for n in range(30)}})
+    assert index.exists()
+    ids = ["bundle", *(f"t{n}" for n in range(30))]
+    for run in range(8):
+        db = AtomicJsonDB(str(path), JSONCodec())
+        db.set("bundle", "/b/compile/u1/result.json", [float(run), 100, "md5"])
+        db.set(f"t{run}", "k", "x" * 300 * run)  # appended, then compacted away at times
+        db.remove(f"t{run + 10}")
+        db.dump()
+        through_index = every_entry(path, ids)
+        index.unlink()
+        whole = every_entry(path, ids)  # read whole: the file alone says what is saved
+        assert through_index == whole, run
+        assert whole["bundle"]["/b/compile/u1/result.json"] == [float(run), 100, "md5"]
+        assert whole[f"t{run + 10}"] is None and whole[f"t{run}"] == {"k": "x" * 300 * run}
+        AtomicJsonDB(str(path), JSONCodec()).dump()  # nothing changed: indexed again
+        assert index.exists(), run
+
+
+def test_a_run_reads_through_the_index_only_the_lines_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "state.json"
+    saved(path, {"bundle": big_entry(2000), "wheel": {"k": 1}})
+    read: list[int] = []
+    real_pread = os.pread
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        read.append(size)
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+    db = AtomicJsonDB(str(path), JSONCodec())
+    assert db.get("wheel", "k") == 1
+    assert read and sum(read) < 100  # the wheel's line, not the bundle's megabyte
+    db.set("wheel", "k", 2)
+    db.dump()  # appended
+    monkeypatch.undo()
+    assert AtomicJsonDB(str(path), JSONCodec()).get("wheel", "k") == 2
+    assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "deps:") == big_entry(2000)["deps:"]
+
+
+def test_an_index_of_the_file_before_a_change_is_not_used(tmp_path: Path) -> None:
+    """A build killed between writing the file and its index, or another writer: the
+    index names a file of other stats, and the file is read whole."""
+    path = tmp_path / "state.json"
+    index = Path(f"{path}.index")
+    db = saved(path, {"a": {"k": 1}, "b": {"k": 2}})
+    earlier_index = index.read_bytes()
+    db.set("a", "k", 10)
+    db.dump()
+    index.write_bytes(earlier_index)  # as if killed before the index was written
+    with path.open("a") as handle:  # and another writer's line
+        handle.write('"b"\t{"k": 20}\n')
+    reread = AtomicJsonDB(str(path), JSONCodec())
+    assert (reread.get("a", "k"), reread.get("b", "k")) == (10, 20)
+
+
+def test_a_line_not_where_the_index_says_is_damage_not_a_wrong_entry(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    index = Path(f"{path}.index")
+    saved(path, {"a": {"k": 1}, "b": {"k": 2}})
+    text = path.read_text()
+    # Rewritten in place, same size, and the index made to match its stats: only where
+    # the lines are is wrong (a file changed within one tick of the clock, say).
+    path.write_text(text.replace('"a"\t{"k": 1}\n"b"\t{"k": 2}', '"b"\t{"k": 2}\n"a"\t{"k": 1}'))
+    stale = plaindata.loads(index.read_bytes())
+    stale["state"] = stamp_of(path.stat())
+    index.write_bytes(plaindata.dumps(stale))
+    db = AtomicJsonDB(str(path), JSONCodec())
+    assert (db.get("a", "k"), db.get("b", "k")) == (None, None)  # not each other's
+    db.set("c", "k", 3)
+    db.dump()  # written whole, without what could not be read
+    reread = AtomicJsonDB(str(path), JSONCodec())
+    assert (reread.get("a", "k"), reread.get("b", "k"), reread.get("c", "k")) == (None, None, 3)
+
+
+def test_a_damaged_index_is_not_used(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    index = Path(f"{path}.index")
+    saved(path, {"a": {"k": 1}})
+    good = plaindata.loads(index.read_bytes())
+    damaged = [
+        b"not a pickle",
+        plaindata.dumps({**good, "format": 99}),
+        plaindata.dumps({**good, "counts": b"\x01"}),
+        plaindata.dumps({**good, "ids": [1]}),
+        plaindata.dumps({**good, "bounds": 5}),
+    ]
+    for content in damaged:
+        index.write_bytes(content)
+        assert AtomicJsonDB(str(path), JSONCodec()).get("a", "k") == 1, content

@@ -21,6 +21,14 @@ before it leave it (`[[key, ...], value]` sets a value, `[[key, ...]]` removes o
 the keys a path into nested objects). The entry is written whole again once its
 patches would outweigh half of it.
 
+Beside the file, an index (`<file>.index`, a plain-data pickle) says where each task's
+lines are, for the file as it was written (its size, times and inode): the next run
+that hands doit a few tasks reads their lines alone instead of the whole file (20 MB at
+10,000 units). An index that does not describe the file as it is (not written: a
+build killed between the two writes; the file changed by anything else) is not used,
+and the file is read whole as without one; a line read through it that does not sit
+where the index says is taken as damaged.
+
 A line cut short (a build killed while appending) is not fatal: an entry that does
 not decode only means "that task is not known to be up to date", and an unterminated
 last line is ignored, so the task's earlier entry (a true record of an earlier
@@ -31,12 +39,17 @@ any resulting rerun cheap.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import weakref
+from array import array
+from itertools import chain, islice
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from nkibuild.fsutil import atomic_write_text
+from nkibuild import plaindata
+from nkibuild.fsutil import atomic_write_bytes, atomic_write_text, stamp_of
 
 BACKEND_NAME = "nkibuild-json"
 DEP_FILE = "doit-state.json"  # in the build's state dir
@@ -62,6 +75,9 @@ PATCH_DEPTH = 3  # keys deep: the bundle's `_values_:` -> `outputs` -> a file
 _MISSING: Any = object()  # a key an entry does not have
 
 Span = tuple[int, int]  # where a line's entry is in the file's text
+Lines = tuple[Span, ...]  # a task's whole entry, then the patches after it
+INDEX_SUFFIX = ".index"
+INDEX_FORMAT = 1
 
 
 class AtomicJsonDB:
@@ -76,7 +92,14 @@ class AtomicJsonDB:
         # in the file's text (kept whole; slicing 15,000 entries out of tens of MB costs
         # more than reading it).
         self._text_read = ""
-        self._lines: dict[str, list[Span]] = {}
+        self._lines: dict[str, Lines] = {}
+        # Or, read through the index: the file as opened then (its lines are read from
+        # it as decoded; the open file stays the one indexed if the name is replaced).
+        self._stream: IO[bytes] | None = None
+        # Where each task's lines are in the file as it is on disk, in bytes (what the
+        # index says); None where unknown (a file of other than ASCII text).
+        self._placed: dict[str, Lines] | None = {}
+        self._indexed = False  # the index describes the file as read
         self._db: dict[str, dict[str, Any]] = {}  # decoded entries
         # Changed since the file was read: tasks to write whole (new) or as removed, and
         # the keys changed in the others, with their values as the file has them.
@@ -89,7 +112,13 @@ class AtomicJsonDB:
         self._rewrite = False  # the file must be written whole (damaged, earlier layout)
         self._load()
 
+    @property
+    def _index_name(self) -> str:
+        return self.name + INDEX_SUFFIX
+
     def _load(self) -> None:
+        if self._load_indexed():
+            return
         try:
             with open(self.name, encoding="utf-8") as handle:
                 text = handle.read()
@@ -105,6 +134,8 @@ class AtomicJsonDB:
             self._text_read = text
             self._lines, intact = _entries(text, len(header) + 1)
             self._rewrite = not intact or header != HEADER
+            # Characters are bytes in an ASCII file (nkibuild writes no other).
+            self._placed = dict(self._lines) if len(text) == info.st_size else None
             return
         try:  # the earlier layout: one JSON object
             data = self.codec.decode(text)
@@ -114,10 +145,29 @@ class AtomicJsonDB:
         self._db = {task_id: entry for task_id, entry in entries if isinstance(entry, dict)}
         self._rewrite = True
 
+    def _load_indexed(self) -> bool:
+        """Take where each task's lines are from the index, if it describes the file as
+        it is; False (nothing taken) otherwise."""
+        try:
+            with open(self._index_name, "rb") as handle:
+                index = plaindata.load(handle)
+            stream = open(self.name, "rb")  # noqa: SIM115  # kept open: see self._stream
+        except (OSError, ValueError):
+            return False
+        info = os.fstat(stream.fileno())
+        lines = _indexed_lines(index, stamp_of(info))
+        if lines is None:
+            stream.close()
+            return False
+        weakref.finalize(self, stream.close)
+        self._stream, self._lines, self._placed, self._indexed = stream, lines, dict(lines), True
+        self._file_chars, self._identity = info.st_size, (info.st_ino, info.st_size)
+        return True
+
     def _entry(self, task_id: str) -> dict[str, Any] | None:
         entry = self._db.get(task_id)
         if entry is None and task_id in self._lines:
-            entry = self._decoded(self._lines[task_id])
+            entry = self._decoded(task_id, self._lines[task_id])
             if entry is None:  # damaged: forget this task only
                 del self._lines[task_id]
                 self._rewrite = True
@@ -125,14 +175,14 @@ class AtomicJsonDB:
             self._db[task_id] = entry
         return entry
 
-    def _decoded(self, lines: list[Span]) -> dict[str, Any] | None:
+    def _decoded(self, task_id: str, lines: Lines) -> dict[str, Any] | None:
         try:
-            entry = self.codec.decode(self._saved(lines[0]))
+            entry = self.codec.decode(self._saved(task_id, lines[0]))
             if not isinstance(entry, dict):
                 return None
             for span in lines[1:]:
-                _patch(entry, self.codec.decode(self._saved(span)))
-        except (ValueError, RecursionError):
+                _patch(entry, self.codec.decode(self._saved(task_id, span)))
+        except (ValueError, RecursionError):  # ValueError: also a line not where indexed
             return None
         return _with_result(entry)
 
@@ -145,17 +195,24 @@ class AtomicJsonDB:
 
     def dump(self) -> None:
         if not (self._whole or self._edits or self._rewrite):
+            if not self._indexed and self._identity is not None and self._placed is not None:
+                # Read whole and unchanged: indexed for the next run that hands doit a few.
+                with contextlib.suppress(OSError):
+                    info = os.stat(self.name)
+                    if (info.st_ino, info.st_size) == self._identity:
+                        self._write_index(info)
             return
         changes, patched = self._changes()
         appended = "".join(f"{json.dumps(task_id)}\t{line}\n" for task_id, line in changes.items())
         try:
             if self._rewrite or not self._file_chars or self._outweighs(changes, appended, patched):
-                self._write_whole(changes, patched)
-            elif (identity := _append(self.name, appended, self._identity)) is not None:
+                info = self._write_whole(changes, patched)
+            elif (info := _append(self.name, appended, self._identity)) is not None:
                 self._file_chars += len(appended)
-                self._identity = identity
+                self._identity = info.st_ino, info.st_size
+                self._placed = _placed_after(self._placed, changes, patched, appended, info)
             else:  # not the file that was read
-                self._write_whole(changes, patched)
+                info = self._write_whole(changes, patched)
         except OSError as error:
             # doit would print a traceback; the session's build reports it after doit
             # returns (doit constructs this object, so the session is found, not passed).
@@ -172,6 +229,29 @@ class AtomicJsonDB:
         self._whole.clear()
         self._edits.clear()
         self._rewrite = False
+        self._write_index(info)
+
+    def _write_index(self, info: os.stat_result) -> None:
+        """Say where each task's lines are in the file as it is now (`info`); best
+        effort, as without it the next run reads the file whole."""
+        placed = self._placed
+        self._indexed = False
+        try:
+            if placed is None:
+                os.unlink(self._index_name)  # describes no file any more: not read again
+                return
+            spans = chain.from_iterable(chain.from_iterable(placed.values()))
+            index = {
+                "format": INDEX_FORMAT,
+                "state": stamp_of(info),
+                "ids": list(placed),
+                "counts": array("I", map(len, placed.values())).tobytes(),
+                "bounds": array("q", spans).tobytes(),
+            }
+            atomic_write_bytes(Path(self._index_name), plaindata.dumps(index), durable=False)
+        except (OSError, OverflowError):  # OverflowError: a count past array("I")'s
+            return
+        self._indexed = True
 
     def _changes(self) -> tuple[dict[str, str], set[str]]:
         """Each changed task's line: its patch, its whole entry or its removal; and which
@@ -209,11 +289,13 @@ class AtomicJsonDB:
         patches = sum(end - start for start, end in lines[1:])
         return line if 2 * (patches + len(line)) <= end - start else None
 
-    def _write_whole(self, changes: dict[str, str], patched: set[str]) -> None:
-        text = self._text(changes, patched)
+    def _write_whole(self, changes: dict[str, str], patched: set[str]) -> os.stat_result:
+        text, placed = self._text(changes, patched)
         atomic_write_text(Path(self.name), text)
         info = os.stat(self.name)
         self._file_chars, self._identity = len(text), (info.st_ino, info.st_size)
+        self._placed = placed if text.isascii() else None
+        return info
 
     def _outweighs(self, changes: dict[str, str], appended: str, patched: set[str]) -> bool:
         # A task written whole supersedes its saved lines; a patch adds to them.
@@ -225,29 +307,68 @@ class AtomicJsonDB:
         )
         return self._file_chars + len(appended) > COMPACT_RATIO * live + len(HEADER)
 
-    def _text(self, changes: dict[str, str], patched: set[str]) -> str:
-        """The whole file: every task's latest entry, once, patches applied."""
+    def _text(self, changes: dict[str, str], patched: set[str]) -> tuple[str, dict[str, Lines]]:
+        """The whole file: every task's latest entry, once, patches applied; and where
+        each task's line is in it."""
+        self._read_whole()
         lines = [HEADER]
+        placed: dict[str, Lines] = {}
+        end = len(HEADER)
+
+        def add(task_id: str, encoded: str) -> None:
+            nonlocal end
+            key = json.dumps(task_id)
+            start = end + 1 + len(key) + 1  # after the newline before and the tab
+            end = start + len(encoded)
+            placed[task_id] = ((start, end),)
+            lines.append(f"{key}\t{encoded}")
+
         for task_id, saved in list(self._lines.items()):
             if task_id in changes and task_id not in patched:
-                encoded = changes[task_id]
-            elif task_id in self._edits or len(saved) > 1:
+                add(task_id, changes[task_id])
+                continue
+            if task_id in self._edits or len(saved) > 1:
                 entry = self._entry(task_id)
-                if entry is None:  # damaged: forgotten
-                    continue
-                encoded = self._encode(entry)
+                encoded = self._encode(entry) if entry is not None else None
             else:
-                encoded = self._saved(saved[0])
-            lines.append(f"{json.dumps(task_id)}\t{encoded}")
+                try:
+                    encoded = self._saved(task_id, saved[0])
+                except ValueError:
+                    encoded = None
+            if encoded is not None:  # else damaged: forgotten
+                add(task_id, encoded)
         for task_id, entry in self._db.items():
             if task_id not in self._lines:
-                encoded = changes.get(task_id) or self._encode(entry)
-                lines.append(f"{json.dumps(task_id)}\t{encoded}")
-        return "\n".join(lines) + "\n"
+                add(task_id, changes.get(task_id) or self._encode(entry))
+        return "\n".join(lines) + "\n", placed
 
-    def _saved(self, span: Span) -> str:
+    def _read_whole(self) -> None:
+        """Read the whole file from the indexed stream, to write every entry again."""
+        stream, self._stream = self._stream, None
+        if stream is None:
+            return
+        with stream:
+            data = stream.read() if stream.seek(0) == 0 else b""
+        self._text_read = data.decode("utf-8", errors="replace")  # a damaged line: see _saved
+
+    def _saved(self, task_id: str, span: Span) -> str:
+        """The entry at `span`, on a line of `task_id`; ValueError if there is none there
+        (an index that does not describe the file)."""
         start, end = span
-        return self._text_read[start:end]
+        line = f"\n{json.dumps(task_id)}\t"
+        first = start - len(line)
+        if self._stream is not None:
+            try:
+                data = os.pread(self._stream.fileno(), end + 1 - first, first)
+                text = data.decode("utf-8")
+            except OSError as error:
+                raise ValueError(f"not read: {error}") from error
+            start, end, first = start - first, end - first, 0
+        else:
+            text = self._text_read
+        if not (text.startswith(line, first) and text[end : end + 1] == "\n"):
+            raise ValueError("not a line of the task where the index says")
+        return text[start:end]
 
     def set(self, task_id: str, dependency: str, value: Any) -> None:
         entry = self._entry(task_id)
@@ -262,8 +383,13 @@ class AtomicJsonDB:
         entry[dependency] = value
 
     def get(self, task_id: str, dependency: str) -> Any:
-        entry = self._entry(task_id)
-        return entry.get(dependency) if entry is not None else None
+        # doit asks once per file_dep of a task it saves: 10,000 for the bundle.
+        entry = self._db.get(task_id)
+        if entry is None:
+            entry = self._entry(task_id)
+            if entry is None:
+                return None
+        return entry.get(dependency)
 
     def in_(self, task_id: str) -> bool:
         return task_id in self._db or task_id in self._lines
@@ -410,7 +536,7 @@ def _patch(entry: dict[str, Any], operations: Any) -> None:
             target.pop(keys[-1], None)
 
 
-def _entries(text: str, start: int) -> tuple[dict[str, list[Span]], bool]:
+def _entries(text: str, start: int) -> tuple[dict[str, Lines], bool]:
     """Where each task's saved entry is in `text` from `start` on (its last whole line,
     or removal, and the patch lines after it), still encoded; and whether every line was
     whole (else the file is to be rewritten)."""
@@ -437,7 +563,7 @@ def _entries(text: str, start: int) -> tuple[dict[str, list[Span]], bool]:
     if not isinstance(ids, list) or len(ids) != len(keys):  # a damaged key
         ids = [_task_id(key) for key in keys]
         intact = False
-    entries: dict[str, list[Span]] = {}
+    entries: dict[str, Lines] = {}
     for task_id, span in zip(ids, spans, strict=True):
         if not isinstance(task_id, str):
             intact = False
@@ -448,12 +574,63 @@ def _entries(text: str, start: int) -> tuple[dict[str, list[Span]], bool]:
             if saved is None:  # of no entry: not understood
                 intact = False
             else:
-                saved.append(span)
+                entries[task_id] = (*saved, span)
             continue
         entries.pop(task_id, None)  # the file's order of the latest lines
         if not (end - start == len(REMOVED) and text.startswith(REMOVED, start)):
-            entries[task_id] = [span]
+            entries[task_id] = (span,)
     return entries, intact
+
+
+def _indexed_lines(index: Any, state: str) -> dict[str, Lines] | None:
+    """Where each task's lines are, from an index (`AtomicJsonDB._write_index`) written
+    for the file of stat `state`; None if it is not one, or of another file."""
+    if not (isinstance(index, dict) and index.get("format") == INDEX_FORMAT):
+        return None
+    ids, counts, bounds = index.get("ids"), array("I"), array("q")
+    if index.get("state") != state or type(ids) is not list:
+        return None
+    try:
+        counts.frombytes(index["counts"])
+        bounds.frombytes(index["bounds"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if len(counts) != len(ids) or 2 * sum(counts) != len(bounds):
+        return None
+    if not all(type(task_id) is str for task_id in ids) or len(set(ids)) != len(ids):
+        return None
+    spans = zip(islice(bounds, 0, None, 2), islice(bounds, 1, None, 2), strict=True)
+    if counts.count(1) == len(counts):  # no patches: the common case, in one pass
+        return dict(zip(ids, zip(spans), strict=True))
+    return {
+        task_id: tuple(islice(spans, count)) for task_id, count in zip(ids, counts, strict=True)
+    }
+
+
+def _placed_after(
+    placed: dict[str, Lines] | None,
+    changes: dict[str, str],
+    patched: set[str],
+    appended: str,
+    info: os.stat_result,
+) -> dict[str, Lines] | None:
+    """Where each task's lines are once `appended` (the `changes`' lines, in order) is at
+    the end of the file, now `info`; None if that is not known in bytes."""
+    if placed is None or not appended.isascii():
+        return None
+    before = placed
+    placed = {task_id: lines for task_id, lines in before.items() if task_id not in changes}
+    end = info.st_size - len(appended)
+    for task_id, line in changes.items():
+        start = end + len(json.dumps(task_id)) + 1
+        end = start + len(line) + 1  # and the newline
+        span = (start, end - 1)
+        if task_id in patched:
+            placed[task_id] = (*before[task_id], span)
+        elif line != REMOVED:
+            placed[task_id] = (span,)
+    return placed
+    return placed
 
 
 def _task_id(key: str) -> str | None:
@@ -464,9 +641,9 @@ def _task_id(key: str) -> str | None:
     return task_id if isinstance(task_id, str) else None
 
 
-def _append(name: str, lines: str, identity: tuple[int, int] | None) -> tuple[int, int] | None:
+def _append(name: str, lines: str, identity: tuple[int, int] | None) -> os.stat_result | None:
     """Add whole lines at the end of the file, durably (as the rewrite is), if it is still
-    the one of `identity` (inode, size); its identity after, or None (nothing written)."""
+    the one of `identity` (inode, size); its stat after, or None (nothing written)."""
     with open(name, "ab") as handle:
         info = os.fstat(handle.fileno())
         if (info.st_ino, info.st_size) != identity:
@@ -474,4 +651,4 @@ def _append(name: str, lines: str, identity: tuple[int, int] | None) -> tuple[in
         handle.write(lines.encode("utf-8"))
         handle.flush()
         os.fsync(handle.fileno())
-        return info.st_ino, handle.tell()
+        return os.fstat(handle.fileno())
