@@ -424,3 +424,28 @@ def test_a_damaged_index_is_not_used(tmp_path: Path) -> None:
     for content in damaged:
         index.write_bytes(content)
         assert AtomicJsonDB(str(path), JSONCodec()).get("a", "k") == 1, content
+
+
+def test_members_equal_as_saved_are_left_out_of_a_patch_however_built(tmp_path: Path) -> None:
+    """The outputs are compared in one go; where that finds types apart (a tuple for a
+    list, True for 1), each member is compared as JSON saves it."""
+    path = tmp_path / "state.json"
+    db = saved(path, {"bundle": big_entry(300)})
+    outputs = db.get("bundle", "_values_:")["outputs"]
+    rebuilt = {file: tuple(fingerprint) for file, fingerprint in outputs.items()}  # as saved
+    rebuilt["/b/tree/f7.neff"] = [7, 8, 8, 7, "cd" * 32]  # changed
+    rebuilt["/b/tree/f9.neff"] = [9, True, 7, 9, "ab" * 32]  # 7 before: saved apart
+    db.set("bundle", "_values_:", {"outputs": rebuilt, "_config_changed": "digest"})
+    db.set("bundle", "result:", {"outputs": rebuilt})
+    db.dump()
+    patch = json.loads(path.read_text().splitlines()[-1].split("\t")[1])
+    patched = [keys[-1] for keys, *_ in patch if keys[:2] == ["_values_:", "outputs"]]
+    assert sorted(patched) == ["/b/tree/f7.neff", "/b/tree/f9.neff"]
+    reread = AtomicJsonDB(str(path), JSONCodec()).get("bundle", "_values_:")["outputs"]
+    assert reread["/b/tree/f9.neff"][1] is True and reread["/b/tree/f8.neff"] == [
+        8,
+        7,
+        7,
+        8,
+        "ab" * 32,
+    ]

@@ -4,6 +4,7 @@ tasks to doit; anything the proof does not understand hands everything to doit."
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pickle
@@ -139,6 +140,49 @@ def test_an_output_dir_counts_its_recorded_files_not_new_ones(tmp_path: Path) ->
     assert uptodate.decide(tmp_path, dicts, dep_file).pending == []
     (tree / "sub" / "b").unlink()
     assert uptodate.decide(tmp_path, dicts, dep_file).pending == ["bundle"]
+
+
+def test_an_output_dir_whose_files_changed_is_appended_as_a_whole_record_would(
+    tmp_path: Path,
+) -> None:
+    """The appended change looks only at the keys the pending tasks can have changed:
+    the files gone from the task's dir are removed, those added recorded, others kept."""
+    tree, source = tmp_path / "tree", tmp_path / "src"
+    tree.mkdir()
+    for name in ("a", "b", "c"):
+        (tree / name).write_text(name)
+    source.write_text("1")
+    (tmp_path / DEP_FILE).write_text("state")
+    _, intact = outputs_checked((), [str(tree)])
+    dicts = [
+        {"basename": "bundle", "file_dep": [str(source)], "targets": [], "uptodate": [intact]},
+        task("other", [source], [tmp_path / "other"]),
+    ]
+    (tmp_path / "other").write_text("o")
+    dep_file = str(tmp_path / DEP_FILE)
+    first = uptodate.decide(tmp_path, dicts, dep_file)
+    uptodate.record(tmp_path, first, checked_now(first.pending), dep_file)
+    size = (tmp_path / STAMP_FILE).stat().st_size
+    source.write_text("2")
+    (tree / "a").unlink()
+    (tree / "b").write_text("bb")
+    (tree / "d").write_text("d")
+    decision = uptodate.decide(tmp_path, dicts, dep_file)
+    assert decision.pending == ["bundle", "t:other"]
+    failed = checked_now(["bundle"])  # t:other failed: dropped from the proof
+    proof, change = uptodate._updated(decision, failed, dep_file, {})
+    assert change is not None and decision.previous is not None
+    replayed = copy.deepcopy(decision.previous)
+    assert uptodate._applied(replayed, change)  # as the next build reads it
+    assert replayed == proof
+    assert "t:other" not in proof.tasks and str(tree / "a") not in proof.files
+    verified = checked_now(decision.pending)
+    whole = uptodate._recorded(decision, verified, dep_file, {}).to_dict()
+    assert recorded_stamp(tmp_path, decision, verified) == whole
+    assert (tmp_path / STAMP_FILE).stat().st_size > size  # appended
+    assert whole["listings"]["bundle"] == [str(tree / name) for name in ("b", "c", "d")]
+    assert str(tree / "a") not in whole["files"]
+    assert uptodate.decide(tmp_path, dicts, dep_file).pending == []
 
 
 def test_a_changed_config_hands_that_task_and_its_readers_to_doit(
@@ -396,11 +440,11 @@ def test_after_a_change_only_the_pending_tasks_are_recorded_again(
     verified = checked_now(decision.pending)
     whole = uptodate._recorded(decision, verified, dep_file, {}).to_dict()
     recorded: list[str] = []
-    record_task = uptodate._record_task
+    task_record = uptodate._task_record
     monkeypatch.setattr(
         uptodate,
-        "_record_task",
-        lambda proof, d, name, *rest: recorded.append(name) or record_task(proof, d, name, *rest),
+        "_task_record",
+        lambda d, name, *rest: recorded.append(name) or task_record(d, name, *rest),
     )
     stamp = recorded_stamp(root, decision, verified)
     assert recorded == ["t:b", "t:join"]

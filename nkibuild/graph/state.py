@@ -41,9 +41,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import marshal
 import os
 import weakref
 from array import array
+from collections.abc import Iterable
 from itertools import chain, islice
 from pathlib import Path
 from typing import IO, Any
@@ -462,15 +464,47 @@ def _diff(keys: list[str], before: Any, after: Any) -> list[list[Any]]:
         return [[keys]]
     if type(before) is not dict or type(after) is not dict or len(keys) >= PATCH_DEPTH:
         return [[keys, after]]
+    if not _all_strings(after):  # JSON would make a key a string: set the object whole
+        return [[keys, after]]
     operations: list[list[Any]] = []
-    for key, value in after.items():
-        if type(key) is not str:  # JSON would make it a string: set the object whole
-            return [[keys, after]]
-        saved = before.get(key, _MISSING)
-        if not _equal(saved, value):
-            operations += _diff([*keys, key], saved, value)
+    if len(keys) + 1 == PATCH_DEPTH:  # members set whole: the bundle's 15,000 outputs
+        same = _saved_alike(before, after)
+        operations += [[[*keys, key], value] for key, value in after.items() if key not in same]
+    else:
+        for key, value in after.items():
+            saved = before.get(key, _MISSING)
+            if not _equal(saved, value):
+                operations += _diff([*keys, key], saved, value)
     operations += [[[*keys, key]] for key in before.keys() - after.keys()]
     return operations
+
+
+def _all_strings(keys: Iterable[Any]) -> bool:
+    try:
+        "".join(keys)  # one call for the bundle's 15,000 outputs
+    except TypeError:
+        return False
+    return True
+
+
+def _saved_alike(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
+    """The keys whose value in `after` would be saved as `before`'s is (`_equal`): those
+    equal in Python, checked for types in one marshal of them all (which writes 1, 1.0
+    and True, 0.0 and -0.0, lists and tuples apart, and refuses subclasses), one by one
+    where that finds a difference; and those unequal only as a tuple and a list are."""
+    equal = [key for key, value in after.items() if before.get(key, _MISSING) == value]
+    saved, values = [before[key] for key in equal], [after[key] for key in equal]
+    try:
+        alike = set(equal) if marshal.dumps(saved, 0) == marshal.dumps(values, 0) else None
+    except ValueError:  # not marshal's
+        alike = None
+    if alike is None:
+        alike = {
+            key for key, old, new in zip(equal, saved, values, strict=True) if _equal(old, new)
+        }
+    unequal = after.keys() - set(equal)  # a few after an edit
+    alike.update(key for key in unequal if _equal(before.get(key, _MISSING), after[key]))
+    return alike
 
 
 def _result_operations(entry: dict[str, Any]) -> list[list[Any]]:
