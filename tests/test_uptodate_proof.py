@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from doit.dependency import JSONCodec
 from doit.tools import config_changed
 from helpers import build, manifests_parsed, write_project
 
@@ -22,6 +23,7 @@ from nkibuild.graph import uptodate
 from nkibuild.graph.intact import outputs_checked
 from nkibuild.graph.loader import DEP_FILE
 from nkibuild.graph.run import LAST_RUN_FILE
+from nkibuild.graph.state import AtomicJsonDB
 from nkibuild.graph.uptodate import STAMP_FILE
 from nkibuild.testing.hlo_writer import build_hlo_module
 
@@ -791,3 +793,45 @@ def test_configs_json_cannot_write_are_refused_as_doit_refuses_them() -> None:
     with pytest.raises(TypeError):
         uptodate.config_digest({"x": {1, 2}})
     assert uptodate.config_digest({"x": 1}) != uptodate.config_digest({"x": True})
+
+
+def bundle_config_digest(project: Path) -> str:
+    state = AtomicJsonDB(str(project / "build" / "state" / DEP_FILE), JSONCodec())
+    return state.get("bundle", "_values_:")["_config_changed"]
+
+
+def test_a_costly_config_digest_is_remembered_for_the_same_fingerprint(
+    two_kernels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bundle's config (1.4 MB of JSON at 10,000 units) is the same after an edit: its
+    digest is taken from the build that computed it, and computed again once it changes.
+    (Every config counts as costly here: the extract's and compiles' are remembered too.)"""
+    monkeypatch.setattr(uptodate, "COSTLY_CONFIG", 0)
+    encoded: list[int] = []
+    config_json = uptodate._config_json
+    monkeypatch.setattr(
+        uptodate, "_config_json", lambda config: encoded.append(1) or config_json(config)
+    )
+    state_dir = two_kernels / "build" / "state"
+    (two_kernels / "kernels" / "beta.pb").write_bytes(hlo("beta-1"))
+    ran = build(two_kernels).executed
+    remembered = uptodate.known_digests(state_dir)
+    assert sorted(remembered) == sorted(name for name in ran if name != "wheel")  # str config
+    assert len(encoded) == len(remembered)
+    assert remembered["bundle"][1] == [bundle_config_digest(two_kernels)]
+    encoded.clear()
+    (two_kernels / "kernels" / "beta.pb").write_bytes(hlo("beta-2"))
+    assert build(two_kernels).executed == ran
+    assert encoded == []  # every digest was remembered
+    assert remembered["bundle"][1] == [bundle_config_digest(two_kernels)]  # as doit saved it
+    manifest = two_kernels / "nkibuild.yaml"
+    manifest.write_text(manifest.read_text().replace("version: 0.1.0", "version: 0.2.0"))
+    assert "bundle" in build(two_kernels).executed
+    digest = bundle_config_digest(two_kernels)
+    assert encoded and digest != remembered["bundle"][1][0]  # computed anew
+    assert uptodate.known_digests(state_dir)["bundle"][1] == [digest]
+    (state_dir / uptodate.DIGESTS_FILE).write_bytes(b"damaged")  # not remembered: computed
+    (two_kernels / "kernels" / "beta.pb").write_bytes(hlo("beta-3"))
+    encoded.clear()
+    assert "bundle" in build(two_kernels).executed
+    assert encoded and bundle_config_digest(two_kernels) == digest

@@ -30,7 +30,7 @@ from typing import Any
 from doit.dependency import MD5Checker, UptodateCalculator
 
 from nkibuild.graph.intact import CHECK_SIGNATURE, OutputsIntact
-from nkibuild.graph.uptodate import Decision, task_name
+from nkibuild.graph.uptodate import Decision, task_name, with_known_digests
 
 
 class InputsChanged(UptodateCalculator):
@@ -87,10 +87,15 @@ class UnlessInputsChanged:
 
 
 def handed_over(decision: Decision, dicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The pending tasks of `dicts`; with a proof, each with `InputsChanged` first among
+    """The pending tasks of `dicts`, each with the config digests remembered for it
+    (uptodate.with_known_digests); with a proof, each with `InputsChanged` first among
     its checks (without one, doit compares every file anyway)."""
     pending = set(decision.pending)
-    handed = [task for task in dicts if task_name(task) in pending]
+    handed = [
+        with_known_digests(task, name, decision)
+        for task in dicts
+        if (name := task_name(task)) in pending
+    ]
     if decision.previous is None:
         return handed
     producer, changed = decision.graph.producer, decision.stats.keys()
