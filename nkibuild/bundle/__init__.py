@@ -32,7 +32,7 @@ from nkibuild.bundle.buildinfo import (
     encode,
     read_build_info,
 )
-from nkibuild.bundle.tree import CompiledCopy, Content, Fingerprint, digest, update_tree
+from nkibuild.bundle.tree import CompiledCopy, Content, Record, digest, update_tree
 from nkibuild.compiler import CompiledNeff
 from nkibuild.errors import BuildError
 from nkibuild.manifest.model import Kernel, Manifest, Package, SourceRef
@@ -74,7 +74,7 @@ class WrittenBundle:
     """A bundle tree brought up to date, and every file's fingerprint as recorded there."""
 
     directory: Path
-    files: Mapping[str, Fingerprint]
+    record: Record
 
 
 def target_package(package: Package, target: str) -> Package:
@@ -153,9 +153,8 @@ def write_bundle(
     for target in split_targets(manifest):
         _add_hashed(files, digests, _part_files(manifest.package, target))
     targets = sorted({target for part in parts for target in part.targets})
-    stamp_bytes = _stamp_text(_stamp(manifest, info, digests, targets)).encode()
-    recorded = update_tree(out_dir, files, STAMP_FILE, stamp_bytes, digests=digests)
-    return WrittenBundle(out_dir, recorded)
+    stamp = _stamp_text(_stamp(manifest, info, digests, targets)).encode()
+    return WrittenBundle(out_dir, update_tree(out_dir, files, STAMP_FILE, stamp, digests=digests))
 
 
 def _project_files(
@@ -229,9 +228,12 @@ def _stamp(
                 "files": part_files,
             }
         )
+    files = (
+        {n: d for n, d in digests.items() if not n.startswith(parts_prefix)} if parts else digests
+    )
     return {
         "package": vars(package),
-        "files": {n: d for n, d in digests.items() if not n.startswith(parts_prefix)},
+        "files": files,
         "parts": parts,
         "nkibuild": __version__,
         "requirements": list(info.requirements),

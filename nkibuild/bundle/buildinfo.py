@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -357,17 +358,21 @@ def document_text(header: Mapping[str, Any], kernels: Mapping[str, str]) -> str:
 
 def _object_text(members: Mapping[str, str]) -> str:
     """A JSON object from its (plain) keys and encoded values, in `sort_keys` order.
-    Joined once: formatting each member first copies megabytes of kernel entries."""
-    texts = []
-    for key in sorted(members):
-        texts += (",", _key_text(key), ":", members[key])
-    return "{" + "".join(texts[1:]) + "}"
+    Joined once, each member's key (with the comma before it) then its value, all in C:
+    formatting each member first copies megabytes of kernel entries."""
+    keys = sorted(members)
+    if not keys:
+        return "{}"
+    heads = list(map(_key_text, keys))
+    heads[0] = heads[0][1:]  # no comma before the first member
+    values = map(members.__getitem__, keys)
+    return "{" + "".join(chain.from_iterable(zip(heads, values, strict=True))) + "}"
 
 
 def _key_text(key: str) -> str:
-    """`encode(key)`; an ASCII identifier (every kernel's name) has nothing to escape,
-    so it is quoted without a call of the encoder per kernel."""
-    return f'"{key}"' if key.isascii() and key.isidentifier() else encode(key)
+    """`,"key":` for a member after another; an ASCII identifier (every kernel's name)
+    has nothing to escape, so it is quoted without a call of the encoder."""
+    return f',"{key}":' if key.isascii() and key.isidentifier() else f",{encode(key)}:"
 
 
 def read_build_info(path: Path) -> BuildInfo:

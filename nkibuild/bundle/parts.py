@@ -214,11 +214,24 @@ class PartsMemo:
                     plaindata.dumps((changes, current.digests)),
                 )
             ):
-                kernels.columns = [list(column) for column in zip(*self.parts, strict=True)]
-                kernels.columns = kernels.columns or _no_kernels().columns
+                kernels.columns = _columns(self.parts)
                 # Not fsync'ed: one lost to a power cut only costs the next bundle its time.
                 state = plaindata.dumps(current.to_state())
                 atomic_write_bytes(self.file, state, durable=False)
+
+
+def _columns(parts: Sequence[KernelPart]) -> Columns:
+    """The parts as the memo keeps them. The small tuples most kernels share (targets,
+    dtypes, versions, tools) are made one object each, which pickle then writes once and
+    reads back as one."""
+    if not parts:
+        return _no_kernels().columns
+    columns = [list(column) for column in zip(*parts, strict=True)]
+    shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    for field in ("targets", "dtypes", "compiler_versions", "tools"):
+        at = KernelPart._fields.index(field)
+        columns[at] = list(map(shared.setdefault, columns[at], columns[at]))
+    return columns
 
 
 def _change(kernels: _Kernels, index: int, part: KernelPart) -> tuple[object, ...]:
@@ -233,14 +246,14 @@ def _current(
     The records of all kernels are stat'ed in one loop: 15,000 at 10,000 units."""
     records: list[str] = []
     counts = []
+    compile_path, extract_path = layout.compile_path, layout.extract_path
     for kernel in kernels:
         own = units.get(kernel.name, ())
-        start = len(records)
-        records += [f"{layout.compile_path(unit)}/{RESULT_FILE}" for unit in own]
         # An extraction serves every target of its variant: stat'ed once.
-        extractions = {unit.extract.name: unit.extract for unit in own}.values()
-        records += [f"{layout.extract_path(spec)}/{METADATA_FILE}" for spec in extractions]
-        counts.append(len(records) - start)
+        extractions = {unit.extract.name: unit.extract for unit in own}
+        records += [f"{compile_path(unit)}/{RESULT_FILE}" for unit in own]
+        records += [f"{extract_path(spec)}/{METADATA_FILE}" for spec in extractions.values()]
+        counts.append(len(own) + len(extractions))
     # Four numbers a record, in one flat list: no tuple a record kept alive (15,000
     # objects more for the garbage collector to go through).
     stats: list[int | None] = []
@@ -261,12 +274,15 @@ def _stale_aligned(previous: _Kernels, current: _Kernels) -> set[int]:
     """The kernels whose part is not to be kept, where the memo has the same kernels and
     records in the same order: a config or a stat differs, or a record is missing.
     Compared column against column: only a difference costs a lookup."""
-    ends = list(accumulate(current.counts))
+    stale: set[int] = set()
     stats = current.stats
-    fields = compress(count(), map(ne, stats, previous.stats))
-    missing = compress(count(), map(is_, stats, repeat(None)))
-    stale = {bisect_right(ends, field // STAT_FIELDS) for field in chain(fields, missing)}
-    stale.update(compress(count(), map(ne, current.configs, previous.configs)))
+    if stats != previous.stats or None in stats:  # else (no edit) no lookup at all
+        ends = list(accumulate(current.counts))
+        fields = compress(count(), map(ne, stats, previous.stats))
+        missing = compress(count(), map(is_, stats, repeat(None)))
+        stale.update(bisect_right(ends, field // STAT_FIELDS) for field in chain(fields, missing))
+    if current.configs != previous.configs:
+        stale.update(compress(count(), map(ne, current.configs, previous.configs)))
     return stale
 
 

@@ -217,8 +217,7 @@ def run_bundle(context: BuildContext) -> dict[str, Any]:
     # outputs check takes them from there instead of hashing the whole tree again.
     written = bundle.run(context)
     root = _path(written.directory)  # absolute and normalised: joined as strings
-    files = written.files.items()
-    return {VALUES_KEY: {f"{root}/{name}": fingerprint for name, fingerprint in files}}
+    return {VALUES_KEY: written.record.fingerprints(f"{root}/")}
 
 
 def _bundle_config(manifest: Manifest) -> dict[str, Any]:
