@@ -420,6 +420,7 @@ def test_a_damaged_index_is_not_used(tmp_path: Path) -> None:
         plaindata.dumps({**good, "counts": b"\x01"}),
         plaindata.dumps({**good, "ids": [1]}),
         plaindata.dumps({**good, "bounds": 5}),
+        plaindata.dumps({**good, **{key: good[key] * 2 for key in ("ids", "counts", "bounds")}}),
     ]
     for content in damaged:
         index.write_bytes(content)

@@ -629,16 +629,16 @@ def _indexed_lines(index: Any, state: str) -> dict[str, Lines] | None:
         bounds.frombytes(index["bounds"])
     except (KeyError, TypeError, ValueError):
         return None
-    if len(counts) != len(ids) or 2 * sum(counts) != len(bounds):
-        return None
-    if not all(type(task_id) is str for task_id in ids) or len(set(ids)) != len(ids):
+    if len(counts) != len(ids) or 2 * sum(counts) != len(bounds) or not _all_strings(ids):
         return None
     spans = zip(islice(bounds, 0, None, 2), islice(bounds, 1, None, 2), strict=True)
     if counts.count(1) == len(counts):  # no patches: the common case, in one pass
-        return dict(zip(ids, zip(spans), strict=True))
-    return {
-        task_id: tuple(islice(spans, count)) for task_id, count in zip(ids, counts, strict=True)
-    }
+        lines = dict(zip(ids, zip(spans), strict=True))
+    else:
+        lines = {
+            task_id: tuple(islice(spans, count)) for task_id, count in zip(ids, counts, strict=True)
+        }
+    return lines if len(lines) == len(ids) else None  # an id twice: not an index of ours
 
 
 def _placed_after(
