@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,70 @@ def test_an_interrupted_update_is_finished_by_the_next(
     assert expected == {
         **{n: c if isinstance(c, bytes) else c.source.read_bytes() for n, c in wanted.items()},
         STAMP: b"stamp 1",
+    }
+
+
+def test_a_record_in_the_older_form_is_read_and_nothing_is_written_again(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+) -> None:
+    """A tree an older nkibuild recorded (one object of fingerprints, not columns) is
+    trusted as that record says: no file of it is written again."""
+    root = tmp_path / "bundle"
+    update_tree(root, wanted, STAMP, b"stamp")
+    fingerprints = read_record(root)
+    assert json.loads((root / RECORD_FILE).read_text())["format"] == 2
+    (root / RECORD_FILE).write_text(json.dumps(dict(reversed(fingerprints.items()))))
+    assert read_record(root) == fingerprints
+    before = identities(root)
+    update_tree(root, wanted, STAMP, b"stamp")
+    assert identities(root) == before
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda record: {**record, "stats": [str(n) for n in record["stats"]]},
+        lambda record: {**record, "stats": [True for _ in record["stats"]]},
+        lambda record: {**record, "stats": record["stats"][:-1]},
+        lambda record: {**record, "sha256": [None for _ in record["sha256"]]},
+        lambda record: {**record, "names": "pkg/__init__.py"},
+        lambda record: {**record, "format": 3},
+    ],
+    ids=["stat-strings", "stat-booleans", "stat-short", "sha-none", "names-a-string", "format"],
+)
+def test_a_record_of_the_wrong_shape_is_not_trusted(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], damage: Callable[[dict], dict]
+) -> None:
+    """A damaged record is no record (no traceback): every file is written again."""
+    root = tmp_path / "bundle"
+    update_tree(root, wanted, STAMP, b"stamp")
+    record = json.loads((root / RECORD_FILE).read_text())
+    (root / RECORD_FILE).write_text(json.dumps(damage(record)))
+    assert read_record(root) == {}
+    before = identities(root)
+    update_tree(root, wanted, STAMP, b"stamp")
+    after = identities(root)
+    assert all(after[name] != before[name] for name in wanted)
+    assert read_record(root).keys() == {*wanted, STAMP}
+
+
+def test_a_file_changed_in_place_with_its_stat_kept_apart_is_found_by_its_stat(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+) -> None:
+    """Columns are compared file by file: one file of many changed (same size, new
+    content) is the one written again, the others are kept."""
+    root = tmp_path / "bundle"
+    update_tree(root, wanted, STAMP, b"stamp")
+    target = root / "pkg/_kernels/a.py"
+    target.write_bytes(b"A = 9\n")
+    before = identities(root)
+    update_tree(root, wanted, STAMP, b"stamp")
+    after = identities(root)
+    assert target.read_bytes() == b"A = 1\n"
+    assert {name for name in before if after.get(name) != before[name]} == {
+        "pkg/_kernels/a.py",
+        STAMP,
+        RECORD_FILE,
     }
 
 
