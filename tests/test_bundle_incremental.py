@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import random
 import signal
 import subprocess
@@ -17,11 +18,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import build, counted_member_copies, softmax_manifest, softmax_project
+from helpers import (
+    RemovesWhenLoaded,
+    build,
+    counted_member_copies,
+    softmax_manifest,
+    softmax_project,
+)
 
 from nkibuild.bundle import load_bundle
 from nkibuild.bundle import wheel as wheel_module
-from nkibuild.bundle.tree import RECORD_FILE, CompiledCopy, read_record, update_tree
+from nkibuild.bundle.tree import (
+    LEGACY_RECORD_FILE,
+    RECORD_FILE,
+    CompiledCopy,
+    read_record,
+    update_tree,
+)
 from nkibuild.bundle.wheel import WRITER_FILE, build_wheel
 from nkibuild.errors import BuildError
 from nkibuild.fsutil import LEFTOVER_PATTERNS, leftovers
@@ -162,20 +175,37 @@ def test_an_interrupted_update_is_finished_by_the_next(
     }
 
 
-def test_a_record_in_the_older_form_is_read_and_nothing_is_written_again(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+def saved_record(root: Path) -> dict[str, object]:
+    """The tree's record as its columns, by name."""
+    form, names, stats, sha256 = pickle.loads((root / RECORD_FILE).read_bytes())
+    return {"format": form, "names": names, "stats": stats, "sha256": sha256}
+
+
+def save_record(root: Path, record: dict[str, object]) -> None:
+    columns = (record["format"], record["names"], record["stats"], record["sha256"])
+    (root / RECORD_FILE).write_bytes(pickle.dumps(columns))
+
+
+@pytest.mark.parametrize("form", ["fingerprints", "columns"])
+def test_a_record_an_older_nkibuild_wrote_is_read_and_nothing_is_written_again(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], form: str
 ) -> None:
-    """A tree an older nkibuild recorded (one object of fingerprints, not columns) is
-    trusted as that record says: no file of it is written again."""
+    """A tree an older nkibuild recorded in JSON (one object of fingerprints, or the
+    columns) is trusted as that record says: no file of it is written again; the next
+    update that writes replaces it with this record."""
     root = tmp_path / "bundle"
     update_tree(root, wanted, STAMP, b"stamp")
     fingerprints = read_record(root)
-    assert json.loads((root / RECORD_FILE).read_text())["format"] == 2
-    (root / RECORD_FILE).write_text(json.dumps(dict(reversed(fingerprints.items()))))
+    older = saved_record(root) if form == "columns" else dict(reversed(fingerprints.items()))
+    (root / RECORD_FILE).unlink()
+    (root / LEGACY_RECORD_FILE).write_text(json.dumps(older))
     assert read_record(root) == fingerprints
     before = identities(root)
     update_tree(root, wanted, STAMP, b"stamp")
     assert identities(root) == before
+    update_tree(root, {**wanted, "pkg/_kernels/a.py": b"A = 2\n"}, STAMP, b"stamp")
+    assert not (root / LEGACY_RECORD_FILE).exists()
+    assert saved_record(root)["names"] == [*wanted, STAMP]
 
 
 @pytest.mark.parametrize(
@@ -196,14 +226,27 @@ def test_a_record_of_the_wrong_shape_is_not_trusted(
     """A damaged record is no record (no traceback): every file is written again."""
     root = tmp_path / "bundle"
     update_tree(root, wanted, STAMP, b"stamp")
-    record = json.loads((root / RECORD_FILE).read_text())
-    (root / RECORD_FILE).write_text(json.dumps(damage(record)))
+    save_record(root, damage(saved_record(root)))
     assert read_record(root) == {}
     before = identities(root)
     update_tree(root, wanted, STAMP, b"stamp")
     after = identities(root)
     assert all(after[name] != before[name] for name in wanted)
     assert read_record(root).keys() == {*wanted, STAMP}
+
+
+def test_a_record_that_is_no_pickle_of_plain_data_is_not_trusted(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+) -> None:
+    root = tmp_path / "bundle"
+    update_tree(root, wanted, STAMP, b"stamp")
+    canary = tmp_path / "canary"
+    canary.write_text("still here")
+    (root / RECORD_FILE).write_bytes(pickle.dumps(RemovesWhenLoaded(canary)))
+    assert read_record(root) == {}
+    assert canary.exists()
+    (root / RECORD_FILE).write_bytes(b"not a pickle")
+    assert read_record(root) == {}
 
 
 def test_a_file_changed_in_place_with_its_stat_kept_apart_is_found_by_its_stat(
@@ -233,9 +276,14 @@ def test_a_record_naming_files_outside_the_tree_is_not_trusted(
     update_tree(root, wanted, STAMP, b"stamp 1")
     victim = tmp_path / "victim.txt"
     victim.write_text("not nkibuild's")
-    record = read_record(root)
-    damaged = {**record, "../../victim.txt": [1, 1, 1, 1, "x"]}
-    (root / RECORD_FILE).write_text(json.dumps(damaged))
+    record = saved_record(root)
+    damaged = {
+        **record,
+        "names": [*record["names"], "../../victim.txt"],  # type: ignore[misc]
+        "stats": [*record["stats"], 1, 1, 1, 1],  # type: ignore[misc]
+        "sha256": [*record["sha256"], "x"],  # type: ignore[misc]
+    }
+    save_record(root, damaged)
     assert read_record(root) == {}
     update_tree(root, {**wanted, "pkg/_kernels/a.py": b"A = 2\n"}, STAMP, b"stamp 2")
     assert victim.read_text() == "not nkibuild's"

@@ -655,7 +655,7 @@ def test_outputs_a_task_recorded_as_it_wrote_them_are_not_listed_or_stated_again
     assert walked == []
     stamp = saved_stamp(two_kernels / "build" / "state")
     tree = two_kernels / "build" / "bundle" / "proof-kernels"
-    files = sorted(str(p) for p in tree.rglob("*") if p.is_file() and p.name != ".files.json")
+    files = sorted(str(p) for p in tree.rglob("*") if p.is_file() and p.name != ".files.pickle")
     assert stamp["listings"]["bundle"] == files
     assert all(stamp["files"][path] == stat_stamp(path) for path in files)
     assert build(two_kernels).executed == []

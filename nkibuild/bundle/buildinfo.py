@@ -363,16 +363,14 @@ def _object_text(members: Mapping[str, str]) -> str:
     keys = sorted(members)
     if not keys:
         return "{}"
-    heads = list(map(_key_text, keys))
+    if "".join(keys).isascii() and all(map(str.isidentifier, keys)):
+        # Every kernel's name: nothing to escape, quoted without a call per key.
+        heads = list(map(',"{}":'.format, keys))
+    else:
+        heads = [f",{encode(key)}:" for key in keys]
     heads[0] = heads[0][1:]  # no comma before the first member
     values = map(members.__getitem__, keys)
     return "{" + "".join(chain.from_iterable(zip(heads, values, strict=True))) + "}"
-
-
-def _key_text(key: str) -> str:
-    """`,"key":` for a member after another; an ASCII identifier (every kernel's name)
-    has nothing to escape, so it is quoted without a call of the encoder."""
-    return f',"{key}":' if key.isascii() and key.isidentifier() else f",{encode(key)}:"
 
 
 def read_build_info(path: Path) -> BuildInfo:

@@ -8,14 +8,21 @@ Editing one kernel of a project of thousands changes one part, yet computing eve
 means reading every compile record and extraction record again (seconds at 10,000
 units). So the bundle stage keeps the parts of its last run in `build/state/` and takes
 a kernel's part from there while the kernel's manifest entry (`Kernel.config`, what the
-bundle takes from it) and the stats of its units' compile and extraction records are
-as recorded; the records are written atomically, so a rewritten one has a new stat.
-The memo also keeps the sha256 of each project file the provenance summary lists, by
-stat. A bundle that changed a few parts appends them to the memo file (`save`) rather
-than writing 18 MB anew; a load stops at an update cut short, and the next save writes
-the memo whole. It is a hint, like the plan cache: a missing, damaged or foreign memo
-only means every part is computed again, and it never outlives a change of nkibuild,
-the bundle generator, the package or where the build directory is.
+bundle takes from it), the paths of its units' compile and extraction records and those
+records' stats (size, mtime, ctime, inode) are as recorded; the records are written
+atomically, so a rewritten one has a new inode and ctime, and the stats are taken
+before any record is read, so a part is never kept under a stat older than the content
+it was made of. The memo keeps the parts as columns (one list per field, kernels in
+manifest order) with each kernel's config and its records' stats: when the kernels and
+their records are those of the memo, in its order (any edit that adds no kernel), they
+are compared a column at a time, and only a difference costs a lookup; otherwise each
+kernel is matched by name. The memo also keeps the sha256 of each project file the
+provenance summary lists, by stat. A bundle that made a few parts appends them to the
+memo file (`save`) rather than writing 18 MB anew; a load stops at an update cut short,
+and the next save writes the memo whole. It is a hint, like the plan cache: a missing,
+damaged or foreign memo (any value not of the type the bundle reads) only means every
+part is computed again, and it never outlives a change of nkibuild, the bundle
+generator, the package or where the build directory is.
 """
 
 from __future__ import annotations
@@ -249,9 +256,9 @@ def _current(
     compile_path, extract_path = layout.compile_path, layout.extract_path
     for kernel in kernels:
         own = units.get(kernel.name, ())
+        records += [f"{compile_path(unit)}/{RESULT_FILE}" for unit in own]
         # An extraction serves every target of its variant: stat'ed once.
         extractions = {unit.extract.name: unit.extract for unit in own}
-        records += [f"{compile_path(unit)}/{RESULT_FILE}" for unit in own]
         records += [f"{extract_path(spec)}/{METADATA_FILE}" for spec in extractions.values()]
         counts.append(len(own) + len(extractions))
     # Four numbers a record, in one flat list: no tuple a record kept alive (15,000
