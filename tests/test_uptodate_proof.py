@@ -185,6 +185,11 @@ def test_an_output_dir_whose_files_changed_is_appended_as_a_whole_record_would(
     assert whole["listings"]["bundle"] == [str(tree / name) for name in ("b", "c", "d")]
     assert str(tree / "a") not in whole["files"]
     assert uptodate.decide(tmp_path, dicts, dep_file).pending == []
+    source.write_text("3")  # the tree as it was: its listing is not appended again
+    decision = uptodate.decide(tmp_path, dicts, dep_file)
+    proof, change = uptodate._updated(decision, checked_now(decision.pending), dep_file, {})
+    assert change is not None and change["listings"] == {} and change["tasks"] == {}
+    assert proof.listings["bundle"] == whole["listings"]["bundle"]
 
 
 def test_a_changed_config_hands_that_task_and_its_readers_to_doit(

@@ -59,11 +59,14 @@ class ConfigChanged:
     or `known`, the digest a build computed for this config (`remember_digests`)."""
 
     __signature__ = CHECK_SIGNATURE
+    # Class defaults, set on an instance only when they differ: a build makes 15,000.
+    known: str | None = None
+    costly = False  # its digest was computed, from JSON of COSTLY_CONFIG or more
 
     def __init__(self, config: dict[str, Any] | str, known: str | None = None) -> None:
         self.config = config
-        self.known = known
-        self.costly = False  # its digest was computed, from JSON of COSTLY_CONFIG or more
+        if known is not None:
+            self.known = known
 
     @functools.cached_property
     def digest(self) -> str:
@@ -585,14 +588,16 @@ def _updated(
         state=stat_stamp(dep_file),
     )
     change: dict[str, Any] = {"state": proof.state, "files": touched, "digests": {}}
-    change["tasks"] = {name: None for name in decision.pending if name in previous.tasks}
-    change["listings"] = {name: None for name in decision.pending if name in previous.listings}
+    change.update(tasks={}, listings={})
     for name in decision.pending:
-        proof.tasks.pop(name, None)
-        proof.listings.pop(name, None)
+        before = proof.tasks.pop(name, None), proof.listings.pop(name, None)
         if name in verified:
             record = _task_record(decision, name, verified[name], written.get(name))
             _apply(proof, name, record, change)
+        # Only what differs: the bundle's listing (15,000 files) is mostly the same.
+        for map_name, value in zip(("tasks", "listings"), before, strict=True):
+            if getattr(proof, map_name).get(name) != value:
+                change[map_name][name] = getattr(proof, map_name).get(name)
     return proof, change
 
 
@@ -626,13 +631,11 @@ class TaskRecord:
 def _apply(
     proof: Proof, name: str, record: TaskRecord, change: dict[str, Any] | None = None
 ) -> None:
-    """Record one task into `proof`; note in `change` what differs from it before."""
+    """Record one task into `proof`; note in `change` which of its files and digests
+    differ from what `proof` had."""
     proof.tasks[name] = record.fingerprint
     if record.listing:
         proof.listings[name] = record.listing
-    if change is not None:
-        change["tasks"][name] = record.fingerprint
-        change["listings"][name] = record.listing or None
     for field_name, entries in (("files", record.files), ("digests", record.digests)):
         recorded = getattr(proof, field_name)
         # A dict lookup per entry, no write for those as recorded: the bundle's 25,000
