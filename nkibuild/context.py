@@ -79,6 +79,8 @@ class BuildContext:
     # one release (one budget for one machine, equal cache keys compiled once).
     session: BuildSession = field(default_factory=BuildSession, compare=False, repr=False)
     frontend_versions: dict[str, dict[str, str]] = field(default_factory=dict, compare=False)
+    # Extraction name -> the next extraction in plan order (filled on first use).
+    extraction_after: dict[str, ExtractSpec] = field(default_factory=dict, compare=False)
 
 
 def load_context(

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from nkibuild.cache import CacheChain, CacheKey
 from nkibuild.compiler.budget import KeyLocks, MemoryBudget
 from nkibuild.compiler.checks import checked_neff, verified_result
+from nkibuild.compiler.chores import Chores
 from nkibuild.compiler.job import CompileJob, Produced
 from nkibuild.compiler.key import cache_key
 from nkibuild.compiler.local import LocalExecutor
@@ -51,6 +52,7 @@ __all__ = [
     "COMPILE_OUTPUTS",
     "KEY_FILE",
     "RESULT_FILE",
+    "Chores",
     "CompileJob",
     "CompileOptions",
     "CompiledNeff",
@@ -83,6 +85,8 @@ class CompileOptions:
     budget: MemoryBudget = field(default_factory=MemoryBudget)
     key_locks: KeyLocks = field(default_factory=KeyLocks)
     processes: ProcessRegistry = field(default_factory=ProcessRegistry)
+    # The session's work for a thread whose compiler runs; None: nothing is deferred.
+    chores: Chores | None = None
 
 
 def run(context: BuildContext, unit: BuildUnit) -> CompiledNeff:
@@ -116,6 +120,7 @@ def compile_options(context: BuildContext) -> CompileOptions:
         budget=session.budget,
         key_locks=session.key_locks,
         processes=session.processes,
+        chores=session.chores,
     )
 
 

@@ -53,6 +53,7 @@ def _compile(
                 options.processes,
                 attempt=attempt,
                 last=attempt > options.retries,
+                chores=options.chores,
             )
         outcome = run.outcome
         if run.neff is not None:  # none only for a failure that may be retried

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nkibuild.compiler.checks import checked_neff
+from nkibuild.compiler.chores import Chores
 from nkibuild.compiler.process import ProcessOutcome, ProcessRegistry, run_process
 from nkibuild.compiler.record import LOG_FILE, NEFF_FILE
 from nkibuild.errors import BuildError, tail
@@ -60,12 +61,15 @@ def run_compiler(
     *,
     attempt: int = 1,
     last: bool = True,
+    chores: Chores | None = None,
 ) -> CompilerRun:
     """One neuronx-cc run; a verified NEFF lands in out_dir or a BuildError is raised.
 
     A compile killed by SIGKILL or ending with neuronx-cc's internal-error status is
     returned, not raised, unless this is the `last` try: the caller may retry it (alone
     after SIGKILL, since the OOM killer may have picked it for its neighbours' memory).
+    With the session's `chores`, they are done while the compiler runs, and the work dir
+    is removed during a later compile's wait instead of between two compiles.
     """
     _remove_stale_work_dirs(out_dir)
     # neuronx-cc has no work-dir flag: the cwd is its work dir, so each compile gets its own.
@@ -87,6 +91,7 @@ def run_compiler(
                 timeout,
                 processes,
                 toolchain.compiler_environment(),
+                chores.run if chores is not None else None,
             )
         except OSError as error:
             raise BuildError(
@@ -102,7 +107,10 @@ def run_compiler(
         os.replace(output, out_dir / NEFF_FILE)
         return CompilerRun(outcome, info)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if chores is not None:
+            chores.remove_later(work)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def retryable(outcome: ProcessOutcome) -> bool:

@@ -87,10 +87,12 @@ def run_process(
     timeout: float | None,
     registry: ProcessRegistry | None = None,
     env: dict[str, str] | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> ProcessOutcome:
     """Run `command` in `cwd` with stdout and stderr to `output`; OSError if it cannot start.
 
-    While it runs, its process group is in `registry`, so the session can kill it."""
+    While it runs, its process group is in `registry`, so the session can kill it, and
+    this thread calls `meanwhile` (the build's chores) before it waits for it."""
     registry = registry if registry is not None else ProcessRegistry()
     guard = registry.death_guard
     started = time.monotonic()
@@ -108,6 +110,8 @@ def run_process(
     timer = _kill_after(process.pid, timeout, expired)
     registry.add(process.pid)
     try:
+        if meanwhile is not None:
+            meanwhile()
         # Wait without reaping: while the compiler is a zombie its process group id
         # cannot be reused, so killing the group cannot hit an unrelated process.
         os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)

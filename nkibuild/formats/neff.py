@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import _compression
 import bz2
+import functools
 import gzip
 import hashlib
 import io
@@ -323,7 +324,7 @@ def _read_members(stream: IO[bytes], limits: NeffLimits) -> tuple[dict[str, byte
     members: dict[str, bytes] = {}
     names: set[str] = set()
     budget = _Budget(_decompressed(stream), limits.payload_bytes)
-    tarinfo = type("BoundedTarInfo", (_BoundedTarInfo,), {"limits": limits})
+    tarinfo = _bounded_tarinfo(limits)
     counts = {"members": 0, "names": 0, "metadata": 0}
     try:
         with tarfile.open(fileobj=budget, mode="r|", tarinfo=tarinfo) as tar:
@@ -401,6 +402,13 @@ class _BoundedTarInfo(tarfile.TarInfo):
     _proc_gnusparse_01 = _proc_gnusparse_10 = _proc_gnusparse_00
 
 
+@functools.cache
+def _bounded_tarinfo(limits: NeffLimits) -> type[_BoundedTarInfo]:
+    """The TarInfo class that applies `limits` (one per limits: a class is not made per
+    NEFF read)."""
+    return type("BoundedTarInfo", (_BoundedTarInfo,), {"limits": limits})
+
+
 _EXTENDED_TYPES = frozenset(
     {
         tarfile.XHDTYPE,
@@ -431,7 +439,9 @@ def _member_data(
         )
     _count(counts, "metadata", member.size, limits.metadata_bytes, "bytes of metadata members")
     extracted = tar.extractfile(member)
-    return extracted.read(limits.member_bytes + 1) if extracted else b""
+    # The member's declared size (checked above), not the limit: a read of the limit
+    # allocates a buffer of the limit's size (64 MiB) for every member first.
+    return extracted.read(member.size) if extracted else b""
 
 
 def _json_object(members: Mapping[str, bytes], name: str, limits: NeffLimits) -> dict[str, Any]:

@@ -140,7 +140,10 @@ def run_extract(
     from nkibuild import frontends
     from nkibuild.graph.records import write_extract_record
 
-    artifact = frontends.run(context, spec)
+    # Extracted ahead while a compiler ran, if it was (see _offer_extraction_ahead).
+    artifact = context.session.extractions_ahead.take(context, spec, files)
+    if artifact is None:
+        artifact = frontends.run(context, spec)
     write_extract_record(context.layout.state_dir, spec.name, config, context.manifest.root, files)
     return {"content_hash": artifact.content_hash}
 
@@ -169,6 +172,7 @@ def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
     from nkibuild import compiler
     from nkibuild.graph.intact import outputs_record
 
+    _offer_extraction_ahead(context, unit)
     result = compiler.run(context, unit)
     # The outputs check's record, with the sha256 the stage verified the NEFF by (a NEFF
     # may be hundreds of MB: it is not read again).
@@ -181,6 +185,30 @@ def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
         "peak_memory": result.peak_memory,
         **outputs_record({neff: result.sha256}, [record]),
     }
+
+
+def _offer_extraction_ahead(context: BuildContext, unit: BuildUnit) -> None:
+    """Let the session extract the next kernel's prebuilt module while this unit's
+    compiler runs (frontends/ahead.py): its compiles then need not wait between two
+    compiles for its extract task. Only a missing artifact is extracted ahead: one
+    that exists is up to date or is doit's to judge."""
+    from itertools import pairwise
+
+    from nkibuild.frontends import METADATA_FILE
+    from nkibuild.frontends.ahead import AHEAD_FRONTENDS
+
+    following = context.extraction_after
+    if not following:  # first use: one dict for the whole build
+        pairs = pairwise(extract_specs(context.units))
+        following.update({spec.name: after for spec, after in pairs})
+    spec = following.get(unit.extract.name)
+    if spec is None or spec.frontend not in AHEAD_FRONTENDS:
+        return
+    if os.path.lexists(f"{context.layout.extract_path(spec)}/{METADATA_FILE}"):
+        return
+    session = context.session
+    files = extract_files(context, spec)
+    session.chores.offer(functools.partial(session.extractions_ahead.extract, context, spec, files))
 
 
 def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:

@@ -1,0 +1,143 @@
+"""Prebuilt HLO modules extracted ahead, while a compiler runs, for their extract tasks.
+
+In a cold build both compiles of a kernel wait for its extract task, which doit runs
+only once a compile slot is free: between two compiles, on the build's critical path.
+Extracting a prebuilt module (`frontend: hlo`: no user code runs, only file reads,
+checks and writes) does not depend on any compile, so a compile thread does it while
+its compiler runs (compiler/chores.py), into a staging directory beside the artifact's
+(`.<name>.ahead.new`), where nothing of the build looks.
+
+The extract task, when doit runs it, takes the staged artifact: it is moved in exactly
+as `extract` would have written it (the module, its sidecars, the metadata last), if
+the files the task depends on have the stat stamps they had before the extraction
+ahead read them; otherwise, or if the extraction ahead failed, the task extracts as
+always (and reports what fails). An extraction no task took (doit found the task up to
+date, or it was not selected) is removed when the session ends; a killed build leaves
+the staging directory to the next build's sweep (fsutil.LEFTOVER_PATTERNS).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nkibuild.frontends import (
+    HLO_FILE,
+    METADATA_FILE,
+    SIDECAR_DIR,
+    HloArtifact,
+    Tracing,
+    extract,
+    forget_artifact,
+)
+from nkibuild.fsutil import stamp_of
+from nkibuild.plan import ExtractSpec
+
+if TYPE_CHECKING:
+    from nkibuild.context import BuildContext
+
+# Frontends whose extraction runs no user code: cheap, and nothing to trace in a worker.
+AHEAD_FRONTENDS = frozenset({"hlo"})
+
+
+@dataclass
+class _Extraction:
+    done: threading.Event = field(default_factory=threading.Event)
+    artifact: HloArtifact | None = None  # None: not (yet) extracted, or failed
+    stamps: tuple[str, ...] = ()  # of the task's files, taken before they were read
+    taken: bool = False  # the extract task has come for it (or ran without it)
+
+
+class ExtractionsAhead:
+    """The session's extractions ahead, by artifact directory."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._extractions: dict[str, _Extraction] = {}
+
+    def extract(self, context: BuildContext, spec: ExtractSpec, files: list[str]) -> None:
+        """Extract `spec` into its staging directory, unless its task came first. `files`:
+        what the task depends on (its file_dep). A chore: it never raises."""
+        out_dir = context.layout.extract_dir(spec)
+        extraction = _Extraction()
+        with self._lock:
+            if str(out_dir) in self._extractions:
+                return
+            self._extractions[str(out_dir)] = extraction
+        staging = staging_dir(out_dir)
+        try:
+            stamps = _stamps(files)
+            shutil.rmtree(staging, ignore_errors=True)  # a killed build's
+            session = context.session
+            tracing = Tracing(session.workers, session.trace_failures)
+            extraction.artifact = extract(
+                spec, context.manifest.root, staging, context.toolchain, tracing
+            )
+            extraction.stamps = stamps
+        except Exception:  # the task extracts again, and reports whatever this was
+            shutil.rmtree(staging, ignore_errors=True)
+        finally:
+            extraction.done.set()
+
+    def take(
+        self, context: BuildContext, spec: ExtractSpec, files: list[str]
+    ) -> HloArtifact | None:
+        """The artifact extracted ahead for `spec`, moved into place, if `files` are as
+        they were when it was extracted; None: the caller extracts (and from now on no
+        extraction ahead starts for it). Waits for an extraction ahead under way."""
+        out_dir = context.layout.extract_dir(spec)
+        with self._lock:
+            extraction = self._extractions.get(str(out_dir))
+            if extraction is None:
+                self._extractions[str(out_dir)] = _Extraction(taken=True)
+                return None
+            if extraction.taken:
+                return None
+            extraction.taken = True
+        extraction.done.wait()
+        if extraction.artifact is None:
+            return None
+        staging = staging_dir(out_dir)
+        try:
+            unchanged = _stamps(files) == extraction.stamps
+        except OSError:  # a file gone: the task's own extraction says so
+            unchanged = False
+        if not unchanged:
+            shutil.rmtree(staging, ignore_errors=True)
+            return None
+        return _moved_in(extraction.artifact, staging, out_dir)
+
+    def discard(self) -> None:
+        """The session ends: remove what no task took."""
+        with self._lock:
+            left = [key for key, e in self._extractions.items() if not e.taken]
+            self._extractions.clear()
+        for key in left:
+            shutil.rmtree(staging_dir(Path(key)), ignore_errors=True)
+
+
+def staging_dir(out_dir: Path) -> Path:
+    return out_dir.parent / f".{out_dir.name}.ahead.new"
+
+
+def _stamps(files: list[str]) -> tuple[str, ...]:
+    return tuple(stamp_of(os.stat(path)) for path in files)
+
+
+def _moved_in(artifact: HloArtifact, staging: Path, out_dir: Path) -> HloArtifact:
+    """The staged artifact's files in `out_dir`, in `extract`'s order (metadata last)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        forget_artifact(out_dir)
+        shutil.rmtree(out_dir / SIDECAR_DIR, ignore_errors=True)  # no stale sidecars
+        if artifact.sidecars:
+            os.replace(staging / SIDECAR_DIR, out_dir / SIDECAR_DIR)
+        os.replace(staging / HLO_FILE, out_dir / HLO_FILE)
+        os.replace(staging / METADATA_FILE, out_dir / METADATA_FILE)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return replace(artifact, directory=out_dir)
