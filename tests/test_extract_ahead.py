@@ -121,6 +121,26 @@ def test_only_a_missing_artifact_is_extracted_ahead(
     assert extracted_into == []  # every artifact was there: nothing extracted again
 
 
+def test_an_extraction_ahead_replaces_the_files_of_a_forgotten_artifact(
+    tmp_path: Path, extracted_into: list[str], isolated_cache: Path
+) -> None:
+    """An artifact forgotten as damaged (its artifact.json removed) leaves its other
+    files in its directory: the extraction ahead is moved in file by file."""
+    root = prebuilt_project(tmp_path / "p", kernels=2)
+    assert run(context_of(root), "extract:*").ok
+    clean = artifacts(root)
+    k1 = root / "build" / "extract" / "k1" / "default"
+    frontends.forget_artifact(k1)
+    (k1 / frontends.HLO_FILE).write_bytes(b"torn")
+    extracted_into.clear()
+    summary = run(context_of(root), "compile:*")
+    assert summary.origins == {"compiled": 2}
+    assert extracted_into == [".default.ahead.new"]  # k1, while k0 compiled
+    assert "extract:k1/default" in summary.executed
+    assert artifacts(root) == clean
+    assert hidden_leftovers(root) == []
+
+
 def test_a_source_changed_after_its_extraction_ahead_is_extracted_again(
     tmp_path: Path, extracted_into: list[str]
 ) -> None:

@@ -129,7 +129,14 @@ def _stamps(files: list[str]) -> tuple[str, ...]:
 
 
 def _moved_in(artifact: HloArtifact, staging: Path, out_dir: Path) -> HloArtifact:
-    """The staged artifact's files in `out_dir`, in `extract`'s order (metadata last)."""
+    """The staged artifact's files in `out_dir`: the staging dir renamed into its place
+    where there is none (a cold build: the whole artifact appears at once), else its
+    files moved in `extract`'s order (metadata last)."""
+    try:
+        os.rename(staging, out_dir)
+        return replace(artifact, directory=out_dir)
+    except OSError:  # out_dir exists (an earlier artifact's files, its sidecars)
+        pass
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         forget_artifact(out_dir)
