@@ -7,10 +7,11 @@ its sha256 and is what the wheel stage reads.
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +39,7 @@ from nkibuild.errors import BuildError
 from nkibuild.manifest.model import Kernel, Manifest, Package, SourceRef
 
 if TYPE_CHECKING:
-    from nkibuild.bundle.parts import KernelPart
+    from nkibuild.bundle.parts import KernelPart, NeffRow
     from nkibuild.context import BuildContext
 
 STAMP_FILE = "bundle.json"
@@ -146,15 +147,36 @@ def write_bundle(
     info = _header(manifest, parts, provenance)
     files, digests = _project_files(manifest, info, parts)
     # A NEFF's sha256 is its compile record's, as its part keeps it: not hashed here.
+    neffs = _Neffs()
     for part in parts:
-        for name, source, sha256, unit in part.neffs:
-            files[name] = CompiledCopy(source, sha256, unit)
-            digests[name] = sha256
+        for row in part.neffs:
+            neffs.rows[row[0]] = row
+            digests[row[0]] = row[2]
     for target in split_targets(manifest):
         _add_hashed(files, digests, _part_files(manifest.package, target))
     targets = sorted({target for part in parts for target in part.targets})
     stamp = _stamp_text(_stamp(manifest, info, digests, targets)).encode()
-    return WrittenBundle(out_dir, update_tree(out_dir, files, STAMP_FILE, stamp, digests=digests))
+    wanted = collections.ChainMap(files, neffs)
+    return WrittenBundle(out_dir, update_tree(out_dir, wanted, STAMP_FILE, stamp, digests=digests))
+
+
+class _Neffs(Mapping[str, CompiledCopy]):
+    """The tree's NEFFs by name, kept as their parts' rows; each looked up as the NEFF
+    to copy. The tree reads the content of the files it writes only: no `CompiledCopy`
+    is made for each of the 10,000 NEFFs a bundle keeps."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, NeffRow] = {}
+
+    def __getitem__(self, name: str) -> CompiledCopy:
+        _, source, sha256, unit = self.rows[name]
+        return CompiledCopy(source, sha256, unit)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
 
 def _project_files(
