@@ -359,18 +359,21 @@ class AtomicJsonDB:
         start, end = span
         line = f"\n{json.dumps(task_id)}\t"
         first = start - len(line)
-        if self._stream is not None:
-            try:
-                data = os.pread(self._stream.fileno(), end + 1 - first, first)
-                text = data.decode("utf-8")
-            except OSError as error:
-                raise ValueError(f"not read: {error}") from error
-            start, end, first = start - first, end - first, 0
-        else:
-            text = self._text_read
-        if not (text.startswith(line, first) and text[end : end + 1] == "\n"):
+        if first < 0:
             raise ValueError("not a line of the task where the index says")
-        return text[start:end]
+        if self._stream is None:
+            text = self._text_read
+            if not (text.startswith(line, first) and text[end : end + 1] == "\n"):
+                raise ValueError("not a line of the task where the index says")
+            return text[start:end]
+        try:
+            data = os.pread(self._stream.fileno(), end + 1 - first, first)
+        except OSError as error:
+            raise ValueError(f"not read: {error}") from error
+        if not (data.startswith(line.encode()) and data.endswith(b"\n")):
+            raise ValueError("not a line of the task where the index says")
+        # Decoded from the buffer as read: one copy of the bundle's 5 MB, not three.
+        return str(memoryview(data)[len(line) : -1], "utf-8")
 
     def set(self, task_id: str, dependency: str, value: Any) -> None:
         entry = self._entry(task_id)
