@@ -7,11 +7,12 @@ checks and writes) does not depend on any compile, so a compile thread does it w
 its compiler runs (compiler/chores.py), into a staging directory beside the artifact's
 (`.<name>.ahead.new`), where nothing of the build looks.
 
-The extract task, when doit runs it, takes the staged artifact: it is moved in exactly
-as `extract` would have written it (the module, its sidecars, the metadata last), if
-the files the task depends on have the stat stamps they had before the extraction
-ahead read them; otherwise, or if the extraction ahead failed, the task extracts as
-always (and reports what fails). An extraction no task took (doit found the task up to
+The extract task, when doit runs it, takes the staged artifact if the files the task
+depends on have the stat stamps they had before the extraction ahead read them: the
+staging directory is renamed into the artifact's place where that is free (the whole
+artifact appears at once), else its files are moved in as `extract` writes them (the
+module, its sidecars, the metadata last). Otherwise, or if the extraction ahead
+failed, the task extracts as always (and reports what fails). An extraction no task took (doit found the task up to
 date, or it was not selected) is removed when the session ends; a killed build leaves
 the staging directory to the next build's sweep (fsutil.LEFTOVER_PATTERNS).
 """
