@@ -417,10 +417,14 @@ def test_a_damaged_index_is_not_used(tmp_path: Path) -> None:
     damaged = [
         b"not a pickle",
         plaindata.dumps({**good, "format": 99}),
-        plaindata.dumps({**good, "counts": b"\x01"}),
+        plaindata.dumps({**good, "bounds": good["bounds"] + b"\x01"}),
         plaindata.dumps({**good, "ids": [1]}),
         plaindata.dumps({**good, "bounds": 5}),
-        plaindata.dumps({**good, **{key: good[key] * 2 for key in ("ids", "counts", "bounds")}}),
+        plaindata.dumps({**good, **{key: good[key] * 2 for key in ("ids", "bounds")}}),
+        plaindata.dumps({**good, "patched": [["a", [1, 2, 3]]]}),
+        plaindata.dumps({**good, "patched": [["a", [1, 2, 3, 4]]]}),  # "a" twice
+        plaindata.dumps({**good, "patched": [["b", []]]}),
+        plaindata.dumps({**good, "patched": [["b", ["1", 2]]]}),
     ]
     for content in damaged:
         index.write_bytes(content)

@@ -79,7 +79,7 @@ _MISSING: Any = object()  # a key an entry does not have
 Span = tuple[int, int]  # where a line's entry is in the file's text
 Lines = tuple[Span, ...]  # a task's whole entry, then the patches after it
 INDEX_SUFFIX = ".index"
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2
 
 
 class AtomicJsonDB:
@@ -242,16 +242,22 @@ class AtomicJsonDB:
             if placed is None:
                 os.unlink(self._index_name)  # describes no file any more: not read again
                 return
-            spans = chain.from_iterable(chain.from_iterable(placed.values()))
+            # The tasks of one line in two flat lists, read back in one pass; the few
+            # with patches after their line (the bundle) apart.
+            single = {task_id: lines[0] for task_id, lines in placed.items() if len(lines) == 1}
             index = {
                 "format": INDEX_FORMAT,
                 "state": stamp_of(info),
-                "ids": list(placed),
-                "counts": array("I", map(len, placed.values())).tobytes(),
-                "bounds": array("q", spans).tobytes(),
+                "ids": list(single),
+                "bounds": array("q", chain.from_iterable(single.values())).tobytes(),
+                "patched": [
+                    [task_id, list(chain.from_iterable(lines))]
+                    for task_id, lines in placed.items()
+                    if len(lines) > 1
+                ],
             }
             atomic_write_bytes(Path(self._index_name), plaindata.dumps(index), durable=False)
-        except (OSError, OverflowError):  # OverflowError: a count past array("I")'s
+        except (OSError, OverflowError):  # OverflowError: an offset past array("q")'s
             return
         self._indexed = True
 
@@ -625,24 +631,28 @@ def _indexed_lines(index: Any, state: str) -> dict[str, Lines] | None:
     for the file of stat `state`; None if it is not one, or of another file."""
     if not (isinstance(index, dict) and index.get("format") == INDEX_FORMAT):
         return None
-    ids, counts, bounds = index.get("ids"), array("I"), array("q")
-    if index.get("state") != state or type(ids) is not list:
+    ids, bounds, patched = index.get("ids"), array("q"), index.get("patched")
+    if index.get("state") != state or type(ids) is not list or type(patched) is not list:
         return None
     try:
-        counts.frombytes(index["counts"])
         bounds.frombytes(index["bounds"])
     except (KeyError, TypeError, ValueError):
         return None
-    if len(counts) != len(ids) or 2 * sum(counts) != len(bounds) or not all_strings(ids):
+    if 2 * len(ids) != len(bounds) or not all_strings(ids):
         return None
     spans = zip(islice(bounds, 0, None, 2), islice(bounds, 1, None, 2), strict=True)
-    if counts.count(1) == len(counts):  # no patches: the common case, in one pass
-        lines = dict(zip(ids, zip(spans), strict=True))
-    else:
-        lines = {
-            task_id: tuple(islice(spans, count)) for task_id, count in zip(ids, counts, strict=True)
-        }
-    return lines if len(lines) == len(ids) else None  # an id twice: not an index of ours
+    lines = dict(zip(ids, zip(spans), strict=True))
+    for entry in patched:
+        if not (type(entry) is list and len(entry) == 2 and type(entry[0]) is str):
+            return None
+        flat = entry[1]
+        if not (type(flat) is list and len(flat) % 2 == 0 and len(flat) >= 4):  # 2+ lines
+            return None
+        if not all(type(number) is int for number in flat):
+            return None
+        lines[entry[0]] = tuple(zip(flat[::2], flat[1::2], strict=True))
+    # An id twice: not an index of ours.
+    return lines if len(lines) == len(ids) + len(patched) else None
 
 
 def _placed_after(
