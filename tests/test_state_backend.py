@@ -422,8 +422,8 @@ def test_a_damaged_index_is_not_used(tmp_path: Path) -> None:
         plaindata.dumps({**good, "bounds": 5}),
         plaindata.dumps({**good, **{key: good[key] * 2 for key in ("ids", "bounds")}}),
         plaindata.dumps({**good, "patched": [["a", [1, 2, 3]]]}),
-        plaindata.dumps({**good, "patched": [["a", [1, 2, 3, 4]]]}),  # "a" twice
-        plaindata.dumps({**good, "patched": [["b", []]]}),
+        plaindata.dumps({**good, "patched": [["b", [1, 2, 3, 4]]]}),  # "b" not among the ids
+        plaindata.dumps({**good, "patched": [["a", []]]}),
         plaindata.dumps({**good, "patched": [["b", ["1", 2]]]}),
     ]
     for content in damaged:

@@ -46,7 +46,8 @@ import os
 import weakref
 from array import array
 from collections.abc import Iterable
-from itertools import chain, islice
+from itertools import chain, compress, islice
+from operator import itemgetter
 from pathlib import Path
 from typing import IO, Any
 
@@ -242,18 +243,18 @@ class AtomicJsonDB:
             if placed is None:
                 os.unlink(self._index_name)  # describes no file any more: not read again
                 return
-            # The tasks of one line in two flat lists, read back in one pass; the few
-            # with patches after their line (the bundle) apart.
-            single = {task_id: lines[0] for task_id, lines in placed.items() if len(lines) == 1}
+            # Each task's line in two flat lists, read back in one pass; the few with
+            # patches after their line (the bundle) also whole, apart. No Python loop
+            # over the 15,000 tasks: C iterators alone.
+            first_lines = map(itemgetter(0), placed.values())
+            patched = compress(placed.items(), map((1).__lt__, map(len, placed.values())))
             index = {
                 "format": INDEX_FORMAT,
                 "state": stamp_of(info),
-                "ids": list(single),
-                "bounds": array("q", chain.from_iterable(single.values())).tobytes(),
+                "ids": list(placed),
+                "bounds": array("q", chain.from_iterable(first_lines)).tobytes(),
                 "patched": [
-                    [task_id, list(chain.from_iterable(lines))]
-                    for task_id, lines in placed.items()
-                    if len(lines) > 1
+                    [task_id, list(chain.from_iterable(lines))] for task_id, lines in patched
                 ],
             }
             atomic_write_bytes(Path(self._index_name), plaindata.dumps(index), durable=False)
@@ -642,8 +643,10 @@ def _indexed_lines(index: Any, state: str) -> dict[str, Lines] | None:
         return None
     spans = zip(islice(bounds, 0, None, 2), islice(bounds, 1, None, 2), strict=True)
     lines = dict(zip(ids, zip(spans), strict=True))
-    for entry in patched:
-        if not (type(entry) is list and len(entry) == 2 and type(entry[0]) is str):
+    if len(lines) != len(ids):  # an id twice: not an index of ours
+        return None
+    for entry in patched:  # each also among the ids, with its first line
+        if not (type(entry) is list and len(entry) == 2 and entry[0] in lines):
             return None
         flat = entry[1]
         if not (type(flat) is list and len(flat) % 2 == 0 and len(flat) >= 4):  # 2+ lines
@@ -651,8 +654,7 @@ def _indexed_lines(index: Any, state: str) -> dict[str, Lines] | None:
         if not all(type(number) is int for number in flat):
             return None
         lines[entry[0]] = tuple(zip(flat[::2], flat[1::2], strict=True))
-    # An id twice: not an index of ours.
-    return lines if len(lines) == len(ids) + len(patched) else None
+    return lines
 
 
 def _placed_after(
