@@ -440,3 +440,16 @@ def test_verify_of_a_wheel_keeps_its_baseline_out_of_the_wheels_folder(tmp_path:
     assert out.rstrip().endswith(f"baseline: {tmp_path / 'v' / record}")
     assert (tmp_path / "v" / record).is_file()
     assert sorted(p.name for p in release.iterdir()) == ["ux_kernels-0.1.0-py3-none-any.whl"]
+
+
+def test_ctrl_c_while_the_command_line_is_parsed_exits_130_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from nkibuild.cli import main as cli_main
+
+    def interrupted() -> argparse.ArgumentParser:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_main, "build_parser", interrupted)
+    assert cli_main.main(["build"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"

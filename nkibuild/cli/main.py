@@ -29,6 +29,14 @@ EXIT_CODES = (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:  # Ctrl-C as early as the command line's parse is still "interrupted", exit 130
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.invoked_in = Path.cwd()  # before -C: what `init` tells the user to `cd` to
@@ -59,9 +67,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(refused.render(), file=sys.stderr)
         return refused.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
 
 
 def _export_cache_trust(args: argparse.Namespace) -> None:
