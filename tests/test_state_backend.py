@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from array import array
 from pathlib import Path
 
 import pytest
@@ -425,6 +426,12 @@ def test_a_damaged_index_is_not_used(tmp_path: Path) -> None:
         plaindata.dumps({**good, "patched": [["b", [1, 2, 3, 4]]]}),  # "b" not among the ids
         plaindata.dumps({**good, "patched": [["a", []]]}),
         plaindata.dumps({**good, "patched": [["b", ["1", 2]]]}),
+        # places outside the file: read through, they would ask for terabytes
+        plaindata.dumps({**good, "bounds": array("q", [5, 2**40]).tobytes()}),
+        plaindata.dumps({**good, "bounds": array("q", [-9, 20]).tobytes()}),
+        plaindata.dumps({**good, "bounds": array("q", [30, 20]).tobytes()}),
+        plaindata.dumps({**good, "patched": [[["a"], [1, 2, 3, 4]]]}),  # an unhashable id
+        plaindata.dumps({**good, "patched": [["a", [1, 2, 3, 2**63 - 1]]]}),
     ]
     for content in damaged:
         index.write_bytes(content)

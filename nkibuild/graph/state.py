@@ -45,9 +45,9 @@ import marshal
 import os
 import weakref
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import chain, compress, islice
-from operator import itemgetter
+from operator import itemgetter, le
 from pathlib import Path
 from typing import IO, Any
 
@@ -158,7 +158,7 @@ class AtomicJsonDB:
         except (OSError, ValueError):
             return False
         info = os.fstat(stream.fileno())
-        lines = _indexed_lines(index, stamp_of(info))
+        lines = _indexed_lines(index, stamp_of(info), info.st_size)
         if lines is None:
             stream.close()
             return False
@@ -627,9 +627,10 @@ def _entries(text: str, start: int) -> tuple[dict[str, Lines], bool]:
     return entries, intact
 
 
-def _indexed_lines(index: Any, state: str) -> dict[str, Lines] | None:
+def _indexed_lines(index: Any, state: str, size: int) -> dict[str, Lines] | None:
     """Where each task's lines are, from an index (`AtomicJsonDB._write_index`) written
-    for the file of stat `state`; None if it is not one, or of another file."""
+    for the file of stat `state` and `size` bytes; None if it is not one, or of another
+    file, or places a line outside the file (a damaged index)."""
     if not (isinstance(index, dict) and index.get("format") == INDEX_FORMAT):
         return None
     ids, bounds, patched = index.get("ids"), array("q"), index.get("patched")
@@ -639,22 +640,32 @@ def _indexed_lines(index: Any, state: str) -> dict[str, Lines] | None:
         bounds.frombytes(index["bounds"])
     except (KeyError, TypeError, ValueError):
         return None
-    if 2 * len(ids) != len(bounds) or not all_strings(ids):
+    if 2 * len(ids) != len(bounds) or not all_strings(ids) or not _within(bounds, size):
         return None
     spans = zip(islice(bounds, 0, None, 2), islice(bounds, 1, None, 2), strict=True)
     lines = dict(zip(ids, zip(spans), strict=True))
     if len(lines) != len(ids):  # an id twice: not an index of ours
         return None
     for entry in patched:  # each also among the ids, with its first line
-        if not (type(entry) is list and len(entry) == 2 and entry[0] in lines):
+        if not (type(entry) is list and len(entry) == 2 and type(entry[0]) is str):
             return None
         flat = entry[1]
-        if not (type(flat) is list and len(flat) % 2 == 0 and len(flat) >= 4):  # 2+ lines
+        if not (entry[0] in lines and type(flat) is list and len(flat) % 2 == 0):
             return None
-        if not all(type(number) is int for number in flat):
+        if len(flat) < 4 or not all(type(number) is int for number in flat):  # 2+ lines
+            return None
+        if not _within(flat, size):
             return None
         lines[entry[0]] = tuple(zip(flat[::2], flat[1::2], strict=True))
     return lines
+
+
+def _within(bounds: Sequence[int], size: int) -> bool:
+    """Every line's start and end is in a file of `size` bytes, each start before its end."""
+    starts, ends = bounds[::2], bounds[1::2]
+    if not bounds:
+        return True
+    return min(starts) >= 0 and max(ends) <= size and all(map(le, starts, ends))
 
 
 def _placed_after(
