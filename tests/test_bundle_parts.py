@@ -14,8 +14,9 @@ import pytest
 from helpers import RemovesWhenLoaded, build, softmax_manifest, softmax_project
 
 import nkibuild.bundle
+from nkibuild import plaindata
 from nkibuild.bundle.buildinfo import BuildInfo, document_text, encode, read_build_info
-from nkibuild.bundle.parts import MEMO_FILE
+from nkibuild.bundle.parts import MEMO_FILE, KernelPart, _load
 from nkibuild.testing.hlo_writer import build_hlo_module
 
 PACKAGE = "parts_kernels"
@@ -415,3 +416,18 @@ def test_a_record_removed_is_not_lent_for(tmp_path: Path, made: list[str]) -> No
     assert build(project).ok
     assert made == ["other"]
     assert tree(project) == rebuilt_without_memo(project)
+
+
+def test_a_memo_whose_columns_are_not_lists_lends_nothing_even_after_an_update(
+    tmp_path: Path,
+) -> None:
+    """A damaged snapshot (a column of another type) followed by an update: no memo,
+    not a traceback from applying the update to it."""
+    scope = ("scope",)
+    columns: list = [[] for _ in KernelPart._fields]
+    columns[0] = {"x": 1}
+    snapshot = (scope, ([], "", [], [], columns), {})
+    update = ([(0, "k", b"", [], ("k", *[None] * (len(KernelPart._fields) - 1)))], {})
+    memo_file = tmp_path / MEMO_FILE
+    memo_file.write_bytes(plaindata.dumps(snapshot) + plaindata.dumps(update))
+    assert _load(memo_file, scope).kernels.names == []

@@ -362,6 +362,8 @@ def _snapshot(value: Any, scope: tuple[str, ...], end: int) -> _Memo:
     configs, records, counts, stats, columns = state
     if type(columns) is not list or len(columns) != len(KernelPart._fields):
         raise ValueError("not the memo's columns")
+    if type(records) is not str or not _only([configs, counts, stats, *columns], list):
+        raise ValueError("not the memo's columns")
     return _Memo(scope, _Kernels(configs, records, counts, stats, columns), digests, end, end)
 
 
@@ -391,7 +393,7 @@ def _updated(memo: _Memo, value: Any, end: int) -> bool:
             kernels.configs[index] = config
             for column, field in zip(kernels.columns, row, strict=True):
                 column[index] = field
-    except (TypeError, ValueError, IndexError, AttributeError):
+    except (TypeError, ValueError, LookupError, AttributeError):
         return False
     memo.digests = digests
     memo.length = end

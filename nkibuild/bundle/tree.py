@@ -178,7 +178,7 @@ def _legacy(root: Path) -> Record | None:
     """The JSON record: an object of fingerprints, or this format's columns."""
     try:
         data = json.loads((root / LEGACY_RECORD_FILE).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested past the stack
         return None
     if isinstance(data, dict) and data.get("format") == FORMAT:
         return _columns(data.get("names"), data.get("stats"), data.get("sha256"))
