@@ -2,8 +2,7 @@
 
 A cold build validates its manifest before anything else can start: importing
 jsonschema and checking the document take ~80-100 ms of one core while the other idles.
-A forked child inherits the manifest's bytes, parses and checks them, and answers only
-"valid" (exit 0) or not;
+A forked child inherits the parsed document and answers only "valid" (exit 0) or not;
 the build process meanwhile does work that does not depend on the answer (imports)
 and joins the child before it acts on the manifest. A child that gives no answer (reaped
 by the system, or still running after ANSWER_TIMEOUT) counts as "not shown valid": the
