@@ -197,50 +197,6 @@ def test_a_manifest_in_error_checked_beside_reports_as_checked_here(tmp_path: Pa
     assert "unknown key 'colour'" in here.value.render()
 
 
-@pytest.mark.usefixtures("idle_core")
-def test_a_yaml_error_checked_beside_is_raised_here_and_the_child_reaped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The child is forked before the YAML is parsed (both parse it): a document that
-    does not parse raises here as without a child, and the child is ended."""
-    project = softmax_project(tmp_path / "p", softmax_manifest() + "kernels: [unclosed\n")
-    started: list[ForkedCheck] = []
-    start = ForkedCheck.start
-
-    def recorded(check):  # type: ignore[no-untyped-def]
-        started.append(start(check))
-        return started[-1]
-
-    monkeypatch.setattr(ForkedCheck, "start", staticmethod(recorded))
-    ran: list[str] = []
-    with pytest.raises(ManifestError) as beside:
-        load_manifest(project / "nkibuild.yaml", lambda: ran.append("meanwhile"))
-    with pytest.raises(ManifestError) as here:
-        load_manifest(project / "nkibuild.yaml")
-    assert beside.value.render() == here.value.render()
-    assert "expected ',' or ']', but got '<stream end>'" in here.value.render()
-    assert ran == []  # raised before the work meant for the child's time
-    (check,) = started
-    assert check is not None and check.passed() is False  # ended: no answer but "no"
-
-
-def test_a_forked_check_validates_the_bytes_the_build_read(tmp_path: Path) -> None:
-    """What the child checks is the parent's reading of the file, parsed anew."""
-    from nkibuild.manifest import ManifestSource
-    from nkibuild.manifest.filebytes import read_manifest_bytes
-
-    project = softmax_project(tmp_path / "p", softmax_manifest())
-    path = project / "nkibuild.yaml"
-    source = ManifestSource(read_manifest_bytes(path, "nkibuild.yaml"), path, "nkibuild.yaml")
-    path.write_text("kernels: [unclosed\n")  # changed after it was read: not what is checked
-    assert source.is_valid()
-    assert [kernel.name for kernel in source.validated().kernels] == ["softmax"]
-    broken = ManifestSource(b"kernels: [unclosed\n", path, "nkibuild.yaml")
-    assert not broken.is_valid()
-    invalid = ManifestSource(softmax_manifest(kernel="    colour: red\n").encode(), path, "x")
-    assert not invalid.is_valid()
-
-
 # `nkibuild build 'compile:*'` as on an idle machine; prints the modules it imported.
 IDLE_PROBE = """\
 import json, sys

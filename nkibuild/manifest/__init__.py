@@ -11,13 +11,10 @@ no-op build import it): PyYAML, jsonschema and the validator are imported by
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from nkibuild.errors import ManifestError
 from nkibuild.manifest.model import (
@@ -54,7 +51,6 @@ __all__ = [
     "Kernel",
     "Manifest",
     "ManifestError",
-    "ManifestSource",
     "Package",
     "SourceRef",
     "TensorSpec",
@@ -62,9 +58,6 @@ __all__ = [
     "Variant",
     "load_manifest",
 ]
-
-if TYPE_CHECKING:
-    from nkibuild.manifest.yamlsource import YamlDocument
 
 
 def load_manifest(
@@ -76,51 +69,12 @@ def load_manifest(
 
     Raises ManifestError carrying every problem found (each with a location).
     """
-    from nkibuild.manifest.filebytes import read_manifest_bytes
+    from nkibuild.manifest.validate import validated, validated_beside
+    from nkibuild.manifest.yamlsource import load_yaml
 
-    absolute, display = Path(os.path.abspath(path)), os.fspath(path)
-    source = ManifestSource(read_manifest_bytes(absolute, display), absolute, display)
+    absolute = Path(os.path.abspath(path))
+    doc, raw = load_yaml(absolute, display=os.fspath(path))
+    sha256 = hashlib.sha256(raw).hexdigest()
     if meanwhile is not None:
-        # Forked before YAML is imported and parsed: the child parses it too.
-        from nkibuild.manifest.forkcheck import ForkedCheck
-
-        check = ForkedCheck.start(source.is_valid)
-        if check is not None:
-            from nkibuild.manifest.validate import validated_beside
-
-            return validated_beside(source, check, meanwhile)
-    return source.validated()
-
-
-@dataclass(frozen=True)
-class ManifestSource:
-    """The manifest file's bytes, where they were read and how errors name the file."""
-
-    raw: bytes
-    path: Path  # absolute
-    display: str
-
-    @functools.cached_property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.raw).hexdigest()
-
-    def document(self) -> YamlDocument:
-        """The parsed YAML; ManifestError for a file that is not a YAML mapping."""
-        from nkibuild.manifest.yamlsource import parse_yaml
-
-        return parse_yaml(self.raw, self.display)
-
-    def validated(self) -> Manifest:
-        from nkibuild.manifest.validate import validated
-
-        return validated(self.document(), self.path, self.sha256)
-
-    def is_valid(self) -> bool:
-        """Whether it parses and validates without any problem (a forked child's check)."""
-        from nkibuild.manifest.validate import checked
-
-        try:
-            manifest, problems = checked(self.document(), self.path, self.sha256)
-        except ManifestError:
-            return False
-        return manifest is not None and not problems
+        return validated_beside(doc, absolute, sha256, meanwhile)
+    return validated(doc, absolute, sha256)

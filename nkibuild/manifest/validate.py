@@ -14,7 +14,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nkibuild.errors import Diagnostic, ManifestError
 from nkibuild.manifest.convert import InvalidValue, to_model
@@ -23,10 +23,6 @@ from nkibuild.manifest.phrases import position
 from nkibuild.manifest.schema import schema_problems
 from nkibuild.manifest.semantic import semantic_diagnostics
 from nkibuild.manifest.yamlsource import MAX_DEPTH, JsonPath, YamlDocument, json_path
-
-if TYPE_CHECKING:
-    from nkibuild.manifest import ManifestSource
-    from nkibuild.manifest.forkcheck import ForkedCheck
 
 # Top-level keys the model cannot do without: a broken one is replaced by a value that
 # passes (and is then not checked), so that the kernels can still be checked.
@@ -49,22 +45,32 @@ def validated(doc: YamlDocument, path: Path, sha256: str) -> Manifest:
 
 
 def validated_beside(
-    source: ManifestSource, check: ForkedCheck, meanwhile: Callable[[], None]
+    doc: YamlDocument, path: Path, sha256: str, meanwhile: Callable[[], None]
 ) -> Manifest:
-    """As `source.validated()`, while `check` (a forked child: source.is_valid) does the
-    checking and `meanwhile()` runs here. The model is built here as the child builds
-    it; it is returned only once the child found no problem, else the check runs here
-    and reports as `validated`. The child is ended whatever happens here."""
+    """As `validated`, with `meanwhile()` run while a forked child does the checking
+    (forkcheck.py). The model is built here as the child builds it; it is returned only
+    once the child found no problem, else the check runs here and reports as `validated`.
+    Where no child can run, this is `validated` (and `meanwhile` is left to the caller's
+    later steps)."""
+    from nkibuild.manifest.forkcheck import ForkedCheck
+
+    check = ForkedCheck.start(lambda: _no_problem(doc, path, sha256))
+    if check is None:
+        return validated(doc, path, sha256)
     try:
-        doc = source.document()  # a YAML problem is raised here, as without the child
-        manifest = _unchecked_model(doc, source.path, source.sha256)
+        manifest = _unchecked_model(doc, path, sha256)
         meanwhile()
         passed = check.passed()
     finally:
         check.cancel()
     if passed and manifest is not None:
         return manifest
-    return validated(doc, source.path, source.sha256)
+    return validated(doc, path, sha256)
+
+
+def _no_problem(doc: YamlDocument, path: Path, sha256: str) -> bool:
+    manifest, diagnostics = checked(doc, path, sha256)
+    return manifest is not None and not diagnostics
 
 
 def _unchecked_model(doc: YamlDocument, path: Path, sha256: str) -> Manifest | None:

@@ -11,6 +11,7 @@ parses otherwise, and words the error of any document libyaml refuses.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,9 +25,8 @@ from yaml.reader import ReaderError
 from yaml.resolver import Resolver
 
 from nkibuild.errors import Diagnostic, Location, ManifestError
-from nkibuild.manifest.filebytes import MAX_BYTES
-from nkibuild.manifest.filebytes import fatal as _fatal
 
+MAX_BYTES = 1 << 20
 # Each visit of a node counts, so an alias expands into as many visits as its
 # target has nodes; this bounds "billion laughs" documents.
 MAX_NODES = 100_000
@@ -136,6 +136,24 @@ def _child_key(parent: Node, index: Any) -> tuple[int, int]:
     return (id(parent), index)
 
 
+def load_yaml(
+    path: str | os.PathLike[str], display: str | None = None
+) -> tuple[YamlDocument, bytes]:
+    """Parse the YAML file at `path`; returns the document and the file's bytes.
+
+    `display` is the file name used in locations (default: `path` as given).
+    """
+    file = display if display is not None else os.fspath(path)
+    try:
+        with open(path, "rb") as stream:
+            raw = stream.read(MAX_BYTES + 1)
+    except OSError as error:
+        raise _fatal(file, f"cannot read the manifest: {error.strerror or error}") from None
+    if len(raw) > MAX_BYTES:
+        raise _fatal(file, f"the manifest is larger than {MAX_BYTES // 1024} KiB")
+    return parse_yaml(raw, file), raw
+
+
 def parse_yaml(raw: bytes, file: str) -> YamlDocument:
     """Parse one YAML document from UTF-8 bytes; every problem raises ManifestError."""
     if len(raw) > MAX_BYTES:
@@ -229,6 +247,10 @@ def _syntax_error(error: yaml.MarkedYAMLError, file: str) -> ManifestError:
         else:  # e.g. "found duplicate anchor 'x'; first occurrence" / "second occurrence"
             message = f"{error.context} at {at}; {message} here"
     return ManifestError([Diagnostic(f"YAML: {message}", _location(file, mark), hint=hint)])
+
+
+def _fatal(file: str, message: str, hint: str | None = None) -> ManifestError:
+    return ManifestError([Diagnostic(message, Location(file, 1, 1), hint=hint)])
 
 
 class _BudgetExceeded(Exception):
