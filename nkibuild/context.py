@@ -99,15 +99,15 @@ def load_context(
     session = session if session is not None else BuildSession()
     layout = Layout(build_dir.resolve(), dist_dir.resolve())
     versions = session.compiler_versions
-    # The compiler answers `--version` while the manifest loads (on another core).
-    start_version_query(*_likely_compiler(options), layout.state_dir, versions)
     try:
+        # The compiler answers `--version` while the manifest loads (on another core).
+        start_version_query(*_likely_compiler(options), layout.state_dir, versions)
         manifest, units = load_plan(manifest_path, layout.state_dir, meanwhile)
         settings = resolve_settings(options, manifest)
         toolchain = resolve_toolchain(
             settings.toolchain, layout.state_dir, settings.compiler, versions
         )
-    finally:  # a guess the manifest overrode, or a manifest in error
+    finally:  # a guess the manifest overrode, a manifest in error, or Ctrl-C
         cancel_unanswered(versions)
     return BuildContext(
         manifest=manifest,

@@ -10,6 +10,8 @@ task took.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -222,6 +224,47 @@ def test_chores_run_while_the_process_runs(tmp_path: Path) -> None:
     assert not done.exists()
 
 
+def test_a_process_that_exits_in_time_is_not_timed_out_by_chores_outlasting_it(
+    tmp_path: Path,
+) -> None:
+    """The timeout is the compiler's, not the chores': a compile that exits at once is
+    a success even when the chores its thread does take longer than its timeout."""
+    outcome = run_process(
+        ["true"], tmp_path, tmp_path / "out.log", 0.3, meanwhile=lambda _running: time.sleep(0.8)
+    )
+    assert (outcome.returncode, outcome.timed_out) == (0, False)
+
+
+def test_chores_stop_once_the_process_has_exited(tmp_path: Path) -> None:
+    """A compile slot is not held for chores past its compiler's exit: the job under way
+    finishes, the others wait for another compiler (or the session's end)."""
+    chores = Chores()
+    ran: list[str] = []
+
+    def until_exited(running: Callable[[], bool]) -> Callable[[], None]:
+        def job() -> None:
+            (tmp_path / "go").touch()  # the process exits once it sees this
+            while running():
+                time.sleep(0.01)
+            ran.append("first")
+
+        return job
+
+    def meanwhile(running: Callable[[], bool]) -> None:
+        chores.offer(until_exited(running))
+        chores.offer(lambda: ran.append("second"))
+        chores.run(running)
+
+    script = "while [ ! -e go ]; do sleep 0.01; done"
+    outcome = run_process(
+        ["sh", "-c", script], tmp_path, tmp_path / "out.log", 10.0, meanwhile=meanwhile
+    )
+    assert outcome.returncode == 0
+    assert ran == ["first"]
+    chores.run(lambda: True)
+    assert ran == ["first", "second"]
+
+
 def test_chores_left_at_the_end_remove_their_dirs_and_drop_their_jobs(tmp_path: Path) -> None:
     chores = Chores()
     work = tmp_path / ".work-x"
@@ -232,7 +275,7 @@ def test_chores_left_at_the_end_remove_their_dirs_and_drop_their_jobs(tmp_path: 
     chores.finish()
     assert not work.exists()
     assert ran == []
-    chores.run()  # nothing left
+    chores.run(lambda: True)  # nothing left
     assert ran == []
 
 

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nkibuild"
 # Bottom first; names in one tuple are one layer and may not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("text", "plaindata"),  # escaping of file-derived text; pickles read without code
-    ("errors", "quantities", "dtypes"),
+    ("errors", "quantities", "dtypes", "interrupts"),
     ("fsutil", "confine"),
     ("formats",),
     ("manifest",),

@@ -38,10 +38,12 @@ class Chores:
         with self._lock:
             self._jobs.append(job)
 
-    def run(self) -> None:
-        """Do what is queued (called by a thread whose compiler was just started)."""
+    def run(self, running: Callable[[], bool]) -> None:
+        """Do what is queued while `running()` (the compiler this thread just started
+        runs): a compile slot is not held past its compiler's exit for more than the
+        chore under way then."""
         self._remove_queued()
-        while True:
+        while running():
             with self._lock:
                 if not self._jobs:
                     return

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import shutil
 import signal
@@ -27,6 +28,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from nkibuild import interrupts
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _SETPRIV = "setpriv"
@@ -87,42 +90,48 @@ def run_process(
     timeout: float | None,
     registry: ProcessRegistry | None = None,
     env: dict[str, str] | None = None,
-    meanwhile: Callable[[], None] | None = None,
+    meanwhile: Callable[[Callable[[], bool]], None] | None = None,
 ) -> ProcessOutcome:
     """Run `command` in `cwd` with stdout and stderr to `output`; OSError if it cannot start.
 
     While it runs, its process group is in `registry`, so the session can kill it, and
-    this thread calls `meanwhile` (the build's chores) before it waits for it."""
+    this thread calls `meanwhile` (the build's chores) before it waits for it, with a
+    callable that says whether it still runs (chores stop once it has exited)."""
     registry = registry if registry is not None else ProcessRegistry()
     guard = registry.death_guard
     started = time.monotonic()
-    with open(output, "wb") as sink:
-        process = subprocess.Popen(
-            guard.command(command, cwd, env),
-            cwd=cwd,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=guard.preexec_fn,
-            env=env,
-        )
     expired = threading.Event()
-    timer = _kill_after(process.pid, timeout, expired)
-    registry.add(process.pid)
+    process: subprocess.Popen[bytes] | None = None
+    timer: threading.Timer | None = None
     try:
+        with interrupts.deferred():  # a compiler started is a compiler registered
+            with open(output, "wb") as sink:
+                process = subprocess.Popen(
+                    guard.command(command, cwd, env),
+                    cwd=cwd,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=guard.preexec_fn,
+                    env=env,
+                )
+            timer = _kill_after(process.pid, timeout, expired)
+            registry.add(process.pid)
         if meanwhile is not None:
-            meanwhile()
+            meanwhile(functools.partial(_running, process.pid))
         # Wait without reaping: while the compiler is a zombie its process group id
         # cannot be reused, so killing the group cannot hit an unrelated process.
         os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
     except BaseException:
-        _kill_group(process.pid)  # interrupted: take the compiler down with us
-        process.wait()
+        if process is not None:  # interrupted: take the compiler down with us
+            _kill_group(process.pid)
+            process.wait()
         raise
     finally:
         if timer is not None:
             timer.cancel()
-        registry.discard(process.pid)
+        if process is not None:
+            registry.discard(process.pid)
     _kill_group(process.pid)  # helpers the compiler left behind
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
@@ -197,6 +206,8 @@ def _kill_after(
         return None
 
     def expire() -> None:
+        if not _running(pid):  # exited in time; its thread was busy with chores
+            return
         expired.set()
         _kill_group(pid)
 
@@ -204,6 +215,11 @@ def _kill_after(
     timer.daemon = True
     timer.start()
     return timer
+
+
+def _running(pid: int) -> bool:
+    """Whether the child `pid` has not exited (an exited one stays a zombie, unreaped)."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
 
 
 def _kill_group(pid: int) -> None:

@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from nkibuild import interrupts
 from nkibuild.errors import ToolchainError, UsageError
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.text import printable
@@ -322,15 +323,19 @@ class VersionQuery:
         self._failure: ToolchainError | None = None
         self._process: subprocess.Popen[str] | None = None
         try:
-            self._process = subprocess.Popen(
-                [*command, "--version"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=compiler_environment(""),
-            )
+            with interrupts.deferred():  # started, then the process is in hand
+                self._process = subprocess.Popen(
+                    [*command, "--version"],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=compiler_environment(""),
+                )
         except OSError as error:
             self._failure = ToolchainError(f"could not run {command[-1]} --version: {error}")
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
 
     @property
     def answered(self) -> bool:
@@ -361,6 +366,9 @@ class VersionQuery:
         except subprocess.TimeoutExpired as error:
             self.cancel()
             raise ToolchainError(f"could not run {self.command[-1]} --version: {error}") from None
+        except BaseException:  # interrupted: the query does not outlive the build
+            self.cancel()
+            raise
         for line in (stdout + stderr).splitlines():
             version = parse_version_line(line)
             if version is not None:
