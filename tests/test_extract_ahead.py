@@ -18,8 +18,9 @@ import pytest
 from helpers import QuietDisplay, write_project
 
 from nkibuild import frontends
+from nkibuild.compiler import neuronxcc
 from nkibuild.compiler.chores import Chores
-from nkibuild.compiler.process import run_process
+from nkibuild.compiler.process import ProcessRegistry, run_process
 from nkibuild.context import BuildContext, load_context
 from nkibuild.frontends import ahead
 from nkibuild.graph.report import BuildSummary
@@ -30,6 +31,8 @@ from nkibuild.settings import BuildOptions
 from nkibuild.testing.hlo_writer import build_hlo_module
 
 KERNELS = 3
+# Process ids only counted, never signalled (the registry kills only after kill_all).
+FIRST_PID, SECOND_PID = 2**22 + 1, 2**22 + 2
 
 
 def prebuilt_project(root: Path, kernels: int = KERNELS) -> Path:
@@ -263,6 +266,24 @@ def test_chores_stop_once_the_process_has_exited(tmp_path: Path) -> None:
     assert ran == ["first"]
     chores.run(lambda: True)
     assert ran == ["first", "second"]
+
+
+def test_offered_jobs_wait_for_every_slot_s_compiler_to_run(tmp_path: Path) -> None:
+    """Jobs run in a wait during which all slots' compilers run (not while another
+    slot's thread still prepares its compile); work dirs are removed in any wait."""
+    chores, processes = Chores(), ProcessRegistry()
+    ran: list[str] = []
+    chores.offer(lambda: ran.append("job"))
+    work = tmp_path / ".work-a"
+    work.mkdir()
+    chores.remove_later(work)
+    meanwhile = neuronxcc._chores(chores, processes, slots=2)
+    processes.add(FIRST_PID)  # one of the two slots' compilers runs
+    meanwhile(lambda: True)
+    assert (ran, work.exists()) == ([], False)
+    processes.add(SECOND_PID)
+    meanwhile(lambda: True)
+    assert ran == ["job"]
 
 
 def test_chores_left_at_the_end_remove_their_dirs_and_drop_their_jobs(tmp_path: Path) -> None:

@@ -38,12 +38,12 @@ class Chores:
         with self._lock:
             self._jobs.append(job)
 
-    def run(self, running: Callable[[], bool]) -> None:
+    def run(self, running: Callable[[], bool], *, jobs: bool = True) -> None:
         """Do what is queued while `running()` (the compiler this thread just started
         runs): a compile slot is not held past its compiler's exit for more than the
-        chore under way then."""
+        chore under way then. `jobs`: run the offered jobs too, not only the removals."""
         self._remove_queued()
-        while running():
+        while jobs and running():
             with self._lock:
                 if not self._jobs:
                     return

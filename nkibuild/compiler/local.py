@@ -54,6 +54,7 @@ def _compile(
                 attempt=attempt,
                 last=attempt > options.retries,
                 chores=options.chores,
+                slots=options.budget.jobs,
             )
         outcome = run.outcome
         if run.neff is not None:  # none only for a failure that may be retried

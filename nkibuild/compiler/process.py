@@ -69,6 +69,11 @@ class ProcessRegistry:
         if stopped:
             _kill_group(pid)
 
+    def running(self) -> int:
+        """How many compilers run now."""
+        with self._lock:
+            return len(self._groups)
+
     def discard(self, pid: int) -> None:
         with self._lock:
             self._groups.discard(pid)

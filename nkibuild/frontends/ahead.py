@@ -12,9 +12,13 @@ depends on have the stat stamps they had before the extraction ahead read them: 
 staging directory is renamed into the artifact's place where that is free (the whole
 artifact appears at once), else its files are moved in as `extract` writes them (the
 module, its sidecars, the metadata last). Otherwise, or if the extraction ahead
-failed, the task extracts as always (and reports what fails). An extraction no task took (doit found the task up to
-date, or it was not selected) is removed when the session ends; a killed build leaves
-the staging directory to the next build's sweep (fsutil.LEFTOVER_PATTERNS).
+failed, the task extracts as always (and reports what fails). An extraction no task
+took (doit found the task up to date, or it was not selected) is removed when the
+session ends; a killed build leaves the staging directory to the next build's sweep
+(fsutil.LEFTOVER_PATTERNS).
+
+Like every chore with a job, it runs only in a wait during which all compile slots'
+compilers run (neuronxcc._chores): not while another slot prepares its compile.
 """
 
 from __future__ import annotations
