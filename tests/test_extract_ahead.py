@@ -26,7 +26,7 @@ from nkibuild.frontends import ahead
 from nkibuild.graph.report import BuildSummary
 from nkibuild.graph.run import RunOptions, run_build
 from nkibuild.graph.tasks import extract_files
-from nkibuild.plan import extract_specs
+from nkibuild.plan import ExtractSpec, extract_specs
 from nkibuild.settings import BuildOptions
 from nkibuild.testing.hlo_writer import build_hlo_module
 
@@ -60,6 +60,19 @@ def context_of(root: Path) -> BuildContext:
     return load_context(
         root / "nkibuild.yaml", root / "build", root / "dist", BuildOptions(toolchain="fake")
     )
+
+
+def extracted_ahead_of_one_kernel(
+    tmp_path: Path,
+) -> tuple[BuildContext, ExtractSpec, list[str]]:
+    """A one-kernel project whose extraction ran ahead: its context, spec and the files
+    its extract task depends on."""
+    root = prebuilt_project(tmp_path / "p", kernels=1)
+    context = context_of(root)
+    (spec,) = extract_specs(context.units)
+    files = extract_files(context, spec)
+    context.session.extractions_ahead.extract(context, spec, files)
+    return context, spec, files
 
 
 def run(context: BuildContext, *selection: str) -> BuildSummary:
@@ -149,16 +162,12 @@ def test_an_extraction_ahead_replaces_the_files_of_a_forgotten_artifact(
 def test_a_source_changed_after_its_extraction_ahead_is_extracted_again(
     tmp_path: Path, extracted_into: list[str]
 ) -> None:
-    root = prebuilt_project(tmp_path / "p", kernels=1)
-    context = context_of(root)
-    (spec,) = extract_specs(context.units)
-    files = extract_files(context, spec)
+    context, spec, files = extracted_ahead_of_one_kernel(tmp_path)
     extractions = context.session.extractions_ahead
-    extractions.extract(context, spec, files)
     staging = ahead.staging_dir(context.layout.extract_dir(spec))
     assert (staging / frontends.METADATA_FILE).is_file()
 
-    source = root / "kernels" / "k0.pb"
+    source = context.manifest.root / "kernels" / "k0.pb"
     rewritten = source.with_suffix(".new")
     rewritten.write_bytes(source.read_bytes())
     os.replace(rewritten, source)  # the same bytes in another file: its stamp differs
@@ -170,12 +179,8 @@ def test_a_source_changed_after_its_extraction_ahead_is_extracted_again(
 
 
 def test_a_taken_extraction_ahead_is_the_artifact_in_place(tmp_path: Path) -> None:
-    root = prebuilt_project(tmp_path / "p", kernels=1)
-    context = context_of(root)
-    (spec,) = extract_specs(context.units)
-    files = extract_files(context, spec)
+    context, spec, files = extracted_ahead_of_one_kernel(tmp_path)
     extractions = context.session.extractions_ahead
-    extractions.extract(context, spec, files)
     extractions.extract(context, spec, files)  # offered twice: extracted once
     taken = extractions.take(context, spec, files)
     out_dir = context.layout.extract_dir(spec)
