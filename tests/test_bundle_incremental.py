@@ -75,11 +75,17 @@ def wanted(tmp_path: Path) -> dict[str, bytes | CompiledCopy]:
     }
 
 
+def built(tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], stamp: bytes) -> Path:
+    """A bundle tree updated once to hold `wanted`, with `stamp` as its stamp file."""
+    root = tmp_path / "bundle"
+    update_tree(root, wanted, STAMP, stamp)
+    return root
+
+
 def test_an_update_writes_only_the_files_that_changed(
     tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
 ) -> None:
-    root = tmp_path / "bundle"
-    update_tree(root, wanted, STAMP, b"stamp 1")
+    root = built(tmp_path, wanted, b"stamp 1")
     assert sorted(contents(root)) == sorted([*wanted, STAMP, RECORD_FILE])
     assert contents(root)["pkg/neff/trn2/a/default.neff"] == b"NEFF a" * 100
     first = identities(root)
@@ -102,8 +108,7 @@ def test_an_update_writes_only_the_files_that_changed(
 def test_nothing_changed_writes_nothing(
     tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
 ) -> None:
-    root = tmp_path / "bundle"
-    update_tree(root, wanted, STAMP, b"stamp")
+    root = built(tmp_path, wanted, b"stamp")
     before = identities(root)
     update_tree(root, wanted, STAMP, b"stamp")
     assert identities(root) == before
@@ -113,8 +118,7 @@ def test_nothing_changed_writes_nothing(
 def test_a_damaged_file_in_the_tree_is_written_again(
     tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], damage: str
 ) -> None:
-    root = tmp_path / "bundle"
-    update_tree(root, wanted, STAMP, b"stamp")
+    root = built(tmp_path, wanted, b"stamp")
     target = root / "pkg/neff/trn2/b/default.neff"
     if damage == "removed":
         target.unlink()
@@ -128,8 +132,7 @@ def test_a_damaged_file_in_the_tree_is_written_again(
 def test_a_neff_that_is_not_its_compile_record_leaves_the_tree_as_it_was(
     tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
 ) -> None:
-    root = tmp_path / "bundle"
-    update_tree(root, wanted, STAMP, b"stamp 1")
+    root = built(tmp_path, wanted, b"stamp 1")
     before = contents(root)
     stale = wanted["pkg/neff/trn2/b/default.neff"]
     assert isinstance(stale, CompiledCopy)
@@ -147,8 +150,7 @@ def test_a_neff_kept_in_the_tree_is_trusted_only_with_the_recorded_sha256(
 ) -> None:
     """The compile record now names other bytes than the tree's copy: the copy is not
     kept on its stat, the NEFF is copied (and checked) again."""
-    root = tmp_path / "bundle"
-    update_tree(root, wanted, STAMP, b"stamp")
+    root = built(tmp_path, wanted, b"stamp")
     source = wanted["pkg/neff/trn2/a/default.neff"]
     assert isinstance(source, CompiledCopy)
     source.source.write_bytes(b"recompiled a")
@@ -162,8 +164,7 @@ def test_an_interrupted_update_is_finished_by_the_next(
 ) -> None:
     """As a kill between the renames leaves it: no stamp, some files new, a file the
     next update no longer wants."""
-    root = tmp_path / "bundle"
-    update_tree(root, wanted, STAMP, b"stamp 1")
+    root = built(tmp_path, wanted, b"stamp 1")
     (root / STAMP).unlink()
     (root / "pkg/_kernels/a.py").write_bytes(b"A = 2\n")
     (root / "pkg/_kernels/c.py").write_bytes(b"C = 1\n")
@@ -193,8 +194,7 @@ def test_a_record_an_older_nkibuild_wrote_is_read_and_nothing_is_written_again(
     """A tree an older nkibuild recorded in JSON (one object of fingerprints, or the
     columns) is trusted as that record says: no file of it is written again; the next
     update that writes replaces it with this record."""
-    root = tmp_path / "bundle"
-    update_tree(root, wanted, STAMP, b"stamp")
+    root = built(tmp_path, wanted, b"stamp")
     fingerprints = read_record(root)
     older = saved_record(root) if form == "columns" else dict(reversed(fingerprints.items()))
     (root / RECORD_FILE).unlink()
@@ -224,8 +224,7 @@ def test_a_record_of_the_wrong_shape_is_not_trusted(
     tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], damage: Callable[[dict], dict]
 ) -> None:
     """A damaged record is no record (no traceback): every file is written again."""
-    root = tmp_path / "bundle"
-    update_tree(root, wanted, STAMP, b"stamp")
+    root = built(tmp_path, wanted, b"stamp")
     save_record(root, damage(saved_record(root)))
     assert read_record(root) == {}
     before = identities(root)
@@ -238,8 +237,7 @@ def test_a_record_of_the_wrong_shape_is_not_trusted(
 def test_a_record_that_is_no_pickle_of_plain_data_is_not_trusted(
     tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
 ) -> None:
-    root = tmp_path / "bundle"
-    update_tree(root, wanted, STAMP, b"stamp")
+    root = built(tmp_path, wanted, b"stamp")
     canary = tmp_path / "canary"
     canary.write_text("still here")
     (root / RECORD_FILE).write_bytes(pickle.dumps(RemovesWhenLoaded(canary)))
@@ -257,8 +255,7 @@ def test_a_file_changed_in_place_with_its_stat_kept_apart_is_found_by_its_stat(
 ) -> None:
     """Columns are compared file by file: one file of many changed (same size, new
     content) is the one written again, the others are kept."""
-    root = tmp_path / "bundle"
-    update_tree(root, wanted, STAMP, b"stamp")
+    root = built(tmp_path, wanted, b"stamp")
     target = root / "pkg/_kernels/a.py"
     target.write_bytes(b"A = 9\n")
     before = identities(root)
@@ -296,8 +293,7 @@ def test_a_record_naming_files_outside_the_tree_is_not_trusted(
 def test_an_update_never_writes_or_removes_through_a_symlinked_directory(
     tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
 ) -> None:
-    root = tmp_path / "bundle"
-    update_tree(root, wanted, STAMP, b"stamp 1")
+    root = built(tmp_path, wanted, b"stamp 1")
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "b.py").write_text("the user's")
@@ -321,8 +317,7 @@ def test_the_record_goes_with_the_stamp_while_files_are_renamed(
     would not list the files that update added, which then stay as strays."""
     from nkibuild.bundle import tree
 
-    root = tmp_path / "bundle"
-    update_tree(root, wanted, STAMP, b"stamp 1")
+    root = built(tmp_path, wanted, b"stamp 1")
 
     def killed(root: Path, removed: list[str]) -> None:
         raise KeyboardInterrupt

@@ -121,12 +121,18 @@ def test_a_forked_check_writes_nothing_and_runs_nothing_of_the_parent(capfd) -> 
     assert (out, err) == ("", "")
 
 
-@pytest.mark.usefixtures("idle_core")
-def test_a_cancelled_check_is_killed_and_reaped() -> None:
+def sleeping_check() -> tuple[ForkedCheck, int]:
+    """A forked check that would answer only after a minute, and its child's pid."""
     check = ForkedCheck.start(lambda: time.sleep(60) is None)
     assert check is not None
     child = check._pid
     assert child is not None
+    return check, child
+
+
+@pytest.mark.usefixtures("idle_core")
+def test_a_cancelled_check_is_killed_and_reaped() -> None:
+    check, child = sleeping_check()
     started = time.monotonic()
     check.cancel()
     assert time.monotonic() - started < 10
@@ -137,10 +143,7 @@ def test_a_cancelled_check_is_killed_and_reaped() -> None:
 
 @pytest.mark.usefixtures("idle_core")
 def test_a_check_that_does_not_answer_in_time_is_killed_and_not_passed() -> None:
-    check = ForkedCheck.start(lambda: time.sleep(60) is None)
-    assert check is not None
-    child = check._pid
-    assert child is not None
+    check, child = sleeping_check()
     started = time.monotonic()
     assert not check.passed(timeout=0.2)  # the caller then checks in-process
     assert time.monotonic() - started < 10
