@@ -580,8 +580,13 @@ def _updated(
         listings=dict(previous.listings),
         state=stat_stamp(dep_file),
     )
-    change: dict[str, Any] = {"state": proof.state, "files": touched, "digests": {}}
-    change.update(tasks={}, listings={})
+    change: dict[str, Any] = {
+        "state": proof.state,
+        "files": touched,
+        "digests": {},
+        "tasks": {},
+        "listings": {},
+    }
     for name in decision.pending:
         before = proof.tasks.pop(name, None), proof.listings.pop(name, None)
         if name in verified:
