@@ -112,10 +112,14 @@ class _Kernels:
     def record_paths(self) -> list[str]:
         return self.records.split("\0") if self.records else []
 
+    def stat_slice(self, index: int) -> slice:
+        """Where kernel `index`'s records' stats are in `stats`."""
+        start = sum(self.counts[:index]) * STAT_FIELDS
+        return slice(start, start + self.counts[index] * STAT_FIELDS)
+
     def stat_span(self, index: int) -> list[int | None]:
         """The stats of kernel `index`'s records."""
-        start = sum(self.counts[:index]) * STAT_FIELDS
-        return self.stats[start : start + self.counts[index] * STAT_FIELDS]
+        return self.stats[self.stat_slice(index)]
 
     def to_state(self) -> tuple[object, ...]:
         return (self.configs, self.records, self.counts, self.stats, self.columns)
@@ -388,8 +392,7 @@ def _updated(memo: _Memo, value: Any, end: int) -> bool:
                 and len(stats) == kernels.counts[index] * STAT_FIELDS
             ):
                 return False
-            start = sum(kernels.counts[:index]) * STAT_FIELDS
-            kernels.stats[start : start + len(stats)] = stats
+            kernels.stats[kernels.stat_slice(index)] = stats
             kernels.configs[index] = config
             for column, field in zip(kernels.columns, row, strict=True):
                 column[index] = field
