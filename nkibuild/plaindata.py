@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -88,4 +88,18 @@ def append(path: Path, read: int, snapshot: int, change: bytes) -> bool:
         if handle.tell() != read:
             return False
         handle.write(change)
+    return True
+
+
+def only(values: Iterable[object], *types: type) -> bool:
+    """Whether every value is of one of `types` exactly (no subclass: True is no int)."""
+    return set(map(type, values)) <= set(types)
+
+
+def all_strings(values: Iterable[object]) -> bool:
+    """Whether every one of `values` is a string, in one call (not a loop of checks)."""
+    try:
+        "".join(values)  # type: ignore[arg-type]  # checking is the point
+    except TypeError:
+        return False
     return True

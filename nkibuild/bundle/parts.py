@@ -32,7 +32,7 @@ import json
 import marshal
 import os
 from bisect import bisect_right
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain, compress, count, repeat
 from operator import is_, ne
@@ -366,7 +366,7 @@ def _snapshot(value: Any, scope: tuple[str, ...], end: int) -> _Memo:
     configs, records, counts, stats, columns = state
     if type(columns) is not list or len(columns) != len(KernelPart._fields):
         raise ValueError("not the memo's columns")
-    if type(records) is not str or not _only([configs, counts, stats, *columns], list):
+    if type(records) is not str or not plaindata.only([configs, counts, stats, *columns], list):
         raise ValueError("not the memo's columns")
     return _Memo(scope, _Kernels(configs, records, counts, stats, columns), digests, end, end)
 
@@ -408,22 +408,22 @@ def _well_formed(kernels: _Kernels) -> bool:
     """Whether every value of the memo has the type the bundle reads: the pickle holds
     plain data, but not necessarily of these shapes. Checked a column at a time."""
     lists = (kernels.configs, kernels.counts, kernels.stats, *kernels.columns)
-    if not _only(lists, list) or type(kernels.records) is not str:
+    if not plaindata.only(lists, list) or type(kernels.records) is not str:
         return False
     names, infos, modules, shas, neffs, targets, dtypes, versions, tools, flags = kernels.columns
     if any(len(column) != len(names) for column in (kernels.configs, kernels.counts, *lists[3:])):
         return False
     if not (
-        _only(names, str)
-        and _only(infos, str)
-        and _only(shas, str)
-        and _only(modules, bytes)
-        and _only(kernels.configs, bytes)
-        and _only(flags, bool)
-        and _only(kernels.counts, int)
-        and _only(kernels.stats, int, type(None))
-        and all(_only(group, tuple) for group in (neffs, targets, dtypes, versions, tools))
-        and _only(chain.from_iterable(chain(targets, dtypes, versions)), str)
+        plaindata.only(names, str)
+        and plaindata.only(infos, str)
+        and plaindata.only(shas, str)
+        and plaindata.only(modules, bytes)
+        and plaindata.only(kernels.configs, bytes)
+        and plaindata.only(flags, bool)
+        and plaindata.only(kernels.counts, int)
+        and plaindata.only(kernels.stats, int, type(None))
+        and all(plaindata.only(group, tuple) for group in (neffs, targets, dtypes, versions, tools))
+        and plaindata.only(chain.from_iterable(chain(targets, dtypes, versions)), str)
         and _rows_of(neffs, 4)
         and _rows_of(tools, 2)
     ):
@@ -437,18 +437,13 @@ def _well_formed(kernels: _Kernels) -> bool:
     )
 
 
-def _only(values: Iterable[object], *types: type) -> bool:
-    """Whether every value is of one of `types` (exactly: no subclass)."""
-    return set(map(type, values)) <= set(types)
-
-
 def _rows_of(groups: list[tuple[Any, ...]], width: int) -> bool:
     """Whether each group holds tuples of `width` strings."""
     rows = list(chain.from_iterable(groups))
     return (
-        _only(rows, tuple)
+        plaindata.only(rows, tuple)
         and set(map(len, rows)) <= {width}
-        and _only(chain.from_iterable(rows), str)
+        and plaindata.only(chain.from_iterable(rows), str)
     )
 
 

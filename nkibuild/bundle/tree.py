@@ -185,7 +185,7 @@ def _legacy(root: Path) -> Record | None:
     if not isinstance(data, dict) or "format" in data:
         return None
     rows = list(data.values())
-    if not _only(rows, list) or set(map(len, rows)) - {STAT_FIELDS + 1}:
+    if not plaindata.only(rows, list) or set(map(len, rows)) - {STAT_FIELDS + 1}:
         return None
     stats = list(chain.from_iterable(row[:STAT_FIELDS] for row in rows))
     return _columns(list(data), stats, [row[STAT_FIELDS] for row in rows])
@@ -196,14 +196,9 @@ def _columns(names: object, stats: object, shas: object) -> Record | None:
         return None
     if len(stats) != STAT_FIELDS * len(names) or len(shas) != len(names):
         return None
-    if not (_only(names, str) and _only(shas, str) and _only(stats, int)):
+    if not (plaindata.only(chain(names, shas), str) and plaindata.only(stats, int)):
         return None
     return Record(names, stats, shas)
-
-
-def _only(values: Iterable[object], kind: type) -> bool:
-    """Whether every value is a `kind` (exactly: True is no stat)."""
-    return set(map(type, values)) <= {kind}
 
 
 def _inside_tree(name: object) -> bool:

@@ -45,7 +45,7 @@ import marshal
 import os
 import weakref
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from itertools import chain, compress, islice
 from operator import itemgetter, le
 from pathlib import Path
@@ -474,7 +474,7 @@ def _diff(keys: list[str], before: Any, after: Any) -> list[list[Any]]:
         return [[keys]]
     if type(before) is not dict or type(after) is not dict or len(keys) >= PATCH_DEPTH:
         return [[keys, after]]
-    if not all_strings(after):  # JSON would make a key a string: set the object whole
+    if not plaindata.all_strings(after):  # JSON would make a key a string: set the object whole
         return [[keys, after]]
     operations: list[list[Any]] = []
     if len(keys) + 1 == PATCH_DEPTH:  # members set whole: the bundle's 15,000 outputs
@@ -487,15 +487,6 @@ def _diff(keys: list[str], before: Any, after: Any) -> list[list[Any]]:
                 operations += _diff([*keys, key], saved, value)
     operations += [[[*keys, key]] for key in before.keys() - after.keys()]
     return operations
-
-
-def all_strings(values: Iterable[object]) -> bool:
-    """Whether every one of `values` is a string, in one call (not a loop of checks)."""
-    try:
-        "".join(values)  # type: ignore[arg-type]  # checking is the point
-    except TypeError:
-        return False
-    return True
 
 
 def _saved_alike(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
@@ -640,7 +631,7 @@ def _indexed_lines(index: Any, state: str, size: int) -> dict[str, Lines] | None
         bounds.frombytes(index["bounds"])
     except (KeyError, TypeError, ValueError):
         return None
-    if 2 * len(ids) != len(bounds) or not all_strings(ids) or not _within(bounds, size):
+    if 2 * len(ids) != len(bounds) or not plaindata.all_strings(ids) or not _within(bounds, size):
         return None
     spans = zip(islice(bounds, 0, None, 2), islice(bounds, 1, None, 2), strict=True)
     lines = dict(zip(ids, zip(spans), strict=True))

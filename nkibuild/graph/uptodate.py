@@ -42,7 +42,6 @@ from nkibuild import __version__, plaindata
 from nkibuild.cache.key import file_sha256
 from nkibuild.fsutil import atomic_write_bytes, stat_stamp
 from nkibuild.graph.intact import CHECK_SIGNATURE, Fingerprint, OutputsIntact, output_files
-from nkibuild.graph.state import all_strings
 
 STAMP_FILE = "up-to-date.stamp"
 FORMAT = 6  # 4: fingerprints of marshal bytes; 6: the stamp a plain-data pickle, not JSON
@@ -141,7 +140,7 @@ def known_digests(state_dir: Path) -> Digests:
         and len(entry) == 2
         and type(entry[0]) is str
         and type(entry[1]) is list
-        and all_strings(entry[1])
+        and plaindata.all_strings(entry[1])
     }
 
 
@@ -331,7 +330,7 @@ def _well_formed(proof: Proof) -> bool:
         return False
     keys = chain.from_iterable(maps)
     return (
-        all_strings(chain(keys, proof.tasks.values(), proof.digests.values(), *listings))
+        plaindata.all_strings(chain(keys, proof.tasks.values(), proof.digests.values(), *listings))
         and _all_stats(list(proof.files.values()))
         and (proof.state is None or _all_stats([proof.state]))
     )
