@@ -8,7 +8,7 @@ import functools
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Container, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from nkibuild.errors import refused_path, storage_error
@@ -30,6 +30,36 @@ def stat_stamp(path: str | os.PathLike[str]) -> str | None:
         return stamp_of(os.stat(path))
     except (OSError, ValueError):  # ValueError: a NUL in the path (a damaged record's)
         return None
+
+
+class SeenStats:
+    """Stamps of files as the build saw them moments before (its up-to-date decision),
+    for a stage that would stat the same files again: a file in `vouched` (compared then
+    with its stamp in `seen`, and found as it was) and not in `unseen` (changed since, or
+    written by a task this build ran before the stage) is taken as seen; any other is
+    stat'ed. Without either, every file is stat'ed."""
+
+    def __init__(
+        self,
+        seen: Mapping[str, str] | None = None,
+        vouched: Container[str] = frozenset(),
+        unseen: Container[str] = frozenset(),
+    ) -> None:
+        self.seen = seen if seen is not None else {}
+        self.vouched = vouched
+        self.unseen = unseen
+
+    def stamps(self, paths: Iterable[str]) -> list[str | None]:
+        """Each file's stamp (None: missing), in order."""
+        seen, vouched, unseen = self.seen, self.vouched, self.unseen
+        if not seen:
+            return list(map(stat_stamp, paths))
+        return [
+            stamp
+            if path in vouched and path not in unseen and (stamp := seen.get(path)) is not None
+            else stat_stamp(path)
+            for path in paths
+        ]
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:

@@ -16,6 +16,7 @@ import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import (
@@ -100,9 +101,9 @@ def test_an_update_writes_only_the_files_that_changed(
     assert rewritten == {"pkg/_kernels/b.py", "pkg/neff/trn2/a/default.neff", STAMP, RECORD_FILE}
     assert not (root / "pkg/neff/trn2/b").exists()  # its NEFF gone, and its emptied dir
     assert contents(root)["pkg/neff/trn2/a/default.neff"] == b"new a"
-    fingerprints = record.fingerprints()
+    fingerprints = record.by_name()
     assert fingerprints == read_record(root) and sorted(fingerprints) == sorted([*changed, STAMP])
-    assert fingerprints[STAMP][4] == hashlib.sha256(b"stamp 2").hexdigest()
+    assert fingerprints[STAMP][1] == hashlib.sha256(b"stamp 2").hexdigest()
 
 
 def test_nothing_changed_writes_nothing(
@@ -182,24 +183,37 @@ def saved_record(root: Path) -> dict[str, object]:
     return {"format": form, "names": names, "stats": stats, "sha256": sha256}
 
 
+def with_integer_stats(record: dict[str, Any]) -> dict[str, Any]:
+    """The record as the format before stamps had it: four numbers a file."""
+    numbers = [int(number) for stamp in record["stats"] for number in stamp.split()]
+    return {**record, "format": 2, "stats": numbers}
+
+
 def save_record(root: Path, record: dict[str, object]) -> None:
     columns = (record["format"], record["names"], record["stats"], record["sha256"])
     (root / RECORD_FILE).write_bytes(pickle.dumps(columns))
 
 
-@pytest.mark.parametrize("form", ["fingerprints", "columns"])
+@pytest.mark.parametrize("form", ["fingerprints", "columns", "integer-pickle"])
 def test_a_record_an_older_nkibuild_wrote_is_read_and_nothing_is_written_again(
     tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], form: str
 ) -> None:
     """A tree an older nkibuild recorded in JSON (one object of fingerprints, or the
-    columns) is trusted as that record says: no file of it is written again; the next
-    update that writes replaces it with this record."""
+    columns) or pickled with four numbers a file instead of its stamp is trusted as that
+    record says: no file of it is written again; the next update that writes replaces it
+    with this record."""
     root = built(tmp_path, wanted, b"stamp")
-    fingerprints = read_record(root)
-    older = saved_record(root) if form == "columns" else dict(reversed(fingerprints.items()))
-    (root / RECORD_FILE).unlink()
-    (root / LEGACY_RECORD_FILE).write_text(json.dumps(older))
-    assert read_record(root) == fingerprints
+    recorded = read_record(root)
+    older = with_integer_stats(saved_record(root))
+    if form == "integer-pickle":
+        save_record(root, older)
+    else:
+        if form == "fingerprints":
+            rows = [[*map(int, stamp.split()), sha] for stamp, sha in recorded.values()]
+            older = dict(reversed(list(zip(recorded, rows, strict=True))))
+        (root / RECORD_FILE).unlink()
+        (root / LEGACY_RECORD_FILE).write_text(json.dumps(older))
+    assert read_record(root) == recorded
     before = identities(root)
     update_tree(root, wanted, STAMP, b"stamp")
     assert identities(root) == before
@@ -211,14 +225,25 @@ def test_a_record_an_older_nkibuild_wrote_is_read_and_nothing_is_written_again(
 @pytest.mark.parametrize(
     "damage",
     [
-        lambda record: {**record, "stats": [str(n) for n in record["stats"]]},
+        lambda record: {**record, "stats": [len(s) for s in record["stats"]]},
         lambda record: {**record, "stats": [True for _ in record["stats"]]},
         lambda record: {**record, "stats": record["stats"][:-1]},
+        lambda record: {**with_integer_stats(record), "stats": [1, 2, 3]},
+        lambda record: {**with_integer_stats(record), "stats": record["stats"] * 4},
         lambda record: {**record, "sha256": [None for _ in record["sha256"]]},
         lambda record: {**record, "names": "pkg/__init__.py"},
-        lambda record: {**record, "format": 3},
+        lambda record: {**record, "format": 4},
     ],
-    ids=["stat-strings", "stat-booleans", "stat-short", "sha-none", "names-a-string", "format"],
+    ids=[
+        "stat-numbers",
+        "stat-booleans",
+        "stat-short",
+        "older-stat-short",
+        "older-stat-strings",
+        "sha-none",
+        "names-a-string",
+        "format",
+    ],
 )
 def test_a_record_of_the_wrong_shape_is_not_trusted(
     tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], damage: Callable[[dict], dict]

@@ -17,7 +17,7 @@ from doit.dependency import JSONCodec
 from doit.tools import config_changed
 from helpers import build, manifests_parsed, write_project
 
-from nkibuild import plaindata
+from nkibuild import fsutil, plaindata
 from nkibuild.fsutil import stat_stamp
 from nkibuild.graph import uptodate
 from nkibuild.graph.intact import outputs_checked
@@ -405,6 +405,25 @@ def after_editing_src_b(
 ) -> tuple[Path, list[dict], str, uptodate.Decision]:
     """The chain proven, then src_b edited: the decision (t:b and t:join pending)."""
     return decided_after(chain, edit_src_b)
+
+
+def test_a_pending_task_sees_the_files_deciding_vouched_for_and_no_task_rewrites(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    """t:join may take mid_a (proven t:a's output) and src_a as seen; not mid_b (written
+    by pending t:b), src_b (seen changed), nor any file deciding did not compare."""
+    root, _, _, decision = after_editing_src_b(chain)
+    seen = uptodate.seen_by(decision, "t:join")
+    names = ("mid_a", "src_a", "mid_b", "src_b", "stranger")
+    for name in ("mid_a", "mid_b", "src_b", "stranger"):  # each with new bytes and stamp
+        (root / name).write_text(f"{name} changed after deciding, longer than it was")
+    paths = [str(root / name) for name in names]
+    now = [stat_stamp(path) for path in paths]
+    recorded = decision.previous.files
+    assert seen.stamps(paths) == [recorded[paths[0]], *now[1:]]  # mid_a: as seen
+    assert now[0] != recorded[paths[0]] and now[1] == recorded[paths[1]]
+    nothing = uptodate.seen_by(proven_state(root, chain[1]), "t:join")  # none pending
+    assert nothing.stamps(paths) == [stat_stamp(path) for path in paths]
 
 
 def test_a_touched_source_is_re_recorded_as_a_whole_record_would(
@@ -840,3 +859,53 @@ def test_a_costly_config_digest_is_remembered_for_the_same_fingerprint(
     encoded.clear()
     assert "bundle" in build(two_kernels).executed
     assert encoded and bundle_config_digest(two_kernels) == digest
+
+
+def test_the_bundle_takes_the_stamps_deciding_saw_of_files_no_task_rewrote(
+    two_kernels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an edit, the bundle does not stat again the records and tree files deciding
+    found as recorded (25,000 at 10,000 units); it does stat what the edit's tasks wrote."""
+    stated: list[str] = []
+    real = fsutil.stat_stamp
+
+    def counted(path: str) -> str | None:
+        stated.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(fsutil, "stat_stamp", counted)  # what SeenStats stats with
+    (two_kernels / "kernels" / "beta.pb").write_bytes(hlo("beta-edited"))
+    assert "bundle" in build(two_kernels).executed
+    compiled = two_kernels / "build" / "compile"
+    tree = two_kernels / "build" / "bundle" / "proof-kernels" / "proof_kernels"
+    for target in ("trn1", "trn2"):
+        assert str(compiled / "beta" / "default" / target / "result.json") in stated
+        assert str(compiled / "alpha" / "default" / target / "result.json") not in stated
+        assert str(tree / "neff" / target / "alpha" / "default.neff") not in stated
+    assert str(tree / "_kernels" / "alpha.py") not in stated
+    assert build(two_kernels).executed == []
+
+
+def test_a_file_changed_after_deciding_is_seen_by_the_next_build(
+    two_kernels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bundle keeps a tree file as deciding saw it; changed behind its back after
+    that, the proof keeps the stamp seen, so the next build finds it and restores it."""
+    module = two_kernels / "build" / "bundle" / "proof-kernels" / "proof_kernels" / "_kernels"
+    generated = (module / "alpha.py").read_bytes()
+    seen_by = uptodate.seen_by
+
+    def then_tampered(decision: uptodate.Decision, name: str) -> fsutil.SeenStats:
+        seen = seen_by(decision, name)
+        (module / "alpha.py").write_bytes(b"# changed while the build ran\n")
+        return seen
+
+    monkeypatch.setattr(uptodate, "seen_by", then_tampered)
+    (two_kernels / "kernels" / "beta.pb").write_bytes(hlo("beta-edited"))
+    assert "bundle" in build(two_kernels).executed
+    assert (module / "alpha.py").read_bytes() != generated  # taken as seen: not rewritten
+    monkeypatch.setattr(uptodate, "seen_by", seen_by)
+    summary = build(two_kernels)
+    assert "bundle" in summary.executed
+    assert (module / "alpha.py").read_bytes() == generated
+    assert build(two_kernels).executed == []

@@ -36,6 +36,7 @@ from nkibuild.bundle.buildinfo import (
 from nkibuild.bundle.tree import CompiledCopy, Content, Record, digest, update_tree
 from nkibuild.compiler import CompiledNeff
 from nkibuild.errors import BuildError
+from nkibuild.fsutil import SeenStats
 from nkibuild.manifest.model import Kernel, Manifest, Package, SourceRef
 
 if TYPE_CHECKING:
@@ -103,18 +104,20 @@ def distributions(manifest: Manifest) -> list[Package]:
     return [package, *(target_package(package, t) for t in split_targets(manifest))]
 
 
-def run(context: BuildContext) -> WrittenBundle:
+def run(context: BuildContext, seen: SeenStats | None = None) -> WrittenBundle:
     """The bundle stage of a build: every unit's finished compile -> the generated project.
-    A kernel whose inputs are as at the last bundle lends its part from
-    that bundle's memo (nkibuild.bundle.parts)."""
+    A kernel whose inputs are as at the last bundle lends its part from that bundle's
+    memo (nkibuild.bundle.parts). `seen`: the stamps of the compile records and of the
+    tree's files as the build saw them, where they are still those (else stat'ed)."""
     from nkibuild.bundle.parts import PartsMemo
     from nkibuild.bundle.provenance import summarize
 
     manifest = context.manifest
-    memo = PartsMemo(context)
+    memo = PartsMemo(context, seen)
     parts = memo.kernel_parts(functools.partial(kernel_part, manifest))
     provenance = summarize(context, parts, memo.file_sha256)
-    written = write_bundle(manifest, parts, context.layout.bundle_dir(manifest), provenance)
+    out_dir = context.layout.bundle_dir(manifest)
+    written = write_bundle(manifest, parts, out_dir, provenance, seen)
     memo.save()
     return written
 
@@ -141,6 +144,7 @@ def write_bundle(
     parts: Sequence[KernelPart],
     out_dir: Path,
     provenance: ProvenanceInfo | None,
+    seen: SeenStats | None = None,
 ) -> WrittenBundle:
     """Bring `out_dir` up to date with the manifest and the kernels' parts, writing only
     the files whose content changed (nkibuild.bundle.tree); `bundle.json` is written last."""
@@ -157,7 +161,8 @@ def write_bundle(
     targets = sorted({target for part in parts for target in part.targets})
     stamp = _stamp_text(_stamp(manifest, info, digests, targets)).encode()
     wanted = collections.ChainMap(files, neffs)
-    return WrittenBundle(out_dir, update_tree(out_dir, wanted, STAMP_FILE, stamp, digests=digests))
+    record = update_tree(out_dir, wanted, STAMP_FILE, stamp, digests=digests, seen=seen)
+    return WrittenBundle(out_dir, record)
 
 
 class _Neffs(Mapping[str, CompiledCopy]):

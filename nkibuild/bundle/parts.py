@@ -9,20 +9,23 @@ means reading every compile record and extraction record again (seconds at 10,00
 units). So the bundle stage keeps the parts of its last run in `build/state/` and takes
 a kernel's part from there while the kernel's manifest entry (`Kernel.config`, what the
 bundle takes from it), the paths of its units' compile and extraction records and those
-records' stats (size, mtime, ctime, inode) are as recorded; the records are written
-atomically, so a rewritten one has a new inode and ctime, and the stats are taken
-before any record is read, so a part is never kept under a stat older than the content
-it was made of. The memo keeps the parts as columns (one list per field, kernels in
-manifest order) with each kernel's config and its records' stats: when the kernels and
-their records are those of the memo, in its order (any edit that adds no kernel), they
-are compared a column at a time, and only a difference costs a lookup; otherwise each
-kernel is matched by name. The memo also keeps the sha256 of each project file the
-provenance summary lists, by stat. A bundle that made a few parts appends them to the
-memo file (`save`) rather than writing 18 MB anew; a load stops at an update cut short,
-and the next save writes the memo whole. It is a hint, like the plan cache: a missing,
-damaged or foreign memo (any value not of the type the bundle reads) only means every
-part is computed again, and it never outlives a change of nkibuild, the bundle
-generator, the package or where the build directory is.
+records' stamps (size, mtime, ctime, inode: `fsutil.stamp_of`) are as recorded; the
+records are written atomically, so a rewritten one has a new inode and ctime, and the
+stamps are taken before any record is read, so a part is never kept under a stamp older
+than the content it was made of. A record the build's up-to-date decision found as it
+was, and that no task of this build wrote since, is taken with the stamp it was seen
+with (`fsutil.SeenStats`): not stat'ed again (a later change leaves the file with
+another stamp, which the next bundle sees). The memo keeps the parts as columns (one
+list per field, kernels in manifest order) with each kernel's config and its records'
+stamps: when the kernels and their records are those of the memo, in its order (any edit
+that adds no kernel), they are compared a column at a time, and only a difference costs
+a lookup; otherwise each kernel is matched by name. The memo also keeps the sha256 of
+each project file the provenance summary lists, by stat. A bundle that made a few parts
+appends them to the memo file (`save`) rather than writing 18 MB anew; a load stops at
+an update cut short, and the next save writes the memo whole. It is a hint, like the
+plan cache: a missing, damaged or foreign memo (any value not of the type the bundle
+reads) only means every part is computed again, and it never outlives a change of
+nkibuild, the bundle generator, the package or where the build directory is.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from nkibuild.cache.key import file_sha256
 from nkibuild.compiler import RESULT_FILE, CompiledNeff
 from nkibuild.compiler.record import recorded_result
 from nkibuild.frontends import METADATA_FILE, load_extracted
-from nkibuild.fsutil import atomic_write_bytes, stat_stamp
+from nkibuild.fsutil import SeenStats, atomic_write_bytes, stat_stamp
 
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext, Layout
@@ -52,8 +55,7 @@ if TYPE_CHECKING:
     from nkibuild.plan import BuildUnit
 
 MEMO_FILE = "bundle-parts.pickle"
-MEMO_FORMAT = "columns"  # of the saved state: a memo of another layout lends nothing
-STAT_FIELDS = 4  # of a record, in a key: size, mtime and ctime (ns), inode
+MEMO_FORMAT = "columns, stamps"  # of the saved state: a memo of another layout lends nothing
 MAX_UPDATES = 100  # appended to a snapshot before it is written anew: each costs a load
 
 
@@ -102,7 +104,7 @@ class _Kernels:
     configs: list[bytes]
     records: str  # every record's path, NUL-joined, kernel after kernel
     counts: list[int]  # records per kernel
-    stats: list[int | None]  # STAT_FIELDS a record (None: missing), in `records` order
+    stats: list[str | None]  # each record's stamp (None: missing), in `records` order
     columns: Columns  # the parts' fields; columns[0]: the kernels' names
 
     @property
@@ -114,10 +116,10 @@ class _Kernels:
 
     def stat_slice(self, index: int) -> slice:
         """Where kernel `index`'s records' stats are in `stats`."""
-        start = sum(self.counts[:index]) * STAT_FIELDS
-        return slice(start, start + self.counts[index] * STAT_FIELDS)
+        start = sum(self.counts[:index])
+        return slice(start, start + self.counts[index])
 
-    def stat_span(self, index: int) -> list[int | None]:
+    def stat_span(self, index: int) -> list[str | None]:
         """The stats of kernel `index`'s records."""
         return self.stats[self.stat_slice(index)]
 
@@ -148,8 +150,9 @@ class PartsMemo:
     """The parts and file digests of the last bundle, and those of this one (saved by
     `save` once the bundle stage took what it needs)."""
 
-    def __init__(self, context: BuildContext) -> None:
+    def __init__(self, context: BuildContext, seen: SeenStats | None = None) -> None:
         self.context = context
+        self.seen = seen if seen is not None else SeenStats()
         self.file = context.layout.state_dir / MEMO_FILE
         scope = _scope(context)
         self.previous = _load(self.file, scope)
@@ -169,7 +172,7 @@ class PartsMemo:
         kernels = context.manifest.kernels
         # Stat'ed before any record is read: a record rewritten meanwhile has another
         # stat next time, so the part made of its new content is not kept under this one.
-        current = _current(layout, kernels, units)
+        current = _current(layout, kernels, units, self.seen)
         previous = self.previous.kernels
         self.aligned = (
             current.records == previous.records
@@ -251,10 +254,13 @@ def _change(kernels: _Kernels, index: int, part: KernelPart) -> tuple[object, ..
 
 
 def _current(
-    layout: Layout, kernels: Sequence[Kernel], units: Mapping[str, Sequence[BuildUnit]]
+    layout: Layout,
+    kernels: Sequence[Kernel],
+    units: Mapping[str, Sequence[BuildUnit]],
+    seen: SeenStats,
 ) -> _Kernels:
-    """The kernels' configs and their records' paths and stats (the parts not made yet).
-    The records of all kernels are stat'ed in one loop: 15,000 at 10,000 units."""
+    """The kernels' configs and their records' paths and stamps (the parts not made yet):
+    15,000 records at 10,000 units, taken as `seen` where it has them."""
     records: list[str] = []
     counts = []
     compile_path, extract_path = layout.compile_path, layout.extract_path
@@ -265,16 +271,7 @@ def _current(
         extractions = {unit.extract.name: unit.extract for unit in own}
         records += [f"{extract_path(spec)}/{METADATA_FILE}" for spec in extractions.values()]
         counts.append(len(own) + len(extractions))
-    # Four numbers a record, in one flat list: no tuple a record kept alive (15,000
-    # objects more for the garbage collector to go through).
-    stats: list[int | None] = []
-    for record in records:
-        try:
-            info = os.stat(record)
-        except (OSError, ValueError):  # ValueError: a NUL in the path
-            stats += (None,) * STAT_FIELDS
-            continue
-        stats += (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+    stats = seen.stamps(records)
     configs = list(map(marshal.dumps, [kernel.config() for kernel in kernels], repeat(0)))
     columns: Columns = [[kernel.name for kernel in kernels]]
     columns += ([] for _ in KernelPart._fields[1:])
@@ -289,9 +286,9 @@ def _stale_aligned(previous: _Kernels, current: _Kernels) -> set[int]:
     stats = current.stats
     if stats != previous.stats or None in stats:  # else (no edit) no lookup at all
         ends = list(accumulate(current.counts))
-        fields = compress(count(), map(ne, stats, previous.stats))
+        differ = compress(count(), map(ne, stats, previous.stats))
         missing = compress(count(), map(is_, stats, repeat(None)))
-        stale.update(bisect_right(ends, field // STAT_FIELDS) for field in chain(fields, missing))
+        stale.update(bisect_right(ends, record) for record in chain(differ, missing))
     if current.configs != previous.configs:
         stale.update(compress(count(), map(ne, current.configs, previous.configs)))
     return stale
@@ -312,7 +309,7 @@ def _matched_by_name(previous: _Kernels, current: _Kernels) -> tuple[list[Any], 
     ):
         end = start + number
         at = where.get(name)
-        own = current.stats[start * STAT_FIELDS : end * STAT_FIELDS]
+        own = current.stats[start:end]
         kept = (
             at is not None
             and previous.configs[at] == config
@@ -389,7 +386,7 @@ def _updated(memo: _Memo, value: Any, end: int) -> bool:
                 and len(row) == len(KernelPart._fields)
                 and row[0] == name
                 and type(stats) is list
-                and len(stats) == kernels.counts[index] * STAT_FIELDS
+                and len(stats) == kernels.counts[index]
             ):
                 return False
             kernels.stats[kernels.stat_slice(index)] = stats
@@ -421,7 +418,7 @@ def _well_formed(kernels: _Kernels) -> bool:
         and plaindata.only(kernels.configs, bytes)
         and plaindata.only(flags, bool)
         and plaindata.only(kernels.counts, int)
-        and plaindata.only(kernels.stats, int, type(None))
+        and plaindata.only(kernels.stats, str, type(None))
         and all(plaindata.only(group, tuple) for group in (neffs, targets, dtypes, versions, tools))
         and plaindata.only(chain.from_iterable(chain(targets, dtypes, versions)), str)
         and _rows_of(neffs, 4)
@@ -430,11 +427,7 @@ def _well_formed(kernels: _Kernels) -> bool:
         return False
     total = sum(kernels.counts)
     records = kernels.records.count("\0") + 1 if kernels.records else 0
-    return (
-        min(kernels.counts, default=0) >= 0
-        and records == total
-        and len(kernels.stats) == total * STAT_FIELDS
-    )
+    return min(kernels.counts, default=0) >= 0 and records == total and len(kernels.stats) == total
 
 
 def _rows_of(groups: list[tuple[Any, ...]], width: int) -> bool:

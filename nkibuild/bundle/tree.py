@@ -6,11 +6,13 @@ removal per file (removing a file that owns disk blocks is slow on many filesyst
 so the bundle stage instead compares what it wants with what the tree holds:
 
 - `.files.pickle` (hidden: not part of the project, skipped by the outputs check)
-  records, for every file the last update wrote or kept, its size, times, inode and
-  sha256. A file whose stat is unchanged since then and whose recorded sha256 is the
-  one wanted is kept without being read, as doit trusts unchanged stats; any other
-  file is written again. A NEFF is written only from bytes whose sha256 is the one
-  its compile recorded.
+  records, for every file the last update wrote or kept, its stamp (size, times,
+  inode: `fsutil.stamp_of`) and sha256. A file whose stamp is unchanged since then and
+  whose recorded sha256 is the one wanted is kept without being read, as doit trusts
+  unchanged stats; any other file is written again. A NEFF is written only from bytes
+  whose sha256 is the one its compile recorded. The build's up-to-date decision has
+  just compared every file of the tree with the stamps the tree's last update handed
+  on (`fsutil.SeenStats`): those it found as they were are not stat'ed again.
 - The update is two-phased. First every changed file is written (NEFFs hashed as they
   are copied) into a hidden sibling work dir; a refused NEFF ends the update there,
   with the tree untouched. Then `bundle.json` and the record are removed, the new files
@@ -37,19 +39,21 @@ from typing import NamedTuple
 from nkibuild import plaindata
 from nkibuild.errors import BuildError
 from nkibuild.fsutil import (
+    SeenStats,
     atomic_write_bytes,
     new_dir_mode,
     new_file_mode,
     reported_at,
+    stamp_of,
 )
 
 RECORD_FILE = ".files.pickle"
 # Where nkibuild recorded the tree before: an object of fingerprints (or, briefly, the
 # same columns as JSON). Read while there is no record, removed with it.
 LEGACY_RECORD_FILE = ".files.json"
-FORMAT = 2  # of the record: columns
+FORMAT = 3  # of the record: columns of names, stamps and sha256s
+INTEGER_STATS = 2  # the format before: four numbers a file instead of its stamp
 CHUNK = 1 << 20
-Fingerprint = list[int | str]  # [size, mtime_ns, ctime_ns, inode, sha256]
 
 
 class CompiledCopy(NamedTuple):
@@ -71,25 +75,19 @@ def digest(content: Content) -> str:
 
 
 class Record(NamedTuple):
-    """What `.files.pickle` records: every file of the tree, its stat and its sha256, as
+    """What `.files.pickle` records: every file of the tree, its stamp and its sha256, as
     columns (one list each, pickled as plain data: read and compared a column at a time,
     not a Python call per file; 15,000 files at 10,000 units)."""
 
     names: list[str]
-    stats: list[int]  # STAT_FIELDS a file: size, mtime_ns, ctime_ns, inode
+    stamps: list[str]  # fsutil.stamp_of each file
     sha256: list[str]
 
-    def fingerprints(self, prefix: str = "") -> dict[str, Fingerprint]:
-        """Each file's fingerprint, by its name after `prefix` (the tree's path, for
-        a caller that names files by their path)."""
-        stats = self.stats
-        columns = (stats[0::STAT_FIELDS], stats[1::STAT_FIELDS], stats[2::STAT_FIELDS])
-        rows = zip(*columns, stats[3::STAT_FIELDS], self.sha256, strict=True)
-        names = map(prefix.__add__, self.names) if prefix else self.names
-        return dict(zip(names, map(list, rows), strict=True))
+    def by_name(self) -> dict[str, tuple[str, str]]:
+        """Each file's stamp and sha256, by its name."""
+        return dict(zip(self.names, zip(self.stamps, self.sha256, strict=True), strict=True))
 
 
-STAT_FIELDS = 4
 NO_RECORD = Record([], [], [])
 
 
@@ -100,15 +98,17 @@ def update_tree(
     stamp: bytes,
     *,
     digests: Mapping[str, str] | None = None,
+    seen: SeenStats | None = None,
 ) -> Record:
     """Make `root` hold exactly `wanted` (relative POSIX path -> content) and, written
-    last, `stamp_name` with `stamp`; return every file's fingerprint (as recorded).
-    `digests`: the sha256 of each wanted file, if the caller has them already."""
+    last, `stamp_name` with `stamp`; return every file's stamp and sha256 (as recorded).
+    `digests`: the sha256 of each wanted file, if the caller has them already; `seen`:
+    the files' stamps as the build saw them, by path (`root` made absolute + "/" + name)."""
     digests = dict(digests or {name: digest(content) for name, content in wanted.items()})
     digests[stamp_name] = hashlib.sha256(stamp).hexdigest()
     names, shas = list(digests), list(digests.values())
     known = _read(root, digests)
-    changed, stats = _changed(root, names, shas, known)
+    changed, stats = _changed(names, shas, known, _stamps(root, names, seen))
     # A complete tree holds what its record lists; after a killed update or without a
     # record (a tree from an older nkibuild), the tree itself is listed.
     complete = bool(known.names) and (root / stamp_name).exists()
@@ -128,13 +128,12 @@ def update_tree(
         finally:
             shutil.rmtree(work, ignore_errors=True)
         atomic_write_bytes(root / stamp_name, stamp, durable=False)
-        # A kept file's stat is the one just compared with its record: only the files
+        # A kept file's stamp is the one just compared with its record: only the files
         # written are stat'ed again.
-        at = dict(zip(names, range(0, len(stats), STAT_FIELDS), strict=True))
+        at = dict(zip(names, count(), strict=False))
         for name in [*written, stamp_name]:
-            start = at[name]
-            stats[start : start + STAT_FIELDS] = _stat(root, name)
-        record = Record(names, stats, shas)
+            stats[at[name]] = _stamp(root, name)
+        record = Record(names, stats, shas)  # type: ignore[arg-type]  # none missing
         # Plain data (a third of JSON's time to write and read, and read without
         # running code: nkibuild.plaindata).
         state = plaindata.dumps((FORMAT, *record))
@@ -142,11 +141,11 @@ def update_tree(
     return record
 
 
-def read_record(root: Path, wanted: Container[str] = ()) -> dict[str, Fingerprint]:
-    """The fingerprints the last complete update recorded (none if unreadable, or if it
-    names a file outside the tree: its names are removed as strays). Names in `wanted`
+def read_record(root: Path, wanted: Container[str] = ()) -> dict[str, tuple[str, str]]:
+    """The stamps and sha256s the last complete update recorded (none if unreadable, or if
+    it names a file outside the tree: its names are removed as strays). Names in `wanted`
     are the caller's own, inside the tree: not checked again (15,000 at 10,000 units)."""
-    return _read(root, wanted).fingerprints()
+    return _read(root, wanted).by_name()
 
 
 def _read(root: Path, wanted: Container[str]) -> Record:
@@ -169,9 +168,9 @@ def _recorded(root: Path) -> Record | None:
         return _legacy(root)
     except ValueError:
         return None
-    if type(data) is not tuple or len(data) != 4 or data[0] != FORMAT:
+    if type(data) is not tuple or len(data) != 4 or data[0] not in (FORMAT, INTEGER_STATS):
         return None
-    return _columns(*data[1:])
+    return _columns(*data[1:], integer_stats=data[0] == INTEGER_STATS)
 
 
 def _legacy(root: Path) -> Record | None:
@@ -180,23 +179,39 @@ def _legacy(root: Path) -> Record | None:
         data = json.loads((root / LEGACY_RECORD_FILE).read_text())
     except (OSError, ValueError, RecursionError):  # RecursionError: nested past the stack
         return None
-    if isinstance(data, dict) and data.get("format") == FORMAT:
-        return _columns(data.get("names"), data.get("stats"), data.get("sha256"))
+    if isinstance(data, dict) and data.get("format") == INTEGER_STATS:
+        stats = data.get("stats")
+        return _columns(data.get("names"), stats, data.get("sha256"), integer_stats=True)
     if not isinstance(data, dict) or "format" in data:
         return None
     rows = list(data.values())
     if not plaindata.only(rows, list) or set(map(len, rows)) - {STAT_FIELDS + 1}:
         return None
     stats = list(chain.from_iterable(row[:STAT_FIELDS] for row in rows))
-    return _columns(list(data), stats, [row[STAT_FIELDS] for row in rows])
+    return _columns(list(data), stats, [row[STAT_FIELDS] for row in rows], integer_stats=True)
 
 
-def _columns(names: object, stats: object, shas: object) -> Record | None:
+STAT_FIELDS = 4  # numbers a file in the older records: size, mtime_ns, ctime_ns, inode
+
+
+def _columns(
+    names: object, stats: object, shas: object, *, integer_stats: bool = False
+) -> Record | None:
+    """The record of these columns if each has its type (older records: four numbers
+    a file, made stamps here)."""
     if not (type(names) is list and type(stats) is list and type(shas) is list):
         return None
-    if len(stats) != STAT_FIELDS * len(names) or len(shas) != len(names):
+    width = STAT_FIELDS if integer_stats else 1
+    if len(stats) != width * len(names) or len(shas) != len(names):
         return None
-    if not (plaindata.only(chain(names, shas), str) and plaindata.only(stats, int)):
+    if not plaindata.only(chain(names, shas), str):
+        return None
+    if integer_stats:
+        if not plaindata.only(stats, int):
+            return None
+        fields = (stats[field::STAT_FIELDS] for field in range(STAT_FIELDS))
+        stats = list(map("{} {} {} {}".format, *fields))
+    elif not plaindata.only(stats, str):
         return None
     return Record(names, stats, shas)
 
@@ -209,44 +224,40 @@ def _inside_tree(name: object) -> bool:
 
 
 def _changed(
-    root: Path, names: list[str], shas: list[str], known: Record
-) -> tuple[list[str], list[int | None]]:
+    names: list[str], shas: list[str], known: Record, stamps: list[str | None]
+) -> tuple[list[str], list[str | None]]:
     """The `names` to write again: all but those whose recorded sha256 is the one wanted
-    (`shas`, in order) and whose stat is as recorded; and every file's stat now (None
-    where missing). The files are stat'ed in one loop relative to the tree's directory
-    (whose path is then not looked up again for each); compared column by column where
-    the record lists the same files in the same order, as an update after an edit does."""
-    stats = _stats(root, names)
+    (`shas`, in order) and whose stamp now (`stamps`, None where missing) is as recorded;
+    and those stamps. Compared column by column where the record lists the same files in
+    the same order, as an update after an edit does."""
     if known.names == names:
-        fields = compress(count(), map(ne, stats, known.stats))
-        differing = {field // STAT_FIELDS for field in fields}
+        differing = set(compress(count(), map(ne, stamps, known.stamps)))
         differing.update(compress(count(), map(ne, shas, known.sha256)))
-        return [names[index] for index in sorted(differing)], stats
-    recorded = known.fingerprints()
-    rows = zip(*(stats[field::STAT_FIELDS] for field in range(STAT_FIELDS)), shas, strict=True)
-    return [
-        name for name, row in zip(names, rows, strict=True) if recorded.get(name) != list(row)
-    ], stats
+        return [names[index] for index in sorted(differing)], stamps
+    recorded = known.by_name()
+    rows = zip(names, zip(stamps, shas, strict=True), strict=True)
+    return [name for name, row in rows if recorded.get(name) != row], stamps
 
 
-def _stats(root: Path, names: list[str]) -> list[int | None]:
-    """STAT_FIELDS numbers per file of the tree, None where it is missing."""
-    stats: list[int | None] = []
+def _stamps(root: Path, names: list[str], seen: SeenStats | None) -> list[str | None]:
+    """Each file's stamp, None where it is missing: as `seen` has it, else stat'ed."""
+    if seen is not None and seen.seen:
+        return seen.stamps(map(f"{os.path.abspath(root)}/".__add__, names))
+    stamps: list[str | None] = []
     try:
+        # Stat'ed relative to the tree's directory, whose path is not looked up again.
         tree = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:  # no tree yet (or not a directory): every file is written
-        return [None] * (STAT_FIELDS * len(names))
+        return [None] * len(names)
     try:
         for name in names:
             try:
-                info = os.stat(name, dir_fd=tree)
+                stamps.append(stamp_of(os.stat(name, dir_fd=tree)))
             except OSError:
-                stats += (None,) * STAT_FIELDS
-                continue
-            stats += (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+                stamps.append(None)
     finally:
         os.close(tree)
-    return stats
+    return stamps
 
 
 def _strays(root: Path, wanted: Mapping[str, str], known: list[str] | None) -> list[str]:
@@ -326,7 +337,6 @@ def _remove_empty_dirs(root: Path, removed: list[str]) -> None:
             (root / parent).rmdir()
 
 
-def _stat(root: Path, name: str) -> list[int]:
+def _stamp(root: Path, name: str) -> str:
     # A string join, not a Path: a first update stats every file of the tree.
-    info = os.stat(f"{root}/{name}")
-    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+    return stamp_of(os.stat(f"{root}/{name}"))

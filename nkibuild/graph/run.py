@@ -17,10 +17,10 @@ from nkibuild.context import BuildContext
 from nkibuild.errors import UsageError, describe_os_error
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.graph import uptodate
-from nkibuild.graph.intact import VALUES_KEY
+from nkibuild.graph.intact import VALUES_KEY, Recorded, recorded_outputs
 from nkibuild.graph.report import BuildReporter, BuildSummary, Display
 from nkibuild.graph.state import DEP_FILE
-from nkibuild.graph.tasks import task_dicts
+from nkibuild.graph.tasks import BUNDLE_TASK, seeing, task_dicts
 from nkibuild.graph.uptodate import task_name
 from nkibuild.session import BuildSession, SessionDirs
 
@@ -105,10 +105,13 @@ def _run_whole_graph(
         "check_file_uptodate": proof_checker(decision),
     }
     verified: dict[str, int] = {}
-    written: dict[str, dict[str, Any]] = {}
+    written: dict[str, Recorded] = {}
+    # The bundle takes the stamps deciding saw of the files no task writes before it.
+    seen = uptodate.seen_by(decision, BUNDLE_TASK)
+    handed = [seeing(task, seen) for task in handed_over(decision, dicts)]
     summary = run_task_graph(
         context.session,
-        handed_over(decision, dicts),
+        handed,
         config,
         options,
         display,
@@ -148,7 +151,7 @@ class _PartlyProvenReporter(BuildReporter):
         display: Display,
         proven: Sequence[str],
         verified: dict[str, int],
-        written: dict[str, dict[str, Any]],
+        written: dict[str, Recorded],
     ) -> None:
         super().__init__(display)
         self.proven = proven
@@ -158,8 +161,9 @@ class _PartlyProvenReporter(BuildReporter):
     def add_success(self, task: Any) -> None:
         self.verified[task.name] = time.time_ns()
         outputs = task.values.get(VALUES_KEY) if isinstance(task.values, dict) else None
-        if isinstance(outputs, dict):
-            self.written[task.name] = outputs
+        recorded = recorded_outputs(outputs) if outputs is not None else None
+        if recorded is not None:
+            self.written[task.name] = recorded
         super().add_success(task)
 
     def skip_uptodate(self, task: Any) -> None:
@@ -188,7 +192,7 @@ def run_task_graph(
     display: Display,
     proven: Sequence[str] = (),
     verified: dict[str, int] | None = None,
-    written: dict[str, dict[str, Any]] | None = None,
+    written: dict[str, Recorded] | None = None,
 ) -> BuildSummary:
     """Let doit run task dicts with `config` (dep_file, default_tasks, ...); report through
     `display`, with the tasks named in `proven` (not in `dicts`) as up to date; fills

@@ -40,8 +40,8 @@ from typing import Any
 
 from nkibuild import __version__, plaindata
 from nkibuild.cache.key import file_sha256
-from nkibuild.fsutil import atomic_write_bytes, stat_stamp
-from nkibuild.graph.intact import CHECK_SIGNATURE, Fingerprint, OutputsIntact, output_files
+from nkibuild.fsutil import SeenStats, atomic_write_bytes, stat_stamp
+from nkibuild.graph.intact import CHECK_SIGNATURE, OutputsIntact, Recorded, output_files
 
 STAMP_FILE = "up-to-date.stamp"
 FORMAT = 6  # 4: fingerprints of marshal bytes; 6: the stamp a plain-data pickle, not JSON
@@ -396,7 +396,7 @@ class Graph:
         return [name for name in self.names if name in reached]
 
 
-def _listing(task: dict[str, Any], written: Mapping[str, Fingerprint] | None) -> list[str]:
+def _listing(task: dict[str, Any], written: Recorded | None) -> list[str]:
     """The files in the task's output directories: those it recorded writing there (the
     bundle's thousands), else what a walk finds."""
     directories = [
@@ -410,7 +410,7 @@ def _listing(task: dict[str, Any], written: Mapping[str, Fingerprint] | None) ->
     if written is None:
         return sorted(output_files((), directories))
     prefixes = tuple(directory.rstrip("/") + "/" for directory in directories)
-    return sorted(path for path in written if path.startswith(prefixes))
+    return sorted(path for path in written.paths if path.startswith(prefixes))
 
 
 @dataclass
@@ -427,6 +427,8 @@ class Decision:
     stamp: StampRead | None  # the proof deciding compared with, as read
     # The costly config digests the last build remembered (read when doit is handed tasks).
     digests: Digests = field(default_factory=dict)
+    # Every file deciding compared with the proof, when it hands doit tasks (for `seen_by`).
+    compared: dict[str, None] = field(default_factory=dict)
 
     @property
     def previous(self) -> Proof | None:
@@ -456,7 +458,8 @@ def decide(state_dir: Path, dicts: list[dict[str, Any]], dep_file: str) -> Decis
     recorded = proof.files
     stats = {}
     every = (graph.files(name, listings.get(name, ())) for name in graph.names)
-    for path in dict.fromkeys(chain.from_iterable(every)):  # each file once
+    compared = dict.fromkeys(chain.from_iterable(every))  # each file once
+    for path in compared:
         stat = stat_stamp(path)
         if stat is None or recorded.get(path) != stat:
             stats[path] = stat
@@ -475,8 +478,29 @@ def decide(state_dir: Path, dicts: list[dict[str, Any]], dep_file: str) -> Decis
         or (changed and not changed.isdisjoint(graph.files(name, listings.get(name, ()))))
     ]
     pending = graph.downstream(seeds)
-    digests = known_digests(state_dir) if pending else {}
-    return Decision(graph, fingerprints, stats, pending, touched, stamp, digests)
+    if not pending:
+        return Decision(graph, fingerprints, stats, pending, touched, stamp)
+    digests = known_digests(state_dir)
+    return Decision(graph, fingerprints, stats, pending, touched, stamp, digests, compared)
+
+
+def seen_by(decision: Decision, name: str) -> SeenStats:
+    """The stamps deciding saw, for pending task `name` to take instead of stat'ing the
+    same files again when it runs: those of the files deciding found as the proof
+    recorded them, but any written by another pending task, which may have run before
+    it (its targets, and the files in its output dirs). The files in `name`'s own output
+    dirs are its alone (nkibuild's tasks write into no other task's): as seen until it
+    writes them. A file changed after deciding (by anyone else) keeps the stamp seen in
+    what `name` records; the next build finds that stamp differs and asks doit again."""
+    previous = decision.previous
+    if previous is None or not decision.compared:
+        return SeenStats()
+    graph = decision.graph
+    unseen = set(decision.stats)
+    for other in decision.pending:
+        if other != name:
+            unseen.update(graph.by_name[other]["targets"], previous.listings.get(other, ()))
+    return SeenStats(previous.files, decision.compared, unseen)
 
 
 def _same_content(path: str, stat: Stat | None, proof: Proof) -> bool:
@@ -504,16 +528,17 @@ def record(
     decision: Decision,
     verified: Mapping[str, int],
     dep_file: str,
-    written: Mapping[str, Mapping[str, Fingerprint]] | None = None,
+    written: Mapping[str, Recorded] | None = None,
 ) -> None:
     """Save the proof for the proven tasks and those in `verified` (doit found them up to
     date or ran them successfully, at the time_ns given). Sources keep the stat seen when
     deciding (doit may have read them after a later change; that change is then seen
     next time). Outputs of verified tasks are stat'ed again, since the build rewrote
     them, unless the task recorded them as it wrote them (`written`: task -> its outputs'
-    fingerprints, doit's values for the outputs check); one changed after doit looked at
-    its task (ctime later) is left out, so that task goes back to doit next time, as is
-    one changed after its task recorded it (its stat is then not the one recorded).
+    record, doit's values for the outputs check): a recorded stamp is the one the task
+    saw, and a file changed since has another. One stat'ed here that changed after doit
+    looked at its task (ctime later) is left out, so that task goes back to doit next
+    time.
 
     Best effort: without a stamp the next build only asks doit about everything."""
     remember_digests(state_dir, decision, verified)
@@ -557,7 +582,7 @@ def _updated(
     decision: Decision,
     verified: Mapping[str, int],
     dep_file: str,
-    written: Mapping[str, Mapping[str, Fingerprint]],
+    written: Mapping[str, Recorded],
 ) -> tuple[Proof, dict[str, Any] | None]:
     """The previous proof with the pending tasks recorded again: a proven task's files are
     all as recorded (or touched sources, re-stat'ed here), so only the tasks doit saw
@@ -602,7 +627,7 @@ def _recorded(
     decision: Decision,
     verified: Mapping[str, int],
     dep_file: str,
-    written: Mapping[str, Mapping[str, Fingerprint]],
+    written: Mapping[str, Recorded],
 ) -> Proof:
     pending = set(decision.pending)
     proof = Proof(state=stat_stamp(dep_file))
@@ -651,7 +676,7 @@ def _task_record(
     decision: Decision,
     name: str,
     checked: int | None,
-    outputs: Mapping[str, Fingerprint] | None,
+    outputs: Recorded | None,
 ) -> TaskRecord:
     """What the proof records of one task: proven (`checked` None: its recorded files were
     all checked when deciding) or verified by doit at `checked` (time_ns)."""
@@ -675,7 +700,7 @@ def _task_record(
     if checked is None:
         files.update((path, seen[path] if path in seen else recorded.get(path)) for path in own)
     else:
-        written = _written_stats(outputs, checked)
+        written = dict(zip(outputs.paths, outputs.stamps, strict=True)) if outputs else {}
         for path in own:
             files[path] = written[path] if path in written else _stat_before(path, checked)
     digests: dict[str, str | None] = {}
@@ -683,20 +708,6 @@ def _task_record(
         # None: an older digest would pass other content as this stat's.
         digests[path] = _source_digest(path, source_stats[path], previous)
     return TaskRecord(decision.fingerprints[name], listing, files, digests)
-
-
-def _written_stats(
-    outputs: Mapping[str, Fingerprint] | None, checked: int
-) -> dict[str, Stat | None]:
-    """The stat its task recorded for each output as it wrote it (the bundle's 15,000:
-    one comprehension); None for one changed after doit looked at the task (`checked`)."""
-    if not outputs:
-        return {}
-    # Indexing, not unpacking: a third faster here. [size, mtime_ns, ctime_ns, inode, ...]
-    return {
-        path: f"{fp[0]} {fp[1]} {fp[2]} {fp[3]}" if fp[2] <= checked else None
-        for path, fp in outputs.items()
-    }
 
 
 def _stat_before(path: str, checked: int) -> Stat | None:
