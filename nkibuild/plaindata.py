@@ -17,6 +17,8 @@ changes appended after it (`records`, `append`): a load stops at a change cut sh
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import os
 import pickle
@@ -47,9 +49,27 @@ def load(stream: IO[bytes], classes: Collection[type] = ()) -> Any:
     """The next value in `stream`; ValueError if it is not a whole pickle of plain data
     and instances of `classes` (cut short, damaged, or naming anything else)."""
     try:
-        return PlainUnpickler(stream, classes).load()
+        with _no_collections():
+            return PlainUnpickler(stream, classes).load()
     except Exception as error:  # damaged bytes make the unpickler raise many kinds
         raise ValueError(f"not a pickle of plain data: {error}") from error
+
+
+@contextlib.contextmanager
+def _no_collections() -> Iterator[None]:
+    """The garbage collector held back while a value is unpickled: the hundreds of
+    thousands of containers a 10,000-unit memo or proof holds would set off collections
+    that find nothing to free (all of it is reachable until the load ends). Resumed
+    after, unless it was off already (in this thread or another: then left to whoever
+    turned it off)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def loads(data: bytes, classes: Collection[type] = ()) -> Any:
