@@ -10,21 +10,26 @@ then `doit list`, `doit`, `doit compile:*` work in the project directory.
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from typing import Any
 
-from doit.cmd_base import TaskLoader2
+from doit.cmd_base import DoitCmdBase, TaskLoader2
+from doit.cmd_list import List
+from doit.cmd_run import Run
+from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidCommand, InvalidDodoFile
 from doit.loader import generate_tasks
+from doit.plugin import PluginDict
 from doit.task import Task
 
 from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError
-from nkibuild.graph.state import BACKEND_NAME, DEP_FILE
+from nkibuild.graph.state import BACKEND_NAME, DEP_FILE, AtomicJsonDB
 from nkibuild.graph.tasks import task_dicts
 
-__all__ = ["DEP_FILE", "NkibuildLoader", "doit_config", "to_tasks"]
+__all__ = ["DEP_FILE", "NkibuildLoader", "doit_config", "doit_main", "to_tasks"]
 DEFAULT_TASKS = ["wheel"]
 
 
@@ -67,11 +72,18 @@ class NkibuildLoader(TaskLoader2):
         context: BuildContext | None = None,
         extra_config: dict[str, Any] | None = None,
         tasks: list[dict[str, Any]] | None = None,
+        *,
+        owns_process: bool = False,
     ) -> None:
         super().__init__()
         self.context = context
         self.extra_config = extra_config or {}
         self.tasks = tasks  # task dicts the caller already built from `context`
+        # The caller owns its process (graph/run.py RunOptions.owns_process): what doit
+        # loaded before running the tasks (its modules, the state's index, the tasks)
+        # lives until the build ends, and is moved out of the garbage collector's sight
+        # as what was loaded to decide is (two collections after an edit at 10,000 units).
+        self.owns_process = owns_process
 
     def setup(self, opt_values: dict[str, Any]) -> None:
         if self.context is not None or self.tasks is not None:
@@ -96,6 +108,51 @@ class NkibuildLoader(TaskLoader2):
 
     def load_tasks(self, cmd: Any, pos_args: list[str]) -> list[Task]:
         if self.tasks is not None:
-            return to_tasks(self.tasks, self.cmd_names)
-        assert self.context is not None
-        return to_tasks(task_dicts(self.context), self.cmd_names)
+            tasks = to_tasks(self.tasks, self.cmd_names)
+        else:
+            assert self.context is not None
+            tasks = to_tasks(task_dicts(self.context), self.cmd_names)
+        if self.owns_process:  # doit calls this once its state is open, before running
+            gc.freeze()
+        return tasks
+
+
+# doit finds its plugins (commands, state backends, reporters) among the entry points of
+# every installed package: three scans of their metadata per run, ~0.012 s, paid by
+# every build that hands doit a task. nkibuild's own runs need none of them: its backend
+# is named in doit_config (and is nkibuild's), its reporter is handed over as an object,
+# and it runs doit's `run` and `list`. These commands take those as known. A user's
+# dodo.py run by plain doit still finds the backend through nkibuild's entry point
+# (pyproject.toml, `doit.BACKEND`).
+class _KnownBackend(DoitCmdBase):
+    def get_backends(self) -> dict[str, Any]:
+        backends = {BACKEND_NAME: AtomicJsonDB}
+        if "backend" in self.cmdparser:  # as doit: the choices `help` lists
+            self.cmdparser["backend"].choices = {BACKEND_NAME: AtomicJsonDB.desc}
+        return backends
+
+
+class _Run(_KnownBackend, Run):
+    name = Run.get_name()
+
+    def get_reporters(self) -> dict[str, Any]:
+        return {}  # run_task_graph hands doit its reporter as an object, never by name
+
+
+class _List(_KnownBackend, List):
+    name = List.get_name()
+
+
+class _Main(DoitMain):
+    def get_cmds(self) -> PluginDict:
+        commands = PluginDict()
+        for command in (_Run, _List):
+            commands[command.get_name()] = command
+        return commands
+
+
+def doit_main(loader: NkibuildLoader) -> DoitMain:
+    """doit's command line for nkibuild's runs of `loader`'s tasks (`run` and `list`,
+    with nkibuild's state backend and a reporter object): no plugin is looked up, and no
+    configuration file read (the loader's config is the whole of it)."""
+    return _Main(loader, config_filenames=())

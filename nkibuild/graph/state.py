@@ -307,12 +307,15 @@ class AtomicJsonDB:
         return info
 
     def _outweighs(self, changes: dict[str, str], appended: str, patched: set[str]) -> bool:
-        # A task written whole supersedes its saved lines; a patch adds to them.
-        live = len(appended) + sum(
-            end - start
-            for task_id, lines in self._lines.items()
-            if task_id not in changes or task_id in patched
-            for start, end in lines
+        # A task written whole supersedes its saved lines; a patch adds to them. Every
+        # saved line's length summed in C (15,000 tasks), the few superseded taken off.
+        bounds = list(chain.from_iterable(chain.from_iterable(self._lines.values())))
+        superseded = (self._lines.get(task_id, ()) for task_id in changes.keys() - patched)
+        live = (
+            len(appended)
+            + sum(islice(bounds, 1, None, 2))
+            - sum(islice(bounds, 0, None, 2))
+            - sum(end - start for lines in superseded for start, end in lines)
         )
         return self._file_chars + len(appended) > COMPACT_RATIO * live + len(HEADER)
 

@@ -1,0 +1,124 @@
+"""nkibuild's own runs of doit (graph/loader.py `doit_main`): doit's `run` and `list` with
+nkibuild's state backend and reporter taken as known, no installed package's plugins
+looked up; plain doit still finds the backend through nkibuild's entry point."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import doit.plugin
+import pytest
+from doit.cmd_base import ModuleTaskLoader
+from doit.doit_cmd import DoitMain
+from helpers import build, softmax_manifest, softmax_project
+
+from nkibuild.context import load_context
+from nkibuild.graph.loader import NkibuildLoader, doit_config
+from nkibuild.graph.run import pending_tasks
+from nkibuild.graph.state import BACKEND_NAME, DEP_FILE, HEADER
+from nkibuild.graph.tasks import task_dicts
+from nkibuild.settings import BuildOptions
+
+
+@pytest.fixture
+def looked_up(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The entry-point groups doit scans for plugins from now on."""
+    groups: list[str] = []
+    scan = doit.plugin.entry_points_impl()
+
+    def recording(**selection: Any) -> Any:
+        groups.append(selection.get("group", ""))
+        return scan(**selection)
+
+    def impl() -> Callable[..., Any]:
+        return recording
+
+    monkeypatch.setattr(doit.plugin, "entry_points_impl", impl)
+    return groups
+
+
+def state_header(project: Path) -> str:
+    return (project / "build" / "state" / DEP_FILE).read_text().partition("\n")[0]
+
+
+def test_a_build_handing_doit_its_tasks_looks_up_no_plugin(
+    tmp_path: Path, looked_up: list[str]
+) -> None:
+    project = softmax_project(tmp_path / "p", softmax_manifest())
+    summary = build(project)  # nothing built yet: every task is handed to doit
+    assert summary.ok, summary.to_json()
+    assert "bundle" in summary.executed and "wheel" in summary.executed
+    assert state_header(project) == HEADER  # saved by nkibuild's backend, named as known
+    next((project / "dist").glob("*.whl")).unlink()
+    assert build(project).executed == ["wheel"]  # handed doit one task: doit's check reran it
+    assert looked_up == []
+
+
+def test_listing_what_doit_would_run_looks_up_no_plugin(
+    tmp_path: Path, looked_up: list[str]
+) -> None:
+    project = softmax_project(tmp_path / "p", softmax_manifest())
+    assert build(project).ok
+    context = load_context(
+        project / "nkibuild.yaml",
+        project / "build",
+        project / "dist",
+        BuildOptions(toolchain="fake"),
+    )
+    dicts = task_dicts(context)
+    assert pending_tasks(dicts, doit_config(context)) == []
+    next((project / "dist").glob("*.whl")).unlink()
+    assert pending_tasks(dicts, doit_config(context)) == ["wheel"]
+    assert looked_up == []
+
+
+def test_plain_doit_finds_the_state_backend_by_its_entry_point(
+    tmp_path: Path, looked_up: list[str]
+) -> None:
+    """A user's dodo.py naming nkibuild's backend, run by doit's own command line."""
+    state = tmp_path / "state.json"
+    target = tmp_path / "made.txt"
+
+    def task_make() -> dict[str, Any]:
+        return {"actions": [lambda: target.write_text("made") > 0], "targets": [str(target)]}
+
+    dodo = {
+        "DOIT_CONFIG": {"backend": BACKEND_NAME, "dep_file": str(state)},
+        "task_make": task_make,
+    }
+    assert DoitMain(ModuleTaskLoader(dodo), config_filenames=()).run(["run"]) == 0
+    assert target.read_text() == "made"
+    header, _, entries = state.read_text().partition("\n")
+    assert header == HEADER
+    assert entries.startswith('"make"\t')
+    assert "doit.BACKEND" in looked_up  # found where plain doit looks
+
+
+@pytest.fixture
+def unfrozen() -> Iterator[None]:
+    """Whatever a test moves out of the collector's sight is put back after it."""
+    yield
+    gc.unfreeze()
+
+
+@pytest.mark.parametrize("owns_process", [False, True])
+def test_the_tasks_doit_loaded_are_frozen_only_in_a_process_the_build_owns(
+    tmp_path: Path, owns_process: bool, unfrozen: None
+) -> None:
+    project = softmax_project(tmp_path / "p", softmax_manifest())
+    context = load_context(
+        project / "nkibuild.yaml",
+        project / "build",
+        project / "dist",
+        BuildOptions(toolchain="fake"),
+    )
+    loader = NkibuildLoader(tasks=task_dicts(context), owns_process=owns_process)
+    loader.cmd_names = ["run"]
+    tasks = loader.load_tasks(cmd=None, pos_args=[])
+    assert "wheel" in {task.name for task in tasks}
+    watched = {id(task) for task in tasks}
+    seen = {id(obj) for obj in gc.get_objects()} & watched  # the collector's generations
+    assert seen == (set() if owns_process else watched)
