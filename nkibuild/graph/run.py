@@ -198,9 +198,7 @@ def run_task_graph(
     `display`, with the tasks named in `proven` (not in `dicts`) as up to date; fills
     `verified` and `written` (see _PartlyProvenReporter). The caller runs `session` and
     holds whatever locks the outputs need."""
-    from doit.doit_cmd import DoitMain
-
-    from nkibuild.graph.loader import NkibuildLoader
+    from nkibuild.graph.loader import NkibuildLoader, doit_main
 
     reporter = _PartlyProvenReporter(
         display,
@@ -208,7 +206,11 @@ def run_task_graph(
         {} if verified is None else verified,
         {} if written is None else written,
     )
-    loader = NkibuildLoader(extra_config={**config, "reporter": reporter}, tasks=dicts)
+    loader = NkibuildLoader(
+        extra_config={**config, "reporter": reporter},
+        tasks=dicts,
+        owns_process=options.owns_process,
+    )
 
     argv = ["run"]
     if options.jobs > 1:
@@ -218,7 +220,7 @@ def run_task_graph(
         argv.append("--continue")
     session.state_failures.clear()
     with session.current():
-        code = DoitMain(loader, config_filenames=()).run([*argv, *options.selection])
+        code = doit_main(loader).run([*argv, *options.selection])
     summary = reporter.summary
     for error in session.state_failures:  # the build's progress was not saved: not a success
         summary.runtime_errors.append(f"doit's state was not saved: {describe_os_error(error)}")
@@ -232,16 +234,12 @@ def pending_tasks(dicts: list[dict], config: dict) -> list[str]:
     import contextlib
     import io
 
-    from doit.doit_cmd import DoitMain
-
-    from nkibuild.graph.loader import NkibuildLoader
+    from nkibuild.graph.loader import NkibuildLoader, doit_main
 
     loader = NkibuildLoader(extra_config=config, tasks=dicts)
     listing = io.StringIO()
     with contextlib.redirect_stdout(listing):
-        code = DoitMain(loader, config_filenames=()).run(
-            ["list", "--all", "--status", "--template", "{status} {name}"]
-        )
+        code = doit_main(loader).run(["list", "--all", "--status", "--template", "{status} {name}"])
     if code != 0:
         raise UsageError(f"doit could not list the tasks (exit {code}): {listing.getvalue()}")
     real = {task_name(task) for task in dicts}  # not doit's group tasks, never "up to date"
