@@ -5,7 +5,9 @@ or not trusted lends nothing (and never fails the write)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import itertools
 import zipfile
 import zlib
 from pathlib import Path
@@ -13,9 +15,10 @@ from pathlib import Path
 import pytest
 from helpers import counted_member_copies
 
+from nkibuild import plaindata
 from nkibuild.bundle import BundleProject
 from nkibuild.bundle import wheel as wheel_module
-from nkibuild.bundle.wheel import Directory, build_wheel, wheel_file_name
+from nkibuild.bundle.wheel import Directory, WheelIndex, build_wheel, wheel_file_name, write_wheel
 from nkibuild.errors import BuildError
 from nkibuild.fsutil import stat_stamp
 from nkibuild.manifest.model import Package
@@ -62,15 +65,16 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Seen:
     return Seen(monkeypatch)
 
 
-def written_before(tmp_path: Path, files: dict[str, bytes]) -> Path:
-    return build_wheel(project(tmp_path / "before", files), tmp_path / "dist")
+def written_before(tmp_path: Path, files: dict[str, bytes]) -> tuple[Path, WheelIndex | None]:
+    return write_wheel(project(tmp_path / "before", files), tmp_path / "dist")
 
 
-def trusted(wheel: Path) -> dict[str, str]:
-    """The writer's record for `wheel` as it is now: what `run` passes when it wrote it."""
+def trusted(wheel: Path, index: WheelIndex | None) -> dict[str, WheelIndex]:
+    """The index of `wheel` stamped with its stat as it is now: what `run` passes when it
+    wrote it (none when the wheel has no index)."""
     stamp = stat_stamp(wheel)
     assert stamp is not None
-    return {wheel.name: stamp}
+    return {} if index is None else {wheel.name: dataclasses.replace(index, stamp=stamp)}
 
 
 def updated(tmp_path: Path, files: dict[str, bytes], reuse: dict[str, str]) -> bytes:
@@ -88,10 +92,10 @@ DIST_INFO_FILES = [f"{DIST_INFO}/{n}" for n in ("METADATA", "WHEEL", "entry_poin
 def test_a_member_changed_in_the_middle_splits_the_copy_in_two_runs(
     tmp_path: Path, seen: Seen
 ) -> None:
-    wheel = written_before(tmp_path, contents("old"))
+    wheel, index = written_before(tmp_path, contents("old"))
     files = contents("old") | {NAMES[5]: b"new content\n"}
     seen.written.clear()
-    updated(tmp_path, files, trusted(wheel))
+    updated(tmp_path, files, trusted(wheel, index))
     assert seen.runs == [NAMES[:5], NAMES[6:]]
     assert seen.written == [NAMES[5], *DIST_INFO_FILES]
 
@@ -103,30 +107,30 @@ def test_member_names_with_commas_keep_their_own_record_lines(tmp_path: Path, se
     data = b"x data\n"
     lookalike = f"{plain},sha256={wheel_module._record_hash(hashlib.sha256(data).digest())},7"
     files = {plain: data, lookalike: b"other\n"}
-    wheel = written_before(tmp_path, files)
+    wheel, index = written_before(tmp_path, files)
     added = "upd_kernels/data/z"  # members added: matched by that key, not one by one
     seen.written.clear()
-    updated(tmp_path, files | {lookalike: b"changed\n", added: b"z\n"}, trusted(wheel))
+    updated(tmp_path, files | {lookalike: b"changed\n", added: b"z\n"}, trusted(wheel, index))
     assert seen.runs == [[plain]]
     assert seen.written[:2] == [lookalike, added]
 
 
 def test_first_and_last_member_changed(tmp_path: Path, seen: Seen) -> None:
-    wheel = written_before(tmp_path, contents("old"))
+    wheel, index = written_before(tmp_path, contents("old"))
     files = contents("old") | {NAMES[0]: b"first\n", NAMES[-1]: b"last\n"}
     seen.written.clear()
-    updated(tmp_path, files, trusted(wheel))
+    updated(tmp_path, files, trusted(wheel, index))
     assert seen.runs == [NAMES[1:-1]]
     assert seen.written == [NAMES[0], NAMES[-1], *DIST_INFO_FILES]
 
 
 def test_members_added_and_removed(tmp_path: Path, seen: Seen) -> None:
-    wheel = written_before(tmp_path, contents("old"))
+    wheel, index = written_before(tmp_path, contents("old"))
     added = "upd_kernels/neff/k03a/default.neff"  # sorts between k03 and k04
     files = {n: d for n, d in contents("old").items() if n not in (NAMES[7], NAMES[8])}
     files[added] = b"added\n"
     seen.written.clear()
-    updated(tmp_path, files, trusted(wheel))
+    updated(tmp_path, files, trusted(wheel, index))
     assert seen.runs == [NAMES[:4], NAMES[4:7], NAMES[9:]]
     assert seen.written == [added, *DIST_INFO_FILES]
     with zipfile.ZipFile(tmp_path / "dist" / wheel.name) as archive:
@@ -136,10 +140,10 @@ def test_members_added_and_removed(tmp_path: Path, seen: Seen) -> None:
 
 
 def test_nothing_changed_copies_every_member_in_one_run(tmp_path: Path, seen: Seen) -> None:
-    wheel = written_before(tmp_path, contents("old"))
+    wheel, index = written_before(tmp_path, contents("old"))
     before = wheel.read_bytes()
     seen.written.clear()
-    assert updated(tmp_path, contents("old"), trusted(wheel)) == before
+    assert updated(tmp_path, contents("old"), trusted(wheel, index)) == before
     assert seen.runs == [NAMES]
 
 
@@ -151,10 +155,10 @@ def test_another_source_date_epoch_reuses_only_what_has_the_same_zip_date(
 ) -> None:
     """A ZIP date counts in two-second steps: 1_700_000_100 and _101 give equal headers."""
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000100")
-    wheel = written_before(tmp_path, contents("old"))
+    wheel, index = written_before(tmp_path, contents("old"))
     monkeypatch.setenv("SOURCE_DATE_EPOCH", str(second))
     seen.written.clear()
-    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel))
+    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel, index))
     assert seen.runs == ([NAMES[:5], NAMES[6:]] if reused else [])
 
 
@@ -209,7 +213,6 @@ def damage_empty(data: bytes) -> bytes:
     [
         damage_truncated,
         damage_directory_offset,
-        damage_record,
         damage_end_record,
         damage_central_name,
         damage_name_flag,
@@ -221,15 +224,24 @@ def test_a_damaged_trusted_wheel_lends_no_run_and_the_wheel_is_still_right(
     tmp_path: Path, seen: Seen, damage: object
 ) -> None:
     """Even when its stat is the one recorded (a rewrite that kept it, a stale record)."""
-    wheel = written_before(tmp_path, contents("old"))
+    wheel, index = written_before(tmp_path, contents("old"))
     wheel.write_bytes(damage(wheel.read_bytes()))  # type: ignore[operator]
-    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel))
+    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel, index))
     assert seen.runs == []
 
 
+def test_an_update_reads_no_record_of_the_previous_wheel(tmp_path: Path, seen: Seen) -> None:
+    """RECORD's lines of the members copied come from the wheel's index: a RECORD
+    damaged in the wheel (the stat recorded after the damage) is not read."""
+    wheel, index = written_before(tmp_path, contents("old"))
+    wheel.write_bytes(damage_record(wheel.read_bytes()))
+    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel, index))
+    assert seen.runs == [NAMES[:5], NAMES[6:]]
+
+
 def test_a_wheel_whose_stat_changed_is_not_updated_in_runs(tmp_path: Path, seen: Seen) -> None:
-    wheel = written_before(tmp_path, contents("old"))
-    reuse = trusted(wheel)
+    wheel, index = written_before(tmp_path, contents("old"))
+    reuse = trusted(wheel, index)
     wheel.write_bytes(wheel.read_bytes())  # same bytes, another stat
     updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, reuse)
     assert seen.runs == []
@@ -238,12 +250,12 @@ def test_a_wheel_whose_stat_changed_is_not_updated_in_runs(tmp_path: Path, seen:
 def test_a_file_changed_after_the_bundle_leaves_the_previous_wheel(
     tmp_path: Path, seen: Seen
 ) -> None:
-    wheel = written_before(tmp_path, contents("old"))
+    wheel, index = written_before(tmp_path, contents("old"))
     before = wheel.read_bytes()
     after = project(tmp_path / "after", contents("old") | {NAMES[5]: b"new\n"})
     (after.directory / NAMES[5]).write_bytes(b"edited by hand\n")
     with pytest.raises(BuildError, match=r"k05/default.neff changed after the bundle"):
-        build_wheel(after, tmp_path / "dist", reuse=trusted(wheel))
+        build_wheel(after, tmp_path / "dist", reuse=trusted(wheel, index))
     assert wheel.read_bytes() == before
     assert [p.name for p in (tmp_path / "dist").iterdir()] == [wheel.name]
 
@@ -254,9 +266,9 @@ def test_zip64_end_records_past_the_member_count_limit(
     """zipfile's limits made small: more members than an end record counts need ZIP64
     end records, read from the previous wheel and written as zipfile writes them."""
     monkeypatch.setattr(zipfile, "ZIP_FILECOUNT_LIMIT", 5)
-    wheel = written_before(tmp_path, contents("old"))
+    wheel, index = written_before(tmp_path, contents("old"))
     assert b"PK\x06\x06" in wheel.read_bytes()
-    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel))
+    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel, index))
     assert seen.runs == [NAMES[:5], NAMES[6:]]
 
 
@@ -266,8 +278,8 @@ def test_zip64_members_and_offsets_are_written_member_by_member(
     """Past ZIP64_LIMIT, headers carry ZIP64 fields this update does not move: declined."""
     monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 2000)
     files = contents("old") | {NAMES[2]: hashlib.sha512(b"x").digest() * 100}
-    wheel = written_before(tmp_path, files)
-    updated(tmp_path, files | {NAMES[5]: b"new\n"}, trusted(wheel))
+    wheel, index = written_before(tmp_path, files)
+    updated(tmp_path, files | {NAMES[5]: b"new\n"}, trusted(wheel, index))
     assert seen.runs == []
 
 
@@ -275,20 +287,20 @@ def test_a_wheel_growing_past_zip64_offsets_is_written_member_by_member(
     tmp_path: Path, seen: Seen, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The previous wheel fits the limit; the new one's later members do not."""
-    wheel = written_before(tmp_path, contents("old"))
+    wheel, index = written_before(tmp_path, contents("old"))
     monkeypatch.setattr(zipfile, "ZIP64_LIMIT", len(wheel.read_bytes()) - 200)
     bigger = {NAMES[0]: hashlib.sha512(b"x").digest() * 8}  # incompressible: moves the rest
-    updated(tmp_path, contents("old") | bigger, trusted(wheel))  # as a fresh write
+    updated(tmp_path, contents("old") | bigger, trusted(wheel, index))  # as a fresh write
     assert seen.runs == [NAMES[1:]]  # tried, then declined: its offsets pass the limit
 
 
 def test_names_that_are_not_ascii_are_updated_in_runs(tmp_path: Path, seen: Seen) -> None:
     """zipfile flags a non-ASCII name as UTF-8 and stores it so; the update reads it so."""
     names = sorted([*NAMES, "upd_kernels/neff/k03ü/default.neff", "upd_kernels/日本.txt"])
-    wheel = written_before(tmp_path, contents("old", names))
+    wheel, index = written_before(tmp_path, contents("old", names))
     changed = "upd_kernels/neff/k03ü/default.neff"
     seen.written.clear()
-    updated(tmp_path, contents("old", names) | {changed: b"new\n"}, trusted(wheel))
+    updated(tmp_path, contents("old", names) | {changed: b"new\n"}, trusted(wheel, index))
     at = names.index(changed)
     assert seen.runs == [names[:at], names[at + 1 :]]
     assert seen.written == [changed, *DIST_INFO_FILES]
@@ -299,7 +311,7 @@ def test_runs_are_copied_through_memory_where_the_kernel_cannot(
     tmp_path: Path, seen: Seen, monkeypatch: pytest.MonkeyPatch, fails: str
 ) -> None:
     """No copy_file_range (not Linux), or one the file system refuses: the same wheel."""
-    wheel = written_before(tmp_path, contents("old"))
+    wheel, index = written_before(tmp_path, contents("old"))
     if fails == "missing":
         monkeypatch.delattr(wheel_module.os, "copy_file_range", raising=False)
     else:
@@ -308,40 +320,23 @@ def test_runs_are_copied_through_memory_where_the_kernel_cannot(
             raise OSError(18, "Invalid cross-device link")
 
         monkeypatch.setattr(wheel_module.os, "copy_file_range", refused, raising=False)
-    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel))
+    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel, index))
     assert seen.runs == [NAMES[:5], NAMES[6:]]
 
 
-def test_record_hashes_of_many_digests_are_each_one_encoded_alone() -> None:
-    digests = [hashlib.sha256(str(number).encode()).digest() for number in range(300)]
-    hexdigests = [digest.hex() for digest in digests]
-    expected = [wheel_module._record_hash(digest) for digest in digests]
-    assert wheel_module._record_hashes(hexdigests) == expected
-    # A value that is no sha256 in hex gets a hash no RECORD line holds; the rest theirs.
-    odd = [hexdigests[0], "", "zz" * 32, hexdigests[1][:-2], " " + hexdigests[2][1:], hexdigests[3]]
-    hashes = wheel_module._record_hashes(odd)
-    assert [hashes[0], hashes[-1]] == [expected[0], expected[3]]
-    assert all("," in h for h in hashes[1:-1])
-    # One digest a byte long and the next a byte short: as many bytes, none shifted.
-    shifted = [hexdigests[0] + "ab", hexdigests[1], hexdigests[2][:-2], hexdigests[3]]
-    hashes = wheel_module._record_hashes(shifted)
-    assert hashes[1] == expected[1] and hashes[3] == expected[3]
-    assert "," in hashes[0] and "," in hashes[2]
-
-
 def test_a_bundle_record_that_is_no_sha256_is_refused_not_copied(tmp_path: Path) -> None:
-    wheel = written_before(tmp_path, contents("old"))
+    wheel, index = written_before(tmp_path, contents("old"))
     after = project(tmp_path / "after", contents("old"))
     files = dict(after.files) | {NAMES[3]: "not-a-digest"}
     after = BundleProject(after.directory, PACKAGE, tuple(sorted(files.items())), None)
     with pytest.raises(BuildError, match=r"k03/default.neff changed after the bundle"):
-        build_wheel(after, tmp_path / "dist", reuse=trusted(wheel))
+        build_wheel(after, tmp_path / "dist", reuse=trusted(wheel, index))
 
 
-def big_text(tag: str) -> bytes:
+def big_text(tag: str, kernels: int = 40_000) -> bytes:
     """Compressible content past FAST_DEFLATE_BYTES, as `_build.json` is for many kernels."""
     return b"".join(
-        b'{"kernel": "k%05d", "tag": "%s"},\n' % (n, tag.encode()) for n in range(40_000)
+        b'{"kernel": "k%05d", "tag": "%s"},\n' % (n, tag.encode()) for n in range(kernels)
     )
 
 
@@ -358,14 +353,49 @@ def deflated(data: bytes, level: int) -> bytes:
     return compressor.compress(data) + compressor.flush()
 
 
-def test_a_big_file_is_deflated_at_the_fastest_level_and_a_small_one_at_the_default(
+def chunks_of(data: bytes) -> list[bytes]:
+    ends = wheel_module._chunk_ends(data)
+    return [data[start:end] for start, end in itertools.pairwise([0, *ends])]
+
+
+def deflated_in_chunks(data: bytes, level: int) -> bytes:
+    """`data` deflated as this writer deflates a big file: chunks, each by its own
+    compressor ended by a full flush, then an empty final block."""
+    pieces = []
+    for chunk in chunks_of(data):
+        compressor = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
+        pieces.append(compressor.compress(chunk) + compressor.flush(zlib.Z_FULL_FLUSH))
+    return b"".join(pieces) + b"\x03\x00"
+
+
+def test_chunks_end_at_a_line_or_json_object_past_the_chunk_size() -> None:
+    size = wheel_module.DEFLATE_CHUNK_BYTES
+    line = 23  # bytes of each line below
+    lines = b"".join(b"kernel k%05d, tag old\n" % number for number in range(11 * size // 46))
+    chunks = chunks_of(lines)
+    assert b"".join(chunks) == lines and len(chunks) == 6 and len(chunks[-1]) <= size
+    assert all(size < len(chunk) <= size + line and chunk.endswith(b"\n") for chunk in chunks[:-1])
+    json_text = b'{"k":' + b'{"a":1},' * (size // 4) + b"{}}"
+    assert all(chunk.endswith(b"},") for chunk in chunks_of(json_text)[:-1])
+    assert list(map(len, chunks_of(bytes(3 * size + 1)))) == [size, size, size, 1]
+    near_the_end = bytes(2 * size - 2) + b"\n" + bytes(10)  # the first chunk ends at it
+    assert list(map(len, chunks_of(near_the_end))) == [2 * size - 1, 10]
+    past_it = bytes(2 * size) + b"\n" + bytes(5)  # too far: the first chunk is cut at size
+    assert list(map(len, chunks_of(past_it))) == [size, size + 1, 5]
+
+
+def test_a_big_file_is_deflated_in_chunks_at_the_fastest_level_and_a_small_one_whole(
     tmp_path: Path,
 ) -> None:
     big = big_text("old")
     assert len(big) >= wheel_module.FAST_DEFLATE_BYTES
-    wheel = written_before(tmp_path, contents("old") | {NAMES[0]: big})
-    assert stored_bytes(wheel, NAMES[0]) == deflated(big, 1) != deflated(big, 6)
+    wheel, _ = written_before(tmp_path, contents("old") | {NAMES[0]: big})
+    stream = stored_bytes(wheel, NAMES[0])
+    assert stream == deflated_in_chunks(big, 1) != deflated(big, 1)
+    assert zlib.decompress(stream, -zlib.MAX_WBITS) == big  # one valid deflate stream
     assert stored_bytes(wheel, NAMES[1]) == deflated(contents("old")[NAMES[1]], 6)
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.testzip() is None and archive.read(NAMES[0]) == big  # CRC checked
 
 
 def test_an_untrusted_wheel_lends_no_big_deflated_member(
@@ -376,8 +406,145 @@ def test_an_untrusted_wheel_lends_no_big_deflated_member(
     files = contents("old") | {NAMES[0]: big_text("old")}
     with monkeypatch.context() as other_writer:
         other_writer.setattr(wheel_module, "FAST_DEFLATE_LEVEL", 6)
-        wheel = written_before(tmp_path, files)
-    assert stored_bytes(wheel, NAMES[0]) == deflated(files[NAMES[0]], 6)
+        wheel, _ = written_before(tmp_path, files)
+    assert stored_bytes(wheel, NAMES[0]) == deflated_in_chunks(files[NAMES[0]], 6)
     copied = counted_member_copies(monkeypatch)
     updated(tmp_path, files | {NAMES[5]: b"new\n"}, {})  # no stat recorded: untrusted
     assert copied == [n for n in NAMES if n not in (NAMES[0], NAMES[5])]
+
+
+@pytest.fixture
+def deflated_chunks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the chunks the writer deflates (by compressors at its fast level;
+    zipfile's own, for small files, are at zlib's default)."""
+    sizes: list[int] = []
+    compressobj = zlib.compressobj
+
+    class Counted:
+        def __init__(self, level: int, *args: int) -> None:
+            self.compressor = compressobj(level, *args)
+            self.fast = level == wheel_module.FAST_DEFLATE_LEVEL
+
+        def compress(self, data: bytes) -> bytes:
+            if self.fast:
+                sizes.append(len(data))
+            return self.compressor.compress(data)
+
+        def flush(self, *mode: int) -> bytes:
+            return self.compressor.flush(*mode)
+
+    monkeypatch.setattr(wheel_module.zlib, "compressobj", Counted)
+    return sizes
+
+
+def test_an_update_deflates_only_the_changed_chunks_of_a_big_member(
+    tmp_path: Path, seen: Seen, deflated_chunks: list[int]
+) -> None:
+    size = wheel_module.DEFLATE_CHUNK_BYTES
+    big = big_text("old", 120_000)  # 16 chunks; RECORD is small
+    wheel, index = written_before(tmp_path, contents("old") | {NAMES[0]: big})
+    chunks = chunks_of(big)
+    assert index is not None and deflated_chunks == list(map(len, chunks))
+    deflated_chunks.clear()
+    edited = bytearray(big)
+    edited[size + size // 2 : size + size // 2 + 5] = b"EDIT!"  # inside the second chunk
+    edited[-3:] = b"}!\n"  # the last one
+    edited_chunks = chunks_of(bytes(edited))
+    assert list(map(len, edited_chunks)) == list(map(len, chunks))
+    files = contents("old") | {NAMES[0]: bytes(edited)}
+    after = project(tmp_path / "after", files)
+    new = build_wheel(after, tmp_path / "dist", reuse=trusted(wheel, index))
+    assert deflated_chunks == [len(chunks[1]), len(chunks[-1])]
+    assert seen.runs == [NAMES[1:]] and seen.written[0] == NAMES[0]
+    assert new.read_bytes() == build_wheel(after, tmp_path / "fresh").read_bytes()
+    with zipfile.ZipFile(new) as archive:
+        assert archive.testzip() is None and archive.read(NAMES[0]) == bytes(edited)
+
+
+def test_a_big_member_that_got_longer_deflates_again_only_around_the_change(
+    tmp_path: Path, deflated_chunks: list[int]
+) -> None:
+    """Chunks end at a line's or an object's end: those after a longer line start
+    later, with the content they had."""
+    size = wheel_module.DEFLATE_CHUNK_BYTES
+    big = big_text("old", 120_000)
+    wheel, index = written_before(tmp_path, contents("old") | {NAMES[0]: big})
+    deflated_chunks.clear()
+    edited = big[: size + size // 2] + b"longer " + big[size + size // 2 :]
+    after = project(tmp_path / "after", contents("old") | {NAMES[0]: edited})
+    new = build_wheel(after, tmp_path / "dist", reuse=trusted(wheel, index))
+    old_chunks = set(chunks_of(big))
+    assert deflated_chunks == [len(c) for c in chunks_of(edited) if c not in old_chunks]
+    assert len(deflated_chunks) == 1
+    assert new.read_bytes() == build_wheel(after, tmp_path / "fresh").read_bytes()
+
+
+def test_a_big_record_is_deflated_again_only_where_its_lines_changed(
+    tmp_path: Path, seen: Seen, deflated_chunks: list[int]
+) -> None:
+    """RECORD of thousands of members passes FAST_DEFLATE_BYTES too: its lines come
+    from the index, and only the chunks around a changed member's line are deflated."""
+    names = [f"upd_kernels/neff/k{number:05d}/{'x' * 40}.neff" for number in range(9_000)]
+    files = {name: name.encode() for name in names}
+    wheel, index = written_before(tmp_path, files)
+    assert index is not None and f"{DIST_INFO}/RECORD" in index.chunks
+    deflated_chunks.clear()
+    after = project(tmp_path / "after", files | {names[4_000]: b"new\n"})
+    new = build_wheel(after, tmp_path / "dist", reuse=trusted(wheel, index))
+    with zipfile.ZipFile(new) as archive:
+        record = archive.read(f"{DIST_INFO}/RECORD")
+    changed_at = record.index(names[4_000].encode())
+    (chunk,) = [
+        c
+        for c in chunks_of(record)
+        if changed_at in range(record.index(c), record.index(c) + len(c))
+    ]
+    assert deflated_chunks == [len(chunk)]  # a line a byte shorter: the next chunks as they were
+    assert seen.runs == [names[:4_000], names[4_001:]]
+    assert new.read_bytes() == build_wheel(after, tmp_path / "fresh").read_bytes()
+
+
+def test_a_damaged_chunk_of_a_trusted_wheel_is_not_copied(tmp_path: Path) -> None:
+    """Chunks are taken from a stream only after its sha256 is checked: a damaged
+    stream (the stat recorded after the damage) lends none, the wheel is still right."""
+    size = wheel_module.DEFLATE_CHUNK_BYTES
+    big = big_text("old", 120_000)
+    wheel, index = written_before(tmp_path, contents("old") | {NAMES[0]: big})
+    damaged = bytearray(wheel.read_bytes())
+    stream_at = damaged.index(stored_bytes(wheel, NAMES[0]))
+    damaged[stream_at + 5 * size // 100] ^= 0x01  # inside the first chunk's deflated bytes
+    wheel.write_bytes(bytes(damaged))
+    edited = big[:-3] + b"}!\n"  # the last chunk changed: the others would be taken
+    updated(tmp_path, contents("old") | {NAMES[0]: edited}, trusted(wheel, index))
+
+
+def test_an_index_of_another_wheel_lends_no_run(tmp_path: Path, seen: Seen) -> None:
+    """An index is used only for the wheel whose central directory and end records it
+    describes (checked by their sha256), whatever stat it was stamped with."""
+    _, other = write_wheel(project(tmp_path / "other", contents("other")), tmp_path / "o")
+    wheel, _ = written_before(tmp_path, contents("old"))
+    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel, other))
+    assert seen.runs == []
+
+
+def test_the_index_file_is_read_only_when_whole_and_of_the_wheels_as_they_are(
+    tmp_path: Path,
+) -> None:
+    wheel, index = written_before(tmp_path, contents("old"))
+    assert index is not None
+    stamp = stat_stamp(wheel)
+    assert stamp is not None
+    plain = dataclasses.replace(index, stamp=stamp).plain()
+    index_file = tmp_path / wheel_module.INDEX_FILE
+    index_file.write_bytes(plaindata.dumps({wheel.name: plain}))
+    assert wheel_module._indexes(index_file, {wheel.name: stamp}) == {
+        wheel.name: dataclasses.replace(index, stamp=stamp)
+    }
+    assert wheel_module._indexes(index_file, {wheel.name: "1 2 3 4"}) == {}  # another stat
+    index_file.write_bytes(plaindata.dumps({wheel.name: plain})[:-20])  # cut short
+    assert wheel_module._indexes(index_file, {wheel.name: stamp}) == {}
+    short_shas = (plain[0], plain[1], plain[2][:-64], *plain[3:])  # a member fewer than names
+    wrong_type = (plain[0], plain[1].encode(), *plain[2:])
+    for damaged in (short_shas, wrong_type, plain[:-1], [*plain]):
+        index_file.write_bytes(plaindata.dumps({wheel.name: damaged}))
+        assert wheel_module._indexes(index_file, {wheel.name: stamp}) == {}

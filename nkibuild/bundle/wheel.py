@@ -13,17 +13,22 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import io
 import json
 import os
+import re
 import struct
+import sys
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress, count, pairwise, repeat
-from operator import add, itemgetter, ne, not_
+from operator import add, itemgetter, ne
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -31,15 +36,17 @@ from packaging.tags import Tag
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from nkibuild import __version__
+from nkibuild import __version__, plaindata
 from nkibuild.bundle import BundleProject
 from nkibuild.errors import BuildError, UsageError
-from nkibuild.fsutil import atomic_output, atomic_write_text, stat_stamp
+from nkibuild.fsutil import atomic_output, atomic_write_bytes, atomic_write_text, stat_stamp
 from nkibuild.manifest.model import Package
+from nkibuild.plaindata import only
 from nkibuild.text import printable
 
 TAG = Tag("py3", "none", "any")
 WRITER_FILE = "wheel-writer.json"  # in the state dir: which writer made the wheels in dist/
+INDEX_FILE = "wheel-index.pickle"  # beside it: what updating each of them needs (`WheelIndex`)
 DEFAULT_EPOCH = 315532800  # 1980-01-01, the earliest time a zip entry can carry
 ENTRY_POINT_GROUP = "nkibuild.bundles"
 # Deflate a file only if a sample from its middle shrinks at least this much. The middle:
@@ -51,6 +58,16 @@ SAMPLE_BYTES = 1 << 14
 # every rebuild's wheel; level 1 makes that wheel 0.14% bigger.
 FAST_DEFLATE_BYTES = 1 << 20
 FAST_DEFLATE_LEVEL = 1
+# ... and in chunks of about this size, each deflated alone (`_deflate_in_chunks`), so
+# an update deflates again only the chunks whose bytes changed: a kernel edit changes
+# two of the 100 chunks of a 10,000-unit project's `_build.json`. A chunk ends at the
+# first end of a line or of a JSON object (`CHUNK_END`) past this size, if there is one
+# before twice it: a line that got longer moves the next chunk's start with it, so the
+# chunks after it have the content they had.
+DEFLATE_CHUNK_BYTES = 1 << 16
+CHUNK_END = re.compile(rb"\n|\},")
+# What ends a stream of chunks: an empty final block, as zlib ends a stream of no input.
+FINAL_BLOCK = zlib.compressobj(FAST_DEFLATE_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS).flush()
 
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext
@@ -62,30 +79,51 @@ def wheel_file_name(package: Package) -> str:
 
 
 def run(context: BuildContext) -> list[Path]:
-    """The wheel stage of a build: the generated bundle project -> its wheels in dist/.
+    """The wheel stage of a build: the generated bundle project -> its wheels in dist/
+    (the bundle's, and one per target when its NEFFs are split out).
 
     A wheel it replaces lends its unchanged members (see `Previous`) when the same
-    writer made it, and is trusted without unpacking them while it has the stat it had
-    when written: the state dir records both (`WRITER_FILE`)."""
+    writer made it (`WRITER_FILE` says), and is updated in place from its index
+    (`INDEX_FILE`, see `_update_zip`) while it has the stat it had when written."""
     from nkibuild.bundle import load_bundle
 
     bundle_dir = context.layout.bundle_dir(context.manifest)
     writer_file = context.layout.state_dir / WRITER_FILE
+    index_file = context.layout.state_dir / INDEX_FILE
     written = _written_by_this_writer(writer_file)
+    reuse = None if written is None else _indexes(index_file, written)
     writer_file.unlink(missing_ok=True)  # until the new wheels are in place
+    index_file.unlink(missing_ok=True)
     project = load_bundle(bundle_dir, build_info=False)
-    wheels = build_wheels(project, context.layout.dist_dir, reuse=written)
-    stats = {wheel.name: stat_stamp(wheel) for wheel in wheels}
+    dist_dir = context.layout.dist_dir
+    wheels = [write_wheel(each, dist_dir, reuse=reuse) for each in (project, *project.parts)]
+    stats = {wheel.name: stat_stamp(wheel) for wheel, _ in wheels}
+    indexes = {
+        wheel.name: dataclasses.replace(index, stamp=stats[wheel.name]).plain()
+        for wheel, index in wheels
+        if index is not None and stats[wheel.name] is not None
+    }
+    atomic_write_bytes(index_file, plaindata.dumps(indexes), durable=False)
     record = {"writer": writer_identity(), "wheels": stats}
     atomic_write_text(writer_file, json.dumps(record), durable=False)
-    return wheels
+    return [wheel for wheel, _ in wheels]
 
 
-def build_wheels(
-    project: BundleProject, dist_dir: Path, *, reuse: Mapping[str, str] | None = None
-) -> list[Path]:
-    """The bundle's wheel, and one per target when its NEFFs are split out."""
-    return [build_wheel(each, dist_dir, reuse=reuse) for each in (project, *project.parts)]
+def _indexes(index_file: Path, stats: Mapping[str, str]) -> dict[str, WheelIndex]:
+    """The indexes of the wheels this writer wrote that still have the stats `stats`
+    recorded for them (none from a file that is missing or damaged)."""
+    try:
+        plain = plaindata.loads(index_file.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(plain, dict):
+        return {}
+    indexes = {name: WheelIndex.from_plain(value) for name, value in plain.items()}
+    return {
+        name: index
+        for name, index in indexes.items()
+        if index is not None and stats.get(name) == index.stamp
+    }
 
 
 def _written_by_this_writer(writer_file: Path) -> dict[str, str] | None:
@@ -118,29 +156,47 @@ def writer_identity() -> dict[str, str]:
 
 
 def build_wheel(
-    project: BundleProject, dist_dir: Path, *, reuse: Mapping[str, str] | None = None
+    project: BundleProject, dist_dir: Path, *, reuse: Mapping[str, WheelIndex] | None = None
 ) -> Path:
-    """Write the distribution's wheel. With `reuse` (the stats of the wheels this writer
-    wrote, see `run`), the members of the wheel already at the destination whose content
-    is unchanged are copied over as they are stored, not read and compressed again;
-    checked first unless the wheel still has the stat it was written with, in which
-    case they are copied in runs of consecutive members (`_update_zip`)."""
-    package = project.package
-    package_prefix = f"{package.import_name}/"
-    members = [member for member in project.files if member[0].startswith(package_prefix)]
+    """`write_wheel`'s wheel."""
+    return write_wheel(project, dist_dir, reuse=reuse)[0]
+
+
+def write_wheel(
+    project: BundleProject, dist_dir: Path, *, reuse: Mapping[str, WheelIndex] | None = None
+) -> tuple[Path, WheelIndex | None]:
+    """Write the distribution's wheel; return it and its index (None: not one an update
+    copies from). With `reuse` (this writer wrote the wheels in `dist_dir`: the indexes
+    of those it knows, see `run`), the members of the wheel already at the destination
+    whose content is unchanged are copied over as they are stored, not read and
+    compressed again; checked first unless the wheel still has the stat its index was
+    made for, in which case they are copied in runs of consecutive members
+    (`_update_zip`)."""
+    members = _members(project)
     dist_info, generated = dist_info_files(project)
-    destination = dist_dir / wheel_file_name(package)
+    destination = dist_dir / wheel_file_name(project.package)
     previous = destination if reuse is not None else None
-    stamp = stat_stamp(destination)
-    trusted = reuse is not None and stamp is not None and reuse.get(destination.name) == stamp
+    index = reuse.get(destination.name) if reuse is not None else None
+    trusted = index is not None and stat_stamp(destination) == index.stamp
     record_name = f"{dist_info}/RECORD"
     with atomic_output(destination) as tmp:
         root = project.directory
-        if trusted and _update_zip(tmp, destination, root, members, generated, record_name):
-            return destination
+        if index is not None and trusted:
+            updated = _update_zip(tmp, destination, index, root, members, generated, record_name)
+            if updated is not None:
+                return destination, updated
         with Previous.of(previous, trusted=trusted) as old:
-            _write_zip(tmp, root, members, generated, record_name, old)
-    return destination
+            written = _write_zip(tmp, root, members, generated, record_name, old)
+    return destination, written
+
+
+def _members(project: BundleProject) -> list[tuple[str, str]]:
+    """The bundle's files in its import package, sorted: one block of all its files
+    sorted (a name starting with `pkg/` sorts from `pkg/` on and before `pkg0`)."""
+    files = sorted(project.files)
+    prefix = f"{project.package.import_name}/"
+    after = prefix[:-1] + chr(ord("/") + 1)
+    return files[bisect_left(files, (prefix,)) : bisect_left(files, (after,))]
 
 
 def build_editable_wheel(project: BundleProject, wheel_dir: Path) -> Path:
@@ -284,30 +340,48 @@ def _date_time() -> tuple[int, int, int, int, int, int]:
 def _write_zip(
     target: Path,
     root: Path,
-    members: Iterable[tuple[str, str]],
+    members: Sequence[tuple[str, str]],
     generated: dict[str, bytes],
     record_name: str,
     previous: Previous | None = None,
-) -> None:
-    """Members (path, sha256 recorded by the bundle stage) one at a time, then metadata,
-    then RECORD. A member whose bytes no longer match its recorded sha256 was changed
-    after the bundle was generated: refuse to package it. A member the previous wheel
-    holds with that sha256 is copied from it as stored."""
+) -> WheelIndex | None:
+    """Members (path, sha256 recorded by the bundle stage; sorted) one at a time, then
+    metadata, then RECORD. A member whose bytes no longer match its recorded sha256 was
+    changed after the bundle was generated: refuse to package it. A member the previous
+    wheel holds with that sha256 is copied from it as stored. Returns the wheel's index
+    (what an update of it needs), or None if it has ZIP64 records an update would not
+    copy."""
     stamp = _date_time()
-    record = []
+    record, shas, chunked = [], [], {}
     with zipfile.ZipFile(target, "w") as archive:
-        for name, recorded in sorted(members):
+        for name, recorded in members:
             stored = previous.stored(name, recorded) if previous else None
             if stored is not None:
-                record.append(_copy_member(archive, name, stamp, stored))
+                _copy_member(archive, name, stamp, stored)
+                record.append(_record_line(name, stored.digest, stored.size))
+                shas.append(stored.digest.hex())
                 continue
             data, digest = _read_member(root, name, recorded)
-            record.append(_write_member(archive, name, data, stamp, digest))
+            record.append(_write_member(archive, name, data, stamp, digest, chunked))
+            shas.append(digest.hex())
         for name, data in sorted(generated.items()):
-            record.append(_write_member(archive, name, data, stamp, hashlib.sha256(data).digest()))
+            digest = hashlib.sha256(data).digest()
+            record.append(_write_member(archive, name, data, stamp, digest, chunked))
         record.append(f"{record_name},,")
         listing = ("\n".join(record) + "\n").encode()
-        _write_member(archive, record_name, listing, stamp, None)
+        _write_member(archive, record_name, listing, stamp, None, chunked)
+        entries, directory_at = list(archive.filelist), archive.start_dir
+    contents = Contents(
+        names="\0".join(name for name, _ in members),
+        shas=shas,
+        record=record[: len(members)],
+        chunks={
+            info.filename: (at, chunked[info.filename])
+            for at, info in enumerate(entries)
+            if info.filename in chunked
+        },
+    )
+    return contents.index_of(target, entries, directory_at, _dos_date_time(stamp))
 
 
 def _read_member(root: Path, name: str, recorded: str) -> tuple[bytes, bytes]:
@@ -324,16 +398,31 @@ def _read_member(root: Path, name: str, recorded: str) -> tuple[bytes, bytes]:
 
 
 def _write_member(
-    archive: zipfile.ZipFile, name: str, data: bytes, stamp: tuple[int, ...], digest: bytes | None
+    archive: zipfile.ZipFile,
+    name: str,
+    data: bytes,
+    stamp: tuple[int, ...],
+    digest: bytes | None,
+    chunked: dict[str, Chunks],
+    previous: Deflated | None = None,
 ) -> str:
-    """Write one entry with fixed metadata; return its RECORD line (RECORD has no hash)."""
+    """Write one entry with fixed metadata; return its RECORD line (RECORD has no hash).
+    A big deflated one is deflated in chunks (`_deflate_in_chunks`, which takes the
+    unchanged chunks' deflated bytes from `previous`) and listed in `chunked`."""
     info = zipfile.ZipInfo(name, date_time=stamp)  # type: ignore[arg-type]
     info.external_attr = 0o644 << 16
     info.compress_type = _compression(data)
-    archive.writestr(info, data, compresslevel=_deflate_level(data))
-    if digest is None:
-        return ""
-    return f"{name},sha256={_record_hash(digest)},{len(data)}"
+    if info.compress_type == zipfile.ZIP_DEFLATED and _in_chunks(data):
+        stream, chunked[name] = _deflate_in_chunks(data, previous)
+        info.CRC, info.file_size = zlib.crc32(data), len(data)
+        _append_stored(archive, info, stream)
+    else:
+        archive.writestr(info, data)
+    return "" if digest is None else _record_line(name, digest, len(data))
+
+
+def _record_line(name: str, digest: bytes, size: int) -> str:
+    return f"{name},sha256={_record_hash(digest)},{size}"
 
 
 def _record_hash(digest: bytes) -> str:
@@ -341,9 +430,10 @@ def _record_hash(digest: bytes) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def _deflate_level(data: bytes) -> int | None:
-    """The zlib level this writer deflates `data` at (None: zlib's default)."""
-    return FAST_DEFLATE_LEVEL if len(data) >= FAST_DEFLATE_BYTES else None
+def _in_chunks(data: bytes) -> bool:
+    """Whether this writer deflates `data` (when it deflates it) at `FAST_DEFLATE_LEVEL`
+    in chunks, not at zlib's default level in one stream as zipfile does."""
+    return len(data) >= FAST_DEFLATE_BYTES
 
 
 def _compression(data: bytes) -> int:
@@ -353,6 +443,82 @@ def _compression(data: bytes) -> int:
     sample = data[middle : middle + SAMPLE_BYTES]
     gained = 1 - len(zlib.compress(sample, 1)) / len(sample)
     return zipfile.ZIP_DEFLATED if gained >= MIN_DEFLATE_GAIN else zipfile.ZIP_STORED
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """A member deflated in chunks (`_deflate_in_chunks`): the sha256 of each chunk of
+    its content, each chunk's deflated length, and the CRC-32 of the deflated stream
+    (what the chunks taken from it are checked with)."""
+
+    digests: bytes
+    lengths: tuple[int, ...]
+    stream: int
+
+    def plain(self) -> tuple[bytes, tuple[int, ...], int]:
+        return self.digests, self.lengths, self.stream
+
+
+@dataclass(frozen=True)
+class Deflated:
+    """A member's stream of deflated chunks as a previous wheel stores it."""
+
+    chunks: Chunks
+    stream: bytes
+
+    def pieces(self) -> dict[bytes, bytes]:
+        """Each chunk's deflated bytes by the sha256 of its content; none if the stream
+        is not the one `chunks` describes (then nothing of it is taken)."""
+        lengths, digests = self.chunks.lengths, self.chunks.digests
+        if (
+            zlib.crc32(self.stream) != self.chunks.stream
+            or len(digests) != DIGEST_BYTES * len(lengths)
+            or sum(lengths) + len(FINAL_BLOCK) != len(self.stream)
+        ):
+            return {}
+        ends = list(accumulate(lengths, initial=0))
+        return {
+            digests[DIGEST_BYTES * number : DIGEST_BYTES * (number + 1)]: self.stream[start:end]
+            for number, (start, end) in enumerate(pairwise(ends))
+        }
+
+
+def _deflate_in_chunks(data: bytes, previous: Deflated | None = None) -> tuple[bytes, Chunks]:
+    """`data` deflated as chunks of `DEFLATE_CHUNK_BYTES`, each by a compressor of its
+    own ended with a full flush (no match reaches into another chunk, and each ends on
+    a byte boundary), then an empty final block: one valid deflate stream whose every
+    chunk's bytes depend on that chunk's content only. So a chunk `previous` deflated
+    from the same content is taken as it is: the stream is byte for byte the one a
+    fresh write gives, and an edit deflates again only the chunks it changed."""
+    reusable = previous.pieces() if previous is not None else {}
+    view = memoryview(data)
+    digests, pieces = [], []
+    for start, end in pairwise([0, *_chunk_ends(data)]):
+        chunk = view[start:end]
+        digest = hashlib.sha256(chunk).digest()
+        piece = reusable.get(digest)
+        if piece is None:
+            compressor = zlib.compressobj(FAST_DEFLATE_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+            piece = compressor.compress(chunk) + compressor.flush(zlib.Z_FULL_FLUSH)
+        digests.append(digest)
+        pieces.append(piece)
+    stream = b"".join([*pieces, FINAL_BLOCK])
+    lengths = tuple(map(len, pieces))
+    return stream, Chunks(b"".join(digests), lengths, zlib.crc32(stream))
+
+
+def _chunk_ends(data: bytes) -> list[int]:
+    """Where each chunk of `data` ends (`DEFLATE_CHUNK_BYTES`, `CHUNK_END`)."""
+    ends = []
+    at = 0
+    while at < len(data):
+        if len(data) - at <= DEFLATE_CHUNK_BYTES:
+            at = len(data)
+        else:
+            found = CHUNK_END.search(data, at + DEFLATE_CHUNK_BYTES, at + 2 * DEFLATE_CHUNK_BYTES)
+            at = found.end() if found else at + DEFLATE_CHUNK_BYTES
+        ends.append(at)
+    return ends
 
 
 @dataclass(frozen=True)
@@ -372,11 +538,11 @@ class Previous:
     A member is taken only if the wheel's RECORD lists it with the sha256 the bundle
     records now, its stored bytes unpack to exactly that content (CRC and sha256
     checked), and this writer would store that content the same way (a deflate stream
-    does not say its level: none deflated at `FAST_DEFLATE_LEVEL` is taken); so the new
-    wheel is byte for byte the one a fresh write gives. Anything unreadable: no reuse.
-    A `trusted` wheel (this writer's, with the stat it was written with: its members
-    are what this writer stored for those sha256s) skips unpacking them, which for
-    thousands of NEFFs of many MB each is most of the stage's time."""
+    does not say its level nor its chunks: no member deflated in chunks is taken); so
+    the new wheel is byte for byte the one a fresh write gives. Anything unreadable: no
+    reuse. A `trusted` wheel (this writer's, with the stat it was written with: its
+    members are what this writer stored for those sha256s) skips unpacking them, which
+    for thousands of NEFFs of many MB each is most of the stage's time."""
 
     def __init__(self, path: Path, *, trusted: bool = False) -> None:
         self.trusted = trusted
@@ -441,7 +607,7 @@ class Previous:
             return None
         if _compression(data) != info.compress_type:
             return None  # this writer would store it otherwise
-        if info.compress_type == zipfile.ZIP_DEFLATED and _deflate_level(data) is not None:
+        if info.compress_type == zipfile.ZIP_DEFLATED and _in_chunks(data):
             return None  # a deflate stream does not say its level: maybe not this writer's
         return StoredMember(info.compress_type, info.CRC, len(data), stored, digest)
 
@@ -465,26 +631,30 @@ UNREADABLE = (
 
 def _copy_member(
     archive: zipfile.ZipFile, name: str, stamp: tuple[int, ...], member: StoredMember
-) -> str:
-    """Append a member's stored bytes with the header `_write_member` would write.
-
-    zipfile has no call for writing already-compressed data; this does what its
-    writestr does (header at the end of the archive, entry listed for the central
-    directory), minus the compression."""
+) -> None:
+    """Append a member's stored bytes with the header `_write_member` would write."""
     info = zipfile.ZipInfo(name, date_time=stamp)  # type: ignore[arg-type]
     info.external_attr = 0o644 << 16
     info.compress_type = member.compress_type
-    info.CRC, info.file_size, info.compress_size = member.crc, member.size, len(member.stored)
-    zip64 = member.size * 1.05 > zipfile.ZIP64_LIMIT  # writestr's rule
+    info.CRC, info.file_size = member.crc, member.size
+    _append_stored(archive, info, member.stored)
+
+
+def _append_stored(archive: zipfile.ZipFile, info: zipfile.ZipInfo, stored: bytes) -> None:
+    """Append an entry whose bytes are already stored as `info` says (its compression,
+    CRC and size set). zipfile has no call for that; this does what its writestr does
+    (header at the end of the archive, entry listed for the central directory), minus
+    the compression."""
+    info.compress_size = len(stored)
+    zip64 = info.file_size * 1.05 > zipfile.ZIP64_LIMIT  # writestr's rule
     archive.fp.seek(archive.start_dir)  # type: ignore[union-attr]
     info.header_offset = archive.start_dir
     archive.fp.write(info.FileHeader(zip64))  # type: ignore[union-attr]
-    archive.fp.write(member.stored)  # type: ignore[union-attr]
+    archive.fp.write(stored)  # type: ignore[union-attr]
     archive.start_dir = archive.fp.tell()  # type: ignore[union-attr]
     archive.filelist.append(info)
-    archive.NameToInfo[name] = info
+    archive.NameToInfo[info.filename] = info
     archive._didModify = True  # else close() would not write the central directory
-    return f"{name},sha256={_record_hash(member.digest)},{member.size}"
 
 
 # Updating a trusted wheel (`_update_zip`) reads and writes zipfile's own records
@@ -492,132 +662,322 @@ def _copy_member(
 # columns (one `map` or slice per column, not a Python call per member): per-member
 # work is most of an update's time when only a few of 15,000 members changed.
 CENTRAL_HEADER = struct.Struct(zipfile.structCentralDir)
-# Where a central header holds the fields an update reads (after its signature).
-FLAGS_AT = 8
-DATE_TIME_AT = 12
-STORED_SIZE_AT = 20
-SIZE_AT = 24
-NAME_LENGTH_AT = 28
-EXTRA_COMMENT_LENGTHS_AT = 30  # the extra field's length, then the comment's
 CENTRAL_OFFSET_AT = CENTRAL_HEADER.size - 4  # its last field: the local header's offset
 OFFSET_FIELD = struct.Struct("<L")
 END_RECORD = struct.Struct(zipfile.structEndArchive)
 END_RECORD64 = struct.Struct(zipfile.structEndArchive64)
 END_LOCATOR64 = struct.Struct(zipfile.structEndArchive64Locator)
-UTF8_NAME = 0x800  # the flag zipfile sets on a member whose name is not ASCII
 COPY_CHUNK = 1 << 20
 # A bundle member the previous wheel does not store with its content. Not -1: a
 # member stored at index 0 must not continue from it (`_segments`).
 NOT_STORED = -2
+SHA256_HEX = 64  # characters of a sha256 in hex, as bundle.json and the index hold it
+DIGEST_BYTES = hashlib.sha256().digest_size
 
 
 class Declined(Exception):
-    """The previous wheel is not laid out as this writer lays out a plain wheel (members
-    back to back, no ZIP64 member, the same date): update it member by member."""
+    """The previous wheel is not the one its index describes, or the new one would need
+    ZIP64 records: written member by member instead."""
 
 
 @dataclass(frozen=True)
+class WheelIndex:
+    """What updating a wheel in place needs to know of it, kept (`INDEX_FILE`) from when
+    it was written, so that an update reads neither its central directory's entries
+    nor its RECORD: the bundle members' names and sha256s (as single strings, compared
+    whole), RECORD's lines for them, where each entry's local header and central header
+    start (packed integers, the last one where the directory starts or ends), the
+    members deflated in chunks, and the CRC-32 of the wheel from its central directory
+    to its end, checked before anything is copied: the index describes the wheel with
+    that directory (the stat, `stamp`, says the wheel is as written; that check finds
+    an index that is not its own, or a wheel damaged in place)."""
+
+    date: bytes  # every member's time and date fields, as headers hold them
+    names: str  # the bundle members, in archive order, joined by NUL
+    shas: str  # their sha256s in hex, joined
+    record: bytes  # RECORD's lines of the bundle members, each ended by a newline
+    line_ends: bytes  # where each of those lines ends in `record`
+    offsets: bytes  # every entry's local header offset, then the central directory's
+    starts: bytes  # where each entry's central header starts there, then its length
+    tail: int  # CRC-32 of the wheel from its central directory to its end
+    chunks: dict[str, tuple[int, Chunks]]  # entries deflated in chunks: name -> (entry, chunks)
+    stamp: str = ""
+
+    @property
+    def members(self) -> int:
+        return len(self.shas) // SHA256_HEX
+
+    def plain(self) -> tuple[object, ...]:
+        """The index as plain data (`nkibuild.plaindata`)."""
+        fields = dataclasses.astuple(self)[:-2]
+        chunks = {name: (entry, chunk.plain()) for name, (entry, chunk) in self.chunks.items()}
+        return (*fields, chunks, self.stamp)
+
+    @classmethod
+    def from_plain(cls, value: object) -> WheelIndex | None:
+        """The index `plain` gave, or None if `value` is not one (a damaged or older file)."""
+        if not isinstance(value, tuple) or len(value) != len(dataclasses.fields(cls)):
+            return None
+        *columns, plain_chunks, stamp = value
+        if not (
+            only(columns[1:3], str)
+            and only([*columns[:1], *columns[3:7]], bytes)
+            and only(columns[7:], int)
+            and isinstance(stamp, str)
+            and isinstance(plain_chunks, dict)
+        ):
+            return None
+        chunks = {}
+        for name, entry in plain_chunks.items():
+            if not (
+                isinstance(name, str)
+                and only([entry], tuple)
+                and len(entry) == 2
+                and only(entry[:1], int)
+                and only([entry[1]], tuple)
+                and len(entry[1]) == 3
+                and only(entry[1][:1], bytes)
+                and only(entry[1][1:2], tuple)
+                and only([*entry[1][1], entry[1][2]], int)
+            ):
+                return None
+            chunks[name] = (entry[0], Chunks(*entry[1]))
+        index = cls(*columns, chunks=chunks, stamp=stamp)
+        return index if index._consistent() else None
+
+    def _consistent(self) -> bool:
+        """Whether the columns agree with each other (counts and lengths)."""
+        members = self.members
+        entries = len(self.offsets) // 8 - 1
+        line_ends = _integers(self.line_ends)
+        return (
+            len(self.shas) == SHA256_HEX * members
+            and (self.names.count("\0") + 1 if self.names else 0) == members
+            and len(line_ends) == members
+            and (line_ends[-1] if line_ends else 0) == len(self.record)
+            and len(self.offsets) == len(self.starts) == 8 * (entries + 1)
+            and entries > members
+            and len(self.date) == 4
+            and all(0 <= entry < entries for entry, _ in self.chunks.values())
+        )
+
+
+def _packed(values: Sequence[int]) -> bytes:
+    """Non-negative integers as 8-byte little-endian words (how the index keeps them)."""
+    words = array("Q", values)
+    if sys.byteorder == "big":
+        words.byteswap()
+    return words.tobytes()
+
+
+def _integers(data: bytes) -> list[int]:
+    """The integers `_packed` packed."""
+    words = array("Q")
+    words.frombytes(data[: len(data) - len(data) % 8])
+    if sys.byteorder == "big":
+        words.byteswap()
+    return words.tolist()
+
+
+@dataclass
+class Contents:
+    """What an index records of a wheel besides where its entries are: its bundle
+    members (names and sha256s), their RECORD lines, its entries deflated in chunks."""
+
+    names: str
+    shas: list[str]
+    record: list[str]
+    chunks: dict[str, tuple[int, Chunks]]
+
+    def index_of(
+        self, target: Path, entries: list[zipfile.ZipInfo], directory_at: int, date: bytes
+    ) -> WheelIndex | None:
+        """The index of the wheel zipfile just wrote at `target` (`entries` its infos),
+        or None when an entry has ZIP64 fields (an update does not move those)."""
+        limit = zipfile.ZIP64_LIMIT
+        if directory_at > limit or any(
+            info.file_size * 1.05 > limit or info.compress_size > limit or info.extra
+            for info in entries
+        ):
+            return None
+        offsets = [info.header_offset for info in entries]
+        header_sizes = [CENTRAL_HEADER.size + len(info.filename.encode()) for info in entries]
+        starts = list(accumulate(header_sizes, initial=0))
+        with open(target, "rb") as handle:
+            handle.seek(directory_at)
+            tail = handle.read()
+        signatures = b"".join(tail[start : start + 4] for start in starts[:-1])
+        if signatures != zipfile.stringCentralDir * len(entries):
+            return None  # not the central headers zipfile writes without extra fields
+        text = "".join(f"{line}\n" for line in self.record).encode()
+        if len(text) == sum(map(len, self.record)) + len(self.record):  # all ASCII
+            lengths = [len(line) + 1 for line in self.record]
+        else:
+            lengths = [len(line.encode()) + 1 for line in self.record]
+        return WheelIndex(
+            date=date,
+            names=self.names,
+            shas="".join(self.shas),
+            record=text,
+            line_ends=_packed(list(accumulate(lengths))),
+            offsets=_packed([*offsets, directory_at]),
+            starts=_packed(starts),
+            tail=zlib.crc32(tail),
+            chunks=self.chunks,
+        )
+
+
+@dataclass
 class Directory:
-    """A previous wheel's central directory as stored, one list entry per member.
+    """A previous wheel's central directory as stored, with its index.
 
     A member's local entry (header and stored bytes) runs from its offset to the next
     member's; the last one's up to the central directory (`offsets` ends with its
     offset). `starts` says where each member's central header starts in `headers`
-    (and ends with its length); `lines` are the wheel's RECORD lines, in member order."""
+    (and ends with its length); `line_ends` where each member's RECORD line ends in
+    the index's `record`."""
 
-    names: list[str]
+    index: WheelIndex
+    headers: bytes
     offsets: list[int]
     starts: list[int]
-    headers: bytes
-    lines: list[str]
+    line_ends: list[int]
 
-    def stored_indexes(self, members: Sequence[tuple[str, str]]) -> list[int]:
-        """For each member (name, sha256 as hex), the index of the member stored under
-        that name with that content, or NOT_STORED: RECORD's `name,sha256=<hash>,`
-        looked up for all members at once. When the wheel holds the same members first
-        (none added or removed), each is compared with its own line, no lookup built."""
-        if not members:
-            return []
-        names, hexdigests = zip(*members, strict=True)
-        keys = list(map(add, map(add, names, repeat(",sha256=")), _record_hashes(hexdigests)))
-        if self.names[: len(names)] == list(names):
-            found = list(range(len(names)))
-            prefixes = map(add, keys, repeat(","))
-            for index in compress(count(), map(not_, map(str.startswith, self.lines, prefixes))):
+    @classmethod
+    def read(cls, source: BinaryIO, index: WheelIndex) -> Directory:
+        """The directory of the wheel `source` reads, which `index` describes; Declined
+        if the wheel's directory and end records are not the ones it was written with."""
+        offsets = _integers(index.offsets)
+        source.seek(offsets[-1])
+        tail = source.read()
+        if zlib.crc32(tail) != index.tail:
+            raise Declined
+        starts = _integers(index.starts)
+        return cls(index, tail[: starts[-1]], offsets, starts, _integers(index.line_ends))
+
+    @functools.cached_property
+    def names(self) -> list[str]:
+        return self.index.names.split("\0") if self.index.names else []
+
+    def stored_indexes(self, members: Sequence[tuple[str, str]], names: str) -> list[int]:
+        """For each member (name, sha256 as hex; `names` joined by NUL), the index of
+        the member stored under that name with that content, or NOT_STORED. When the
+        wheel holds the same members (none added, removed or renamed), the sha256s are
+        compared as one string, only its differing parts narrowed down."""
+        shas = "".join(map(itemgetter(1), members))
+        if names == self.index.names and set(map(len, map(itemgetter(1), members))) <= {SHA256_HEX}:
+            found = list(range(len(members)))
+            for index in _differing_slots(shas, self.index.shas, SHA256_HEX):
                 found[index] = NOT_STORED
             return found
-        stored = dict(
-            zip(map(itemgetter(0), map(str.rpartition, self.lines, repeat(","))), count())
-        )
-        return list(map(stored.get, keys, repeat(NOT_STORED)))
+        old = self.index.shas
+        hexdigests = (old[at : at + SHA256_HEX] for at in range(0, len(old), SHA256_HEX))
+        stored = dict(zip(zip(self.names, hexdigests, strict=True), count()))
+        return list(map(stored.get, members, repeat(NOT_STORED)))
+
+    def deflated(self, name: str, source: BinaryIO) -> Deflated | None:
+        """The stream of the entry `name` if the wheel holds it deflated in chunks."""
+        entry = self.index.chunks.get(name)
+        if entry is None:
+            return None
+        position, chunks = entry
+        start = self.offsets[position] + LOCAL_HEADER.size + len(name.encode())
+        source.seek(start)
+        return Deflated(chunks, source.read(self.offsets[position + 1] - start))
 
 
-def _record_hashes(hexdigests: Sequence[str]) -> list[str]:
-    """RECORD's form of each sha256 (`_record_hash`), all in one encoding: each digest
-    followed by a zero byte is 33 bytes, 44 base64 characters of which the first 43
-    are the digest's unpadded encoding. A value that is not a sha256 in hex (none that
-    the bundle stage writes) gets one no RECORD line has."""
-    try:
-        joined = bytes.fromhex("00".join(hexdigests) + "00")
-    except ValueError:
-        joined = b""
-    # Each of 64 characters and 33 bytes in all: each was 32 bytes (fromhex skips spaces).
-    if len(joined) != 33 * len(hexdigests) or set(map(len, hexdigests)) != {64}:
-        return [_record_hash_of(hexdigest) for hexdigest in hexdigests]
-    text = base64.urlsafe_b64encode(joined).decode()
-    return [text[at : at + 43] for at in range(0, len(text), 44)]
-
-
-def _record_hash_of(hexdigest: str) -> str:
-    with contextlib.suppress(ValueError):
-        digest = bytes.fromhex(hexdigest)
-        if len(digest) == hashlib.sha256().digest_size:
-            return _record_hash(digest)
-    return ",not a sha256"  # a comma: never inside a RECORD hash
+def _differing_slots(new: str, old: str, width: int) -> list[int]:
+    """The indexes of the `width`-long slots in which two strings differ (a slot past
+    the shorter one's end included): halves compared whole, only unequal ones split
+    further, so a few changed slots among thousands cost a few dozen comparisons."""
+    found = []
+    pending = [(0, max(len(new), len(old)) // width)]
+    while pending:
+        first, end = pending.pop()
+        if new[first * width : end * width] == old[first * width : end * width]:
+            continue
+        if end - first == 1:
+            found.append(first)
+            continue
+        middle = (first + end) // 2
+        pending += [(middle, end), (first, middle)]
+    return found
 
 
 @dataclass
 class Output:
-    """The wheel being written: its file, its central directory and RECORD lines so far."""
+    """The wheel being written by an update: its file, its central directory and RECORD
+    so far, and the columns of its index."""
 
     handle: BinaryIO
     central: bytearray = dataclasses.field(default_factory=bytearray)
-    record: list[str] = dataclasses.field(default_factory=list)
+    record: bytearray = dataclasses.field(default_factory=bytearray)
+    line_ends: list[int] = dataclasses.field(default_factory=list)
+    shas: list[str] = dataclasses.field(default_factory=list)
+    offsets: list[int] = dataclasses.field(default_factory=list)
+    starts: list[int] = dataclasses.field(default_factory=list)
+    chunks: dict[str, tuple[int, Chunks]] = dataclasses.field(default_factory=dict)
     count: int = 0
+
+    def index(
+        self, names: str, members: int, date: bytes, directory_at: int, tail: bytes
+    ) -> WheelIndex:
+        """The index of the wheel written, whose first `members` entries are the bundle's
+        (`names`) and whose central directory (at `directory_at`) and end records are
+        `tail`."""
+        line_ends = self.line_ends[:members]
+        return WheelIndex(
+            date=date,
+            names=names,
+            shas="".join(self.shas),
+            record=bytes(self.record[: line_ends[-1] if line_ends else 0]),
+            line_ends=_packed(line_ends),
+            offsets=_packed([*self.offsets, directory_at]),
+            starts=_packed([*self.starts, len(self.central)]),
+            tail=zlib.crc32(tail),
+            chunks=self.chunks,
+        )
 
 
 def _update_zip(
     target: Path,
     previous: Path,
+    index: WheelIndex,
     root: Path,
-    members: Iterable[tuple[str, str]],
+    members: Sequence[tuple[str, str]],
     generated: dict[str, bytes],
     record_name: str,
-) -> bool:
+) -> WheelIndex | None:
     """Write the wheel as `_write_zip` would, from a trusted previous wheel (this
-    writer's, as it wrote it), in time that grows with the changed members.
+    writer's, as it wrote it, described by `index`), in time that grows with the
+    changed members; return the new wheel's index.
 
     Each run of members stored there one after another with the content they have now
     is copied as one byte range: a local header depends on the name, content,
     compression and date only, all the same. Their central headers are taken as stored
-    with offsets moved; only the other members are read and compressed. False (and
-    nothing reused) when the previous wheel is unreadable or not in this writer's
-    plain layout; the caller then writes member by member."""
+    with offsets moved, their RECORD lines from the index; only the other members are
+    read and compressed (of one deflated in chunks, only its changed chunks). None (and
+    nothing reused) when the previous wheel is not the one `index` describes or the new
+    one needs ZIP64 records; the caller then writes member by member."""
     stamp = _date_time()
+    date = _dos_date_time(stamp)
+    if index.date != date:
+        return None  # another SOURCE_DATE_EPOCH: every header differs
     try:
         with open(previous, "rb") as source, open(target, "wb") as handle:
-            directory = _read_directory(source, stamp)
+            directory = Directory.read(source, index)
             output = Output(handle)
-            _write_update(output, directory, source, root, members, stamp)
+            names = _write_update(output, directory, source, root, members, stamp)
             for name, data in sorted(generated.items()):
                 _write_new(output, name, data, hashlib.sha256(data).digest(), stamp)
-            output.record.append(f"{record_name},,")
-            listing = ("\n".join(output.record) + "\n").encode()
-            _write_new(output, record_name, listing, None, stamp)
-            _write_central_directory(output)
+            listing = bytes(output.record) + f"{record_name},,\n".encode()
+            old_record = directory.deflated(record_name, source)
+            _write_new(output, record_name, listing, None, stamp, old_record)
+            directory_at = handle.tell()
+            tail = _write_central_directory(output)
     except (Declined, *UNREADABLE):
-        return False
-    return True
+        return None
+    return output.index(names, len(members), date, directory_at, tail)
 
 
 def _write_update(
@@ -625,19 +985,22 @@ def _write_update(
     directory: Directory,
     source: BinaryIO,
     root: Path,
-    members: Iterable[tuple[str, str]],
+    members: Sequence[tuple[str, str]],
     stamp: tuple[int, ...],
-) -> None:
-    """The bundle's members in order: unchanged ones in runs from `source`."""
-    members = sorted(members)
-    found = directory.stored_indexes(members)
+) -> str:
+    """The bundle's members in order: unchanged ones in runs from `source`. Returns
+    their names joined by NUL (as the index keeps them)."""
+    names = "\0".join(map(itemgetter(0), members))
+    found = directory.stored_indexes(members, names)
     for start, end in _segments(found):
         if found[start] == NOT_STORED:
             name, recorded = members[start]
             data, digest = _read_member(root, name, recorded)
-            _write_new(output, name, data, digest, stamp)
+            _write_new(output, name, data, digest, stamp, directory.deflated(name, source))
+            output.shas.append(digest.hex())
         else:
             _copy_run(directory, range(found[start], found[start] + end - start), source, output)
+    return names
 
 
 def _segments(found: list[int]) -> list[tuple[int, int]]:
@@ -650,125 +1013,12 @@ def _segments(found: list[int]) -> list[tuple[int, int]]:
     return list(pairwise(edges))
 
 
-def _read_directory(handle: BinaryIO, stamp: tuple[int, ...]) -> Directory:
-    """The central directory of the wheel `handle` reads, and its RECORD, whose lines
-    name its members in order: their lengths place the central headers."""
-    offset, size, count = _end_of(handle)
-    handle.seek(offset)
-    headers = handle.read(size)
-    lines = _record_lines(handle, headers)
-    if len(lines) != count:
-        raise Declined
-    names = [line.rsplit(",", 2)[0] for line in lines]
-    joined = "".join(names)
-    if joined.isascii():
-        lengths, flags = list(map(len, names)), [0] * count
-    else:
-        lengths = [len(name.encode()) for name in names]
-        flags = [0 if name.isascii() else UTF8_NAME for name in names]
-    starts = list(accumulate(map(add, lengths, repeat(CENTRAL_HEADER.size)), initial=0))
-    if starts[-1] != len(headers):
-        raise Declined
-    name_starts = list(map(add, starts, repeat(CENTRAL_HEADER.size)))
-    fixed = FixedParts(b"".join(map(headers.__getitem__, map(slice, starts[:-1], name_starts))))
-    stored_names = b"".join(map(headers.__getitem__, map(slice, name_starts, starts[1:])))
-    name_lengths, stored_sizes = fixed.field(NAME_LENGTH_AT, 2), fixed.field(STORED_SIZE_AT, 4)
-    offsets = [*fixed.field(CENTRAL_OFFSET_AT, 4), offset]
-    # This writer's plain members: names as zipfile encodes them, no extra field or
-    # comment, the date a header of `stamp` has, no ZIP64 local header (writestr's rule).
-    if (
-        name_lengths != lengths
-        or stored_names != joined.encode()
-        or fixed.field(FLAGS_AT, 2) != flags
-        or not fixed.everywhere(0, zipfile.stringCentralDir)
-        or not fixed.everywhere(DATE_TIME_AT, _dos_date_time(stamp))
-        or not fixed.everywhere(EXTRA_COMMENT_LENGTHS_AT, bytes(4))
-        or max(fixed.field(SIZE_AT, 4)) * 1.05 > zipfile.ZIP64_LIMIT
-    ):
-        raise Declined
-    local_sizes = map(add, map(add, name_lengths, stored_sizes), repeat(LOCAL_HEADER.size))
-    if list(accumulate(local_sizes, initial=0)) != offsets:
-        raise Declined  # members not back to back: a range copy would take other bytes
-    return Directory(names, offsets, starts, headers, lines)
-
-
-@dataclass(frozen=True)
-class FixedParts:
-    """Central headers without their names, back to back: as each is as long, a field
-    of all of them is a few slices with a step (one per byte), not a call per header."""
-
-    data: bytes
-
-    def field(self, at: int, size: int) -> list[int]:
-        """The little-endian field of `size` bytes (2 or 4) at `at` of every header."""
-        count = len(self.data) // CENTRAL_HEADER.size
-        gathered = bytearray(size * count)
-        for byte in range(size):
-            gathered[byte::size] = self.data[at + byte :: CENTRAL_HEADER.size]
-        return list(struct.unpack(f"<{count}{'H' if size == 2 else 'L'}", gathered))
-
-    def everywhere(self, at: int, value: bytes) -> bool:
-        """Whether every header holds `value` at `at`."""
-        count = len(self.data) // CENTRAL_HEADER.size
-        columns = (self.data[at + byte :: CENTRAL_HEADER.size] for byte in range(len(value)))
-        return all(
-            column == bytes([expected]) * count
-            for column, expected in zip(columns, value, strict=True)
-        )
-
-
 def _dos_date_time(stamp: tuple[int, ...]) -> bytes:
     """The time and date fields of a header written with `stamp`, as zipfile encodes them."""
     info = zipfile.ZipInfo("-", date_time=stamp)  # type: ignore[arg-type]
     info.CRC = 0
     fields = LOCAL_HEADER.unpack_from(info.FileHeader())
     return struct.pack("<HH", fields[5], fields[6])
-
-
-def _end_of(handle: BinaryIO) -> tuple[int, int, int]:
-    """The central directory's offset, size and entry count, from the end records
-    (ZIP64 ones when present), as zipfile writes them: no archive comment."""
-    end = handle.seek(-END_RECORD.size, os.SEEK_END)
-    signature, _, _, _, count, size, offset, comment = END_RECORD.unpack(
-        handle.read(END_RECORD.size)
-    )
-    if signature != zipfile.stringEndArchive or comment:
-        raise Declined
-    if end >= END_LOCATOR64.size:
-        handle.seek(end - END_LOCATOR64.size)
-        locator = END_LOCATOR64.unpack(handle.read(END_LOCATOR64.size))
-        if locator[0] == zipfile.stringEndArchive64Locator:
-            end = locator[2]
-            handle.seek(end)
-            fields = END_RECORD64.unpack(handle.read(END_RECORD64.size))
-            if fields[0] != zipfile.stringEndArchive64:
-                raise Declined
-            count, size, offset = fields[7], fields[8], fields[9]
-    if offset + size != end:
-        raise Declined
-    return offset, size, count
-
-
-def _record_lines(handle: BinaryIO, headers: bytes) -> list[str]:
-    """The lines of the RECORD member, the last one, whose central header ends `headers`."""
-    at = headers.rfind(zipfile.stringCentralDir)
-    if at < 0:
-        raise Declined
-    fields = CENTRAL_HEADER.unpack_from(headers, at)
-    name = headers[at + CENTRAL_HEADER.size :]
-    if len(name) != fields[12] or not name.endswith(b".dist-info/RECORD"):
-        raise Declined
-    handle.seek(fields[18] + LOCAL_HEADER.size + fields[12])
-    stored = handle.read(fields[10])
-    if fields[6] == zipfile.ZIP_DEFLATED:
-        listing = zlib.decompress(stored, -zlib.MAX_WBITS)
-    elif fields[6] == zipfile.ZIP_STORED:
-        listing = stored
-    else:
-        raise Declined
-    if zlib.crc32(listing) != fields[9] or not listing.endswith(b"\n"):
-        raise Declined
-    return listing[:-1].decode().split("\n")
 
 
 def _copy_run(directory: Directory, run: range, source: BinaryIO, output: Output) -> None:
@@ -781,14 +1031,23 @@ def _copy_run(directory: Directory, run: range, source: BinaryIO, output: Output
     start, stop = directory.starts[run.start], directory.starts[run.stop]
     at = len(output.central)
     output.central += directory.headers[start:stop]
+    offsets = directory.offsets[run.start : run.stop]
+    starts = list(map(add, directory.starts[run.start : run.stop], repeat(at - start)))
     if moved:
-        fields = map(
-            add, directory.starts[run.start : run.stop], repeat(at - start + CENTRAL_OFFSET_AT)
-        )
-        offsets = map(add, directory.offsets[run.start : run.stop], repeat(moved))
+        offsets = list(map(add, offsets, repeat(moved)))
+        fields = map(add, starts, repeat(CENTRAL_OFFSET_AT))
         for _ in map(OFFSET_FIELD.pack_into, repeat(output.central), fields, offsets):
             pass  # each call moves one offset; the loop only drives them
-    output.record += directory.lines[run.start : run.stop]
+    output.offsets += offsets
+    output.starts += starts
+    line_start = directory.line_ends[run.start - 1] if run.start else 0
+    shift = len(output.record) - line_start
+    output.record += directory.index.record[line_start : directory.line_ends[run.stop - 1]]
+    output.line_ends += map(add, directory.line_ends[run.start : run.stop], repeat(shift))
+    output.shas.append(directory.index.shas[SHA256_HEX * run.start : SHA256_HEX * run.stop])
+    for name, (entry, chunks) in directory.index.chunks.items():
+        if entry in run:
+            output.chunks[name] = (output.count + entry - run.start, chunks)
     output.count += len(run)
 
 
@@ -819,7 +1078,12 @@ def _copy_bytes(source: BinaryIO, target: BinaryIO, first: int, length: int) -> 
 
 
 def _write_new(
-    output: Output, name: str, data: bytes, digest: bytes | None, stamp: tuple[int, ...]
+    output: Output,
+    name: str,
+    data: bytes,
+    digest: bytes | None,
+    stamp: tuple[int, ...],
+    previous: Deflated | None = None,
 ) -> None:
     """Write one member as `_write_member` writes it: zipfile writes it alone into
     memory, whose local entry and central header (its offset moved) are taken."""
@@ -827,37 +1091,41 @@ def _write_new(
     if offset > zipfile.ZIP64_LIMIT:
         raise Declined  # its central header would need a ZIP64 offset
     scratch = io.BytesIO()
+    chunked: dict[str, Chunks] = {}
     with zipfile.ZipFile(scratch, "w") as archive:
-        line = _write_member(archive, name, data, stamp, digest)
+        line = _write_member(archive, name, data, stamp, digest, chunked, previous)
         local_end = archive.start_dir
     written = scratch.getvalue()
     fields = CENTRAL_HEADER.unpack_from(written, local_end)
     header_end = local_end + CENTRAL_HEADER.size + fields[12] + fields[13] + fields[14]
+    if header_end - local_end != CENTRAL_HEADER.size + len(name.encode()):
+        raise Declined  # ZIP64 fields: not the plain layout an index describes
     output.handle.write(written[:local_end])
-    at = len(output.central)
+    output.offsets.append(offset)
+    output.starts.append(len(output.central))
     output.central += written[local_end:header_end]
-    OFFSET_FIELD.pack_into(output.central, at + CENTRAL_OFFSET_AT, offset)
+    OFFSET_FIELD.pack_into(output.central, output.starts[-1] + CENTRAL_OFFSET_AT, offset)
     if line:
-        output.record.append(line)
+        output.record += f"{line}\n".encode()
+        output.line_ends.append(len(output.record))
+    if chunked:
+        output.chunks[name] = (output.count, chunked[name])
     output.count += 1
 
 
-def _write_central_directory(output: Output) -> None:
+def _write_central_directory(output: Output) -> bytes:
     """The central directory and end records, by zipfile's rules for them (ZIP64 end
-    records past its limits), so the archive ends as a fresh write's does."""
+    records past its limits), so the archive ends as a fresh write's does; returned as
+    written."""
     offset = output.handle.tell()
-    output.handle.write(output.central)
+    tail = bytearray(output.central)
     count, size = output.count, len(output.central)
     if count > zipfile.ZIP_FILECOUNT_LIMIT or max(offset, size) > zipfile.ZIP64_LIMIT:
-        output.handle.write(
-            END_RECORD64.pack(
-                zipfile.stringEndArchive64, 44, 45, 45, 0, 0, count, count, size, offset
-            )
+        tail += END_RECORD64.pack(
+            zipfile.stringEndArchive64, 44, 45, 45, 0, 0, count, count, size, offset
         )
-        output.handle.write(
-            END_LOCATOR64.pack(zipfile.stringEndArchive64Locator, 0, offset + size, 1)
-        )
+        tail += END_LOCATOR64.pack(zipfile.stringEndArchive64Locator, 0, offset + size, 1)
         count, size, offset = min(count, 0xFFFF), min(size, 0xFFFFFFFF), min(offset, 0xFFFFFFFF)
-    output.handle.write(
-        END_RECORD.pack(zipfile.stringEndArchive, 0, 0, count, count, size, offset, 0)
-    )
+    tail += END_RECORD.pack(zipfile.stringEndArchive, 0, 0, count, count, size, offset, 0)
+    output.handle.write(tail)
+    return bytes(tail)
