@@ -4,8 +4,7 @@ looked up; plain doit still finds the backend through nkibuild's entry point."""
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from doit.doit_cmd import DoitMain
 from helpers import build, softmax_manifest, softmax_project
 
 from nkibuild.context import load_context
-from nkibuild.graph.loader import NkibuildLoader, doit_config
+from nkibuild.graph.loader import doit_config
 from nkibuild.graph.run import pending_tasks
 from nkibuild.graph.state import BACKEND_NAME, DEP_FILE, HEADER
 from nkibuild.graph.tasks import task_dicts
@@ -95,30 +94,3 @@ def test_plain_doit_finds_the_state_backend_by_its_entry_point(
     assert header == HEADER
     assert entries.startswith('"make"\t')
     assert "doit.BACKEND" in looked_up  # found where plain doit looks
-
-
-@pytest.fixture
-def unfrozen() -> Iterator[None]:
-    """Whatever a test moves out of the collector's sight is put back after it."""
-    yield
-    gc.unfreeze()
-
-
-@pytest.mark.parametrize("owns_process", [False, True])
-def test_the_tasks_doit_loaded_are_frozen_only_in_a_process_the_build_owns(
-    tmp_path: Path, owns_process: bool, unfrozen: None
-) -> None:
-    project = softmax_project(tmp_path / "p", softmax_manifest())
-    context = load_context(
-        project / "nkibuild.yaml",
-        project / "build",
-        project / "dist",
-        BuildOptions(toolchain="fake"),
-    )
-    loader = NkibuildLoader(tasks=task_dicts(context), owns_process=owns_process)
-    loader.cmd_names = ["run"]
-    tasks = loader.load_tasks(cmd=None, pos_args=[])
-    assert "wheel" in {task.name for task in tasks}
-    watched = {id(task) for task in tasks}
-    seen = {id(obj) for obj in gc.get_objects()} & watched  # the collector's generations
-    assert seen == (set() if owns_process else watched)

@@ -10,7 +10,6 @@ then `doit list`, `doit`, `doit compile:*` work in the project directory.
 
 from __future__ import annotations
 
-import gc
 import os
 from pathlib import Path
 from typing import Any
@@ -72,18 +71,11 @@ class NkibuildLoader(TaskLoader2):
         context: BuildContext | None = None,
         extra_config: dict[str, Any] | None = None,
         tasks: list[dict[str, Any]] | None = None,
-        *,
-        owns_process: bool = False,
     ) -> None:
         super().__init__()
         self.context = context
         self.extra_config = extra_config or {}
         self.tasks = tasks  # task dicts the caller already built from `context`
-        # The caller owns its process (graph/run.py RunOptions.owns_process): what doit
-        # loaded before running the tasks (its modules, the state's index, the tasks)
-        # lives until the build ends, and is moved out of the garbage collector's sight
-        # as what was loaded to decide is (two collections after an edit at 10,000 units).
-        self.owns_process = owns_process
 
     def setup(self, opt_values: dict[str, Any]) -> None:
         if self.context is not None or self.tasks is not None:
@@ -108,13 +100,9 @@ class NkibuildLoader(TaskLoader2):
 
     def load_tasks(self, cmd: Any, pos_args: list[str]) -> list[Task]:
         if self.tasks is not None:
-            tasks = to_tasks(self.tasks, self.cmd_names)
-        else:
-            assert self.context is not None
-            tasks = to_tasks(task_dicts(self.context), self.cmd_names)
-        if self.owns_process:  # doit calls this once its state is open, before running
-            gc.freeze()
-        return tasks
+            return to_tasks(self.tasks, self.cmd_names)
+        assert self.context is not None
+        return to_tasks(task_dicts(self.context), self.cmd_names)
 
 
 # doit finds its plugins (commands, state backends, reporters) among the entry points of

@@ -206,11 +206,7 @@ def run_task_graph(
         {} if verified is None else verified,
         {} if written is None else written,
     )
-    loader = NkibuildLoader(
-        extra_config={**config, "reporter": reporter},
-        tasks=dicts,
-        owns_process=options.owns_process,
-    )
+    loader = NkibuildLoader(extra_config={**config, "reporter": reporter}, tasks=dicts)
 
     argv = ["run"]
     if options.jobs > 1:
