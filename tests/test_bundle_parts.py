@@ -221,10 +221,11 @@ def test_an_edit_appends_to_the_memo_and_a_torn_append_is_redone(
     assert tree(project) == rebuilt_without_memo(project)
 
 
-def _memo_columns(memo: Path) -> tuple[tuple, list, dict]:
-    """The memo's scope, the state of its kernels and its file digests (a snapshot)."""
-    scope, state, digests = pickle.loads(memo.read_bytes())
-    return scope, list(state), digests
+def _memo_columns(memo: Path) -> tuple[tuple, list, dict, str]:
+    """The memo's scope, the state of its kernels, its file digests and the bundle
+    task's definition (a snapshot)."""
+    scope, state, digests, definition = pickle.loads(memo.read_bytes())
+    return scope, list(state), digests, definition
 
 
 def _column(name: str) -> int:
@@ -239,9 +240,9 @@ def test_a_memo_column_that_is_not_a_parts_lends_nothing(tmp_path: Path, made: l
     assert build(project).ok
     expected = tree(project)
     memo = project / "build" / "state" / MEMO_FILE
-    scope, state, digests = _memo_columns(memo)
+    scope, state, digests, definition = _memo_columns(memo)
     state[4][_column("module")].pop()
-    memo.write_bytes(pickle.dumps((scope, tuple(state), digests)))
+    memo.write_bytes(pickle.dumps((scope, tuple(state), digests, definition)))
     shutil.rmtree(project / "build" / "bundle")
     made.clear()
     assert build(project, "bundle").ok
@@ -294,13 +295,13 @@ def test_a_memo_value_of_the_wrong_type_lends_nothing(
     assert build(project).ok
     expected = tree(project)
     memo = project / "build" / "state" / MEMO_FILE
-    scope, state, digests = _memo_columns(memo)
+    scope, state, digests, definition = _memo_columns(memo)
     columns = state[4]
     at = columns[0].index("other")
     row = ROW_DAMAGE[damage](tuple(column[at] for column in columns))
     for column, value in zip(columns, row, strict=True):
         column[at] = value
-    memo.write_bytes(pickle.dumps((scope, tuple(state), digests)))
+    memo.write_bytes(pickle.dumps((scope, tuple(state), digests, definition)))
     shutil.rmtree(project / "build" / "bundle")
     made.clear()
     assert build(project, "bundle").ok
@@ -367,12 +368,12 @@ def test_updates_after_a_damaged_one_are_not_applied(tmp_path: Path, made: list[
     assert build(project).ok
     memo = project / "build" / "state" / MEMO_FILE
     snapshot = memo.read_bytes()
-    _, state, digests = pickle.loads(snapshot)
+    _, state, digests, definition = pickle.loads(snapshot)
     columns = state[4]
     at = columns[0].index("other")
-    stats = [0] * (state[2][at] * 4)  # not the records' stats: would lend nothing if applied
+    stats = ["0 0 0 0"] * state[2][at]  # not the records' stamps: lends nothing if applied
     row = tuple(column[at] for column in columns)
-    later = pickle.dumps(([(at, "other", state[0][at], stats, row)], digests))
+    later = pickle.dumps(([(at, "other", state[0][at], stats, row)], digests, definition))
     memo.write_bytes(snapshot + b"\x80\x05garbage" + later)
     shutil.rmtree(project / "build" / "bundle")
     made.clear()
@@ -431,3 +432,52 @@ def test_a_memo_whose_columns_are_not_lists_lends_nothing_even_after_an_update(
     memo_file = tmp_path / MEMO_FILE
     memo_file.write_bytes(plaindata.dumps(snapshot) + plaindata.dumps(update))
     assert _load(memo_file, scope).kernels.names == []
+
+
+def test_a_bundle_of_the_same_definition_takes_the_memos_records_and_configs(
+    tmp_path: Path, made: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given the bundle task's definition (its fingerprint) as when the memo was saved,
+    the memo's record paths and kernel configs are not made again (only the records'
+    stamps are taken); another definition (a kernel's config edited) makes them."""
+    from nkibuild.bundle import parts
+
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    computed: list[int] = []
+    current = parts._current
+
+    def counted(*args):  # type: ignore[no-untyped-def]
+        computed.append(1)
+        return current(*args)
+
+    monkeypatch.setattr(parts, "_current", counted)
+    made.clear()
+    (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
+    assert "bundle" in build(project).executed
+    assert (made, computed) == (["other"], [])
+    manifest = project / "nkibuild.yaml"
+    manifest.write_text(manifest.read_text().replace("kernels/third.hlo.pb", "kernels/t.hlo.pb"))
+    (project / "kernels" / "t.hlo.pb").write_bytes(hlo("third"))
+    made.clear()
+    assert "bundle" in build(project).executed
+    assert (made, computed) == (["third"], [1])
+    assert tree(project) == rebuilt_without_memo(project)
+
+
+def test_a_memo_of_another_definition_is_checked_record_by_record(
+    tmp_path: Path, made: list[str]
+) -> None:
+    """A memo whose definition is not the build's lends only the parts whose records
+    and configs are as it recorded them (here a config it holds differs)."""
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    memo = project / "build" / "state" / MEMO_FILE
+    scope, state, digests, _ = _memo_columns(memo)
+    state[0][state[4][0].index("other")] = b"another config"  # as if edited since
+    memo.write_bytes(pickle.dumps((scope, tuple(state), digests, "another definition")))
+    made.clear()
+    (project / "kernels" / "third.hlo.pb").write_bytes(hlo("third edited"))
+    assert "bundle" in build(project).executed
+    assert sorted(made) == ["other", "third"]
+    assert tree(project) == rebuilt_without_memo(project)

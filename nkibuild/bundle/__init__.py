@@ -104,16 +104,19 @@ def distributions(manifest: Manifest) -> list[Package]:
     return [package, *(target_package(package, t) for t in split_targets(manifest))]
 
 
-def run(context: BuildContext, seen: SeenStats | None = None) -> WrittenBundle:
+def run(
+    context: BuildContext, seen: SeenStats | None = None, definition: str = ""
+) -> WrittenBundle:
     """The bundle stage of a build: every unit's finished compile -> the generated project.
     A kernel whose inputs are as at the last bundle lends its part from that bundle's
     memo (nkibuild.bundle.parts). `seen`: the stamps of the compile records and of the
-    tree's files as the build saw them, where they are still those (else stat'ed)."""
+    tree's files as the build saw them, where they are still those (else stat'ed);
+    `definition`: the bundle task's fingerprint, if known (graph/uptodate.py)."""
     from nkibuild.bundle.parts import PartsMemo
     from nkibuild.bundle.provenance import summarize
 
     manifest = context.manifest
-    memo = PartsMemo(context, seen)
+    memo = PartsMemo(context, seen, definition)
     parts = memo.kernel_parts(functools.partial(kernel_part, manifest))
     provenance = summarize(context, parts, memo.file_sha256)
     out_dir = context.layout.bundle_dir(manifest)
@@ -457,10 +460,18 @@ def generator_digest() -> str:
     """Hash of the code that writes bundles: a bundle is stale when it changes, even
     within one nkibuild version (a development checkout, a patched install). Besides
     this package: the model whose values the generated code spells (padding, tensor
-    specs) and the padding checks run on the compiled outputs."""
+    specs), the padding checks run on the compiled outputs, and the resolver that names
+    the units and extractions whose records the bundle reads (its parts memo relies on
+    the bundle task's definition, which holds this digest, to name the same records)."""
     digest = hashlib.sha256()
-    manifest = Path(__file__).parent.parent / "manifest"
-    sources = [*Path(__file__).parent.glob("*.py"), manifest / "model.py", manifest / "buckets.py"]
+    package = Path(__file__).parent.parent
+    manifest = package / "manifest"
+    sources = [
+        *Path(__file__).parent.glob("*.py"),
+        manifest / "model.py",
+        manifest / "buckets.py",
+        package / "plan.py",
+    ]
     for source in sorted(sources):
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
     return digest.hexdigest()

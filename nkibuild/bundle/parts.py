@@ -19,12 +19,15 @@ another stamp, which the next bundle sees). The memo keeps the parts as columns 
 list per field, kernels in manifest order) with each kernel's config and its records'
 stamps: when the kernels and their records are those of the memo, in its order (any edit
 that adds no kernel), they are compared a column at a time, and only a difference costs
-a lookup; otherwise each kernel is matched by name. The memo also keeps the sha256 of
-each project file the provenance summary lists, by stat. A bundle that made a few parts
-appends them to the memo file (`save`) rather than writing 18 MB anew; a load stops at
-an update cut short, and the next save writes the memo whole. It is a hint, like the
-plan cache: a missing, damaged or foreign memo (any value not of the type the bundle
-reads) only means every part is computed again, and it never outlives a change of
+a lookup; otherwise each kernel is matched by name. Given the bundle task's definition
+(its fingerprint, which covers every unit's compile record path and every kernel's
+config) as when the memo was saved, the memo's record paths and configs are taken as
+this bundle's: only the records' stamps are taken again. The memo also keeps the sha256
+of each project file the provenance summary lists, by stat. A bundle that made a few
+parts appends them to the memo file (`save`) rather than writing 18 MB anew; a load
+stops at an update cut short, and the next save writes the memo whole. It is a hint,
+like the plan cache: a missing, damaged or foreign memo (any value not of the type the
+bundle reads) only means every part is computed again, and it never outlives a change of
 nkibuild, the bundle generator, the package or where the build directory is.
 """
 
@@ -55,7 +58,8 @@ if TYPE_CHECKING:
     from nkibuild.plan import BuildUnit
 
 MEMO_FILE = "bundle-parts.pickle"
-MEMO_FORMAT = "columns, stamps"  # of the saved state: a memo of another layout lends nothing
+# Of the saved state: a memo of another layout lends nothing.
+MEMO_FORMAT = "columns, stamps, definition"
 MAX_UPDATES = 100  # appended to a snapshot before it is written anew: each costs a load
 
 
@@ -141,22 +145,28 @@ class _Memo:
     length: int = 0
     snapshot_length: int = 0
     updates: int = 0
+    # The bundle task's definition (graph/uptodate.py's fingerprint: its file_dep, which
+    # are every unit's compile record, and its config, which holds every kernel's
+    # `Kernel.config`) when the kernels were saved; "" if not known.
+    definition: str = ""
 
     def to_state(self) -> tuple[object, ...]:
-        return (self.scope, self.kernels.to_state(), self.digests)
+        return (self.scope, self.kernels.to_state(), self.digests, self.definition)
 
 
 class PartsMemo:
     """The parts and file digests of the last bundle, and those of this one (saved by
     `save` once the bundle stage took what it needs)."""
 
-    def __init__(self, context: BuildContext, seen: SeenStats | None = None) -> None:
+    def __init__(
+        self, context: BuildContext, seen: SeenStats | None = None, definition: str = ""
+    ) -> None:
         self.context = context
         self.seen = seen if seen is not None else SeenStats()
         self.file = context.layout.state_dir / MEMO_FILE
         scope = _scope(context)
         self.previous = _load(self.file, scope)
-        self.current = _Memo(scope, _no_kernels(), {})
+        self.current = _Memo(scope, _no_kernels(), {}, definition=definition)
         self.parts: list[KernelPart] = []
         self.made: list[int] = []  # the kernels whose part this bundle made
         self.aligned = False  # the memo's kernels and records, in the same order
@@ -166,14 +176,19 @@ class PartsMemo:
         recorded, else made by `make_part` from its compile records."""
         context = self.context
         layout = context.layout
-        units: dict[str, list[BuildUnit]] = {}
-        for unit in context.units:
-            units.setdefault(unit.kernel, []).append(unit)
         kernels = context.manifest.kernels
+        previous = self.previous.kernels
+        definition = self.current.definition
+        units: dict[str, list[BuildUnit]] = {}
         # Stat'ed before any record is read: a record rewritten meanwhile has another
         # stat next time, so the part made of its new content is not kept under this one.
-        current = _current(layout, kernels, units, self.seen)
-        previous = self.previous.kernels
+        if definition and definition == self.previous.definition:
+            # The same units' records and the same kernel configs as the memo's: only
+            # their stamps are taken (no path or config of 5,000 kernels made again).
+            current = _same_kernels(previous, self.seen)
+        else:
+            units = _by_kernel(context.units)
+            current = _current(layout, kernels, units, self.seen)
         self.aligned = (
             current.records == previous.records
             and current.counts == previous.counts
@@ -184,6 +199,8 @@ class PartsMemo:
             stale = sorted(_stale_aligned(previous, current))
         else:
             parts, stale = _matched_by_name(previous, current)
+        if stale and not units:
+            units = _by_kernel(context.units)
         for index in stale:
             kernel = kernels[index]
             own = units.get(kernel.name, [])
@@ -213,7 +230,12 @@ class PartsMemo:
         when its kernels or records are not the memo's, or once the updates would cost
         a load more than the snapshot does."""
         previous, current = self.previous, self.current
-        if self.aligned and not self.made and current.digests == previous.digests:
+        if (
+            self.aligned
+            and not self.made
+            and current.digests == previous.digests
+            and current.definition == previous.definition
+        ):
             return
         kernels = current.kernels
         changes = [_change(kernels, index, self.parts[index]) for index in self.made]
@@ -225,7 +247,7 @@ class PartsMemo:
                     self.file,
                     previous.length,
                     previous.snapshot_length,
-                    plaindata.dumps((changes, current.digests)),
+                    plaindata.dumps((changes, current.digests, current.definition)),
                 )
             ):
                 kernels.columns = _columns(self.parts)
@@ -251,6 +273,20 @@ def _columns(parts: Sequence[KernelPart]) -> Columns:
 def _change(kernels: _Kernels, index: int, part: KernelPart) -> tuple[object, ...]:
     """An update's entry for a part made again: what the memo keeps of its kernel."""
     return (index, part.name, kernels.configs[index], kernels.stat_span(index), part[:])
+
+
+def _by_kernel(units: Sequence[BuildUnit]) -> dict[str, list[BuildUnit]]:
+    grouped: dict[str, list[BuildUnit]] = {}
+    for unit in units:
+        grouped.setdefault(unit.kernel, []).append(unit)
+    return grouped
+
+
+def _same_kernels(previous: _Kernels, seen: SeenStats) -> _Kernels:
+    """The memo's kernels and records, with the records' stamps now."""
+    columns: Columns = [previous.names, *([] for _ in KernelPart._fields[1:])]
+    stats = seen.stamps(previous.record_paths())
+    return _Kernels(previous.configs, previous.records, previous.counts, stats, columns)
 
 
 def _current(
@@ -357,15 +393,16 @@ def _load(memo_file: Path, scope: tuple[str, ...]) -> _Memo:
 
 
 def _snapshot(value: Any, scope: tuple[str, ...], end: int) -> _Memo:
-    saved_scope, state, digests = value
-    if saved_scope != scope or not _digests(digests):
+    saved_scope, state, digests, definition = value
+    if saved_scope != scope or not _digests(digests) or type(definition) is not str:
         raise ValueError("another build's memo")
     configs, records, counts, stats, columns = state
     if type(columns) is not list or len(columns) != len(KernelPart._fields):
         raise ValueError("not the memo's columns")
     if type(records) is not str or not plaindata.only([configs, counts, stats, *columns], list):
         raise ValueError("not the memo's columns")
-    return _Memo(scope, _Kernels(configs, records, counts, stats, columns), digests, end, end)
+    kernels = _Kernels(configs, records, counts, stats, columns)
+    return _Memo(scope, kernels, digests, end, end, definition=definition)
 
 
 def _updated(memo: _Memo, value: Any, end: int) -> bool:
@@ -373,8 +410,8 @@ def _updated(memo: _Memo, value: Any, end: int) -> bool:
     kernels and records); False if it is not one (what follows is not trusted). Its
     values are checked with the rest of the memo's once all are applied."""
     try:
-        changes, digests = value
-        if type(changes) is not list or not _digests(digests):
+        changes, digests, definition = value
+        if type(changes) is not list or not _digests(digests) or type(definition) is not str:
             return False
         kernels = memo.kernels
         for index, name, config, stats, row in changes:
@@ -396,6 +433,7 @@ def _updated(memo: _Memo, value: Any, end: int) -> bool:
     except (TypeError, ValueError, LookupError, AttributeError):
         return False
     memo.digests = digests
+    memo.definition = definition
     memo.length = end
     memo.updates += 1
     return True

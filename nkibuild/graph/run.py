@@ -108,7 +108,8 @@ def _run_whole_graph(
     written: dict[str, Recorded] = {}
     # The bundle takes the stamps deciding saw of the files no task writes before it.
     seen = uptodate.seen_by(decision, BUNDLE_TASK)
-    handed = [seeing(task, seen) for task in handed_over(decision, dicts)]
+    definition = decision.fingerprints.get(BUNDLE_TASK, "")
+    handed = [seeing(task, seen, definition) for task in handed_over(decision, dicts)]
     summary = run_task_graph(
         context.session,
         handed,

@@ -241,24 +241,28 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
 
 
 @_guarded
-def run_bundle(context: BuildContext, seen: SeenStats | None = None) -> dict[str, Any]:
+def run_bundle(
+    context: BuildContext, seen: SeenStats | None = None, definition: str = ""
+) -> dict[str, Any]:
     from nkibuild import bundle
 
     # The stage records each file's stamp and sha256 as it writes or keeps it, so the
     # outputs check takes them from there instead of hashing the whole tree again.
-    written = bundle.run(context, seen)
+    written = bundle.run(context, seen, definition)
     root = _path(written.directory)  # absolute and normalised: joined as strings
     record = written.record
     return {VALUES_KEY: columns(f"{root}/", record.names, record.stamps, record.sha256)}
 
 
-def seeing(task: dict[str, Any], seen: SeenStats) -> dict[str, Any]:
-    """`task`, its action given the stamps the build's decision saw if it is the bundle's
-    (which would otherwise stat its 25,000 files again at 10,000 units)."""
+def seeing(task: dict[str, Any], seen: SeenStats, definition: str) -> dict[str, Any]:
+    """`task`, if it is the bundle's, with its action given the stamps the build's
+    decision saw (it would otherwise stat its 25,000 files again at 10,000 units) and
+    its `definition` (its fingerprint: the same as when the bundle's memo was saved,
+    the memo's record paths and kernel configs are not made again)."""
     if task["basename"] != BUNDLE_TASK:
         return task
     [(action, args)] = task["actions"]
-    return {**task, "actions": [(action, args, {"seen": seen})]}
+    return {**task, "actions": [(action, args, {"seen": seen, "definition": definition})]}
 
 
 def _bundle_config(manifest: Manifest) -> dict[str, Any]:
