@@ -38,7 +38,7 @@ import json
 import marshal
 import os
 from bisect import bisect_right
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain, compress, count, repeat
 from operator import is_, ne
@@ -199,8 +199,9 @@ class PartsMemo:
             stale = sorted(_stale_aligned(previous, current))
         else:
             parts, stale = _matched_by_name(previous, current)
-        if stale and not units:
-            units = _by_kernel(context.units)
+        if stale and not units:  # those of the kernels to make only
+            names = {kernels[index].name for index in stale}
+            units = _by_kernel(unit for unit in context.units if unit.extract.kernel in names)
         for index in stale:
             kernel = kernels[index]
             own = units.get(kernel.name, [])
@@ -275,7 +276,7 @@ def _change(kernels: _Kernels, index: int, part: KernelPart) -> tuple[object, ..
     return (index, part.name, kernels.configs[index], kernels.stat_span(index), part[:])
 
 
-def _by_kernel(units: Sequence[BuildUnit]) -> dict[str, list[BuildUnit]]:
+def _by_kernel(units: Iterable[BuildUnit]) -> dict[str, list[BuildUnit]]:
     grouped: dict[str, list[BuildUnit]] = {}
     for unit in units:
         grouped.setdefault(unit.kernel, []).append(unit)

@@ -121,10 +121,14 @@ def update_tree(
         os.chmod(work, new_dir_mode())  # mkdtemp's 0o700: it becomes the tree if none exists
         mode = new_file_mode()
         written = [name for name in changed if name != stamp_name]
+        # Into an existing tree the files are renamed one by one: staged flat (no
+        # directories made and removed in the work dir for an edit's few files).
+        flat = root.exists()
+        staged = {name: work / (str(index) if flat else name) for index, name in enumerate(written)}
         try:
-            for name in written:
-                _write(work / name, wanted[name], mode)
-            _commit(root, work, written, strays, stamp_name)
+            for name, path in staged.items():
+                _write(path, wanted[name], mode)
+            _commit(root, work, staged, strays, stamp_name)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         atomic_write_bytes(root / stamp_name, stamp, durable=False)
@@ -300,19 +304,22 @@ def _copy_checked(copy: CompiledCopy, path: Path) -> None:
         )
 
 
-def _commit(root: Path, work: Path, changed: list[str], strays: list[str], stamp: str) -> None:
-    """Move the written files into the tree (all at once if there is no tree yet)."""
+def _commit(
+    root: Path, work: Path, staged: Mapping[str, Path], strays: list[str], stamp: str
+) -> None:
+    """Move the written files (`staged`: name in the tree -> where it was written) into
+    the tree (the work dir as a whole if there is no tree yet)."""
     if not root.exists():
         os.replace(work, root)
         return
-    _refuse_links(root, [*changed, *strays])
+    _refuse_links(root, [*staged, *strays])
     # From here until they are back: not a bundle, and no record a next update trusts.
     (root / stamp).unlink(missing_ok=True)
     (root / RECORD_FILE).unlink(missing_ok=True)
     (root / LEGACY_RECORD_FILE).unlink(missing_ok=True)
-    for name in changed:
+    for name, path in staged.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(work / name, root / name)
+        os.replace(path, root / name)
     for name in strays:
         (root / name).unlink(missing_ok=True)
     _remove_empty_dirs(root, strays)
