@@ -279,11 +279,12 @@ def test_damaged_patches_forget_their_task_only(tmp_path: Path) -> None:
     assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "k") == {"a": 1}
 
 
-def test_version_2_files_are_read_and_written_anew(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [2, 3])
+def test_earlier_versions_are_read_and_written_anew(tmp_path: Path, version: int) -> None:
     path = tmp_path / "state.json"
-    version_2 = '{"format": "nkibuild-doit-state", "version": 2}'
+    header = f'{{"format": "nkibuild-doit-state", "version": {version}}}'
     entry = {"_values_:": {"o": 1}, "result:is:_values_:": True}
-    path.write_text(f'{version_2}\n"a"\t{json.dumps(entry)}\n')
+    path.write_text(f'{header}\n"a"\t{json.dumps(entry)}\n')
     db = AtomicJsonDB(str(path), JSONCodec())
     assert db.get("a", "result:") == {"o": 1}
     db.dump()
@@ -461,3 +462,82 @@ def test_members_equal_as_saved_are_left_out_of_a_patch_however_built(tmp_path: 
         8,
         "ab" * 32,
     ]
+
+
+def outputs_values(stamps: list[str]) -> dict:
+    """The values of a task whose outputs record is in columns (graph/intact.py)."""
+    names = [f"neffs/k{index:05d}.neff" for index in range(len(stamps))]
+    columns = {"names": names, "stamps": stamps, "sha256": ["ab" * 32] * len(stamps)}
+    return {"outputs": {"root": "/b/", **{key: "\0".join(value) for key, value in columns.items()}}}
+
+
+STAMPS = [f"{index} 1795{index:015d} 1795{index:015d} {1000 + index}" for index in range(2000)]
+
+
+def test_a_long_column_changed_in_a_few_fields_is_saved_as_splices(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    db = saved(path, {"bundle": {"_values_:": outputs_values(STAMPS)}, "t": {"k": 1}})
+    runs = [STAMPS]
+    for edit in range(3):
+        stamps = list(runs[-1])
+        stamps[edit] = f"changed {edit}"  # first fields, shorter
+        stamps[1234 - edit] = f"{stamps[1234 - edit]} and longer"
+        stamps[-1] = "last" * edit
+        runs.append(stamps)
+        before = path.read_text()
+        db.set("bundle", "_values_:", outputs_values(stamps))
+        db.dump()
+        after = path.read_text()
+        assert after.startswith(before)
+        task_id, line = after[len(before) :].rstrip("\n").split("\t")
+        assert task_id == '"bundle"' and len(line) < 400  # the column is ~100 KB
+        operations = {tuple(operation[0]): operation for operation in json.loads(line)}
+        operation = operations[("_values_:", "outputs", "stamps")]
+        assert operation[3::3] == [stamps[-1], stamps[1234 - edit], f"changed {edit}"]
+        db = AtomicJsonDB(str(path), JSONCodec())
+        assert db.get("bundle", "_values_:") == outputs_values(stamps), edit
+        assert db.get("t", "k") == 1
+    db.set("t", "k", 2)
+    db._rewrite = True  # written whole: the splices applied, once
+    db.dump()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3 and lines[1].startswith('"bundle"\t{')
+    assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "_values_:") == outputs_values(
+        runs[-1]
+    )
+
+
+def test_a_column_of_other_fields_or_changed_much_is_set_whole(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    unchanged = "y" * 2_000_000  # the patch is small beside it: a patch line, not the entry
+    for stamps in (STAMPS[:-1], [f"new {stamp}" for stamp in STAMPS]):
+        db = saved(path, {"bundle": {"_values_:": outputs_values(STAMPS), "other:": unchanged}})
+        db.set("bundle", "_values_:", outputs_values(stamps))
+        db.dump()
+        line = path.read_text().splitlines()[-1].split("\t")[1]
+        operations = {tuple(operation[0]): operation for operation in json.loads(line)}
+        assert operations[("_values_:", "outputs", "stamps")][1:] == ["\0".join(stamps)]
+        reread = AtomicJsonDB(str(path), JSONCodec())
+        assert reread.get("bundle", "_values_:") == outputs_values(stamps)
+
+
+def test_damaged_splices_forget_their_task_only(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    saved(path, {"bundle": {"k": {"s": "abcdef", "n": 1}}, "t": {"k": 2}})
+    base = path.read_text()
+    cases = {
+        "outside-the-string": '[[["k", "s"], 4, 9, "x"]]',
+        "not-last-first": '[[["k", "s"], 0, 1, "x", 2, 3, "y"]]',
+        "start-after-end": '[[["k", "s"], 3, 2, "x"]]',
+        "positions-not-numbers": '[[["k", "s"], "0", 1, "x"]]',
+        "text-not-a-string": '[[["k", "s"], 0, 1, 5]]',
+        "of-a-number": '[[["k", "n"], 0, 1, "x"]]',
+        "a-triple-cut-short": '[[["k", "s"], 0, 1, "x", 2]]',
+    }
+    for name, damage in cases.items():
+        path.write_text(f'{base}"bundle"\t{damage}\n')
+        db = AtomicJsonDB(str(path), JSONCodec())
+        assert db.get("bundle", "k") is None, name
+        assert db.get("t", "k") == 2, name
+    path.write_text(base + '"bundle"\t[[["k", "s"], 4, 5, "E", 0, 2, ""]]\n')  # a good one
+    assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "k") == {"s": "cdEf", "n": 1}

@@ -18,8 +18,10 @@ A task whose entry is big and changed a little (the bundle's lists every compile
 record and every file of its tree: megabytes at 10,000 units, of which an edit changes
 a few) gets a patch line instead: a JSON list of operations on its entry as the lines
 before it leave it (`[[key, ...], value]` sets a value, `[[key, ...]]` removes one,
-the keys a path into nested objects). The entry is written whole again once its
-patches would outweigh half of it.
+the keys a path into nested objects; `[[key, ...], start, end, text, ...]` replaces
+characters of a string, see `_splice`: a long string of NUL-separated fields changed
+in a few, as the columns of an outputs record, graph/intact.py, hold 15,000 stamps or
+sha256s). The entry is written whole again once its patches would outweigh half of it.
 
 Beside the file, an index (`<file>.index`, a plain-data pickle) says where each task's
 lines are, for the file as it was written (its size, times and inode): the next run
@@ -46,8 +48,8 @@ import os
 import weakref
 from array import array
 from collections.abc import Sequence
-from itertools import chain, compress, islice
-from operator import itemgetter, le
+from itertools import accumulate, chain, compress, count, islice
+from operator import itemgetter, le, ne
 from pathlib import Path
 from typing import IO, Any
 
@@ -58,11 +60,15 @@ BACKEND_NAME = "nkibuild-json"
 DEP_FILE = "doit-state.json"  # in the build's state dir
 
 
-# Every nkibuild that writes version 3 reads it the same way: later lines win, a `null`
+# Every nkibuild that writes version 4 reads it the same way: later lines win, a `null`
 # entry is not an entry, a line whose entry is a JSON list patches the entry before it.
-# Version 2 is version 3 without patches.
-HEADER = '{"format": "nkibuild-doit-state", "version": 3}'
-READABLE_HEADERS = (HEADER, '{"format": "nkibuild-doit-state", "version": 2}')
+# Version 3 is version 4 without splices, version 2 is version 3 without patches.
+HEADER = '{"format": "nkibuild-doit-state", "version": 4}'
+READABLE_HEADERS = (
+    HEADER,
+    '{"format": "nkibuild-doit-state", "version": 3}',
+    '{"format": "nkibuild-doit-state", "version": 2}',
+)
 REMOVED = "null"
 # doit saves a task's values and the result of its last action, which for nkibuild's
 # tasks is the values but for what doit adds to them (the outputs record: the bundle's
@@ -74,7 +80,9 @@ FILE_DEPS = "deps:"
 # Appending stops paying once superseded lines outweigh the live ones this much.
 COMPACT_RATIO = 2
 MAX_PATCHES = 50  # a task's patches applied on decode before it is written whole again
-PATCH_DEPTH = 3  # keys deep: the bundle's `_values_:` -> `outputs` -> a file
+PATCH_DEPTH = 3  # keys deep: the bundle's `_values_:` -> `outputs` -> a file or column
+FIELD_SEPARATOR = "\0"  # of a string patched by splices (`_splice`)
+SPLICE_MIN = 4096  # characters: a shorter string is set whole
 _MISSING: Any = object()  # a key an entry does not have
 
 Span = tuple[int, int]  # where a line's entry is in the file's text
@@ -480,9 +488,13 @@ def _diff(keys: list[str], before: Any, after: Any) -> list[list[Any]]:
     if not plaindata.all_strings(after):  # JSON would make a key a string: set the object whole
         return [[keys, after]]
     operations: list[list[Any]] = []
-    if len(keys) + 1 == PATCH_DEPTH:  # members set whole: the bundle's 15,000 outputs
+    if len(keys) + 1 == PATCH_DEPTH:  # members set whole (or spliced): the bundle's outputs
         same = _saved_alike(before, after)
-        operations += [[[*keys, key], value] for key, value in after.items() if key not in same]
+        operations += [
+            _set([*keys, key], before.get(key, _MISSING), value)
+            for key, value in after.items()
+            if key not in same
+        ]
     else:
         for key, value in after.items():
             saved = before.get(key, _MISSING)
@@ -490,6 +502,54 @@ def _diff(keys: list[str], before: Any, after: Any) -> list[list[Any]]:
                 operations += _diff([*keys, key], saved, value)
     operations += [[[*keys, key]] for key in before.keys() - after.keys()]
     return operations
+
+
+def _set(keys: list[str], before: Any, after: Any) -> list[Any]:
+    """The operation making `after` the value at `keys`, where `before` was: splices of a
+    long string changed in a few of its fields, else `after` whole."""
+    if type(before) is str and type(after) is str and len(after) >= SPLICE_MIN:
+        splice = _splice(before, after)
+        if splice is not None:
+            return [keys, *splice]
+    return [keys, after]
+
+
+def _splice(before: str, after: str) -> list[Any] | None:
+    """`start, end, text, ...`: each of the NUL-separated fields of `before` that differs
+    from the same field of `after`, as characters of `before` replaced, the last field
+    first (so that each position is still where `before` has it when applied in order);
+    None if they have not the same number of fields, or the splices would not be much
+    smaller than `after` (an edit changes a few of the bundle's 15,000 stamps)."""
+    old, new = before.split(FIELD_SEPARATOR), after.split(FIELD_SEPARATOR)
+    if len(old) != len(new):
+        return None
+    changed = list(compress(count(), map(ne, old, new)))  # compared in C
+    if not changed or sum(len(new[index]) + 24 for index in changed) * 4 > len(after):
+        return None
+    ends = list(accumulate(map(len, old)))  # of each field, but for the separators before it
+    splice: list[Any] = []
+    for index in reversed(changed):
+        end = ends[index] + index
+        splice += [end - len(old[index]), end, new[index]]
+    return splice
+
+
+def _spliced(text: Any, splice: list[Any]) -> str:
+    """`text` with a splice's replacements made (`_splice`); ValueError if they are not
+    replacements within it, the last first."""
+    if type(text) is not str:
+        raise ValueError("a splice of what is not a string")
+    pieces: list[str] = []
+    tail = len(text)
+    for start, end, replacement in zip(splice[::3], splice[1::3], splice[2::3], strict=True):
+        if not (type(start) is int and type(end) is int and type(replacement) is str):
+            raise ValueError("not a splice")
+        if not 0 <= start <= end <= tail:
+            raise ValueError("a splice outside the string, or not the last first")
+        pieces += [text[end:tail], replacement]
+        tail = start
+    pieces.append(text[:tail])
+    return "".join(reversed(pieces))
 
 
 def _saved_alike(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
@@ -559,7 +619,7 @@ def _patch(entry: dict[str, Any], operations: Any) -> None:
     if not isinstance(operations, list):
         raise ValueError("not a patch")
     for operation in operations:
-        if not (isinstance(operation, list) and len(operation) in (1, 2)):
+        if not (isinstance(operation, list) and (len(operation) == 2 or len(operation) % 3 == 1)):
             raise ValueError("not a patch operation")
         keys = operation[0]
         if not (isinstance(keys, list) and keys and all(type(key) is str for key in keys)):
@@ -571,8 +631,10 @@ def _patch(entry: dict[str, Any], operations: Any) -> None:
                 raise ValueError("a patch of what the entry does not have")
         if len(operation) == 2:
             target[keys[-1]] = operation[1]
-        else:
+        elif len(operation) == 1:
             target.pop(keys[-1], None)
+        else:
+            target[keys[-1]] = _spliced(target.get(keys[-1]), operation[1:])
 
 
 def _entries(text: str, start: int) -> tuple[dict[str, Lines], bool]:
