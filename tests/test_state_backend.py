@@ -474,7 +474,7 @@ def outputs_values(stamps: list[str]) -> dict:
 STAMPS = [f"{index} 1795{index:015d} 1795{index:015d} {1000 + index}" for index in range(2000)]
 
 
-def test_a_long_column_changed_in_a_few_fields_is_saved_as_splices(tmp_path: Path) -> None:
+def test_a_long_column_changed_in_a_few_fields_is_saved_as_those_fields(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     db = saved(path, {"bundle": {"_values_:": outputs_values(STAMPS)}, "t": {"k": 1}})
     runs = [STAMPS]
@@ -493,7 +493,8 @@ def test_a_long_column_changed_in_a_few_fields_is_saved_as_splices(tmp_path: Pat
         assert task_id == '"bundle"' and len(line) < 400  # the column is ~100 KB
         operations = {tuple(operation[0]): operation for operation in json.loads(line)}
         operation = operations[("_values_:", "outputs", "stamps")]
-        assert operation[3::3] == [stamps[-1], stamps[1234 - edit], f"changed {edit}"]
+        assert operation[1::2] == [edit, 1234 - edit, len(STAMPS) - 1]  # fields replaced
+        assert operation[2::2] == [f"changed {edit}", stamps[1234 - edit], stamps[-1]]
         db = AtomicJsonDB(str(path), JSONCodec())
         assert db.get("bundle", "_values_:") == outputs_values(stamps), edit
         assert db.get("t", "k") == 1
@@ -521,23 +522,37 @@ def test_a_column_of_other_fields_or_changed_much_is_set_whole(tmp_path: Path) -
         assert reread.get("bundle", "_values_:") == outputs_values(stamps)
 
 
-def test_damaged_splices_forget_their_task_only(tmp_path: Path) -> None:
+def test_damaged_field_changes_forget_their_task_only(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
-    saved(path, {"bundle": {"k": {"s": "abcdef", "n": 1}}, "t": {"k": 2}})
+    saved(path, {"bundle": {"k": {"s": "a\0b\0c", "n": 1}}, "t": {"k": 2}})
     base = path.read_text()
     cases = {
-        "outside-the-string": '[[["k", "s"], 4, 9, "x"]]',
-        "not-last-first": '[[["k", "s"], 0, 1, "x", 2, 3, "y"]]',
-        "start-after-end": '[[["k", "s"], 3, 2, "x"]]',
-        "positions-not-numbers": '[[["k", "s"], "0", 1, "x"]]',
-        "text-not-a-string": '[[["k", "s"], 0, 1, 5]]',
-        "of-a-number": '[[["k", "n"], 0, 1, "x"]]',
-        "a-triple-cut-short": '[[["k", "s"], 0, 1, "x", 2]]',
+        "past-the-last-field": '[[["k", "s"], 3, "x"]]',
+        "before-the-first": '[[["k", "s"], -1, "x"]]',
+        "index-not-a-number": '[[["k", "s"], "0", "x"]]',
+        "index-a-bool": '[[["k", "s"], true, "x"]]',
+        "text-not-a-string": '[[["k", "s"], 0, 5]]',
+        "of-a-number": '[[["k", "n"], 0, "x"]]',
+        "a-field-without-text": '[[["k", "s"], 0, "x", 1]]',
     }
     for name, damage in cases.items():
         path.write_text(f'{base}"bundle"\t{damage}\n')
         db = AtomicJsonDB(str(path), JSONCodec())
         assert db.get("bundle", "k") is None, name
         assert db.get("t", "k") == 2, name
-    path.write_text(base + '"bundle"\t[[["k", "s"], 4, 5, "E", 0, 2, ""]]\n')  # a good one
-    assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "k") == {"s": "cdEf", "n": 1}
+    good = [
+        '[[["k", "s"], 2, "C", 0, ""]]',
+        '[[["k", "s"], 1, "B"]]',  # on the string as the patch before left it
+        '[[["k", "n"], 7]]',
+    ]
+    path.write_text(base + "".join(f'"bundle"\t{patch}\n' for patch in good))
+    assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "k") == {"s": "\0B\0C", "n": 7}
+    # Set whole after fields were replaced: the value set is the string.
+    path.write_text(f'{base}"bundle"\t{good[0]}\n"bundle"\t[[["k", "s"], "whole"]]\n')
+    assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "k") == {"s": "whole", "n": 1}
+    path.write_text(f'{base}"bundle"\t[[["k", "s"], "x\\u0000y"]]\n"bundle"\t{good[1]}\n')
+    assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "k") == {"s": "x\0B", "n": 1}
+    # The object holding the string set whole: its fields are the new object's.
+    whole = '[[["k"], {"s": "p\\u0000q"}]]'
+    path.write_text(f'{base}"bundle"\t{good[0]}\n"bundle"\t{whole}\n"bundle"\t{good[1]}\n')
+    assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "k") == {"s": "p\0B"}

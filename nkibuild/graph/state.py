@@ -18,10 +18,10 @@ A task whose entry is big and changed a little (the bundle's lists every compile
 record and every file of its tree: megabytes at 10,000 units, of which an edit changes
 a few) gets a patch line instead: a JSON list of operations on its entry as the lines
 before it leave it (`[[key, ...], value]` sets a value, `[[key, ...]]` removes one,
-the keys a path into nested objects; `[[key, ...], start, end, text, ...]` replaces
-characters of a string, see `_splice`: a long string of NUL-separated fields changed
-in a few, as the columns of an outputs record, graph/intact.py, hold 15,000 stamps or
-sha256s). The entry is written whole again once its patches would outweigh half of it.
+the keys a path into nested objects; `[[key, ...], index, text, ...]` replaces fields
+of a long string of NUL-separated fields changed in a few, as the columns of an
+outputs record, graph/intact.py, hold 15,000 stamps or sha256s: `_changed_fields`).
+The entry is written whole again once its patches would outweigh half of it.
 
 Beside the file, an index (`<file>.index`, a plain-data pickle) says where each task's
 lines are, for the file as it was written (its size, times and inode): the next run
@@ -48,7 +48,7 @@ import os
 import weakref
 from array import array
 from collections.abc import Sequence
-from itertools import accumulate, chain, compress, count, islice
+from itertools import chain, compress, count, islice
 from operator import itemgetter, le, ne
 from pathlib import Path
 from typing import IO, Any
@@ -81,7 +81,7 @@ FILE_DEPS = "deps:"
 COMPACT_RATIO = 2
 MAX_PATCHES = 50  # a task's patches applied on decode before it is written whole again
 PATCH_DEPTH = 3  # keys deep: the bundle's `_values_:` -> `outputs` -> a file or column
-FIELD_SEPARATOR = "\0"  # of a string patched by splices (`_splice`)
+FIELD_SEPARATOR = "\0"  # of a string patched field by field (`_changed_fields`)
 SPLICE_MIN = 4096  # characters: a shorter string is set whole
 _MISSING: Any = object()  # a key an entry does not have
 
@@ -191,8 +191,10 @@ class AtomicJsonDB:
             entry = self.codec.decode(self._saved(task_id, lines[0]))
             if not isinstance(entry, dict):
                 return None
+            fields = _Fields()
             for span in lines[1:]:
-                _patch(entry, self.codec.decode(self._saved(task_id, span)))
+                _patch(entry, self.codec.decode(self._saved(task_id, span)), fields)
+            fields.join()
         except (ValueError, RecursionError):  # ValueError: also a line not where indexed
             return None
         return _with_result(entry)
@@ -505,51 +507,59 @@ def _diff(keys: list[str], before: Any, after: Any) -> list[list[Any]]:
 
 
 def _set(keys: list[str], before: Any, after: Any) -> list[Any]:
-    """The operation making `after` the value at `keys`, where `before` was: splices of a
-    long string changed in a few of its fields, else `after` whole."""
+    """The operation making `after` the value at `keys`, where `before` was: the fields
+    of a long string changed in a few of them, else `after` whole."""
     if type(before) is str and type(after) is str and len(after) >= SPLICE_MIN:
-        splice = _splice(before, after)
-        if splice is not None:
-            return [keys, *splice]
+        changed = _changed_fields(before, after)
+        if changed is not None:
+            return [keys, *changed]
     return [keys, after]
 
 
-def _splice(before: str, after: str) -> list[Any] | None:
-    """`start, end, text, ...`: each of the NUL-separated fields of `before` that differs
-    from the same field of `after`, as characters of `before` replaced, the last field
-    first (so that each position is still where `before` has it when applied in order);
-    None if they have not the same number of fields, or the splices would not be much
-    smaller than `after` (an edit changes a few of the bundle's 15,000 stamps)."""
+def _changed_fields(before: str, after: str) -> list[Any] | None:
+    """`index, text, ...`: each NUL-separated field of `after` that differs from the same
+    field of `before`; None if they have not the same number of fields, or the changed
+    ones are not much smaller than `after` (an edit changes a few of 15,000 stamps)."""
     old, new = before.split(FIELD_SEPARATOR), after.split(FIELD_SEPARATOR)
     if len(old) != len(new):
         return None
     changed = list(compress(count(), map(ne, old, new)))  # compared in C
-    if not changed or sum(len(new[index]) + 24 for index in changed) * 4 > len(after):
+    if not changed or sum(len(new[index]) + 16 for index in changed) * 4 > len(after):
         return None
-    ends = list(accumulate(map(len, old)))  # of each field, but for the separators before it
-    splice: list[Any] = []
-    for index in reversed(changed):
-        end = ends[index] + index
-        splice += [end - len(old[index]), end, new[index]]
-    return splice
+    return [item for index in changed for item in (index, new[index])]
 
 
-def _spliced(text: Any, splice: list[Any]) -> str:
-    """`text` with a splice's replacements made (`_splice`); ValueError if they are not
-    replacements within it, the last first."""
-    if type(text) is not str:
-        raise ValueError("a splice of what is not a string")
-    pieces: list[str] = []
-    tail = len(text)
-    for start, end, replacement in zip(splice[::3], splice[1::3], splice[2::3], strict=True):
-        if not (type(start) is int and type(end) is int and type(replacement) is str):
-            raise ValueError("not a splice")
-        if not 0 <= start <= end <= tail:
-            raise ValueError("a splice outside the string, or not the last first")
-        pieces += [text[end:tail], replacement]
-        tail = start
-    pieces.append(text[:tail])
-    return "".join(reversed(pieces))
+class _Fields:
+    """The strings a task's patches change field by field, split once while its patches
+    are applied and joined after them (50 patches would otherwise copy each string 50
+    times). The strings are held by (the object holding one, its key)."""
+
+    def __init__(self) -> None:
+        self._split: dict[tuple[int, str], tuple[dict[str, Any], str, list[str]]] = {}
+
+    def replace(self, target: dict[str, Any], key: str, changes: list[Any]) -> None:
+        """Replace fields of the string at `target[key]` (`_changed_fields`); ValueError
+        if it is not a string of those fields."""
+        held = self._split.get((id(target), key))
+        if held is None:
+            text = target.get(key)
+            if type(text) is not str:
+                raise ValueError("fields of what is not a string")
+            held = self._split[id(target), key] = (target, key, text.split(FIELD_SEPARATOR))
+        fields = held[2]
+        for index, text in zip(changes[::2], changes[1::2], strict=True):
+            if not (type(index) is int and 0 <= index < len(fields) and type(text) is str):
+                raise ValueError("not a field of the string")
+            fields[index] = text
+
+    def forget(self, target: dict[str, Any], key: str) -> None:
+        """`target[key]` is set or removed whole: the fields replaced before are not it."""
+        self._split.pop((id(target), key), None)
+
+    def join(self) -> None:
+        for target, key, fields in self._split.values():
+            target[key] = FIELD_SEPARATOR.join(fields)
+        self._split.clear()
 
 
 def _saved_alike(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
@@ -614,12 +624,14 @@ def _with_result(entry: dict[str, Any]) -> dict[str, Any] | None:
     return entry
 
 
-def _patch(entry: dict[str, Any], operations: Any) -> None:
-    """Apply a patch line's operations to `entry`; ValueError if it is not one."""
+def _patch(entry: dict[str, Any], operations: Any, fields: _Fields) -> None:
+    """Apply a patch line's operations to `entry`, the strings changed field by field held
+    in `fields` (joined into the entry once its last patch is applied); ValueError if it
+    is not one."""
     if not isinstance(operations, list):
         raise ValueError("not a patch")
     for operation in operations:
-        if not (isinstance(operation, list) and (len(operation) == 2 or len(operation) % 3 == 1)):
+        if not (isinstance(operation, list) and (len(operation) == 2 or len(operation) % 2)):
             raise ValueError("not a patch operation")
         keys = operation[0]
         if not (isinstance(keys, list) and keys and all(type(key) is str for key in keys)):
@@ -629,12 +641,14 @@ def _patch(entry: dict[str, Any], operations: Any) -> None:
             target = target.get(key)
             if not isinstance(target, dict):
                 raise ValueError("a patch of what the entry does not have")
+        if len(operation) > 2:
+            fields.replace(target, keys[-1], operation[1:])
+            continue
+        fields.forget(target, keys[-1])
         if len(operation) == 2:
             target[keys[-1]] = operation[1]
-        elif len(operation) == 1:
-            target.pop(keys[-1], None)
         else:
-            target[keys[-1]] = _spliced(target.get(keys[-1]), operation[1:])
+            target.pop(keys[-1], None)
 
 
 def _entries(text: str, start: int) -> tuple[dict[str, Lines], bool]:
