@@ -3,9 +3,12 @@
 Standard backends always deflate, which costs time and gains nothing on
 NEFFs (their payload is already gzip); they also need SOURCE_DATE_EPOCH or VCS
 tweaks to be reproducible. This writer stores a file when deflating does not
-pay, deflates big files at zlib's fastest level, sorts entries, and fixes every
-timestamp, so equal inputs give a byte-identical wheel. Names, versions and tags
-come from `packaging`.
+pay, deflates big files at zlib's fastest level in chunks deflated alone, writes
+entries in name order (as a bundle lists its files), and fixes every timestamp, so
+equal inputs give a byte-identical wheel. A wheel it wrote is updated in place from
+an index kept beside it: unchanged members copied as stored, only changed chunks
+deflated again, with the same bytes as a fresh write. Names, versions and tags come
+from `packaging`.
 """
 
 from __future__ import annotations
@@ -24,11 +27,10 @@ import sys
 import zipfile
 import zlib
 from array import array
-from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, compress, count, pairwise, repeat
-from operator import add, itemgetter, ne
+from operator import add, itemgetter, ne, sub
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -84,34 +86,35 @@ def run(context: BuildContext) -> list[Path]:
 
     A wheel it replaces lends its unchanged members (see `Previous`) when the same
     writer made it (`WRITER_FILE` says), and is updated in place from its index
-    (`INDEX_FILE`, see `_update_zip`) while it has the stat it had when written."""
+    (`INDEX_FILE`, see `_update_zip`) while it has the stat its index was stamped with.
+    Neither file is removed first: a build killed after a wheel was replaced leaves an
+    index stamped with the stat of the wheel it replaced, which lends nothing."""
     from nkibuild.bundle import load_bundle
 
     bundle_dir = context.layout.bundle_dir(context.manifest)
     writer_file = context.layout.state_dir / WRITER_FILE
     index_file = context.layout.state_dir / INDEX_FILE
-    written = _written_by_this_writer(writer_file)
-    reuse = None if written is None else _indexes(index_file, written)
-    writer_file.unlink(missing_ok=True)  # until the new wheels are in place
-    index_file.unlink(missing_ok=True)
+    identity = writer_identity()
+    same_writer = _written_by(writer_file, identity)
+    reuse = _indexes(index_file) if same_writer else None
     project = load_bundle(bundle_dir, build_info=False)
     dist_dir = context.layout.dist_dir
     wheels = [write_wheel(each, dist_dir, reuse=reuse) for each in (project, *project.parts)]
-    stats = {wheel.name: stat_stamp(wheel) for wheel, _ in wheels}
-    indexes = {
-        wheel.name: dataclasses.replace(index, stamp=stats[wheel.name]).plain()
-        for wheel, index in wheels
-        if index is not None and stats[wheel.name] is not None
-    }
+    indexes = {}
+    for wheel, index in wheels:
+        stamp = stat_stamp(wheel)
+        if index is not None and stamp is not None:
+            indexes[wheel.name] = dataclasses.replace(index, stamp=stamp).plain()
     atomic_write_bytes(index_file, plaindata.dumps(indexes), durable=False)
-    record = {"writer": writer_identity(), "wheels": stats}
-    atomic_write_text(writer_file, json.dumps(record), durable=False)
+    if not same_writer:
+        atomic_write_text(writer_file, json.dumps({"writer": identity}), durable=False)
     return [wheel for wheel, _ in wheels]
 
 
-def _indexes(index_file: Path, stats: Mapping[str, str]) -> dict[str, WheelIndex]:
-    """The indexes of the wheels this writer wrote that still have the stats `stats`
-    recorded for them (none from a file that is missing or damaged)."""
+def _indexes(index_file: Path) -> dict[str, WheelIndex]:
+    """The indexes of the wheels in dist/ as they were written (none from a file that is
+    missing or damaged); each is used only while its wheel has the stat it was stamped
+    with."""
     try:
         plain = plaindata.loads(index_file.read_bytes())
     except (OSError, ValueError):
@@ -119,26 +122,17 @@ def _indexes(index_file: Path, stats: Mapping[str, str]) -> dict[str, WheelIndex
     if not isinstance(plain, dict):
         return {}
     indexes = {name: WheelIndex.from_plain(value) for name, value in plain.items()}
-    return {
-        name: index
-        for name, index in indexes.items()
-        if index is not None and stats.get(name) == index.stamp
-    }
+    return {name: index for name, index in indexes.items() if index is not None}
 
 
-def _written_by_this_writer(writer_file: Path) -> dict[str, str] | None:
-    """The stats of the wheels this writer last wrote (file name -> stat), or None if
-    another writer (or none known) made what dist/ holds."""
+def _written_by(writer_file: Path, identity: dict[str, str]) -> bool:
+    """Whether the writer `identity` made what dist/ holds (as far as `writer_file`
+    says: another writer, or none known, and nothing of dist/ is reused)."""
     try:
         record = json.loads(writer_file.read_text())
     except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("writer") != writer_identity():
-        return None
-    stats = record.get("wheels")
-    if not isinstance(stats, dict):
-        return {}
-    return {name: stat for name, stat in stats.items() if isinstance(stat, str)}
+        return False
+    return isinstance(record, dict) and record.get("writer") == identity
 
 
 def writer_identity() -> dict[str, str]:
@@ -191,12 +185,12 @@ def write_wheel(
 
 
 def _members(project: BundleProject) -> list[tuple[str, str]]:
-    """The bundle's files in its import package, sorted: one block of all its files
-    sorted (a name starting with `pkg/` sorts from `pkg/` on and before `pkg0`)."""
-    files = sorted(project.files)
-    prefix = f"{project.package.import_name}/"
-    after = prefix[:-1] + chr(ord("/") + 1)
-    return files[bisect_left(files, (prefix,)) : bisect_left(files, (after,))]
+    """The bundle's files in its import package, in the order of its files (sorted by
+    name, as a `BundleProject` keeps them): the wheel's order, fresh or updated."""
+    in_package = map(
+        str.startswith, map(itemgetter(0), project.files), repeat(f"{project.package.import_name}/")
+    )
+    return list(compress(project.files, in_package))
 
 
 def build_editable_wheel(project: BundleProject, wheel_dir: Path) -> Path:
@@ -345,7 +339,7 @@ def _write_zip(
     record_name: str,
     previous: Previous | None = None,
 ) -> WheelIndex | None:
-    """Members (path, sha256 recorded by the bundle stage; sorted) one at a time, then
+    """Members (path, sha256 recorded by the bundle stage) one at a time, then
     metadata, then RECORD. A member whose bytes no longer match its recorded sha256 was
     changed after the bundle was generated: refuse to package it. A member the previous
     wheel holds with that sha256 is copied from it as stored. Returns the wheel's index
@@ -372,7 +366,7 @@ def _write_zip(
         _write_member(archive, record_name, listing, stamp, None, chunked)
         entries, directory_at = list(archive.filelist), archive.start_dir
     contents = Contents(
-        names="\0".join(name for name, _ in members),
+        names="\0".join(name for name, _ in members).encode(),
         shas=shas,
         record=record[: len(members)],
         chunks={
@@ -667,6 +661,7 @@ OFFSET_FIELD = struct.Struct("<L")
 END_RECORD = struct.Struct(zipfile.structEndArchive)
 END_RECORD64 = struct.Struct(zipfile.structEndArchive64)
 END_LOCATOR64 = struct.Struct(zipfile.structEndArchive64Locator)
+END_SIGNATURES = (zipfile.stringEndArchive, zipfile.stringEndArchive64)
 COPY_CHUNK = 1 << 20
 # A bundle member the previous wheel does not store with its content. Not -1: a
 # member stored at index 0 must not continue from it (`_segments`).
@@ -685,21 +680,22 @@ class WheelIndex:
     """What updating a wheel in place needs to know of it, kept (`INDEX_FILE`) from when
     it was written, so that an update reads neither its central directory's entries
     nor its RECORD: the bundle members' names and sha256s (as single strings, compared
-    whole), RECORD's lines for them, where each entry's local header and central header
-    start (packed integers, the last one where the directory starts or ends), the
+    whole), RECORD's lines for them, the length of each line, entry and central header
+    (packed integers: a run of members copied takes its slice of each column), the
     members deflated in chunks, and the CRC-32 of the wheel from its central directory
     to its end, checked before anything is copied: the index describes the wheel with
     that directory (the stat, `stamp`, says the wheel is as written; that check finds
     an index that is not its own, or a wheel damaged in place)."""
 
     date: bytes  # every member's time and date fields, as headers hold them
-    names: str  # the bundle members, in archive order, joined by NUL
-    shas: str  # their sha256s in hex, joined
+    names: bytes  # the bundle members, in archive order, joined by NUL (UTF-8)
+    shas: bytes  # their sha256s in hex, joined
     record: bytes  # RECORD's lines of the bundle members, each ended by a newline
-    line_ends: bytes  # where each of those lines ends in `record`
-    offsets: bytes  # every entry's local header offset, then the central directory's
-    starts: bytes  # where each entry's central header starts there, then its length
+    line_sizes: bytes  # the length of each of those lines
+    entry_sizes: bytes  # each entry's length: local header and stored bytes
+    header_sizes: bytes  # each entry's central header's length
     tail: int  # CRC-32 of the wheel from its central directory to its end
+    check: int  # CRC-32 of the columns above that place bytes (`_checksum`)
     chunks: dict[str, tuple[int, Chunks]]  # entries deflated in chunks: name -> (entry, chunks)
     stamp: str = ""
 
@@ -709,9 +705,9 @@ class WheelIndex:
 
     def plain(self) -> tuple[object, ...]:
         """The index as plain data (`nkibuild.plaindata`)."""
-        fields = dataclasses.astuple(self)[:-2]
+        columns = [getattr(self, field.name) for field in dataclasses.fields(self)[:-2]]
         chunks = {name: (entry, chunk.plain()) for name, (entry, chunk) in self.chunks.items()}
-        return (*fields, chunks, self.stamp)
+        return (*columns, chunks, self.stamp)
 
     @classmethod
     def from_plain(cls, value: object) -> WheelIndex | None:
@@ -720,8 +716,7 @@ class WheelIndex:
             return None
         *columns, plain_chunks, stamp = value
         if not (
-            only(columns[1:3], str)
-            and only([*columns[:1], *columns[3:7]], bytes)
+            only(columns[:7], bytes)
             and only(columns[7:], int)
             and isinstance(stamp, str)
             and isinstance(plain_chunks, dict)
@@ -748,18 +743,22 @@ class WheelIndex:
     def _consistent(self) -> bool:
         """Whether the columns agree with each other (counts and lengths)."""
         members = self.members
-        entries = len(self.offsets) // 8 - 1
-        line_ends = _integers(self.line_ends)
+        entries = len(self.entry_sizes) // WORD
         return (
             len(self.shas) == SHA256_HEX * members
-            and (self.names.count("\0") + 1 if self.names else 0) == members
-            and len(line_ends) == members
-            and (line_ends[-1] if line_ends else 0) == len(self.record)
-            and len(self.offsets) == len(self.starts) == 8 * (entries + 1)
+            and (self.names.count(b"\0") + 1 if self.names else 0) == members
+            and len(self.line_sizes) == WORD * members
+            and sum(_integers(self.line_sizes)) == len(self.record)
+            and len(self.entry_sizes) == len(self.header_sizes) == WORD * entries
             and entries > members
+            and self.check
+            == _checksum(self.record, self.line_sizes, self.entry_sizes, self.header_sizes)
             and len(self.date) == 4
             and all(0 <= entry < entries for entry, _ in self.chunks.values())
         )
+
+
+WORD = 8  # bytes of each integer of an index's column
 
 
 def _packed(values: Sequence[int]) -> bytes:
@@ -770,10 +769,20 @@ def _packed(values: Sequence[int]) -> bytes:
     return words.tobytes()
 
 
+def _checksum(*columns: bytes) -> int:
+    """A CRC-32 of an index's columns that say where bytes are (RECORD's lines, the
+    entries' and headers' lengths), checked when it is read: a damaged index would
+    copy the wrong bytes."""
+    crc = 0
+    for column in columns:
+        crc = zlib.crc32(column, crc)
+    return crc
+
+
 def _integers(data: bytes) -> list[int]:
     """The integers `_packed` packed."""
     words = array("Q")
-    words.frombytes(data[: len(data) - len(data) % 8])
+    words.frombytes(data[: len(data) - len(data) % WORD])
     if sys.byteorder == "big":
         words.byteswap()
     return words.tolist()
@@ -784,7 +793,7 @@ class Contents:
     """What an index records of a wheel besides where its entries are: its bundle
     members (names and sha256s), their RECORD lines, its entries deflated in chunks."""
 
-    names: str
+    names: bytes
     shas: list[str]
     record: list[str]
     chunks: dict[str, tuple[int, Chunks]]
@@ -800,29 +809,35 @@ class Contents:
             for info in entries
         ):
             return None
-        offsets = [info.header_offset for info in entries]
+        offsets = [*(info.header_offset for info in entries), directory_at]
         header_sizes = [CENTRAL_HEADER.size + len(info.filename.encode()) for info in entries]
         starts = list(accumulate(header_sizes, initial=0))
         with open(target, "rb") as handle:
             handle.seek(directory_at)
             tail = handle.read()
         signatures = b"".join(tail[start : start + 4] for start in starts[:-1])
-        if signatures != zipfile.stringCentralDir * len(entries):
+        if (
+            signatures != zipfile.stringCentralDir * len(entries)
+            or tail[starts[-1] : starts[-1] + 4] not in END_SIGNATURES
+        ):
             return None  # not the central headers zipfile writes without extra fields
         text = "".join(f"{line}\n" for line in self.record).encode()
         if len(text) == sum(map(len, self.record)) + len(self.record):  # all ASCII
             lengths = [len(line) + 1 for line in self.record]
         else:
             lengths = [len(line.encode()) + 1 for line in self.record]
+        line_sizes, header_column = _packed(lengths), _packed(header_sizes)
+        entry_sizes = _packed(list(map(sub, offsets[1:], offsets)))
         return WheelIndex(
             date=date,
             names=self.names,
-            shas="".join(self.shas),
+            shas="".join(self.shas).encode(),
             record=text,
-            line_ends=_packed(list(accumulate(lengths))),
-            offsets=_packed([*offsets, directory_at]),
-            starts=_packed(starts),
+            line_sizes=line_sizes,
+            entry_sizes=entry_sizes,
+            header_sizes=header_column,
             tail=zlib.crc32(tail),
+            check=_checksum(text, line_sizes, entry_sizes, header_column),
             chunks=self.chunks,
         )
 
@@ -833,47 +848,57 @@ class Directory:
 
     A member's local entry (header and stored bytes) runs from its offset to the next
     member's; the last one's up to the central directory (`offsets` ends with its
-    offset). `starts` says where each member's central header starts in `headers`
-    (and ends with its length); `line_ends` where each member's RECORD line ends in
-    the index's `record`."""
+    offset). `starts` says where each entry's central header starts in `headers`
+    (and ends with its length); `line_starts` where each member's RECORD line starts
+    in the index's `record` (and ends with its length)."""
 
     index: WheelIndex
     headers: bytes
     offsets: list[int]
     starts: list[int]
-    line_ends: list[int]
+    line_starts: list[int]
 
     @classmethod
     def read(cls, source: BinaryIO, index: WheelIndex) -> Directory:
         """The directory of the wheel `source` reads, which `index` describes; Declined
         if the wheel's directory and end records are not the ones it was written with."""
-        offsets = _integers(index.offsets)
+        offsets = list(accumulate(_integers(index.entry_sizes), initial=0))
         source.seek(offsets[-1])
         tail = source.read()
         if zlib.crc32(tail) != index.tail:
             raise Declined
-        starts = _integers(index.starts)
-        return cls(index, tail[: starts[-1]], offsets, starts, _integers(index.line_ends))
+        starts = list(accumulate(_integers(index.header_sizes), initial=0))
+        if tail[starts[-1] : starts[-1] + 4] not in END_SIGNATURES:
+            raise Declined  # the central headers do not end where the index says
+        line_starts = list(accumulate(_integers(index.line_sizes), initial=0))
+        return cls(index, tail[: starts[-1]], offsets, starts, line_starts)
 
     @functools.cached_property
     def names(self) -> list[str]:
-        return self.index.names.split("\0") if self.index.names else []
+        return self.index.names.decode().split("\0") if self.index.names else []
 
-    def stored_indexes(self, members: Sequence[tuple[str, str]], names: str) -> list[int]:
-        """For each member (name, sha256 as hex; `names` joined by NUL), the index of
-        the member stored under that name with that content, or NOT_STORED. When the
-        wheel holds the same members (none added, removed or renamed), the sha256s are
-        compared as one string, only its differing parts narrowed down."""
+    def segments(
+        self, members: Sequence[tuple[str, str]], names: bytes
+    ) -> list[tuple[int, int, int]]:
+        """The members (name, sha256 as hex; `names` joined by NUL) in segments, in
+        order: (start, end, at) for each run `members[start:end]` the wheel stores one
+        after another from its member `at` with the content they have, and for each
+        member it does not store so (`at` NOT_STORED). When the wheel holds the same
+        members (none added, removed or renamed), the sha256s are compared as one
+        string, only its differing parts narrowed down: no step per member."""
         shas = "".join(map(itemgetter(1), members))
-        if names == self.index.names and set(map(len, map(itemgetter(1), members))) <= {SHA256_HEX}:
-            found = list(range(len(members)))
-            for index in _differing_slots(shas, self.index.shas, SHA256_HEX):
-                found[index] = NOT_STORED
-            return found
-        old = self.index.shas
+        if (
+            names == self.index.names
+            and shas.isascii()
+            and set(map(len, map(itemgetter(1), members))) <= {SHA256_HEX}
+        ):
+            changed = _differing_slots(shas.encode(), self.index.shas, SHA256_HEX)
+            return _around(sorted(changed), len(members))
+        old = self.index.shas.decode()
         hexdigests = (old[at : at + SHA256_HEX] for at in range(0, len(old), SHA256_HEX))
         stored = dict(zip(zip(self.names, hexdigests, strict=True), count()))
-        return list(map(stored.get, members, repeat(NOT_STORED)))
+        found = list(map(stored.get, members, repeat(NOT_STORED)))
+        return [(start, end, found[start]) for start, end in _segments(found)]
 
     def deflated(self, name: str, source: BinaryIO) -> Deflated | None:
         """The stream of the entry `name` if the wheel holds it deflated in chunks."""
@@ -886,8 +911,8 @@ class Directory:
         return Deflated(chunks, source.read(self.offsets[position + 1] - start))
 
 
-def _differing_slots(new: str, old: str, width: int) -> list[int]:
-    """The indexes of the `width`-long slots in which two strings differ (a slot past
+def _differing_slots(new: bytes, old: bytes, width: int) -> list[int]:
+    """The indexes of the `width`-long slots in which two byte strings differ (a slot past
     the shorter one's end included): halves compared whole, only unequal ones split
     further, so a few changed slots among thousands cost a few dozen comparisons."""
     found = []
@@ -912,29 +937,30 @@ class Output:
     handle: BinaryIO
     central: bytearray = dataclasses.field(default_factory=bytearray)
     record: bytearray = dataclasses.field(default_factory=bytearray)
-    line_ends: list[int] = dataclasses.field(default_factory=list)
-    shas: list[str] = dataclasses.field(default_factory=list)
-    offsets: list[int] = dataclasses.field(default_factory=list)
-    starts: list[int] = dataclasses.field(default_factory=list)
+    shas: list[bytes] = dataclasses.field(default_factory=list)
+    line_sizes: list[bytes] = dataclasses.field(default_factory=list)
+    entry_sizes: list[bytes] = dataclasses.field(default_factory=list)
+    header_sizes: list[bytes] = dataclasses.field(default_factory=list)
     chunks: dict[str, tuple[int, Chunks]] = dataclasses.field(default_factory=dict)
     count: int = 0
 
-    def index(
-        self, names: str, members: int, date: bytes, directory_at: int, tail: bytes
-    ) -> WheelIndex:
-        """The index of the wheel written, whose first `members` entries are the bundle's
-        (`names`) and whose central directory (at `directory_at`) and end records are
-        `tail`."""
-        line_ends = self.line_ends[:members]
+    def index(self, names: bytes, date: bytes, members_end: int, tail: bytes) -> WheelIndex:
+        """The index of the wheel written, whose bundle members are `names` (their RECORD
+        lines the first `members_end` bytes of `record`) and whose central directory and
+        end records are `tail`."""
+        record = bytes(self.record[:members_end])
+        line_sizes = b"".join(self.line_sizes)
+        entry_sizes, header_sizes = b"".join(self.entry_sizes), b"".join(self.header_sizes)
         return WheelIndex(
             date=date,
             names=names,
-            shas="".join(self.shas),
-            record=bytes(self.record[: line_ends[-1] if line_ends else 0]),
-            line_ends=_packed(line_ends),
-            offsets=_packed([*self.offsets, directory_at]),
-            starts=_packed([*self.starts, len(self.central)]),
+            shas=b"".join(self.shas),
+            record=record,
+            line_sizes=line_sizes,
+            entry_sizes=entry_sizes,
+            header_sizes=header_sizes,
             tail=zlib.crc32(tail),
+            check=_checksum(record, line_sizes, entry_sizes, header_sizes),
             chunks=self.chunks,
         )
 
@@ -968,16 +994,16 @@ def _update_zip(
             directory = Directory.read(source, index)
             output = Output(handle)
             names = _write_update(output, directory, source, root, members, stamp)
+            members_end = len(output.record)
             for name, data in sorted(generated.items()):
                 _write_new(output, name, data, hashlib.sha256(data).digest(), stamp)
             listing = bytes(output.record) + f"{record_name},,\n".encode()
             old_record = directory.deflated(record_name, source)
             _write_new(output, record_name, listing, None, stamp, old_record)
-            directory_at = handle.tell()
             tail = _write_central_directory(output)
     except (Declined, *UNREADABLE):
         return None
-    return output.index(names, len(members), date, directory_at, tail)
+    return output.index(names, date, members_end, tail)
 
 
 def _write_update(
@@ -990,17 +1016,33 @@ def _write_update(
 ) -> str:
     """The bundle's members in order: unchanged ones in runs from `source`. Returns
     their names joined by NUL (as the index keeps them)."""
-    names = "\0".join(map(itemgetter(0), members))
-    found = directory.stored_indexes(members, names)
-    for start, end in _segments(found):
-        if found[start] == NOT_STORED:
+    names = "\0".join(map(itemgetter(0), members)).encode()
+    for start, end, at in directory.segments(members, names):
+        if at == NOT_STORED:
             name, recorded = members[start]
             data, digest = _read_member(root, name, recorded)
+            record_end = len(output.record)
             _write_new(output, name, data, digest, stamp, directory.deflated(name, source))
-            output.shas.append(digest.hex())
+            output.line_sizes.append(_packed([len(output.record) - record_end]))
+            output.shas.append(digest.hex().encode())
         else:
-            _copy_run(directory, range(found[start], found[start] + end - start), source, output)
+            _copy_run(directory, range(at, at + end - start), source, output)
     return names
+
+
+def _around(changed: list[int], count: int) -> list[tuple[int, int, int]]:
+    """The segments (`Directory.segments`) of `count` members stored in order but the
+    `changed` ones (ascending)."""
+    segments = []
+    at = 0
+    for index in changed:
+        if index > at:
+            segments.append((at, index, at))
+        segments.append((index, index + 1, NOT_STORED))
+        at = index + 1
+    if at < count:
+        segments.append((at, count, at))
+    return segments
 
 
 def _segments(found: list[int]) -> list[tuple[int, int]]:
@@ -1031,21 +1073,22 @@ def _copy_run(directory: Directory, run: range, source: BinaryIO, output: Output
     start, stop = directory.starts[run.start], directory.starts[run.stop]
     at = len(output.central)
     output.central += directory.headers[start:stop]
-    offsets = directory.offsets[run.start : run.stop]
-    starts = list(map(add, directory.starts[run.start : run.stop], repeat(at - start)))
     if moved:
-        offsets = list(map(add, offsets, repeat(moved)))
-        fields = map(add, starts, repeat(CENTRAL_OFFSET_AT))
+        fields = map(
+            add, directory.starts[run.start : run.stop], repeat(at - start + CENTRAL_OFFSET_AT)
+        )
+        offsets = map(add, directory.offsets[run.start : run.stop], repeat(moved))
         for _ in map(OFFSET_FIELD.pack_into, repeat(output.central), fields, offsets):
             pass  # each call moves one offset; the loop only drives them
-    output.offsets += offsets
-    output.starts += starts
-    line_start = directory.line_ends[run.start - 1] if run.start else 0
-    shift = len(output.record) - line_start
-    output.record += directory.index.record[line_start : directory.line_ends[run.stop - 1]]
-    output.line_ends += map(add, directory.line_ends[run.start : run.stop], repeat(shift))
-    output.shas.append(directory.index.shas[SHA256_HEX * run.start : SHA256_HEX * run.stop])
-    for name, (entry, chunks) in directory.index.chunks.items():
+    index, words = directory.index, slice(WORD * run.start, WORD * run.stop)
+    output.entry_sizes.append(index.entry_sizes[words])
+    output.header_sizes.append(index.header_sizes[words])
+    output.line_sizes.append(index.line_sizes[words])
+    output.record += index.record[
+        directory.line_starts[run.start] : directory.line_starts[run.stop]
+    ]
+    output.shas.append(index.shas[SHA256_HEX * run.start : SHA256_HEX * run.stop])
+    for name, (entry, chunks) in index.chunks.items():
         if entry in run:
             output.chunks[name] = (output.count + entry - run.start, chunks)
     output.count += len(run)
@@ -1101,13 +1144,13 @@ def _write_new(
     if header_end - local_end != CENTRAL_HEADER.size + len(name.encode()):
         raise Declined  # ZIP64 fields: not the plain layout an index describes
     output.handle.write(written[:local_end])
-    output.offsets.append(offset)
-    output.starts.append(len(output.central))
+    at = len(output.central)
     output.central += written[local_end:header_end]
-    OFFSET_FIELD.pack_into(output.central, output.starts[-1] + CENTRAL_OFFSET_AT, offset)
+    OFFSET_FIELD.pack_into(output.central, at + CENTRAL_OFFSET_AT, offset)
+    output.entry_sizes.append(_packed([local_end]))
+    output.header_sizes.append(_packed([header_end - local_end]))
     if line:
         output.record += f"{line}\n".encode()
-        output.line_ends.append(len(output.record))
     if chunked:
         output.chunks[name] = (output.count, chunked[name])
     output.count += 1
