@@ -699,6 +699,21 @@ class WheelIndex:
     chunks: dict[str, tuple[int, Chunks]]  # entries deflated in chunks: name -> (entry, chunks)
     stamp: str = ""
 
+    @classmethod
+    def made(
+        cls,
+        date: bytes,
+        names: bytes,
+        shas: bytes,
+        columns: tuple[bytes, bytes, bytes, bytes],
+        tail: bytes,
+        chunks: dict[str, tuple[int, Chunks]],
+    ) -> WheelIndex:
+        """The index of a wheel just written: `columns` are its record, line, entry and
+        header sizes; `tail` its bytes from the central directory to the end."""
+        check = _checksum(*columns)
+        return cls(date, names, shas, *columns, zlib.crc32(tail), check, chunks)
+
     @property
     def members(self) -> int:
         return len(self.shas) // SHA256_HEX
@@ -826,20 +841,10 @@ class Contents:
             lengths = [len(line) + 1 for line in self.record]
         else:
             lengths = [len(line.encode()) + 1 for line in self.record]
-        line_sizes, header_column = _packed(lengths), _packed(header_sizes)
         entry_sizes = _packed(list(map(sub, offsets[1:], offsets)))
-        return WheelIndex(
-            date=date,
-            names=self.names,
-            shas="".join(self.shas).encode(),
-            record=text,
-            line_sizes=line_sizes,
-            entry_sizes=entry_sizes,
-            header_sizes=header_column,
-            tail=zlib.crc32(tail),
-            check=_checksum(text, line_sizes, entry_sizes, header_column),
-            chunks=self.chunks,
-        )
+        columns = (text, _packed(lengths), entry_sizes, _packed(header_sizes))
+        shas = "".join(self.shas).encode()
+        return WheelIndex.made(date, self.names, shas, columns, tail, self.chunks)
 
 
 @dataclass
@@ -948,21 +953,11 @@ class Output:
         """The index of the wheel written, whose bundle members are `names` (their RECORD
         lines the first `members_end` bytes of `record`) and whose central directory and
         end records are `tail`."""
-        record = bytes(self.record[:members_end])
-        line_sizes = b"".join(self.line_sizes)
-        entry_sizes, header_sizes = b"".join(self.entry_sizes), b"".join(self.header_sizes)
-        return WheelIndex(
-            date=date,
-            names=names,
-            shas=b"".join(self.shas),
-            record=record,
-            line_sizes=line_sizes,
-            entry_sizes=entry_sizes,
-            header_sizes=header_sizes,
-            tail=zlib.crc32(tail),
-            check=_checksum(record, line_sizes, entry_sizes, header_sizes),
-            chunks=self.chunks,
+        columns = (
+            bytes(self.record[:members_end]),
+            *map(b"".join, (self.line_sizes, self.entry_sizes, self.header_sizes)),
         )
+        return WheelIndex.made(date, names, b"".join(self.shas), columns, tail, self.chunks)
 
 
 def _update_zip(
