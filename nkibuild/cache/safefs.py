@@ -42,12 +42,7 @@ def opened_dir(root: str | Path | int, parts: Sequence[str]) -> Iterator[int]:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
     try:
         for part in parts:
-            try:
-                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except OSError as error:
-                if error.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise CorruptEntry(f"{part} is a symbolic link or not a directory") from None
-                raise
+            child = _open_child_dir(fd, part)
             os.close(fd)
             fd = child
         yield fd
@@ -57,15 +52,41 @@ def opened_dir(root: str | Path | int, parts: Sequence[str]) -> Iterator[int]:
 
 def make_dirs(root: str | Path, parts: Sequence[str]) -> None:
     """Create `root/parts...` as needed, never through a symlink (CorruptEntry if one
-    is in the way)."""
-    root_path = Path(root)
-    root_path.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as opened:  # one descriptor per component, walked once
-        parent = opened.enter_context(opened_dir(root_path, ()))
+    is in the way). A component that exists is only opened: every publish walks the
+    cache's `neff/` and most shard dirs, which are there after the first few."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    except FileNotFoundError:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    try:
         for part in parts:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, dir_fd=parent)
-            parent = opened.enter_context(opened_dir(parent, (part,)))  # a real directory
+            child = _opened_or_made(fd, part)
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+
+
+def _opened_or_made(parent: int, name: str) -> int:
+    """A descriptor of the directory `name` in `parent`, made first if it is missing."""
+    try:
+        return _open_child_dir(parent, name)
+    except FileNotFoundError:
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another build
+            os.mkdir(name, dir_fd=parent)
+        return _open_child_dir(parent, name)
+
+
+def _open_child_dir(parent: int, name: str) -> int:
+    """A descriptor of the directory `name` in `parent`; CorruptEntry for a symlink or
+    anything else that is not a directory."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise CorruptEntry(f"{name} is a symbolic link or not a directory") from None
+        raise
 
 
 @contextlib.contextmanager

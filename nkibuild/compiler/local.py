@@ -37,7 +37,7 @@ def _compile(
     OOM kill alone); deterministic failures never are."""
     unit, out_dir = job.unit, job.out_dir
     estimate = memory_estimate(unit, out_dir, job.last_peak)
-    if job.last_peak > (_last_peak(out_dir) or 0):
+    if job.last_peak and job.last_peak > (_last_peak(out_dir) or 0):  # no second read
         # The result.json that held it is gone until this compile finishes: one that does
         # not (a failure, a kill, Ctrl-C) must not take the measured peak with it.
         _record_peak(out_dir, job.last_peak, None)

@@ -3,6 +3,7 @@ its failure described with the command and the log's tail, its NEFF checked."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -174,19 +175,25 @@ def _signal_name(number: int) -> str:
 
 def _remove_stale_work_dirs(out_dir: Path) -> None:
     # Left by a killed build; the build lock guarantees no live compile uses them.
-    for stale in out_dir.glob(WORK_PREFIX + "*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    # os.scandir, not Path.glob: once per compile, on the slot's path to its next start.
+    with os.scandir(out_dir) as entries:
+        stale = [entry.path for entry in entries if entry.name.startswith(WORK_PREFIX)]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _keep_log(work: Path, out_dir: Path) -> None:
     """The compiler's log file followed by what it printed, kept under the build dir."""
-    log = work / LOG_FILE
-    printed = (work / STDOUT_FILE).read_bytes() if (work / STDOUT_FILE).exists() else b""
+    log = f"{work}/{LOG_FILE}"  # joined as strings: once per compile, between two compiles
+    try:
+        printed = Path(f"{work}/{STDOUT_FILE}").read_bytes()
+    except FileNotFoundError:
+        printed = b""
     if printed:
         with open(log, "ab") as handle:
             handle.write(b"\n--- neuronx-cc stdout/stderr ---\n" + printed)
-    if log.exists():
-        os.replace(log, out_dir / LOG_FILE)  # for people to read; the work dir goes
+    with contextlib.suppress(FileNotFoundError):  # no log and nothing printed: none to keep
+        os.replace(log, f"{out_dir}/{LOG_FILE}")  # for people to read; the work dir goes
 
 
 def failure(

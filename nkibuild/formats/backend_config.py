@@ -21,6 +21,7 @@ NKI_CUSTOM_CALLS = frozenset({"AwsNeuronCustomNativeKernel", "AwsNeuronNkiKernel
 # a few MB. Beyond these bounds decoding is refused, not attempted.
 MAX_CONFIG_BYTES = 64 << 20  # base64 text
 CONFIG_JSON = JsonLimits(max_bytes=MAX_CONFIG_BYTES, max_depth=64)
+_TARGET_BYTES = tuple(name.encode() for name in sorted(NKI_CUSTOM_CALLS))
 
 
 class BackendConfigError(HloFormatError):
@@ -30,6 +31,11 @@ class BackendConfigError(HloFormatError):
 def rewrite_paths(
     data: bytes, wanted: Callable[[str], bool], replace: Callable[[str], str]
 ) -> bytes:
+    """`data` with each string of its NKI custom-calls' configs for which `wanted` holds
+    replaced by `replace(string)`; `data` itself when there is nothing to replace."""
+    if not names_nki_target(data):
+        return data
+
     def rewrite(target: str, backend_config: bytes) -> bytes | None:
         if target not in NKI_CUSTOM_CALLS:
             return None
@@ -44,6 +50,14 @@ def rewrite_paths(
         return base64.b64encode(text, altchars=altchars)
 
     return rewrite_backend_configs(data, rewrite)
+
+
+def names_nki_target(data: bytes) -> bool:
+    """Whether a serialized module may hold an NKI custom-call. One that does spells the
+    call's target in its bytes (protobuf stores a string field as its UTF-8 bytes), so a
+    module without them has none, and need not be parsed to find out: most modules (plain
+    JAX or prebuilt HLO) call no NKI kernel, and each compile materializes its module."""
+    return any(target in data for target in _TARGET_BYTES)
 
 
 def decode(backend_config: bytes) -> tuple[Any, bytes | None] | None:

@@ -9,8 +9,10 @@ cache entry supplies goes through `load_json`, which raises only `JsonLimitError
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,24 +34,55 @@ class JsonLimits:
 
 
 def load_json(data: bytes | str, limits: JsonLimits = JsonLimits()) -> Any:
-    """Parse `data`; raise JsonLimitError (never RecursionError, never OverflowError)."""
+    """Parse `data`; raise JsonLimitError (never RecursionError, never OverflowError).
+
+    The bounds cost nothing where the text cannot break them: a text without a digit run
+    longer than an integer may be (nor, where non-numbers are refused, `NaN`, `Infinity`
+    or an exponent) is parsed by json's C decoder alone, which gives the same values as
+    the checking parsers; a text with no more `[` and `{` than the depth allowed cannot
+    nest deeper, so its value is not walked. Metadata of NEFFs and cache entries is read
+    once per unit of a build, and is such text."""
     if len(data) > limits.max_bytes:
         raise JsonLimitError(f"{len(data)} bytes long, more than the {limits.max_bytes} allowed")
     try:
-        value = json.loads(
-            data,
-            parse_int=_int_parser(limits.max_int_digits),
-            parse_float=_float_parser(limits.allow_nonfinite),
-            parse_constant=_constant_parser(limits.allow_nonfinite),
-        )
+        text = _text(data)
+        if _beyond_plain(limits.max_int_digits, limits.allow_nonfinite).search(text) is None:
+            value = json.loads(data)
+        else:
+            value = json.loads(
+                data,
+                parse_int=_int_parser(limits.max_int_digits),
+                parse_float=_float_parser(limits.allow_nonfinite),
+                parse_constant=_constant_parser(limits.allow_nonfinite),
+            )
     except JsonLimitError:
         raise
     except RecursionError:
         raise JsonLimitError(f"nested more than {limits.max_depth} levels deep") from None
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
         raise JsonSyntaxError(str(error)) from None
-    check_depth(value, limits.max_depth)
+    if text.count("[") + text.count("{") > limits.max_depth:  # else it cannot nest deeper
+        check_depth(value, limits.max_depth)
     return value
+
+
+def _text(data: bytes | str) -> str:
+    """`data` as json.loads decodes bytes (UTF-8, -16 or -32, by its first bytes), for
+    the checks; json.loads is given `data` itself, as before."""
+    if isinstance(data, (bytes, bytearray)):
+        return data.decode(json.detect_encoding(data), "surrogatepass")
+    return data
+
+
+@functools.cache  # one pattern per kind of bound: compiled once, never changed
+def _beyond_plain(max_int_digits: int, allow_nonfinite: bool) -> re.Pattern[str]:
+    """What a text must hold for the checking parsers to refuse anything in it: a run of
+    more digits than an integer may have (in a number or not), and where non-numbers are
+    refused, the constants and an exponent (`1e400` is infinite)."""
+    beyond = f"[0-9]{{{max_int_digits + 1},}}"
+    if not allow_nonfinite:
+        beyond += "|NaN|Infinity|[0-9.][eE]"
+    return re.compile(beyond)
 
 
 def check_depth(value: Any, max_depth: int) -> None:

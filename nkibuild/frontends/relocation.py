@@ -65,11 +65,11 @@ def relocate(data: bytes, artifact_dir: Path, allowed: Sequence[Path]) -> tuple[
 
 def materialize(data: bytes, artifact_dir: Path) -> bytes:
     """Markers back to absolute paths under `artifact_dir` (for the compiler)."""
-    base = artifact_dir.resolve()
     return rewrite_paths(
         data,
         lambda value: value.startswith(MARKER),
-        lambda value: str(base / value[len(MARKER) :]),
+        # Resolved only for a marker found (a module with sidecars): once per compile.
+        lambda value: str(artifact_dir.resolve() / value[len(MARKER) :]),
     )
 
 
