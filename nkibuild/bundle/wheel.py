@@ -62,7 +62,7 @@ FAST_DEFLATE_BYTES = 1 << 20
 FAST_DEFLATE_LEVEL = 1
 # ... and in chunks of about this size, each deflated alone (`_deflate_in_chunks`), so
 # an update deflates again only the chunks whose bytes changed: a kernel edit changes
-# two of the 100 chunks of a 10,000-unit project's `_build.json`. A chunk ends at the
+# 2 of the 98 chunks of a 10,000-unit project's `_build.json`. A chunk ends at the
 # first end of a line or of a JSON object (`CHUNK_END`) past this size, if there is one
 # before twice it: a line that got longer moves the next chunk's start with it, so the
 # chunks after it have the content they had.
