@@ -255,14 +255,24 @@ def test_a_whole_rewrite_applies_the_patches(tmp_path: Path) -> None:
 
 def test_damaged_patches_forget_their_task_only(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
-    saved(path, {"bundle": {"k": {"a": 1}}, "t": {"k": 2}})
+    saved(path, {"bundle": {"k": {"a": 1, "s": "a\0b\0c"}}, "t": {"k": 2}})
     base = path.read_text()
+    fields = {  # changes of the fields of a string (`"s"`)
+        "past-the-last-field": '[[["k", "s"], 3, "x"]]',
+        "before-the-first": '[[["k", "s"], -1, "x"]]',
+        "index-not-a-number": '[[["k", "s"], "0", "x"]]',
+        "index-a-bool": '[[["k", "s"], true, "x"]]',
+        "text-not-a-string": '[[["k", "s"], 0, 5]]',
+        "of-a-number": '[[["k", "a"], 0, "x"]]',
+        "a-field-without-text": '[[["k", "s"], 0, "x", 1]]',
+    }
     cases = {
         "not-a-list-of-operations": '"bundle"\t[1]\n',
         "keys-not-strings": '"bundle"\t[[[1], 2]]\n',
         "into-a-value": '"bundle"\t[[["k", "a", "b"], 2]]\n',
         "of-a-removed-task": '"bundle"\tnull\n"bundle"\t[[["k"], 2]]\n',
         "result-of-missing-values": '"bundle"\t[[["result:is:_values_:"], ["outputs"]]]\n',
+        **{name: f'"bundle"\t{patch}\n' for name, patch in fields.items()},
     }
     for name, damage in cases.items():
         path.write_text(base + damage)
@@ -274,9 +284,9 @@ def test_damaged_patches_forget_their_task_only(tmp_path: Path) -> None:
         reread = AtomicJsonDB(str(path), JSONCodec())
         assert (reread.get("bundle", "k"), reread.get("t", "k")) == (None, 3), name
     path.write_text(base + '"bundle"\t[[["k", "a"], 3]]\n')  # a good one, to compare
-    assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "k") == {"a": 3}
+    assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "k") == {"a": 3, "s": "a\0b\0c"}
     path.write_text(base + '"bundle"\t[[["k", "a"], 3]')  # cut short: the entry before
-    assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "k") == {"a": 1}
+    assert AtomicJsonDB(str(path), JSONCodec()).get("bundle", "k") == {"a": 1, "s": "a\0b\0c"}
 
 
 @pytest.mark.parametrize("version", [2, 3])
@@ -522,24 +532,10 @@ def test_a_column_of_other_fields_or_changed_much_is_set_whole(tmp_path: Path) -
         assert reread.get("bundle", "_values_:") == outputs_values(stamps)
 
 
-def test_damaged_field_changes_forget_their_task_only(tmp_path: Path) -> None:
+def test_field_changes_apply_in_order_until_the_string_is_set_whole(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     saved(path, {"bundle": {"k": {"s": "a\0b\0c", "n": 1}}, "t": {"k": 2}})
     base = path.read_text()
-    cases = {
-        "past-the-last-field": '[[["k", "s"], 3, "x"]]',
-        "before-the-first": '[[["k", "s"], -1, "x"]]',
-        "index-not-a-number": '[[["k", "s"], "0", "x"]]',
-        "index-a-bool": '[[["k", "s"], true, "x"]]',
-        "text-not-a-string": '[[["k", "s"], 0, 5]]',
-        "of-a-number": '[[["k", "n"], 0, "x"]]',
-        "a-field-without-text": '[[["k", "s"], 0, "x", 1]]',
-    }
-    for name, damage in cases.items():
-        path.write_text(f'{base}"bundle"\t{damage}\n')
-        db = AtomicJsonDB(str(path), JSONCodec())
-        assert db.get("bundle", "k") is None, name
-        assert db.get("t", "k") == 2, name
     good = [
         '[[["k", "s"], 2, "C", 0, ""]]',
         '[[["k", "s"], 1, "B"]]',  # on the string as the patch before left it
