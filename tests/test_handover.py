@@ -106,6 +106,7 @@ def test_the_proof_checker_keeps_what_doit_would_without_a_stat(
     dep_file = str(tmp_path / "doit-state.json")
     Path(dep_file).write_text("")
     first = uptodate.decide(tmp_path, dicts, dep_file)
+    assert proof_checker(first) is MD5Checker  # no proof yet: doit's own checker
     uptodate.record(tmp_path, first, dict.fromkeys(first.pending, time.time_ns()), dep_file)
     sources["edited"].write_text("v2")
     decision = uptodate.decide(tmp_path, dicts, dep_file)

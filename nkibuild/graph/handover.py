@@ -119,7 +119,9 @@ def _unless(check: Any, inputs: InputsChanged) -> Any:
 def proof_checker(decision: Decision) -> type[MD5Checker]:
     """doit's MD5 checker for this build, taking from the proof the timestamps of the
     files it found as recorded (see the module docstring)."""
-    recorded = decision.previous.files if decision.previous is not None else {}
+    if decision.previous is None:
+        return MD5Checker  # no proof: nothing found as recorded
+    recorded = decision.previous.files
     # The files the proof does not vouch for: seen changed, or written by a handed task.
     by_name = decision.graph.by_name
     unsure = {
