@@ -481,3 +481,34 @@ def test_a_memo_of_another_definition_is_checked_record_by_record(
     assert "bundle" in build(project).executed
     assert sorted(made) == ["other", "third"]
     assert tree(project) == rebuilt_without_memo(project)
+
+
+def test_an_update_of_which_a_change_is_not_understood_is_not_applied_at_all(
+    tmp_path: Path, made: list[str]
+) -> None:
+    """An appended update whose second change is damaged: its first change is not
+    applied either (the memo would otherwise hold configs its definition does not
+    describe, and lend a stale part under it)."""
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    manifest = project / "nkibuild.yaml"
+    original = manifest.read_text()
+    edited = original
+    for name in ("other", "third"):
+        line = f"    source: kernels/{name}.hlo.pb\n"
+        edited = edited.replace(line, line + "    tolerance: {rtol: 0.25}\n")
+    manifest.write_text(edited)
+    assert build(project).ok  # one update appended, with two changes
+    memo = project / "build" / "state" / MEMO_FILE
+    (_, snapshot_end), (update, _) = plaindata.read_records(memo)
+    changes, digests, definition = update
+    assert [change[1] for change in changes] == ["other", "third"]
+    changes[1] = (changes[1][0], "not-third", *changes[1][2:])
+    memo.write_bytes(
+        memo.read_bytes()[:snapshot_end] + plaindata.dumps((changes, digests, definition))
+    )
+    manifest.write_text(original)  # the snapshot's definition again
+    made.clear()
+    assert build(project).ok
+    assert made == []  # the snapshot's parts: made of the original manifest
+    assert tree(project) == rebuilt_without_memo(project)

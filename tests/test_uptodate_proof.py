@@ -909,3 +909,89 @@ def test_a_file_changed_after_deciding_is_seen_by_the_next_build(
     assert "bundle" in summary.executed
     assert (module / "alpha.py").read_bytes() == generated
     assert build(two_kernels).executed == []
+
+
+def test_the_bundles_stamp_removed_after_deciding_is_written_again(
+    two_kernels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bundle runs but its tree is as wanted: bundle.json, removed after deciding,
+    is still written (the wheel reads it)."""
+    stamp = two_kernels / "build" / "bundle" / "proof-kernels" / "bundle.json"
+    seen_by = uptodate.seen_by
+
+    def then_removed(decision: uptodate.Decision, name: str) -> fsutil.SeenStats:
+        seen = seen_by(decision, name)
+        stamp.unlink()
+        return seen
+
+    monkeypatch.setattr(uptodate, "seen_by", then_removed)
+    (two_kernels / "build" / "compile" / "alpha" / "default" / "trn1" / "result.json").unlink()
+    summary = build(two_kernels)
+    assert summary.ok and "bundle" in summary.executed
+    assert stamp.exists()
+
+
+def test_a_compile_record_rewritten_after_deciding_is_seen_by_the_next_bundle(
+    two_kernels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bundle keeps a part under its records' stamps as deciding saw them; a record
+    rewritten after that has another stamp, so the next bundle makes its part again
+    (one that finds the record's content unchanged, doit does not even run)."""
+    import nkibuild.bundle
+
+    record = two_kernels / "build" / "compile" / "alpha" / "default" / "trn1" / "result.json"
+    seen_by = uptodate.seen_by
+
+    def then_rewritten(decision: uptodate.Decision, name: str) -> fsutil.SeenStats:
+        seen = seen_by(decision, name)
+        content = record.read_bytes()
+        record.unlink()
+        record.write_bytes(content)  # same bytes, new inode and ctime
+        return seen
+
+    made: list[str] = []
+    kernel_part = nkibuild.bundle.kernel_part
+
+    def counted(manifest, kernel, compiled, tools):  # type: ignore[no-untyped-def]
+        made.append(kernel.name)
+        return kernel_part(manifest, kernel, compiled, tools)
+
+    monkeypatch.setattr(nkibuild.bundle, "kernel_part", counted)
+    monkeypatch.setattr(uptodate, "seen_by", then_rewritten)
+    (two_kernels / "kernels" / "beta.pb").write_bytes(hlo("beta-edited"))
+    assert "bundle" in build(two_kernels).executed
+    assert made == ["beta"]
+    monkeypatch.setattr(uptodate, "seen_by", seen_by)
+    made.clear()
+    (two_kernels / "kernels" / "beta.pb").write_bytes(hlo("beta-edited-again"))
+    summary = build(two_kernels)
+    assert "bundle" in summary.executed and sorted(made) == ["alpha", "beta"]
+    assert build(two_kernels).executed == []
+
+
+def test_what_another_pending_task_writes_in_its_output_dirs_is_stat_ed(
+    two_kernels: Path,
+) -> None:
+    """The bundle's tree (its output dir) is the bundle's to take as seen; to the wheel,
+    which runs after the bundle may have rewritten it, it is stat'ed."""
+    from helpers import load_context
+
+    from nkibuild.graph.tasks import task_dicts
+    from nkibuild.settings import BuildOptions
+
+    context = load_context(
+        two_kernels / "nkibuild.yaml",
+        two_kernels / "build",
+        two_kernels / "dist",
+        BuildOptions(toolchain="fake"),
+    )
+    state = context.layout.state_dir
+    (two_kernels / "kernels" / "beta.pb").write_bytes(hlo("beta-edited"))
+    decision = uptodate.decide(state, task_dicts(context), str(state / DEP_FILE))
+    assert "bundle" in decision.pending and "wheel" in decision.pending
+    module = two_kernels / "build" / "bundle" / "proof-kernels" / "proof_kernels" / "_kernels"
+    path = str(module / "alpha.py")
+    seen = decision.previous.files[path]
+    (module / "alpha.py").write_text("# rewritten after deciding, as the bundle may\n")
+    assert uptodate.seen_by(decision, "bundle").stamps([path]) == [seen]
+    assert uptodate.seen_by(decision, "wheel").stamps([path]) == [stat_stamp(path)] != [seen]

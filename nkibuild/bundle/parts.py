@@ -408,14 +408,17 @@ def _snapshot(value: Any, scope: tuple[str, ...], end: int) -> _Memo:
 
 def _updated(memo: _Memo, value: Any, end: int) -> bool:
     """Apply an update appended to the memo (the parts made by a bundle of the same
-    kernels and records); False if it is not one (what follows is not trusted). Its
-    values are checked with the rest of the memo's once all are applied."""
+    kernels and records); False, none of it applied, if it is not one (what follows is
+    not trusted: a part of it applied would leave the memo under a definition that does
+    not describe it). Its values are checked with the rest of the memo's once all are
+    applied."""
     try:
         changes, digests, definition = value
         if type(changes) is not list or not _digests(digests) or type(definition) is not str:
             return False
         kernels = memo.kernels
-        for index, name, config, stats, row in changes:
+        changes = [tuple(change) for change in changes]
+        for index, name, _, stats, row in changes:  # all checked before any is applied
             if not (
                 type(index) is int
                 and 0 <= index < len(kernels.names)
@@ -427,6 +430,7 @@ def _updated(memo: _Memo, value: Any, end: int) -> bool:
                 and len(stats) == kernels.counts[index]
             ):
                 return False
+        for index, _, config, stats, row in changes:
             kernels.stats[kernels.stat_slice(index)] = stats
             kernels.configs[index] = config
             for column, field in zip(kernels.columns, row, strict=True):

@@ -111,7 +111,10 @@ def update_tree(
     changed, stats = _changed(names, shas, known, _stamps(root, names, seen))
     # A complete tree holds what its record lists; after a killed update or without a
     # record (a tree from an older nkibuild), the tree itself is listed.
-    complete = bool(known.names) and (root / stamp_name).exists()
+    stamped = (root / stamp_name).exists()
+    if not stamped and stamp_name not in changed:  # removed since its stamp was seen
+        changed.append(stamp_name)
+    complete = bool(known.names) and stamped
     strays = _strays(root, digests, known.names if complete else None)
     if not changed and not strays:
         return Record(names, stats, shas)  # type: ignore[arg-type]  # none missing
