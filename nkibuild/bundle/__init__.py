@@ -460,9 +460,10 @@ def generator_digest() -> str:
     """Hash of the code that writes bundles: a bundle is stale when it changes, even
     within one nkibuild version (a development checkout, a patched install). Besides
     this package: the model whose values the generated code spells (padding, tensor
-    specs), the padding checks run on the compiled outputs, and the resolver that names
-    the units and extractions whose records the bundle reads (its parts memo relies on
-    the bundle task's definition, which holds this digest, to name the same records)."""
+    specs), the padding checks run on the compiled outputs, and the resolver and the
+    layout that name the units and extractions whose records the bundle reads and where
+    (its parts memo relies on the bundle task's definition, which holds this digest, to
+    name the same records)."""
     digest = hashlib.sha256()
     package = Path(__file__).parent.parent
     manifest = package / "manifest"
@@ -471,6 +472,7 @@ def generator_digest() -> str:
         manifest / "model.py",
         manifest / "buckets.py",
         package / "plan.py",
+        package / "context.py",
     ]
     for source in sorted(sources):
         digest.update(source.name.encode() + b"\0" + source.read_bytes())

@@ -370,6 +370,7 @@ def _scope(context: BuildContext) -> tuple[str, ...]:
         __version__,
         generator_digest(),
         str(context.layout.build_dir),
+        f"{RESULT_FILE} {METADATA_FILE}",  # the records' names (the definition has not)
         json.dumps(vars(manifest.package), sort_keys=True),
         ",".join(split_targets(manifest)),
     )
