@@ -550,3 +550,36 @@ def test_the_index_file_is_read_only_when_whole(
     for damaged in (short_shas, wrong_type, flipped, plain[:-1], [*plain]):
         index_file.write_bytes(plaindata.dumps({wheel.name: damaged}))
         assert wheel_module._indexes(index_file) == {}
+
+
+def test_each_update_indexes_its_wheel_for_the_next_one(
+    tmp_path: Path, seen: Seen, deflated_chunks: list[int]
+) -> None:
+    """A chain of updates, each from the index the one before returned: members
+    changed, added and removed, a big member edited in place and made longer, RECORD
+    past FAST_DEFLATE_BYTES; every wheel is the fresh one, the runs keep coming and
+    but for a RECORD line added or removed only a few chunks are deflated."""
+    names = [f"upd_kernels/neff/k{number:05d}/{'x' * 40}.neff" for number in range(9_000)]
+    files = {name: name.encode() for name in names} | {NAMES[0]: big_text("old", 60_000)}
+    wheel, index = written_before(tmp_path, files)
+    big = bytearray(files[NAMES[0]])
+    edits = [
+        {names[10]: b"changed\n"},
+        {names[20]: b"changed too\n", "upd_kernels/added.txt": b"added\n"},
+        {NAMES[0]: bytes(big[:70_000]) + b"EDIT" + bytes(big[70_004:])},
+        {NAMES[0]: bytes(big[:200_000]) + b"longer " + bytes(big[200_000:])},
+    ]
+    for step, edit in enumerate(edits):
+        files = files | edit
+        if step == 1:
+            del files[names[30]]
+        after = project(tmp_path / f"after{step}", files)
+        seen.runs.clear()
+        deflated_chunks.clear()
+        wheel, index = write_wheel(after, tmp_path / "dist", reuse=trusted(wheel, index))
+        if step != 1:  # a line added or removed: RECORD's chunks after it all move
+            assert sum(deflated_chunks) < len(files[NAMES[0]]) // 4  # a few chunks, not all
+        assert wheel.read_bytes() == build_wheel(after, tmp_path / f"fresh{step}").read_bytes()
+        assert index is not None and len(seen.runs) >= 2
+        with zipfile.ZipFile(wheel) as archive:
+            assert archive.testzip() is None and archive.read(NAMES[0]) == files[NAMES[0]]
