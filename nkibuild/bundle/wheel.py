@@ -447,10 +447,10 @@ class Chunks:
 
     digests: bytes
     lengths: tuple[int, ...]
-    stream: int
+    stream_crc: int
 
     def plain(self) -> tuple[bytes, tuple[int, ...], int]:
-        return self.digests, self.lengths, self.stream
+        return self.digests, self.lengths, self.stream_crc
 
 
 @dataclass(frozen=True)
@@ -465,7 +465,7 @@ class Deflated:
         is not the one `chunks` describes (then nothing of it is taken)."""
         lengths, digests = self.chunks.lengths, self.chunks.digests
         if (
-            zlib.crc32(self.stream) != self.chunks.stream
+            zlib.crc32(self.stream) != self.chunks.stream_crc
             or len(digests) != DIGEST_BYTES * len(lengths)
             or sum(lengths) + len(FINAL_BLOCK) != len(self.stream)
         ):
@@ -478,8 +478,8 @@ class Deflated:
 
 
 def _deflate_in_chunks(data: bytes, previous: Deflated | None = None) -> tuple[bytes, Chunks]:
-    """`data` deflated as chunks of `DEFLATE_CHUNK_BYTES`, each by a compressor of its
-    own ended with a full flush (no match reaches into another chunk, and each ends on
+    """`data` deflated as chunks (`_chunk_ends`), each by a compressor of its own ended
+    with a full flush (no match reaches into another chunk, and each ends on
     a byte boundary), then an empty final block: one valid deflate stream whose every
     chunk's bytes depend on that chunk's content only. So a chunk `previous` deflated
     from the same content is taken as it is: the stream is byte for byte the one a
