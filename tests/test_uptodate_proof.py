@@ -995,3 +995,28 @@ def test_what_another_pending_task_writes_in_its_output_dirs_is_stat_ed(
     (module / "alpha.py").write_text("# rewritten after deciding, as the bundle may\n")
     assert uptodate.seen_by(decision, "bundle").stamps([path]) == [seen]
     assert uptodate.seen_by(decision, "wheel").stamps([path]) == [stat_stamp(path)] != [seen]
+
+
+def test_a_kept_file_removed_after_deciding_fails_the_wheel_cleanly(
+    two_kernels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree file the bundle kept as seen, removed while the build runs: a wheel written
+    fresh cannot pack it and says so (no traceback); the next build writes it back."""
+    module = two_kernels / "build" / "bundle" / "proof-kernels" / "proof_kernels" / "_kernels"
+    for wheel in (two_kernels / "dist").glob("*.whl"):
+        wheel.unlink()  # dist/ cleaned: the wheel is written fresh from the tree
+    seen_by = uptodate.seen_by
+
+    def then_removed(decision: uptodate.Decision, name: str) -> fsutil.SeenStats:
+        seen = seen_by(decision, name)
+        (module / "alpha.py").unlink()
+        return seen
+
+    monkeypatch.setattr(uptodate, "seen_by", then_removed)
+    (two_kernels / "kernels" / "beta.pb").write_bytes(hlo("beta-edited"))
+    summary = build(two_kernels)
+    failed = [outcome for outcome in summary.outcomes if outcome.name == "wheel"]
+    assert not summary.ok and failed and "Traceback" not in failed[0].detail
+    assert "alpha.py was removed after the bundle was generated" in failed[0].detail
+    monkeypatch.setattr(uptodate, "seen_by", seen_by)
+    assert build(two_kernels).ok and (module / "alpha.py").exists()

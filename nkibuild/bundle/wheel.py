@@ -381,7 +381,13 @@ def _write_zip(
 def _read_member(root: Path, name: str, recorded: str) -> tuple[bytes, bytes]:
     """A bundle file's bytes and sha256, refused if they are no longer what the bundle
     stage recorded: it was changed after the bundle was generated."""
-    data = (root / name).read_bytes()
+    try:
+        data = (root / name).read_bytes()
+    except FileNotFoundError:
+        raise BuildError(
+            f"{root / name} was removed after the bundle was generated; build again "
+            "to write it back"
+        ) from None
     digest = hashlib.sha256(data).digest()
     if recorded and digest.hex() != recorded:
         raise BuildError(
