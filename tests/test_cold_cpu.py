@@ -87,6 +87,13 @@ def test_a_strict_reader_still_reads_finite_numbers_and_exponent_lookalikes() ->
     }
 
 
+def test_a_float_past_1e308_without_an_exponent_is_still_refused_where_infinity_is() -> None:
+    lenient_ints = JsonLimits(allow_nonfinite=False, max_int_digits=400)
+    with pytest.raises(JsonLimitError, match="out of range"):
+        load_json(b"[1" + b"0" * 309 + b".5]", lenient_ints)
+    assert load_json(b"[1" + b"0" * 307 + b".5]", lenient_ints) == [1e307]
+
+
 def test_depth_is_walked_only_where_the_brackets_allow_it() -> None:
     shallow = JsonLimits(max_depth=3)
     # Many brackets, but inside strings or side by side: walked, and accepted.
@@ -244,6 +251,14 @@ def test_a_target_name_elsewhere_in_the_module_is_parsed_and_kept() -> None:
     assert backend_config.rewrite_paths(data, lambda _: True, lambda v: v + "!") == data
 
 
+def test_a_module_that_is_not_bytes_is_parsed_as_before() -> None:
+    config = base64.b64encode(json.dumps({"bir": "/abs/x.json"}).encode())
+    view = memoryview(_module(("AwsNeuronNkiKernel", config)))
+    assert backend_config.names_nki_target(view)  # `in` on a memoryview tests ints
+    rewritten = backend_config.rewrite_paths(view, os.path.isabs, lambda v: "moved")
+    assert _configs(rewritten) == [{"bir": "moved"}]
+
+
 # --- cache dirs: existing components opened, missing ones made, symlinks refused ---------
 
 
@@ -343,3 +358,12 @@ def test_a_unit_without_a_known_peak_reads_the_attempts_record_once(
     job = SimpleNamespace(unit=unit, artifact=None, toolchain=None, out_dir=tmp_path, last_peak=0)
     assert local._compile(job, None, CompileOptions(), []) == (outcome, info)  # type: ignore[arg-type]
     assert reads == [tmp_path]  # the estimate's read; none to compare a peak of 0 with
+
+
+@pytest.mark.parametrize("recorded", ["-4096", "0", '"big"'])
+def test_a_recorded_peak_that_is_no_peak_is_ignored(tmp_path: Path, recorded: str) -> None:
+    (tmp_path / "peak-memory.json").write_text(f'{{"peak_memory": {recorded}}}')
+    assert local._last_peak(tmp_path) is None
+    assert local.memory_estimate(SimpleNamespace(compile_memory=None), tmp_path, 0) is None  # type: ignore[arg-type]
+    (tmp_path / "peak-memory.json").write_text('{"peak_memory": 4096}')
+    assert local.memory_estimate(SimpleNamespace(compile_memory=None), tmp_path, 0) == 4096  # type: ignore[arg-type]

@@ -89,10 +89,13 @@ def memory_estimate(unit: BuildUnit, out_dir: Path, last_peak: int = 0) -> int |
 
 
 def _last_peak(out_dir: Path) -> int | None:
+    """The peak an unfinished attempt recorded; None for none, or for a record that holds
+    no peak (damaged, or not a positive number of bytes)."""
     try:
-        return int(json.loads((out_dir / PEAK_FILE).read_text())["peak_memory"])
+        peak = int(json.loads((out_dir / PEAK_FILE).read_text())["peak_memory"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return peak if peak > 0 else None
 
 
 def _record_peak(out_dir: Path, peak: int, returncode: int | None) -> None:

@@ -57,6 +57,8 @@ def names_nki_target(data: bytes) -> bool:
     call's target in its bytes (protobuf stores a string field as its UTF-8 bytes), so a
     module without them has none, and need not be parsed to find out: most modules (plain
     JAX or prebuilt HLO) call no NKI kernel, and each compile materializes its module."""
+    if not isinstance(data, (bytes, bytearray)):  # a memoryview has no substring test
+        return True
     return any(target in data for target in _TARGET_BYTES)
 
 

@@ -74,12 +74,17 @@ def _text(data: bytes | str) -> str:
     return data
 
 
+_FLOAT_DIGITS = 308  # 1e308 is finite, 1e309 is not
+
+
 @functools.cache  # one pattern per kind of bound: compiled once, never changed
 def _beyond_plain(max_int_digits: int, allow_nonfinite: bool) -> re.Pattern[str]:
     """What a text must hold for the checking parsers to refuse anything in it: a run of
     more digits than an integer may have (in a number or not), and where non-numbers are
-    refused, the constants and an exponent (`1e400` is infinite)."""
-    beyond = f"[0-9]{{{max_int_digits + 1},}}"
+    refused, the constants, an exponent (`1e400` is infinite) and a run of more than 308
+    digits (a float's integer part past 1e308 is infinite too)."""
+    longest = max_int_digits if allow_nonfinite else min(max_int_digits, _FLOAT_DIGITS)
+    beyond = f"[0-9]{{{longest + 1},}}"
     if not allow_nonfinite:
         beyond += "|NaN|Infinity|[0-9.][eE]"
     return re.compile(beyond)
