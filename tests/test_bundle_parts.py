@@ -11,9 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import RemovesWhenLoaded, build, softmax_manifest, softmax_project
+from helpers import RemovesWhenLoaded, build, parts_made, softmax_manifest, softmax_project
 
-import nkibuild.bundle
 from nkibuild import plaindata
 from nkibuild.bundle.buildinfo import BuildInfo, document_text, encode, read_build_info
 from nkibuild.bundle.parts import MEMO_FILE, KernelPart, _load
@@ -42,15 +41,7 @@ def project_of_three(root: Path) -> Path:
 @pytest.fixture
 def made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Kernels whose part the bundle stage computes (not taken from the memo)."""
-    names: list[str] = []
-    kernel_part = nkibuild.bundle.kernel_part
-
-    def counted(manifest, kernel, compiled, tools):  # type: ignore[no-untyped-def]
-        names.append(kernel.name)
-        return kernel_part(manifest, kernel, compiled, tools)
-
-    monkeypatch.setattr(nkibuild.bundle, "kernel_part", counted)
-    return names
+    return parts_made(monkeypatch)
 
 
 def tree(project: Path) -> dict[str, bytes]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from doit.dependency import JSONCodec
 from doit.tools import config_changed
-from helpers import build, manifests_parsed, write_project
+from helpers import build, manifests_parsed, parts_made, write_project
 
 from nkibuild import fsutil, plaindata
 from nkibuild.fsutil import stat_stamp
@@ -937,8 +937,6 @@ def test_a_compile_record_rewritten_after_deciding_is_seen_by_the_next_bundle(
     """The bundle keeps a part under its records' stamps as deciding saw them; a record
     rewritten after that has another stamp, so the next bundle makes its part again
     (one that finds the record's content unchanged, doit does not even run)."""
-    import nkibuild.bundle
-
     record = two_kernels / "build" / "compile" / "alpha" / "default" / "trn1" / "result.json"
     seen_by = uptodate.seen_by
 
@@ -949,14 +947,7 @@ def test_a_compile_record_rewritten_after_deciding_is_seen_by_the_next_bundle(
         record.write_bytes(content)  # same bytes, new inode and ctime
         return seen
 
-    made: list[str] = []
-    kernel_part = nkibuild.bundle.kernel_part
-
-    def counted(manifest, kernel, compiled, tools):  # type: ignore[no-untyped-def]
-        made.append(kernel.name)
-        return kernel_part(manifest, kernel, compiled, tools)
-
-    monkeypatch.setattr(nkibuild.bundle, "kernel_part", counted)
+    made = parts_made(monkeypatch)
     monkeypatch.setattr(uptodate, "seen_by", then_rewritten)
     (two_kernels / "kernels" / "beta.pb").write_bytes(hlo("beta-edited"))
     assert "bundle" in build(two_kernels).executed
