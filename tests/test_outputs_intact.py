@@ -93,3 +93,20 @@ def test_a_damaged_record_fails_the_check(tmp_path: Path, damaged: object) -> No
     check, _, _ = recorded(tmp_path)
     assert recorded_outputs(damaged) is None
     assert check(None, {VALUES_KEY: damaged}) is False
+
+
+def test_an_output_that_cannot_be_read_fails_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its stamp changed and reading it fails (unreadable, an I/O error): not trusted, no
+    traceback; the task runs again."""
+    from nkibuild.graph import intact
+
+    check, values, out = recorded(tmp_path)
+    os.utime(out / "a.neff", ns=(1, 1))  # a new stamp, the same size: its hash decides
+
+    def unreadable(path: object) -> str:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(intact, "file_sha256", unreadable)
+    assert check(None, values) is False

@@ -163,6 +163,11 @@ def _walk(directory: str) -> Iterator[str]:
 
 
 def _same_content(path: str, stamp: str, recorded: str, sha256: str) -> bool:
-    """A file whose stamp changed: still what was recorded if its size and sha256 are."""
-    same_size = stamp.partition(" ")[0] == recorded.partition(" ")[0]
-    return same_size and file_sha256(path) == sha256
+    """A file whose stamp changed: still what was recorded if its size and sha256 are
+    (one that cannot be read, made unreadable or replaced by a directory, is not)."""
+    if stamp.partition(" ")[0] != recorded.partition(" ")[0]:
+        return False
+    try:
+        return file_sha256(path) == sha256
+    except OSError:
+        return False
