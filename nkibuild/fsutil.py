@@ -26,6 +26,20 @@ def stamp_of(info: os.stat_result) -> str:
     return f"{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino}"
 
 
+STAMP_FIELDS = 4  # the numbers a stamp joins: size, mtime_ns, ctime_ns, inode
+
+
+def stamps_of_numbers(numbers: list[int]) -> list[str]:
+    """The stamps of files given as STAMP_FIELDS numbers each, in one flat list (as
+    records before stamps kept them)."""
+    fields = (numbers[field::STAMP_FIELDS] for field in range(STAMP_FIELDS))
+    return list(map("{} {} {} {}".format, *fields))
+
+
+def stamp_ctime_ns(stamp: str) -> int:
+    return int(stamp.split(" ")[2])
+
+
 def stat_stamp(path: str | os.PathLike[str]) -> str | None:
     """`stamp_of` the file at `path`, or None if it cannot be stat'ed."""
     try:

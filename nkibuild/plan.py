@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from nkibuild import __version__, plaindata
-from nkibuild.fsutil import atomic_write_bytes, stamp_of
+from nkibuild.fsutil import atomic_write_bytes, stamp_ctime_ns, stamp_of
 from nkibuild.manifest.model import (
     CompileSettings,
     Constant,
@@ -307,14 +307,14 @@ def _python_stamps(manifest: Manifest, files: tuple[str, ...], validating: int) 
     wanted = python_functions(manifest)
     recent = validating - 20_000_000
     return tuple(
-        (name, stats[name] if _ctime_ns(stats[name]) < recent else "", tuple(sorted(wanted[name])))
+        (
+            name,
+            stats[name] if stamp_ctime_ns(stats[name]) < recent else "",
+            tuple(sorted(wanted[name])),
+        )
         for name in files
         if name in wanted
     )
-
-
-def _ctime_ns(stamp: str) -> int:
-    return int(stamp.split(" ")[2])
 
 
 def _confined_stats(root: Path, files: tuple[str, ...]) -> dict[str, str] | None:

@@ -39,12 +39,14 @@ from typing import NamedTuple
 from nkibuild import plaindata
 from nkibuild.errors import BuildError
 from nkibuild.fsutil import (
+    STAMP_FIELDS,
     SeenStats,
     atomic_write_bytes,
     new_dir_mode,
     new_file_mode,
     reported_at,
     stamp_of,
+    stamps_of_numbers,
 )
 
 RECORD_FILE = ".files.pickle"
@@ -107,7 +109,7 @@ def update_tree(
     digests = dict(digests or {name: digest(content) for name, content in wanted.items()})
     digests[stamp_name] = hashlib.sha256(stamp).hexdigest()
     names, shas = list(digests), list(digests.values())
-    known = _read(root, digests)
+    known = read_record(root, digests)
     changed, stats = _changed(names, shas, known, _stamps(root, names, seen))
     # A complete tree holds what its record lists; after a killed update or without a
     # record (a tree from an older nkibuild), the tree itself is listed.
@@ -148,14 +150,10 @@ def update_tree(
     return record
 
 
-def read_record(root: Path, wanted: Container[str] = ()) -> dict[str, tuple[str, str]]:
-    """The stamps and sha256s the last complete update recorded (none if unreadable, or if
-    it names a file outside the tree: its names are removed as strays). Names in `wanted`
-    are the caller's own, inside the tree: not checked again (15,000 at 10,000 units)."""
-    return _read(root, wanted).by_name()
-
-
-def _read(root: Path, wanted: Container[str]) -> Record:
+def read_record(root: Path, wanted: Container[str] = ()) -> Record:
+    """What the last complete update recorded (none if unreadable, or if it names a file
+    outside the tree: its names are removed as strays). Names in `wanted` are the
+    caller's own, inside the tree: not checked again (15,000 at 10,000 units)."""
     record = _recorded(root)
     if record is None:
         return NO_RECORD
@@ -192,13 +190,10 @@ def _legacy(root: Path) -> Record | None:
     if not isinstance(data, dict) or "format" in data:
         return None
     rows = list(data.values())
-    if not plaindata.only(rows, list) or set(map(len, rows)) - {STAT_FIELDS + 1}:
+    if not plaindata.only(rows, list) or set(map(len, rows)) - {STAMP_FIELDS + 1}:
         return None
-    stats = list(chain.from_iterable(row[:STAT_FIELDS] for row in rows))
-    return _columns(list(data), stats, [row[STAT_FIELDS] for row in rows], integer_stats=True)
-
-
-STAT_FIELDS = 4  # numbers a file in the older records: size, mtime_ns, ctime_ns, inode
+    stats = list(chain.from_iterable(row[:STAMP_FIELDS] for row in rows))
+    return _columns(list(data), stats, [row[STAMP_FIELDS] for row in rows], integer_stats=True)
 
 
 def _columns(
@@ -208,7 +203,7 @@ def _columns(
     a file, made stamps here)."""
     if not (type(names) is list and type(stats) is list and type(shas) is list):
         return None
-    width = STAT_FIELDS if integer_stats else 1
+    width = STAMP_FIELDS if integer_stats else 1
     if len(stats) != width * len(names) or len(shas) != len(names):
         return None
     if not plaindata.only(chain(names, shas), str):
@@ -216,8 +211,7 @@ def _columns(
     if integer_stats:
         if not plaindata.only(stats, int):
             return None
-        fields = (stats[field::STAT_FIELDS] for field in range(STAT_FIELDS))
-        stats = list(map("{} {} {} {}".format, *fields))
+        stats = stamps_of_numbers(stats)
     elif not plaindata.only(stats, str):
         return None
     return Record(names, stats, shas)

@@ -23,12 +23,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from nkibuild.cache.key import file_sha256
-from nkibuild.fsutil import stamp_of, stat_stamp
+from nkibuild.fsutil import STAMP_FIELDS, stamp_of, stamps_of_numbers, stat_stamp
 
 VALUES_KEY = "outputs"
 COLUMNS = ("root", "names", "stamps", "sha256")  # of a record as doit saves it
 SEPARATOR = "\0"  # in no path
-STAT_FIELDS = 4  # numbers a file in an older record: size, mtime_ns, ctime_ns, inode
 
 
 class Recorded(NamedTuple):
@@ -66,14 +65,14 @@ def _fingerprints(value: object) -> Recorded | None:
     rows = list(value.values())
     if not all(
         type(row) is list
-        and len(row) == STAT_FIELDS + 1
-        and all(type(number) is int for number in row[:STAT_FIELDS])
-        and type(row[STAT_FIELDS]) is str
+        and len(row) == STAMP_FIELDS + 1
+        and all(type(number) is int for number in row[:STAMP_FIELDS])
+        and type(row[STAMP_FIELDS]) is str
         for row in rows
     ):
         return None
-    stamps = [" ".join(map(str, row[:STAT_FIELDS])) for row in rows]
-    return Recorded(list(value), stamps, [row[STAT_FIELDS] for row in rows])
+    stamps = stamps_of_numbers([number for row in rows for number in row[:STAMP_FIELDS]])
+    return Recorded(list(value), stamps, [row[STAMP_FIELDS] for row in rows])
 
 
 def outputs_checked(

@@ -40,7 +40,7 @@ from typing import Any
 
 from nkibuild import __version__, plaindata
 from nkibuild.cache.key import file_sha256
-from nkibuild.fsutil import SeenStats, atomic_write_bytes, stat_stamp
+from nkibuild.fsutil import SeenStats, atomic_write_bytes, stamp_ctime_ns, stat_stamp
 from nkibuild.graph.intact import CHECK_SIGNATURE, OutputsIntact, Recorded, output_files
 
 STAMP_FILE = "up-to-date.stamp"
@@ -212,10 +212,6 @@ def fingerprint(task: dict[str, Any]) -> str:
 
 def _size(stat: Stat) -> int:
     return int(stat.split(" ", 1)[0])
-
-
-def _ctime_ns(stat: Stat) -> int:
-    return int(stat.split(" ")[2])
 
 
 MAPS = ("tasks", "files", "digests", "listings")  # a proof's fields that are dicts
@@ -714,7 +710,7 @@ def _stat_before(path: str, checked: int) -> Stat | None:
     """The stat of an output its task did not record: the file's now, None if it
     changed after doit looked at the task (at `checked`)."""
     stat = stat_stamp(path)
-    return stat if stat is None or _ctime_ns(stat) <= checked else None
+    return stat if stat is None or stamp_ctime_ns(stat) <= checked else None
 
 
 def _source_digest(path: str, stat: Stat | None, previous: Proof) -> str | None:
