@@ -14,7 +14,7 @@ import pytest
 from helpers import RemovesWhenLoaded, build, parts_made, softmax_manifest, softmax_project
 
 from nkibuild import plaindata
-from nkibuild.bundle.buildinfo import BuildInfo, document_text, encode, read_build_info
+from nkibuild.bundle.buildinfo import BuildInfo, document_json, encode, read_build_info
 from nkibuild.bundle.parts import MEMO_FILE, KernelPart, _load
 from nkibuild.testing.hlo_writer import build_hlo_module
 
@@ -148,13 +148,14 @@ def test_a_changed_project_file_gets_its_new_digest_in_the_provenance_summary(
     assert digests["kernels/reference.py"] == hashlib.sha256(reference.read_bytes()).hexdigest()
 
 
-def test_document_text_is_the_whole_document_encoded(example_bundle_info: BuildInfo) -> None:
+def test_document_json_is_the_whole_document_encoded(example_bundle_info: BuildInfo) -> None:
     kernels = {
-        name: encode(kernel.to_json()) for name, kernel in example_bundle_info.kernels.items()
+        name: encode(kernel.to_json()).encode()
+        for name, kernel in example_bundle_info.kernels.items()
     }
-    text = document_text(example_bundle_info.header_json(), kernels)
-    assert text == encode(example_bundle_info.to_json()) + "\n"
-    assert BuildInfo.from_text(text) == example_bundle_info
+    document = document_json(example_bundle_info.header_json(), kernels)
+    assert document == (encode(example_bundle_info.to_json()) + "\n").encode()
+    assert BuildInfo.from_text(document.decode()) == example_bundle_info
 
 
 @pytest.fixture
@@ -256,6 +257,29 @@ def test_bundle_json_is_its_content_indented_with_sorted_keys(tmp_path: Path) ->
     assert text == json.dumps(stamp, indent=2, sort_keys=True)
 
 
+@pytest.mark.parametrize(
+    "description",
+    ["plain", "\0files 0", "\0files 1", "\0files 2"],
+    ids=["plain", "spells-the-top-marker", "spells-a-parts-marker", "spells-an-unused-one"],
+)
+def test_bundle_json_is_written_as_json_dumps_indents_it(description: str) -> None:
+    """The stamp joined from pieces is byte for byte `json.dumps(indent=2, sort_keys=True)`,
+    also when a manifest's value spells the marker of a file list (then encoded whole),
+    with an empty list and parts in the order given."""
+    from nkibuild.bundle import _stamp_json
+
+    stamp = {
+        "package": {"name": "p", "description": description},
+        "files": {"z.py": "9" * 64, "a/b.py": "0" * 64},
+        "parts": [
+            {"target": "trn2", "files": {"n/x.neff": "1" * 64}},
+            {"target": "trn1", "files": {}},
+        ],
+        "targets": ["trn1", "trn2"],
+    }
+    assert _stamp_json(stamp) == json.dumps(stamp, indent=2, sort_keys=True).encode()
+
+
 def _damaged(row: tuple, field: str, value: object) -> tuple:
     """A memo row (a part's fields) with one field replaced."""
     from nkibuild.bundle.parts import KernelPart
@@ -265,7 +289,7 @@ def _damaged(row: tuple, field: str, value: object) -> tuple:
 
 ROW_DAMAGE = {
     "module-text": lambda row: _damaged(row, "module", row[2].decode()),
-    "info-bytes": lambda row: _damaged(row, "info_text", row[1].encode()),
+    "info-text": lambda row: _damaged(row, "info_json", row[1].decode()),
     "neff-row-short": lambda row: _damaged(row, "neffs", tuple(n[:3] for n in row[4])),
     "neff-row-list": lambda row: _damaged(row, "neffs", tuple(list(n) for n in row[4])),
     "neff-sha-number": lambda row: _damaged(row, "neffs", ((*row[4][0][:2], 7, row[4][0][3]),)),
@@ -331,10 +355,11 @@ def test_a_kept_part_is_the_part_made_anew(
 
 
 @pytest.mark.parametrize("key", ["k00001", "_x", "a b", "é", 'a"b\\c', "1st"])
-def test_document_text_encodes_each_kernels_name_as_json_does(key: str) -> None:
-    kernels = {key: encode({"n": 1}), "zz": encode([])}
-    text = document_text({"format_version": 1}, kernels)
-    assert text == encode({"format_version": 1, "kernels": {key: {"n": 1}, "zz": []}}) + "\n"
+def test_document_json_encodes_each_kernels_name_as_json_does(key: str) -> None:
+    kernels = {key: encode({"n": 1}).encode(), "zz": encode([]).encode()}
+    document = document_json({"format_version": 1}, kernels)
+    expected = encode({"format_version": 1, "kernels": {key: {"n": 1}, "zz": []}}) + "\n"
+    assert document == expected.encode()
 
 
 def test_a_memo_that_cannot_be_read_lends_nothing(tmp_path: Path, made: list[str]) -> None:

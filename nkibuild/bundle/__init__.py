@@ -29,7 +29,7 @@ from nkibuild.bundle.buildinfo import (
     TensorInfo,
     ToleranceInfo,
     VariantInfo,
-    document_text,
+    document_json,
     encode,
     read_build_info,
 )
@@ -162,7 +162,7 @@ def write_bundle(
     for target in split_targets(manifest):
         _add_hashed(files, digests, _part_files(manifest.package, target))
     targets = sorted({target for part in parts for target in part.targets})
-    stamp = _stamp_text(_stamp(manifest, info, digests, targets)).encode()
+    stamp = _stamp_json(_stamp(manifest, info, digests, targets))
     wanted = collections.ChainMap(files, neffs)
     record = update_tree(out_dir, wanted, STAMP_FILE, stamp, digests=digests, seen=seen)
     return WrittenBundle(out_dir, record)
@@ -195,13 +195,13 @@ def _project_files(
     package = manifest.package
     pkg = package.import_name
     extras = {t: [target_package(package, t).name] for t in split_targets(manifest)}
-    kernels = {part.name: part.info_text for part in parts}
+    kernels = {part.name: part.info_json for part in parts}
     generated = {
         "pyproject.toml": codegen.pyproject(package, list(info.requirements), extras=extras),
         f"{pkg}/__init__.py": codegen.package_init(package, manifest.kernels),
         f"{pkg}/_kernels/__init__.py": '"""Generated kernel modules."""\n',
         f"{pkg}/_runtime.py": RUNTIME_SOURCE.read_bytes(),
-        f"{pkg}/{FILE_NAME}": document_text(info.header_json(), kernels),
+        f"{pkg}/{FILE_NAME}": document_json(info.header_json(), kernels),
     }
     files: dict[str, Content] = {}
     digests: dict[str, str] = {}
@@ -271,31 +271,40 @@ def _stamp(
     }
 
 
-def _stamp_text(stamp: dict[str, Any]) -> str:
-    """`json.dumps(stamp, indent=2, sort_keys=True)`, its file lists (15,000 entries at
-    10,000 units) written by json's C encoder: `indent` makes json encode in Python."""
+def _stamp_json(stamp: dict[str, Any]) -> bytes:
+    """`json.dumps(stamp, indent=2, sort_keys=True)`, encoded, its file lists (15,000
+    entries at 10,000 units) written by json's C encoder: `indent` makes json encode in
+    Python. Joined once as bytes: each copy of a text of megabytes costs a page fault for
+    each of its pages, fresh memory in a build's process."""
     lists = [stamp["files"], *(part["files"] for part in stamp["parts"])]
     marked = {**stamp, "files": "\0files 0"}
     marked["parts"] = [
         {**part, "files": f"\0files {i}"} for i, part in enumerate(stamp["parts"], 1)
     ]
     text = json.dumps(marked, indent=2, sort_keys=True)
-    for number, files in enumerate(lists):
-        marker = f'"\\u0000files {number}"'
-        if text.count(marker) != 1:  # a value of the manifest spells a marker: no shortcut
-            return json.dumps(stamp, indent=2, sort_keys=True)
+    markers = [f'"\\u0000files {number}"' for number in range(len(lists))]
+    if any(text.count(marker) != 1 for marker in markers):  # a manifest's value spells one
+        return json.dumps(stamp, indent=2, sort_keys=True).encode()
+    pieces: list[bytes | memoryview] = []
+    end = 0
+    for at, number in sorted((text.index(marker), number) for number, marker in enumerate(markers)):
         depth = 2 if number == 0 else 6  # the top level's member, or a part's in a list
-        text = text.replace(marker, _flat_object(files, " " * depth))
-    return text
+        pieces += [text[end:at].encode(), *_flat_object(lists[number], " " * depth)]
+        end = at + len(markers[number])
+    pieces.append(text[end:].encode())
+    return b"".join(pieces)
 
 
-def _flat_object(members: Mapping[str, str], indent: str) -> str:
+def _flat_object(members: Mapping[str, str], indent: str) -> list[bytes | memoryview]:
     """A JSON object of string members as `json.dumps(indent=2, sort_keys=True)` writes
-    it at `indent`: the same separators, given to the C encoder."""
+    it at `indent`, encoded, as pieces to join: the same separators, given to the C
+    encoder."""
     inner = indent + "  "
     separators = (",\n" + inner, ": ")  # strings only: no cycle to look for
     text = json.dumps(members, sort_keys=True, separators=separators, check_circular=False)
-    return text if not members else "{\n" + inner + text[1:-1] + "\n" + indent + "}"
+    if not members:
+        return [text.encode()]
+    return [f"{{\n{inner}".encode(), memoryview(text.encode())[1:-1], f"\n{indent}}}".encode()]
 
 
 def load_bundle(directory: Path, *, build_info: bool = True) -> BundleProject:
@@ -381,7 +390,7 @@ def kernel_part(
     module = codegen.kernel_module(manifest.package.import_name, kernel, info).encode()
     return KernelPart(
         name=kernel.name,
-        info_text=encode(info.to_json()),
+        info_json=encode(info.to_json()).encode(),
         module=module,
         module_sha256=hashlib.sha256(module).hexdigest(),
         neffs=tuple(

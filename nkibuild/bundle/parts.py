@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 MEMO_FILE = "bundle-parts.pickle"
 # Of the saved state: a memo of another layout lends nothing.
-MEMO_FORMAT = "columns, stamps, definition"
+MEMO_FORMAT = "columns, stamps, definition, entries in bytes"
 MAX_UPDATES = 100  # appended to a snapshot before it is written anew: each costs a load
 
 
@@ -76,7 +76,7 @@ class KernelPart(NamedTuple):
     memo, where a frozen dataclass costs several times a tuple to make."""
 
     name: str
-    info_text: str  # its entry of `_build.json`'s "kernels", encoded as the file has it
+    info_json: bytes  # its entry of `_build.json`'s "kernels", encoded as the file has it
     module: bytes  # its generated loader
     module_sha256: str
     neffs: tuple[NeffRow, ...]
@@ -456,7 +456,7 @@ def _well_formed(kernels: _Kernels) -> bool:
         return False
     if not (
         plaindata.only(names, str)
-        and plaindata.only(infos, str)
+        and plaindata.only(infos, bytes)
         and plaindata.only(shas, str)
         and plaindata.only(modules, bytes)
         and plaindata.only(kernels.configs, bytes)
