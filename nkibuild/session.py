@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nkibuild.cache.stats import CacheCounters
+from nkibuild.compiler.ahead import CompilesAhead
 from nkibuild.compiler.budget import KeyLocks, MemoryBudget
 from nkibuild.compiler.chores import Chores
 from nkibuild.compiler.process import ProcessRegistry
@@ -103,6 +104,7 @@ class BuildSession:
         self.processes = ProcessRegistry()
         self.chores = Chores()  # done by compile threads while their compilers run
         self.extractions_ahead = ExtractionsAhead()  # one of those chores
+        self.compiles_ahead = CompilesAhead()  # while the build decides, after an edit
         self.ray = RayConnection()
         # `neuronx-cc --version` queries by (command, compiler stamp): a release resolves
         # one toolchain per project and asks each compiler once.
@@ -152,6 +154,7 @@ class BuildSession:
         self.workers.close()
         self.ray.close()
         self.chores.finish()
+        self.compiles_ahead.finish()  # before the extractions ahead it reads are removed
         self.extractions_ahead.discard()
 
 

@@ -64,6 +64,30 @@ def write_project(root: Path, manifest: str, files: dict[str, bytes | str] | Non
     return root
 
 
+def prebuilt_project(root: Path, kernels: int = 3, targets: str = "[trn1]") -> Path:
+    """Prebuilt-HLO kernels k0, k1, ... of distinct shapes."""
+    lines = ["format-version: 1", "package: {name: ahead, version: 1.0.0}", "kernels:"]
+    files: dict[str, bytes | str] = {}
+    for index in range(kernels):
+        width = 8 + index
+        files[f"kernels/k{index}.pb"] = module(f"k{index}", width)
+        lines += [
+            f"  k{index}:",
+            "    frontend: hlo",
+            f"    source: kernels/k{index}.pb",
+            f"    inputs: {{x: {{shape: [4, {width}], dtype: float32}}}}",
+            f"    targets: {targets}",
+        ]
+    return write_project(root, "\n".join(lines) + "\n", files)
+
+
+def module(name: str, width: int) -> bytes:
+    """An HLO module named `name` of x: float32[4, width] -> the same."""
+    from nkibuild.testing.hlo_writer import build_hlo_module
+
+    return build_hlo_module(name, [("x", "float32", (4, width))], [("float32", (4, width))])
+
+
 EXAMPLE_KERNELS = Path(__file__).resolve().parents[1] / "examples" / "kernels"
 
 

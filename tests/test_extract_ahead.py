@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import QuietDisplay, write_project
+from helpers import QuietDisplay, prebuilt_project
 
 from nkibuild import frontends
 from nkibuild.compiler import neuronxcc
@@ -28,32 +28,10 @@ from nkibuild.graph.run import RunOptions, run_build
 from nkibuild.graph.tasks import extract_files
 from nkibuild.plan import ExtractSpec, extract_specs
 from nkibuild.settings import BuildOptions
-from nkibuild.testing.hlo_writer import build_hlo_module
 
-KERNELS = 3
+KERNELS = 3  # prebuilt_project's
 # Process ids only counted, never signalled (the registry kills only after kill_all).
 FIRST_PID, SECOND_PID = 2**22 + 1, 2**22 + 2
-
-
-def prebuilt_project(root: Path, kernels: int = KERNELS) -> Path:
-    """Prebuilt-HLO kernels k0, k1, ... of distinct shapes, one target."""
-    lines = ["format-version: 1", "package: {name: ahead, version: 1.0.0}", "kernels:"]
-    files: dict[str, bytes | str] = {}
-    for index in range(kernels):
-        width = 8 + index
-        files[f"kernels/k{index}.pb"] = module(f"k{index}", width)
-        lines += [
-            f"  k{index}:",
-            "    frontend: hlo",
-            f"    source: kernels/k{index}.pb",
-            f"    inputs: {{x: {{shape: [4, {width}], dtype: float32}}}}",
-            "    targets: [trn1]",
-        ]
-    return write_project(root, "\n".join(lines) + "\n", files)
-
-
-def module(name: str, width: int) -> bytes:
-    return build_hlo_module(name, [("x", "float32", (4, width))], [("float32", (4, width))])
 
 
 def context_of(root: Path) -> BuildContext:

@@ -116,6 +116,47 @@ def test_a_changed_source_hands_its_task_and_everything_downstream_to_doit(
     assert decision.touched == []
 
 
+def test_the_tasks_of_changed_sources_are_named_before_the_rest_is_compared(
+    chain: tuple[Path, list[dict]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sources_changed` hears of t:b (its source's content changed) while no output has
+    been stat'ed yet: its work can start while the rest is compared."""
+    root, dicts = chain
+    proven_state(root, dicts)
+    (root / "src_b").write_text("edited")
+    touch(root / "src_a")  # same content: no work to start for t:a
+    stated: list[str] = []
+    monkeypatch.setattr(
+        uptodate, "stat_stamp", lambda path: stated.append(path) or stat_stamp(path)
+    )
+    heard: list[tuple[list[str], list[str]]] = []
+    decision = uptodate.decide(
+        root, dicts, str(root / DEP_FILE), lambda names: heard.append((names, list(stated)))
+    )
+    outputs = [str(root / name) for name in ("mid_a", "mid_b", "out")]
+    ((names, stated_then),) = heard
+    assert names == ["t:b"]
+    assert not set(outputs) & set(stated_then)
+    assert set(outputs) <= set(stated)  # compared after
+    assert decision.pending == ["t:b", "t:join"]
+    assert decision.touched == [str(root / "src_a")]
+
+
+def test_no_changed_source_and_no_proof_name_no_tasks_early(
+    chain: tuple[Path, list[dict]],
+) -> None:
+    root, dicts = chain
+    heard: list[list[str]] = []
+    first = uptodate.decide(root, dicts, str(root / DEP_FILE), heard.append)
+    assert first.pending == ["t:a", "t:b", "t:join"]  # no proof: nothing said early
+    uptodate.record(root, first, checked_now(first.pending), str(root / DEP_FILE))
+    touch(root / "src_a")
+    (root / "mid_a").write_text("rewritten output")
+    decision = uptodate.decide(root, dicts, str(root / DEP_FILE), heard.append)
+    assert decision.pending == ["t:a", "t:join"]  # by the output, not a source
+    assert heard == []
+
+
 def test_a_touched_output_hands_its_producer_and_readers_to_doit(
     chain: tuple[Path, list[dict]],
 ) -> None:

@@ -93,11 +93,15 @@ def run(context: BuildContext, unit: BuildUnit) -> CompiledNeff:
     """The compile stage of a build: the unit's extracted artifact -> its NEFF."""
     from nkibuild.frontends import load_extracted
 
-    layout = context.layout
+    layout, toolchain = context.layout, context.toolchain
     artifact = load_extracted(layout.extract_dir(unit.extract), unit.name)
-    return compile_unit(
-        unit, artifact, context.toolchain, layout.compile_dir(unit), compile_options(context)
-    )
+    # Compiled while the build decided, if it was (compiler/ahead.py).
+    ahead = context.session.compiles_ahead.take(unit)
+    if ahead is not None:
+        ahead.raise_failure(cache_key(unit, artifact.content_hash, toolchain).digest)
+    out_dir = layout.compile_dir(unit)
+    result = compile_unit(unit, artifact, toolchain, out_dir, compile_options(context))
+    return ahead.reported(result) if ahead is not None else result
 
 
 def compile_options(context: BuildContext) -> CompileOptions:

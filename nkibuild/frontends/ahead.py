@@ -23,9 +23,11 @@ compilers run (neuronxcc._chores): not while another slot prepares its compile.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,6 +57,12 @@ class _Extraction:
     artifact: HloArtifact | None = None  # None: not (yet) extracted, or failed
     stamps: tuple[str, ...] = ()  # of the task's files, taken before they were read
     taken: bool = False  # the extract task has come for it (or ran without it)
+    # Clear while a compile ahead reads the staged artifact (compiler/ahead.py): the
+    # extract task moves it into place only once it is set.
+    unread: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.unread.set()
 
 
 class ExtractionsAhead:
@@ -104,6 +112,7 @@ class ExtractionsAhead:
                 return None
             extraction.taken = True
         extraction.done.wait()
+        extraction.unread.wait()
         if extraction.artifact is None:
             return None
         staging = staging_dir(out_dir)
@@ -115,6 +124,24 @@ class ExtractionsAhead:
             shutil.rmtree(staging, ignore_errors=True)
             return None
         return _moved_in(extraction.artifact, staging, out_dir)
+
+    @contextlib.contextmanager
+    def reading(self, context: BuildContext, spec: ExtractSpec) -> Iterator[HloArtifact | None]:
+        """The artifact extracted ahead for `spec`, left in its staging directory while
+        the caller reads it (its extract task waits meanwhile); None if there is none,
+        or its task came for it first."""
+        with self._lock:
+            extraction = self._extractions.get(str(context.layout.extract_dir(spec)))
+            if extraction is not None and not extraction.taken and extraction.done.is_set():
+                artifact = extraction.artifact
+                extraction.unread.clear()
+            else:
+                extraction, artifact = None, None
+        try:
+            yield artifact
+        finally:
+            if extraction is not None:
+                extraction.unread.set()
 
     def discard(self) -> None:
         """The session ends: remove what no task took."""

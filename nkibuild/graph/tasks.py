@@ -13,7 +13,7 @@ import inspect
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nkibuild import __version__
 from nkibuild.context import BuildContext
@@ -26,7 +26,11 @@ from nkibuild.plan import BuildUnit, ExtractSpec, extract_specs
 from nkibuild.settings import BuildOptions
 from nkibuild.toolchain.worker_pool import user_variables
 
+if TYPE_CHECKING:
+    from nkibuild.compiler.ahead import KernelAhead
+
 BUNDLE_TASK = "bundle"
+EXTRACT_TASK = "extract"  # the basename of every extraction's task
 
 
 def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
@@ -151,6 +155,22 @@ def run_extract(
     return {"content_hash": artifact.content_hash}
 
 
+def kernels_ahead(context: BuildContext, pending: Sequence[str]) -> list[KernelAhead]:
+    """The kernels of the extract tasks among the `pending` task names, with the files
+    each extraction reads and the units compiled from it (compiler/ahead.py)."""
+    from nkibuild.compiler.ahead import KernelAhead
+
+    prefix = f"{EXTRACT_TASK}:"
+    edited = {name.removeprefix(prefix) for name in pending if name.startswith(prefix)}
+    units: dict[ExtractSpec, list[BuildUnit]] = {}
+    for unit in context.units:
+        if unit.extract.name in edited:
+            units.setdefault(unit.extract, []).append(unit)
+    return [
+        KernelAhead(spec, extract_files(context, spec), tuple(its)) for spec, its in units.items()
+    ]
+
+
 def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
     from nkibuild.frontends import ARTIFACT_FILES, SIDECAR_DIR
 
@@ -159,7 +179,7 @@ def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
     targets = [f"{out_dir}/{name}" for name in ARTIFACT_FILES]  # see Layout.extract_path
     record, intact = outputs_checked(targets, [f"{out_dir}/{SIDECAR_DIR}"])
     return {
-        "basename": "extract",
+        "basename": EXTRACT_TASK,
         "name": spec.name,
         "doc": f"extract HLO from {spec.source} ({spec.frontend})",
         "actions": [(run_extract, (context, spec, config, files)), record],

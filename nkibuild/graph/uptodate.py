@@ -32,7 +32,7 @@ import hashlib
 import json
 import marshal
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import chain
 from pathlib import Path
@@ -436,36 +436,42 @@ class Decision:
         return [name for name in self.graph.names if name not in pending]
 
 
-def decide(state_dir: Path, dicts: list[dict[str, Any]], dep_file: str) -> Decision:
-    """Compare the build's tasks with the recorded proof."""
+def decide(
+    state_dir: Path,
+    dicts: list[dict[str, Any]],
+    dep_file: str,
+    sources_changed: Callable[[list[str]], None] | None = None,
+) -> Decision:
+    """Compare the build's tasks with the recorded proof. `sources_changed` is told, as
+    soon as the sources are compared and before the rest, the tasks a changed source
+    makes pending (a start for their work while the rest is compared); not called
+    without a proof, where every task is pending."""
     graph = Graph(dicts)
-    fingerprints = {name: fingerprint(task) for name, task in graph.by_name.items()}
     stamp = load(state_dir)
     proof = stamp.proof if stamp is not None else None
     if proof is None or proof.state is None or proof.state != stat_stamp(dep_file):
         # doit decides about every task; recording needs the sources' stats from now.
         stats = {path: stat_stamp(path) for name in graph.names for path in graph.sources(name)}
-        return Decision(
-            graph, fingerprints, stats, list(graph.names), [], None, known_digests(state_dir)
-        )
-    # Output dirs are not walked: a file added there is ignored (see OutputsIntact), a
-    # recorded one removed or changed is seen by its stat.
-    listings = proof.listings
-    recorded = proof.files
-    stats = {}
-    every = (graph.files(name, listings.get(name, ())) for name in graph.names)
-    compared = dict.fromkeys(chain.from_iterable(every))  # each file once
-    for path in compared:
-        stat = stat_stamp(path)
-        if stat is None or recorded.get(path) != stat:
-            stats[path] = stat
+        digests = known_digests(state_dir)
+        return Decision(graph, _fingerprints(graph), stats, list(graph.names), [], None, digests)
+    # Sources first (their tasks' work can start while the rest is compared), then the
+    # other files. Output dirs are not walked: a file added there is ignored (see
+    # OutputsIntact), a recorded one removed or changed is seen by its stat.
+    sources = {name: graph.sources(name) for name in graph.names}
+    compared = dict.fromkeys(chain.from_iterable(sources.values()))  # each file once
+    stats = _differing(compared, proof.files)
     # Only a source is taken as touched: a task's output rewritten with bytes a digest
     # once recorded (when it was a source) is not what that task wrote.
-    touched = [
-        path
-        for path in sorted(stats)
-        if path not in graph.producer and _same_content(path, stats[path], proof)
-    ]
+    touched = [path for path in sorted(stats) if _same_content(path, stats[path], proof)]
+    edited = set(stats).difference(touched)
+    if edited and sources_changed is not None:
+        sources_changed([name for name, files in sources.items() if not edited.isdisjoint(files)])
+    fingerprints = _fingerprints(graph)
+    listings = proof.listings
+    every = (graph.files(name, listings.get(name, ())) for name in graph.names)
+    outputs = {path: None for path in chain.from_iterable(every) if path not in compared}
+    stats.update(_differing(outputs, proof.files))
+    compared.update(outputs)
     changed = set(stats).difference(touched)
     seeds = [
         name
@@ -478,6 +484,20 @@ def decide(state_dir: Path, dicts: list[dict[str, Any]], dep_file: str) -> Decis
         return Decision(graph, fingerprints, stats, pending, touched, stamp)
     digests = known_digests(state_dir)
     return Decision(graph, fingerprints, stats, pending, touched, stamp, digests, compared)
+
+
+def _fingerprints(graph: Graph) -> dict[str, str]:
+    return {name: fingerprint(task) for name, task in graph.by_name.items()}
+
+
+def _differing(paths: Iterable[str], recorded: dict[str, Stat]) -> dict[str, Stat | None]:
+    """The stats of `paths` that differ from `recorded` (None: the file is gone)."""
+    stats: dict[str, Stat | None] = {}
+    for path in paths:
+        stat = stat_stamp(path)
+        if stat is None or recorded.get(path) != stat:
+            stats[path] = stat
+    return stats
 
 
 def seen_by(decision: Decision, name: str) -> SeenStats:

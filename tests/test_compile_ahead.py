@@ -1,0 +1,243 @@
+"""Edited kernels extracted and compiled while the build decides (compiler/ahead.py).
+
+A compile ahead must change nothing a build leaves or reports: each unit is compiled
+once and reported as compiled, the artifacts and NEFFs are those a build without it
+writes, a compile that fails ahead fails its task without a second compiler run, a
+source changed meanwhile is extracted and compiled again, and a build that fails
+before its tasks take the work stops the compiler and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import QuietDisplay, module, prebuilt_project
+
+import nkibuild.compiler
+from nkibuild.compiler import RESULT_FILE
+from nkibuild.context import load_context
+from nkibuild.fsutil import LEFTOVER_PATTERNS, leftovers
+from nkibuild.graph import uptodate
+from nkibuild.graph.report import BuildSummary
+from nkibuild.graph.run import RunOptions, run_build
+from nkibuild.settings import BuildOptions
+
+EDITED = "k1"
+TARGETS = ["trn1", "trn2"]
+EDITED_UNITS = [f"{EDITED}/default/{target}" for target in TARGETS]
+AHEAD_THREAD = "nkibuild-ahead"
+# The reference build takes its NEFFs from the cache the first one filled.
+AS_MADE = ("compile_seconds", "peak_memory", "origin")
+
+
+def two_target_project(root: Path) -> Path:
+    return prebuilt_project(root, targets="[trn1, trn2]")
+
+
+def build(root: Path, *selection: str) -> BuildSummary:
+    context = load_context(
+        root / "nkibuild.yaml", root / "build", root / "dist", BuildOptions(toolchain="fake")
+    )
+    return run_build(context, RunOptions(selection=selection, jobs=2), QuietDisplay())
+
+
+def edit(root: Path, name: str) -> None:
+    (root / "kernels" / f"{EDITED}.pb").write_bytes(module(name, 9))  # k1's shape
+
+
+def outputs(root: Path) -> dict[str, object]:
+    """What the build leaves of extractions and compiles, by path in the project: bytes,
+    and each compile record but how its NEFF was made (the compile logs aside: they name
+    temp paths)."""
+    found = [*(root / "build" / "extract").rglob("*"), *(root / "build" / "compile").rglob("*")]
+    left: dict[str, object] = {}
+    for path in sorted(p for p in found if p.is_file() and p.name != "compile.log"):
+        left[str(path.relative_to(root))] = path.read_bytes()
+        if path.name == RESULT_FILE:
+            record = json.loads(path.read_bytes())
+            left[str(path.relative_to(root))] = {
+                key: value for key, value in record.items() if key not in AS_MADE
+            }
+    return left
+
+
+def compiler_runs(counter: Path) -> list[str]:
+    """The targets of the compiler runs counted since `counter` was last removed (the
+    double's counter lines are its argv, whose paths are relative)."""
+    lines = counter.read_text().splitlines() if counter.exists() else []
+    return [line.split("--target ")[1].split()[0] for line in lines]
+
+
+@pytest.fixture
+def compiled_in(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """(thread name, unit) of every compile_unit call, the compile tasks' and the ahead's."""
+    calls: list[tuple[str, str]] = []
+    original = nkibuild.compiler.compile_unit
+
+    def compile_unit(unit, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append((threading.current_thread().name, unit.name))
+        return original(unit, *args, **kwargs)
+
+    monkeypatch.setattr(nkibuild.compiler, "compile_unit", compile_unit)
+    return calls
+
+
+@pytest.fixture
+def after_deciding(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[], None]], None]:
+    """Run a callable once the decision is made and the compiles ahead have ended (a
+    small project decides in milliseconds: without the wait doit's tasks would often
+    come first, which is the other case)."""
+    then: list[Callable[[], None]] = []
+    original = uptodate.decide
+
+    def decide(*args: Any, **kwargs: Any) -> uptodate.Decision:
+        decision = original(*args, **kwargs)
+        for thread in threading.enumerate():
+            if thread.name == AHEAD_THREAD:
+                thread.join()
+        for action in then:
+            action()
+        return decision
+
+    monkeypatch.setattr(uptodate, "decide", decide)
+    return then.append
+
+
+@pytest.fixture
+def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "compiler-runs"
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_COUNTER", str(path))
+    return path
+
+
+def test_an_edited_kernel_is_compiled_while_the_build_decides(
+    tmp_path: Path,
+    isolated_cache: Path,
+    compiled_in: list[tuple[str, str]],
+    after_deciding: Callable[[Callable[[], None]], None],
+    counter: Path,
+) -> None:
+    root = two_target_project(tmp_path / "ahead")
+    assert build(root).ok
+    edit(root, "k1_edited")
+    compiled_in.clear()
+    counter.unlink()
+    after_deciding(lambda: None)
+
+    summary = build(root)
+
+    assert summary.ok, summary.failures
+    assert compiled_in[:2] == [(AHEAD_THREAD, unit) for unit in EDITED_UNITS]
+    assert compiler_runs(counter) == TARGETS  # once each
+    assert summary.origins == {"compiled": 2}  # as this build compiled them
+    assert sorted(summary.executed) == sorted(
+        [f"extract:{EDITED}/default", *(f"compile:{unit}" for unit in EDITED_UNITS), "bundle",
+         "wheel"]
+    )  # fmt: skip
+    reference = two_target_project(tmp_path / "reference")
+    edit(reference, "k1_edited")
+    assert build(reference).ok
+    assert outputs(root) == outputs(reference)
+    assert build(root).executed == []  # and the proof covers the result
+
+
+def test_a_compile_that_failed_ahead_fails_its_task_without_a_second_run(
+    tmp_path: Path,
+    isolated_cache: Path,
+    after_deciding: Callable[[Callable[[], None]], None],
+    counter: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root = two_target_project(tmp_path / "ahead")
+    assert build(root).ok
+    edit(root, "k1_broken")
+    counter.unlink()
+    after_deciding(lambda: None)
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_FAULT", "exit1")
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_FAULT_MATCH", f"/{EDITED}/default/trn2/")
+
+    summary = build(root)
+
+    (failure,) = summary.failures
+    assert failure.name == f"compile:{EDITED}/default/trn2"
+    assert "injected fault exit1" in failure.detail  # the compiler's log tail, as always
+    assert compiler_runs(counter) == TARGETS  # trn2's failed ahead, and did not run again
+    monkeypatch.delenv("NKIBUILD_FAKE_CC_FAULT")
+    again = build(root)
+    assert again.ok and again.origins == {"compiled": 1}  # trn1's NEFF was kept
+
+
+def test_a_source_changed_after_its_compile_ahead_is_extracted_and_compiled_again(
+    tmp_path: Path,
+    isolated_cache: Path,
+    after_deciding: Callable[[Callable[[], None]], None],
+    counter: Path,
+) -> None:
+    root = two_target_project(tmp_path / "ahead")
+    assert build(root).ok
+    edit(root, "k1_first")
+    counter.unlink()
+    after_deciding(lambda: edit(root, "k1_second"))
+
+    summary = build(root)
+
+    assert summary.ok, summary.failures
+    runs = compiler_runs(counter)
+    assert runs[:2] == TARGETS and sorted(runs[2:]) == TARGETS  # ahead, then for the second edit
+    assert summary.origins == {"compiled": 2}
+    reference = two_target_project(tmp_path / "reference")
+    edit(reference, "k1_second")
+    assert build(reference).ok
+    assert outputs(root) == outputs(reference)
+
+
+def test_a_build_that_fails_before_its_tasks_take_the_work_stops_the_compile_ahead(
+    tmp_path: Path,
+    isolated_cache: Path,
+    counter: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root = two_target_project(tmp_path / "ahead")
+    assert build(root).ok
+    edit(root, "k1_slow")
+    counter.unlink()
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_CPU_SECONDS", "60")
+    original = uptodate.decide
+
+    def interrupted(*args: Any, **kwargs: Any) -> uptodate.Decision:
+        original(*args, **kwargs)
+        deadline = time.monotonic() + 30
+        while not compiler_runs(counter) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the compile ahead's compiler has started
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(uptodate, "decide", interrupted)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        build(root)
+    assert time.monotonic() - started < 20  # the 60 s compiler was stopped
+    assert compiler_runs(counter) == ["trn1"]  # stopped before trn2's started
+
+    monkeypatch.setattr(uptodate, "decide", original)
+    monkeypatch.delenv("NKIBUILD_FAKE_CC_CPU_SECONDS")
+    summary = build(root)
+    assert summary.ok and summary.origins == {"compiled": 2}
+    assert leftovers(root / "build", LEFTOVER_PATTERNS) == []
+
+
+def test_a_selection_build_compiles_nothing_ahead(
+    tmp_path: Path, isolated_cache: Path, compiled_in: list[tuple[str, str]]
+) -> None:
+    root = two_target_project(tmp_path / "ahead")
+    assert build(root).ok
+    edit(root, "k1_selected")
+    compiled_in.clear()
+    summary = build(root, "compile:*")
+    assert summary.origins == {"compiled": 2}
+    assert [thread for thread, _ in compiled_in if thread == AHEAD_THREAD] == []
