@@ -95,11 +95,11 @@ def run(context: BuildContext, unit: BuildUnit) -> CompiledNeff:
 
     layout, toolchain = context.layout, context.toolchain
     artifact = load_extracted(layout.extract_dir(unit.extract), unit.name)
+    out_dir = layout.compile_dir(unit)
     # Compiled while the build decided, if it was (compiler/ahead.py).
-    ahead = context.session.compiles_ahead.take(unit)
+    ahead = context.session.compiles_ahead.take(out_dir)
     if ahead is not None:
         ahead.raise_failure(cache_key(unit, artifact.content_hash, toolchain).digest)
-    out_dir = layout.compile_dir(unit)
     result = compile_unit(unit, artifact, toolchain, out_dir, compile_options(context))
     return ahead.reported(result) if ahead is not None else result
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nkibuild.compiler.key import cache_key
@@ -79,7 +80,7 @@ class CompilesAhead:
         self._lock = threading.Lock()
         self._starting = True
         self._thread: threading.Thread | None = None
-        self._outcomes: dict[str, CompiledAhead] = {}
+        self._outcomes: dict[str, CompiledAhead] = {}  # by compile dir
         # Its compilers' own: the session's end stops those no task waits for.
         self._processes = ProcessRegistry()
 
@@ -98,10 +99,10 @@ class CompilesAhead:
         with self._lock:
             self._starting = False
 
-    def take(self, unit: BuildUnit) -> CompiledAhead | None:
-        """What compiling `unit` ahead gave (None: it was not compiled ahead)."""
+    def take(self, out_dir: Path) -> CompiledAhead | None:
+        """What compiling ahead into `out_dir` gave (None: nothing was compiled there)."""
         with self._lock:
-            return self._outcomes.pop(unit.name, None)
+            return self._outcomes.pop(str(out_dir), None)
 
     def finish(self) -> None:
         """The session ends: stop a compile still under way (no task took its kernel: the
@@ -146,4 +147,4 @@ class CompilesAhead:
         except Exception:  # the task compiles, and reports whatever this was
             return
         with self._lock:
-            self._outcomes[unit.name] = CompiledAhead(digest, result)
+            self._outcomes[str(out_dir)] = CompiledAhead(digest, result)
