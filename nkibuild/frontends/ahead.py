@@ -19,6 +19,11 @@ session ends; a killed build leaves the staging directory to the next build's sw
 
 Like every chore with a job, it runs only in a wait during which all compile slots'
 compilers run (neuronxcc._chores): not while another slot prepares its compile.
+
+The compiles ahead of an edited kernel (compiler/ahead.py) extract it here too, of any
+frontend (a traced one in the session's workers), and compile from the staging
+directory while they hold it (`reading`): its extract task waits for that to end
+before it moves the artifact into place.
 """
 
 from __future__ import annotations
