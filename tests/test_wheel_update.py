@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import itertools
+import os
 import zipfile
 import zlib
 from pathlib import Path
@@ -258,6 +260,78 @@ def test_a_file_changed_after_the_bundle_leaves_the_previous_wheel(
         build_wheel(after, tmp_path / "dist", reuse=trusted(wheel, index))
     assert wheel.read_bytes() == before
     assert [p.name for p in (tmp_path / "dist").iterdir()] == [wheel.name]
+
+
+def test_a_big_member_changed_after_the_bundle_is_refused_though_hashed_aside(
+    tmp_path: Path, seen: Seen
+) -> None:
+    """A member past BACKGROUND_HASH_BYTES is hashed in the worker while its chunks are
+    deflated: its sha256 is still checked before anything is renamed."""
+    files = contents("old") | {NAMES[0]: big_text("old")}
+    wheel, index = written_before(tmp_path, files)
+    before = wheel.read_bytes()
+    after = project(tmp_path / "after", files | {NAMES[0]: big_text("new")})
+    assert len(big_text("new")) >= wheel_module.BACKGROUND_HASH_BYTES
+    (after.directory / NAMES[0]).write_bytes(big_text("by hand"))
+    with pytest.raises(BuildError, match=r"k00/default.neff changed after the bundle"):
+        build_wheel(after, tmp_path / "dist", reuse=trusted(wheel, index))
+    assert seen.written == [NAMES[0]]  # refused in the update, not in a fresh write
+    assert wheel.read_bytes() == before
+    assert [p.name for p in (tmp_path / "dist").iterdir()] == [wheel.name]
+
+
+def test_a_run_the_worker_fails_to_copy_leaves_the_wheel_to_a_fresh_write(
+    tmp_path: Path, seen: Seen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy fails in the worker (the previous wheel cut short under it) after later
+    runs were handed over: every one of them ends before the fresh write starts."""
+    wheel, index = written_before(tmp_path, contents("old"))
+    copy_bytes = wheel_module._copy_bytes
+    copies: list[int] = []
+
+    def cut_short(source: int, target: int, first: int, at: int, length: int) -> None:
+        copies.append(length)
+        if len(copies) == 1:
+            raise EOFError("the previous wheel ends 10 bytes early")
+        copy_bytes(source, target, first, at, length)
+
+    monkeypatch.setattr(wheel_module, "_copy_bytes", cut_short)
+    data = updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel, index))
+    assert seen.runs == [NAMES[:5], NAMES[6:]] and len(copies) == 2
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        assert archive.testzip() is None and archive.read(NAMES[5]) == b"new\n"
+
+
+def test_the_replaced_wheel_is_freed_after_the_rename_and_leaves_no_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wheel replaced keeps a second name until the rename is done (the rename frees
+    no blocks), removed by the worker; a rename that fails leaves neither that name
+    nor a temp file, and the old wheel as it was."""
+    wheel, index = written_before(tmp_path, contents("old"))
+    links_at_rename: list[int] = []
+    replace = os.replace
+
+    def counted(source: str, destination: str) -> None:
+        if Path(destination) == wheel:
+            links_at_rename.append(os.stat(wheel).st_nlink)
+        replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", counted)
+    updated(tmp_path, contents("old") | {NAMES[5]: b"new\n"}, trusted(wheel, index))
+    assert links_at_rename == [2]
+    assert os.stat(wheel).st_nlink == 1
+    before = wheel.read_bytes()
+
+    def refused(source: str, destination: str) -> None:
+        raise OSError(28, "No space left on device", destination)
+
+    monkeypatch.setattr(os, "replace", refused)
+    after = project(tmp_path / "again", contents("old") | {NAMES[6]: b"new\n"})
+    with pytest.raises(OSError, match="No space left"):
+        build_wheel(after, tmp_path / "dist", reuse={})
+    assert [p.name for p in (tmp_path / "dist").iterdir()] == [wheel.name]
+    assert wheel.read_bytes() == before and os.stat(wheel).st_nlink == 1
 
 
 def test_zip64_end_records_past_the_member_count_limit(

@@ -22,12 +22,14 @@ import io
 import json
 import os
 import re
+import secrets
 import struct
 import sys
 import zipfile
 import zlib
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from itertools import accumulate, compress, count, pairwise, repeat
 from operator import add, itemgetter, ne, sub
@@ -88,7 +90,9 @@ def run(context: BuildContext) -> list[Path]:
     writer made it (`WRITER_FILE` says), and is updated in place from its index
     (`INDEX_FILE`, see `_update_zip`) while it has the stat its index was stamped with.
     Neither file is removed first: a build killed after a wheel was replaced leaves an
-    index stamped with the stat of the wheel it replaced, which lends nothing."""
+    index stamped with the stat of the wheel it replaced, which lends nothing. One
+    worker thread takes what releases the GIL while this one goes on (`Background`);
+    the replaced wheels' blocks are freed there while the index is written."""
     from nkibuild.bundle import load_bundle
 
     bundle_dir = context.layout.bundle_dir(context.manifest)
@@ -99,13 +103,17 @@ def run(context: BuildContext) -> list[Path]:
     reuse = _indexes(index_file) if same_writer else None
     project = load_bundle(bundle_dir, build_info=False)
     dist_dir = context.layout.dist_dir
-    wheels = [write_wheel(each, dist_dir, reuse=reuse) for each in (project, *project.parts)]
-    indexes = {}
-    for wheel, index in wheels:
-        stamp = stat_stamp(wheel)
-        if index is not None and stamp is not None:
-            indexes[wheel.name] = dataclasses.replace(index, stamp=stamp).plain()
-    atomic_write_bytes(index_file, plaindata.dumps(indexes), durable=False)
+    with _worker() as worker:
+        wheels = [
+            write_wheel(each, dist_dir, reuse=reuse, worker=worker)
+            for each in (project, *project.parts)
+        ]
+        indexes = {}
+        for wheel, index in wheels:
+            stamp = stat_stamp(wheel)
+            if index is not None and stamp is not None:
+                indexes[wheel.name] = dataclasses.replace(index, stamp=stamp).plain()
+        atomic_write_bytes(index_file, plaindata.dumps(indexes), durable=False)
     if not same_writer:
         atomic_write_text(writer_file, json.dumps({"writer": identity}), durable=False)
     return [wheel for wheel, _ in wheels]
@@ -156,8 +164,16 @@ def build_wheel(
     return write_wheel(project, dist_dir, reuse=reuse)[0]
 
 
+def _worker() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="nkibuild-wheel")
+
+
 def write_wheel(
-    project: BundleProject, dist_dir: Path, *, reuse: Mapping[str, WheelIndex] | None = None
+    project: BundleProject,
+    dist_dir: Path,
+    *,
+    reuse: Mapping[str, WheelIndex] | None = None,
+    worker: Executor | None = None,
 ) -> tuple[Path, WheelIndex | None]:
     """Write the distribution's wheel; return it and its index (None: not one an update
     copies from). With `reuse` (this writer wrote the wheels in `dist_dir`: the indexes
@@ -165,7 +181,13 @@ def write_wheel(
     whose content is unchanged are copied over as they are stored, not read and
     compressed again; checked first unless the wheel still has the stat its index was
     made for, in which case they are copied in runs of consecutive members
-    (`_update_zip`)."""
+    (`_update_zip`). `worker`: the thread that takes the copies, hashes and fsync that
+    can run beside this one (one of its own if not given); it also frees the wheel
+    replaced, maybe after this returns (the caller's `worker` is done with it when shut
+    down)."""
+    if worker is None:
+        with _worker() as own:
+            return write_wheel(project, dist_dir, reuse=reuse, worker=own)
     members = _members(project)
     dist_info, generated = dist_info_files(project)
     destination = dist_dir / wheel_file_name(project.package)
@@ -173,15 +195,48 @@ def write_wheel(
     index = reuse.get(destination.name) if reuse is not None else None
     trusted = index is not None and stat_stamp(destination) == index.stamp
     record_name = f"{dist_info}/RECORD"
-    with atomic_output(destination) as tmp:
-        root = project.directory
-        if index is not None and trusted:
-            updated = _update_zip(tmp, destination, index, root, members, generated, record_name)
-            if updated is not None:
-                return destination, updated
-        with Previous.of(previous, trusted=trusted) as old:
-            written = _write_zip(tmp, root, members, generated, record_name, old)
+    root = project.directory
+    aside = None
+    try:
+        # Not `durable`: each way of writing fsyncs the wheel itself (an update, in the
+        # worker while it makes the index).
+        with atomic_output(destination, durable=False) as tmp:
+            written = None
+            if index is not None and trusted:
+                written = _update_zip(
+                    tmp, destination, index, root, members, generated, record_name, worker
+                )
+            if written is None:
+                with Previous.of(previous, trusted=trusted) as old:
+                    written = _write_zip(tmp, root, members, generated, record_name, old)
+                _fsync(tmp)
+            aside = _set_aside(destination)
+    except BaseException:
+        if aside is not None:
+            aside.unlink(missing_ok=True)
+        raise
+    if aside is not None:
+        worker.submit(aside.unlink, missing_ok=True)
     return destination, written
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def _set_aside(wheel: Path) -> Path | None:
+    """A second name (hard link) for the wheel about to be replaced, so that the rename
+    over it does not free its blocks (ms for a wheel of MBs, on ext4): the caller
+    removes it after, in its worker. A hidden name `.*.old-*`: what a build killed in
+    between leaves is swept by the next (`fsutil.LEFTOVER_PATTERNS`). None if there is
+    no wheel, or it cannot be linked (then the rename frees it)."""
+    aside = wheel.with_name(f".{wheel.name}.old-{secrets.token_hex(4)}")
+    try:
+        os.link(wheel, aside, follow_symlinks=False)
+    except OSError:
+        return None
+    return aside
 
 
 def _members(project: BundleProject) -> list[tuple[str, str]]:
@@ -381,20 +436,29 @@ def _write_zip(
 def _read_member(root: Path, name: str, recorded: str) -> tuple[bytes, bytes]:
     """A bundle file's bytes and sha256, refused if they are no longer what the bundle
     stage recorded: it was changed after the bundle was generated."""
+    data = _bundle_file(root, name)
+    return data, _checked(root, name, recorded, hashlib.sha256(data).digest())
+
+
+def _bundle_file(root: Path, name: str) -> bytes:
     try:
-        data = (root / name).read_bytes()
+        return (root / name).read_bytes()
     except FileNotFoundError:
         raise BuildError(
             f"{root / name} was removed after the bundle was generated; build again "
             "to write it back"
         ) from None
-    digest = hashlib.sha256(data).digest()
+
+
+def _checked(root: Path, name: str, recorded: str, digest: bytes) -> bytes:
+    """`digest`, the sha256 of the bundle file `name` as read, if it is the one the
+    bundle stage recorded."""
     if recorded and digest.hex() != recorded:
         raise BuildError(
             f"{root / name} changed after the bundle was generated (sha256 differs "
             "from bundle.json); rebuild the bundle instead of editing its files"
         )
-    return data, digest
+    return digest
 
 
 def _write_member(
@@ -669,6 +733,9 @@ END_RECORD64 = struct.Struct(zipfile.structEndArchive64)
 END_LOCATOR64 = struct.Struct(zipfile.structEndArchive64Locator)
 END_SIGNATURES = (zipfile.stringEndArchive, zipfile.stringEndArchive64)
 COPY_CHUNK = 1 << 20
+# A member changed since the previous wheel at least this big is hashed in the worker
+# (`Background.digest`): a handover costs more than hashing a small file here.
+BACKGROUND_HASH_BYTES = 1 << 20
 # A bundle member the previous wheel does not store with its content. Not -1: a
 # member stored at index 0 must not continue from it (`_segments`).
 NOT_STORED = -2
@@ -946,6 +1013,7 @@ class Output:
     so far, and the columns of its index."""
 
     handle: BinaryIO
+    background: Background
     central: bytearray = dataclasses.field(default_factory=bytearray)
     record: bytearray = dataclasses.field(default_factory=bytearray)
     shas: list[bytes] = dataclasses.field(default_factory=list)
@@ -974,6 +1042,7 @@ def _update_zip(
     members: Sequence[tuple[str, str]],
     generated: dict[str, bytes],
     record_name: str,
+    worker: Executor,
 ) -> WheelIndex | None:
     """Write the wheel as `_write_zip` would, from a trusted previous wheel (this
     writer's, as it wrote it, described by `index`), in time that grows with the
@@ -985,15 +1054,22 @@ def _update_zip(
     with offsets moved, their RECORD lines from the index; only the other members are
     read and compressed (of one deflated in chunks, only its changed chunks). None (and
     nothing reused) when the previous wheel is not the one `index` describes or the new
-    one needs ZIP64 records; the caller then writes member by member."""
+    one needs ZIP64 records; the caller then writes member by member.
+
+    The runs are copied, the big members hashed, and the wheel fsynced (written and
+    durable when this returns) in `worker` meanwhile."""
     stamp = _date_time()
     date = _dos_date_time(stamp)
     if index.date != date:
         return None  # another SOURCE_DATE_EPOCH: every header differs
     try:
-        with open(previous, "rb") as source, open(target, "wb") as handle:
+        with (
+            open(previous, "rb") as source,
+            open(target, "wb") as handle,
+            Background(worker) as background,
+        ):
             directory = Directory.read(source, index)
-            output = Output(handle)
+            output = Output(handle, background)
             names = _write_update(output, directory, source, root, members, stamp)
             members_end = len(output.record)
             for name, data in sorted(generated.items()):
@@ -1002,9 +1078,54 @@ def _update_zip(
             old_record = directory.deflated(record_name, source)
             _write_new(output, record_name, listing, None, stamp, old_record)
             tail = _write_central_directory(output)
+            handle.flush()
+            background.finish()  # every run copied (or what failed raised here)
+            synced = background.submit(os.fsync, handle.fileno())
+            written = output.index(names, date, members_end, tail)
+            synced.result()
     except (Declined, *UNREADABLE):
         return None
-    return output.index(names, date, members_end, tail)
+    return written
+
+
+class Background:
+    """What an update hands to the worker thread (copies of runs, sha256s of big
+    members, the fsync): calls that release the GIL, run beside this thread's work on
+    the rest. All of it has ended when the update ends, however it ends: a copy still
+    running must not write into the file a failed update leaves to a fresh write."""
+
+    def __init__(self, worker: Executor) -> None:
+        self.worker = worker
+        self.pending: list[Future[object]] = []
+
+    def __enter__(self) -> Background:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        wait(self.pending)
+
+    def submit(self, call: Callable[..., object], *args: object) -> Future[object]:
+        future = self.worker.submit(call, *args)
+        self.pending.append(future)
+        return future
+
+    def digest(self, data: bytes) -> Future[object]:
+        """The sha256 of `data`: hashed in the worker if big (while this thread deflates
+        its chunks), else here and now."""
+        if len(data) >= BACKGROUND_HASH_BYTES:
+            return self.submit(_sha256, data)
+        done: Future[object] = Future()
+        done.set_result(_sha256(data))
+        return done
+
+    def finish(self) -> None:
+        """Wait for everything handed over; raise what failed."""
+        for future in self.pending:
+            future.result()
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
 
 
 def _write_update(
@@ -1021,10 +1142,13 @@ def _write_update(
     for start, end, at in directory.segments(members, names):
         if at == NOT_STORED:
             name, recorded = members[start]
-            data, digest = _read_member(root, name, recorded)
-            record_end = len(output.record)
-            _write_new(output, name, data, digest, stamp, directory.deflated(name, source))
-            output.line_sizes.append(_packed([len(output.record) - record_end]))
+            data = _bundle_file(root, name)
+            hashed = output.background.digest(data)
+            _write_new(output, name, data, None, stamp, directory.deflated(name, source))
+            digest = _checked(root, name, recorded, hashed.result())  # type: ignore[arg-type]
+            line = f"{_record_line(name, digest, len(data))}\n".encode()
+            output.record += line
+            output.line_sizes.append(_packed([len(line)]))
             output.shas.append(digest.hex().encode())
         else:
             _copy_run(directory, range(at, at + end - start), source, output)
@@ -1070,7 +1194,11 @@ def _copy_run(directory: Directory, run: range, source: BinaryIO, output: Output
     moved = output.handle.tell() - first
     if directory.offsets[run.stop - 1] + moved > zipfile.ZIP64_LIMIT:
         raise Declined  # its central header would need a ZIP64 offset
-    _copy_bytes(source, output.handle, first, end - first)
+    at = output.handle.tell()
+    output.handle.seek(at + end - first)  # after what was buffered is written
+    output.background.submit(
+        _copy_bytes, source.fileno(), output.handle.fileno(), first, at, end - first
+    )
     start, stop = directory.starts[run.start], directory.starts[run.stop]
     at = len(output.central)
     output.central += directory.headers[start:stop]
@@ -1095,30 +1223,24 @@ def _copy_run(directory: Directory, run: range, source: BinaryIO, output: Output
     output.count += len(run)
 
 
-def _copy_bytes(source: BinaryIO, target: BinaryIO, first: int, length: int) -> None:
-    """Append `length` bytes of `source` from `first` to `target`: within the kernel
-    where the system can (`copy_file_range`, Linux), else (and for what it left, at
-    the source's end too) through memory."""
-    target.flush()
-    at = target.tell()
+def _copy_bytes(source: int, target: int, first: int, at: int, length: int) -> None:
+    """Copy `length` bytes of the file `source` from `first` to the file `target` at
+    `at` (both descriptors; neither's position moves): within the kernel where the
+    system can (`copy_file_range`, Linux), else (and for what it left, at the source's
+    end too) through memory."""
     done = 0
     copy_range = getattr(os, "copy_file_range", None)
     with contextlib.suppress(OSError):  # not on this file system: copied through memory
         while copy_range and done < length:
-            copied = copy_range(
-                source.fileno(), target.fileno(), length - done, first + done, at + done
-            )
+            copied = copy_range(source, target, length - done, first + done, at + done)
             if not copied:
                 break  # the source's end: found again below
             done += copied
-    target.seek(at + done)
-    source.seek(first + done)
     while done < length:
-        chunk = source.read(min(length - done, COPY_CHUNK))
+        chunk = os.pread(source, min(length - done, COPY_CHUNK), first + done)
         if not chunk:
             raise EOFError(f"the previous wheel ends {length - done} bytes early")
-        target.write(chunk)
-        done += len(chunk)
+        done += os.pwrite(target, chunk, at + done)
 
 
 def _write_new(
