@@ -4,6 +4,8 @@ looked up; plain doit still finds the backend through nkibuild's entry point."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,9 +19,10 @@ from helpers import build, softmax_manifest, softmax_project
 from nkibuild.context import load_context
 from nkibuild.graph.loader import doit_config
 from nkibuild.graph.run import pending_tasks
-from nkibuild.graph.state import BACKEND_NAME, DEP_FILE, HEADER
+from nkibuild.graph.state import BACKEND_NAME, DEP_FILE, HEADER, AtomicJsonDB
 from nkibuild.graph.tasks import task_dicts
 from nkibuild.settings import BuildOptions
+from nkibuild.testing.hlo_writer import build_hlo_module
 
 
 @pytest.fixture
@@ -54,6 +57,36 @@ def test_a_build_handing_doit_its_tasks_looks_up_no_plugin(
     next((project / "dist").glob("*.whl")).unlink()
     assert build(project).executed == ["wheel"]  # handed doit one task: doit's check reran it
     assert looked_up == []
+
+
+def test_the_state_doit_decoded_is_freed_when_its_run_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not kept by doit's registry of its last dependency manager, nor by the checks of
+    the tasks (kept until the process ends in doit's reference cycles): freed as the run
+    returns, not by the interpreter's last garbage collection."""
+    project = softmax_project(tmp_path / "p", softmax_manifest())
+    assert build(project).ok
+    module = build_hlo_module(
+        "edited", [("logits", "float32", (64, 1024))], [("float32", (64, 1024))]
+    )
+    (project / "kernels" / "softmax.hlo.pb").write_bytes(module)
+    states: list[weakref.ref[AtomicJsonDB]] = []
+    opened = AtomicJsonDB.__init__
+
+    def recorded(self: AtomicJsonDB, *args: Any, **kwargs: Any) -> None:
+        states.append(weakref.ref(self))
+        opened(self, *args, **kwargs)
+
+    monkeypatch.setattr(AtomicJsonDB, "__init__", recorded)
+    gc.disable()  # what is freed is freed by its last reference going
+    try:
+        summary = build(project)
+        alive = [state for state in states if state() is not None]
+    finally:
+        gc.enable()
+    assert "bundle" in summary.executed  # handed to doit with the inputs check
+    assert states and alive == []
 
 
 def test_listing_what_doit_would_run_looks_up_no_plugin(

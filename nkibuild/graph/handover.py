@@ -25,6 +25,8 @@ the next build compare it again.
 from __future__ import annotations
 
 import os
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from doit.dependency import MD5Checker, UptodateCalculator
@@ -42,27 +44,31 @@ class InputsChanged(UptodateCalculator):
     def __init__(self, candidates: list[str]) -> None:
         super().__init__()
         self.candidates = candidates
-        self.checker: Any = None
+        self.manager: Callable[[], Any] = lambda: None
         self.found = False  # one of them differs: the task runs
 
     def setup(self, dep_manager: Any, tasks_dict: dict[str, Any]) -> None:
-        super().setup(dep_manager, tasks_dict)
-        self.checker = dep_manager.checker
+        # Held weakly (not as doit's own checks hold it): the task outlives the run in
+        # doit's reference cycles and would keep the state doit decoded (the bundle's
+        # 10,000 file_dep states) alive until the process ends, for its last garbage
+        # collection to go through.
+        self.manager = weakref.ref(dep_manager)
 
     def __call__(self, task: Any, values: dict[str, Any]) -> bool | None:
         self.found = self._found(task.name)
         return False if self.found else None
 
     def _found(self, name: str) -> bool:
+        manager = self.manager()
         for path in self.candidates:
-            saved = self.get_val(name, path)
+            saved = manager._get(name, path)
             if saved is None:
                 return True  # never saved for this task: doit's check finds it changed
             try:
                 info = os.stat(path)
             except OSError:
                 return False  # missing: doit's own check reports it
-            if self.checker.check_modified(path, info, saved):
+            if manager.checker.check_modified(path, info, saved):
                 return True
         return False
 

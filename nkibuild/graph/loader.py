@@ -19,6 +19,7 @@ from doit.cmd_list import List
 from doit.cmd_run import Run
 from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidCommand, InvalidDodoFile
+from doit.globals import Globals
 from doit.loader import generate_tasks
 from doit.plugin import PluginDict
 from doit.task import Task
@@ -113,6 +114,16 @@ class NkibuildLoader(TaskLoader2):
 # dodo.py run by plain doit still finds the backend through nkibuild's entry point
 # (pyproject.toml, `doit.BACKEND`).
 class _KnownBackend(DoitCmdBase):
+    def execute(self, params: Any, args: Any) -> Any:
+        try:
+            return super().execute(params, args)
+        finally:
+            # doit keeps its last dependency manager in a class attribute, for the
+            # tasks of its run: after the run, it would keep the saved state it decoded
+            # (the bundle's 10,000 file_dep states) alive until the process ends.
+            if Globals.dep_manager is self.dep_manager:
+                Globals.dep_manager = None
+
     def get_backends(self) -> dict[str, Any]:
         backends = {BACKEND_NAME: AtomicJsonDB}
         if "backend" in self.cmdparser:  # as doit: the choices `help` lists
