@@ -363,6 +363,27 @@ def test_the_index_describes_the_file_after_appends_patches_and_rewrites(tmp_pat
         assert index.exists(), run
 
 
+def test_the_index_places_a_task_removed_then_saved_again(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    index = Path(f"{path}.index")
+    saved(path, {"bundle": big_entry(50), **{f"t{n}": {"k": n} for n in range(5)}})
+    ids = ["bundle", *(f"t{n}" for n in range(5))]
+    changes = [("t1", None, 8), ("t2", "t1", 10), (None, "t2", 11)]  # and the lines after
+    for run, (removed, added, lines) in enumerate(changes):
+        db = AtomicJsonDB(str(path), JSONCodec())
+        if removed is not None:
+            db.remove(removed)
+        if added is not None:
+            db.set(added, "k", f"again {run}")
+        db.dump()  # appended: the index updated, not written from the file
+        assert path.read_text().count("\n") == lines, run
+        through_index = every_entry(path, ids)
+        index.unlink()
+        assert through_index == every_entry(path, ids), run
+        AtomicJsonDB(str(path), JSONCodec()).dump()  # indexed again from the whole file
+    assert through_index["t1"] == {"k": "again 1"} and through_index["t2"] == {"k": "again 2"}
+
+
 def test_a_run_reads_through_the_index_only_the_lines_asked_for(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
