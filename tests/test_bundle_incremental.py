@@ -27,9 +27,11 @@ from helpers import (
     softmax_project,
 )
 
+from nkibuild import plaindata
 from nkibuild.bundle import load_bundle
 from nkibuild.bundle import wheel as wheel_module
 from nkibuild.bundle.tree import (
+    FORMAT,
     LEGACY_RECORD_FILE,
     RECORD_FILE,
     CompiledCopy,
@@ -355,6 +357,88 @@ def test_the_record_goes_with_the_stamp_while_files_are_renamed(
     monkeypatch.undo()
     update_tree(root, wanted, STAMP, b"stamp 1")
     assert not (root / "pkg/extra.py").exists()
+
+
+def test_an_update_of_the_same_files_appends_their_rows_to_the_record(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+) -> None:
+    """An edit's update (no file added or removed) appends the rows it wrote to the
+    record instead of writing 15,000 rows anew; the record read is the one returned."""
+    root = built(tmp_path, wanted, b"stamp 1")
+    snapshot = (root / RECORD_FILE).read_bytes()
+    changed = {**wanted, "pkg/_kernels/b.py": b"B = 2\n"}
+    record = update_tree(root, changed, STAMP, b"stamp 2")
+    data = (root / RECORD_FILE).read_bytes()
+    assert data.startswith(snapshot) and len(data) > len(snapshot)
+    assert read_record(root) == record
+    assert record.by_name()["pkg/_kernels/b.py"][1] == hashlib.sha256(b"B = 2\n").hexdigest()
+    before = identities(root)
+    assert update_tree(root, changed, STAMP, b"stamp 2") == record
+    assert identities(root) == before
+
+
+def test_a_torn_append_is_not_applied_and_its_files_are_written_again(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+) -> None:
+    """A build killed while appending: the record is its snapshot, the files that update
+    wrote are written again and the record is written whole."""
+    root = built(tmp_path, wanted, b"stamp 1")
+    first = read_record(root)
+    changed = {**wanted, "pkg/_kernels/b.py": b"B = 2\n"}
+    update_tree(root, changed, STAMP, b"stamp 2")
+    (root / RECORD_FILE).write_bytes((root / RECORD_FILE).read_bytes()[:-3])
+    assert read_record(root) == first
+    before = identities(root)
+    record = update_tree(root, changed, STAMP, b"stamp 2")
+    after = identities(root)
+    assert {name for name in before if before[name] != after[name]} == {
+        "pkg/_kernels/b.py",
+        STAMP,
+        RECORD_FILE,
+    }
+    assert (root / RECORD_FILE).read_bytes() == plaindata.dumps((FORMAT, *record))
+
+
+def test_the_record_is_written_anew_after_its_most_updates(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nkibuild.bundle import tree
+
+    monkeypatch.setattr(tree, "MAX_UPDATES", 2)
+    root = built(tmp_path, wanted, b"stamp 0")
+    sizes = []
+    for version in range(1, 4):
+        changed = {**wanted, "pkg/_kernels/b.py": f"B = {version}\n".encode()}
+        record = update_tree(root, changed, STAMP, f"stamp {version}".encode())
+        sizes.append((root / RECORD_FILE).stat().st_size)
+        assert read_record(root) == record
+    assert sizes[0] < sizes[1] and sizes[2] == len(plaindata.dumps((FORMAT, *record)))
+
+
+def test_a_killed_update_of_the_same_files_leaves_its_files_to_be_written_again(
+    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record stays while an edit's files are renamed in (it lists every file the
+    update writes): each renamed in has another stamp than the one recorded."""
+    from nkibuild.bundle import tree
+
+    root = built(tmp_path, wanted, b"stamp 1")
+
+    def killed(root: Path, removed: list[str]) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tree, "_remove_empty_dirs", killed)
+    changed = {**wanted, "pkg/_kernels/a.py": b"A = 2\n"}
+    with pytest.raises(KeyboardInterrupt):
+        update_tree(root, changed, STAMP, b"stamp 2")
+    assert not (root / STAMP).exists() and (root / RECORD_FILE).exists()
+    monkeypatch.undo()
+    before = identities(root)
+    update_tree(root, changed, STAMP, b"stamp 2")
+    after = identities(root)
+    rewritten = {name for name in before if before[name] != after[name]}
+    assert rewritten == {"pkg/_kernels/a.py", RECORD_FILE}
+    assert (root / STAMP).read_bytes() == b"stamp 2"
 
 
 KILLED_UPDATE = """\

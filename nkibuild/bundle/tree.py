@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from itertools import chain, compress, count
 from operator import ne
 from pathlib import Path, PurePosixPath
@@ -55,6 +55,9 @@ RECORD_FILE = ".files.pickle"
 LEGACY_RECORD_FILE = ".files.json"
 FORMAT = 3  # of the record: columns of names, stamps and sha256s
 INTEGER_STATS = 2  # the format before: four numbers a file instead of its stamp
+# Of an update appended to the record: the rows of the files it wrote, by index.
+UPDATE = "rows written"
+MAX_UPDATES = 100  # appended to a record before it is written anew: each costs a load
 CHUNK = 1 << 20
 
 
@@ -93,6 +96,16 @@ class Record(NamedTuple):
 NO_RECORD = Record([], [], [])
 
 
+class _Appendable(NamedTuple):
+    """A record file read in this format: the bytes read (its snapshot and the updates
+    applied after it), the snapshot's own, and the number of updates, for the next
+    update of the same files to append its rows to."""
+
+    length: int
+    snapshot: int
+    updates: int
+
+
 def update_tree(
     root: Path,
     wanted: Mapping[str, Content],
@@ -109,23 +122,30 @@ def update_tree(
     digests = dict(digests or {name: digest(content) for name, content in wanted.items()})
     digests[stamp_name] = hashlib.sha256(stamp).hexdigest()
     names, shas = list(digests), list(digests.values())
-    known = read_record(root, digests)
-    changed, stats = _changed(names, shas, known, _stamps(root, names, seen))
+    known, appendable = _read(root, digests)
+    aligned = known.names == names  # the same files, in the same order: no file added
+    stats = _stamps(root, names, seen)
+    rows = _changed(names, shas, known, stats, aligned=aligned)  # the files to write
+    stamp_row = names.index(stamp_name)
     # A complete tree holds what its record lists; after a killed update or without a
     # record (a tree from an older nkibuild), the tree itself is listed.
     stamped = (root / stamp_name).exists()
-    if not stamped and stamp_name not in changed:  # removed since its stamp was seen
-        changed.append(stamp_name)
+    if not stamped and stamp_row not in rows:  # removed since its stamp was seen
+        rows.append(stamp_row)
     complete = bool(known.names) and stamped
     strays = _strays(root, digests, known.names if complete else None)
-    if not changed and not strays:
+    if not rows and not strays:
         return Record(names, stats, shas)  # type: ignore[arg-type]  # none missing
+    # The same files: the record still lists every one, and the update appends the
+    # rows it writes (a few of 15,000) to it instead of writing it anew.
+    append = appendable if aligned and appendable and appendable.updates < MAX_UPDATES else None
     with reported_at(root):
         root.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".new", dir=root.parent))
         os.chmod(work, new_dir_mode())  # mkdtemp's 0o700: it becomes the tree if none exists
         mode = new_file_mode()
-        written = [name for name in changed if name != stamp_name]
+        rows = [index for index in rows if index != stamp_row]
+        written = [names[index] for index in rows]
         # Into an existing tree the files are renamed one by one: staged flat (no
         # directories made and removed in the work dir for an edit's few files).
         flat = root.exists()
@@ -133,49 +153,100 @@ def update_tree(
         try:
             for name, path in staged.items():
                 _write(path, wanted[name], mode)
-            _commit(root, work, staged, strays, stamp_name)
+            _commit(root, work, staged, strays, stamp_name, keep_record=append is not None)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         atomic_write_bytes(root / stamp_name, stamp, durable=False)
         # A kept file's stamp is the one just compared with its record: only the files
         # written are stat'ed again.
-        at = dict(zip(names, count(), strict=False))
-        for name in [*written, stamp_name]:
-            stats[at[name]] = _stamp(root, name)
+        rows.append(stamp_row)
+        for index in rows:
+            stats[index] = _stamp(root, names[index])
         record = Record(names, stats, shas)  # type: ignore[arg-type]  # none missing
-        # Plain data (a third of JSON's time to write and read, and read without
-        # running code: nkibuild.plaindata).
-        state = plaindata.dumps((FORMAT, *record))
-        atomic_write_bytes(root / RECORD_FILE, state, durable=False)
+        if append is None or not _append(root, append, record, rows):
+            # Plain data (a third of JSON's time to write and read, and read without
+            # running code: nkibuild.plaindata).
+            state = plaindata.dumps((FORMAT, *record))
+            atomic_write_bytes(root / RECORD_FILE, state, durable=False)
     return record
+
+
+def _append(root: Path, appendable: _Appendable, record: Record, rows: list[int]) -> bool:
+    """Append the rows an update wrote to the record file it read; False, nothing
+    written, if the file is not as read or the updates would outgrow the snapshot."""
+    update = (UPDATE, rows, [record.stamps[i] for i in rows], [record.sha256[i] for i in rows])
+    change = plaindata.dumps(update)
+    return plaindata.append(root / RECORD_FILE, appendable.length, appendable.snapshot, change)
 
 
 def read_record(root: Path, wanted: Container[str] = ()) -> Record:
     """What the last complete update recorded (none if unreadable, or if it names a file
     outside the tree: its names are removed as strays). Names in `wanted` are the
     caller's own, inside the tree: not checked again (15,000 at 10,000 units)."""
-    record = _recorded(root)
-    if record is None:
-        return NO_RECORD
-    names = record.names
+    return _read(root, wanted)[0]
+
+
+def _read(root: Path, wanted: Container[str]) -> tuple[Record, _Appendable | None]:
+    """`read_record`, and where its file ends if an update may append to it."""
+    found = _recorded(root)
+    if found is None:
+        return NO_RECORD, None
+    names = found[0].names
     if isinstance(wanted, Mapping) and list(wanted) == names:  # the caller's own names
-        return record
+        return found
     inside = all(_inside_tree(name) for name in names if name not in wanted)
-    return record if inside else NO_RECORD
+    return found if inside else (NO_RECORD, None)
 
 
-def _recorded(root: Path) -> Record | None:
-    """The record in the tree if every value has its type: this format's, or (while
-    there is none) one an older nkibuild wrote, so that its tree is not written again."""
+def _recorded(root: Path) -> tuple[Record, _Appendable | None] | None:
+    """The record in the tree if every value has its type: this format's (its snapshot
+    with the updates appended after it applied in order, up to the first that is torn
+    or damaged), or (while there is none) one an older nkibuild wrote, so that its tree
+    is not written again (nor appended to: the next update writes it anew)."""
     try:
-        data = plaindata.loads((root / RECORD_FILE).read_bytes())
+        with open(root / RECORD_FILE, "rb") as stream:
+            size = os.fstat(stream.fileno()).st_size
+            return _snapshot_and_updates(plaindata.records(stream, size))
     except OSError:
-        return _legacy(root)
-    except ValueError:
-        return None
+        legacy = _legacy(root)
+        return None if legacy is None else (legacy, None)
+
+
+def _snapshot_and_updates(
+    values: Iterator[tuple[object, int]],
+) -> tuple[Record, _Appendable | None] | None:
+    data, end = next(values, (None, 0))
     if type(data) is not tuple or len(data) != 4 or data[0] not in (FORMAT, INTEGER_STATS):
         return None
-    return _columns(*data[1:], integer_stats=data[0] == INTEGER_STATS)
+    record = _columns(*data[1:], integer_stats=data[0] == INTEGER_STATS)
+    if record is None or data[0] == INTEGER_STATS:
+        return None if record is None else (record, None)
+    snapshot, updates = end, 0
+    for update, after in values:
+        if not _applied(record, update):
+            break
+        end, updates = after, updates + 1
+    return record, _Appendable(end, snapshot, updates)
+
+
+def _applied(record: Record, update: object) -> bool:
+    """Apply an update appended to the record (the rows an update of the same files
+    wrote: indexes, stamps, sha256s); False, none of it applied, if it is not one."""
+    if type(update) is not tuple or len(update) != 4 or update[0] != UPDATE:
+        return False
+    _, rows, stamps, shas = update
+    if not (type(rows) is list and type(stamps) is list and type(shas) is list):
+        return False
+    if not len(rows) == len(stamps) == len(shas) or not plaindata.only(rows, int):
+        return False
+    if not plaindata.only(chain(stamps, shas), str):
+        return False
+    if rows and not (min(rows) >= 0 and max(rows) < len(record.names)):
+        return False
+    for index, stamp, sha256 in zip(rows, stamps, shas, strict=True):
+        record.stamps[index] = stamp
+        record.sha256[index] = sha256
+    return True
 
 
 def _legacy(root: Path) -> Record | None:
@@ -225,19 +296,19 @@ def _inside_tree(name: object) -> bool:
 
 
 def _changed(
-    names: list[str], shas: list[str], known: Record, stamps: list[str | None]
-) -> tuple[list[str], list[str | None]]:
-    """The `names` to write again: all but those whose recorded sha256 is the one wanted
-    (`shas`, in order) and whose stamp now (`stamps`, None where missing) is as recorded;
-    and those stamps. Compared column by column where the record lists the same files in
-    the same order, as an update after an edit does."""
-    if known.names == names:
+    names: list[str], shas: list[str], known: Record, stamps: list[str | None], *, aligned: bool
+) -> list[int]:
+    """Where in `names` the files to write again are: all but those whose recorded
+    sha256 is the one wanted (`shas`, in order) and whose stamp now (`stamps`, None where
+    missing) is as recorded. Compared column by column where the record lists the same
+    files in the same order (`aligned`), as an update after an edit does."""
+    if aligned:
         differing = set(compress(count(), map(ne, stamps, known.stamps)))
         differing.update(compress(count(), map(ne, shas, known.sha256)))
-        return [names[index] for index in sorted(differing)], stamps
+        return sorted(differing)
     recorded = known.by_name()
     rows = zip(names, zip(stamps, shas, strict=True), strict=True)
-    return [name for name, row in rows if recorded.get(name) != row], stamps
+    return [index for index, (name, row) in enumerate(rows) if recorded.get(name) != row]
 
 
 def _stamps(root: Path, names: list[str], seen: SeenStats | None) -> list[str | None]:
@@ -302,18 +373,29 @@ def _copy_checked(copy: CompiledCopy, path: Path) -> None:
 
 
 def _commit(
-    root: Path, work: Path, staged: Mapping[str, Path], strays: list[str], stamp: str
+    root: Path,
+    work: Path,
+    staged: Mapping[str, Path],
+    strays: list[str],
+    stamp: str,
+    *,
+    keep_record: bool = False,
 ) -> None:
     """Move the written files (`staged`: name in the tree -> where it was written) into
-    the tree (the work dir as a whole if there is no tree yet)."""
+    the tree (the work dir as a whole if there is no tree yet). `keep_record`: the files
+    written are files the record lists (none added), which it may keep listing: each
+    renamed in has a stamp other than the one recorded, so a killed update leaves them
+    to be written again."""
     if not root.exists():
         os.replace(work, root)
         return
     _refuse_links(root, [*staged, *strays])
-    # From here until they are back: not a bundle, and no record a next update trusts.
+    # From here until they are back: not a bundle, and (but for the same files) no
+    # record a next update trusts: one that does not list a file added would leave it.
     (root / stamp).unlink(missing_ok=True)
-    (root / RECORD_FILE).unlink(missing_ok=True)
-    (root / LEGACY_RECORD_FILE).unlink(missing_ok=True)
+    if not keep_record:
+        (root / RECORD_FILE).unlink(missing_ok=True)
+        (root / LEGACY_RECORD_FILE).unlink(missing_ok=True)
     for name, path in staged.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         os.replace(path, root / name)
