@@ -104,16 +104,22 @@ def handed_over(decision: Decision, dicts: list[dict[str, Any]]) -> list[dict[st
     ]
     if decision.previous is None:
         return handed
-    producer, changed = decision.graph.producer, decision.stats.keys()
+    unsure = _unvouched(decision)
     for index, task in enumerate(handed):
-        candidates = [
-            path for path in task["file_dep"] if producer.get(path) in pending or path in changed
-        ]
+        candidates = [path for path in task["file_dep"] if path in unsure]  # one lookup each
         if candidates:
             inputs = InputsChanged(candidates)
             checks = [_unless(check, inputs) for check in task.get("uptodate", ())]
             handed[index] = {**task, "uptodate": [inputs, *checks]}
     return handed
+
+
+def _unvouched(decision: Decision) -> set[str]:
+    """The files the proof does not vouch for: seen changed when deciding, or written by
+    a handed task (its targets; a few after an edit)."""
+    by_name = decision.graph.by_name
+    targets = (by_name[name]["targets"] for name in decision.pending)
+    return set(decision.stats).union(*targets)
 
 
 def _unless(check: Any, inputs: InputsChanged) -> Any:
@@ -128,12 +134,7 @@ def proof_checker(decision: Decision) -> type[MD5Checker]:
     if decision.previous is None:
         return MD5Checker  # no proof: nothing found as recorded
     recorded = decision.previous.files
-    # The files the proof does not vouch for: seen changed, or written by a handed task.
-    by_name = decision.graph.by_name
-    unsure = {
-        *decision.stats,
-        *(path for name in decision.pending for path in by_name[name]["targets"]),
-    }
+    unsure = _unvouched(decision)
 
     class ProofChecker(MD5Checker):
         def get_state(self, dep: str, current_state: Any) -> Any:
