@@ -280,6 +280,47 @@ def test_a_big_member_changed_after_the_bundle_is_refused_though_hashed_aside(
     assert [p.name for p in (tmp_path / "dist").iterdir()] == [wheel.name]
 
 
+@pytest.mark.parametrize("ahead_of", ["changed", "edited by hand", "removed"])
+def test_a_member_read_ahead_is_taken_as_read_and_checked(
+    tmp_path: Path, seen: Seen, monkeypatch: pytest.MonkeyPatch, ahead_of: str
+) -> None:
+    """A big member read and hashed in the worker before the update (what `run` does
+    with `_build.json`) is taken from there, not read again, and checked as any; one
+    that could not be read then is read in its turn."""
+    files = contents("old") | {NAMES[0]: big_text("old")}
+    wheel, index = written_before(tmp_path, files)
+    before = wheel.read_bytes()
+    after = project(tmp_path / "after", files | {NAMES[0]: big_text("new")})
+    path = after.directory / NAMES[0]
+    if ahead_of == "edited by hand":
+        path.write_bytes(big_text("by hand"))
+    if ahead_of == "removed":
+        path.rename(path.with_name("elsewhere"))
+    read_now: list[str] = []
+    bundle_file = wheel_module._bundle_file
+
+    def counted(root: Path, name: str) -> bytes:
+        read_now.append(name)
+        return bundle_file(root, name)
+
+    monkeypatch.setattr(wheel_module, "_bundle_file", counted)
+    with wheel_module._worker() as worker:
+        ahead = {str(path): worker.submit(wheel_module.MemberData.read, path)}
+        if ahead_of == "removed":
+            ahead[str(path)].exception()  # read (and failed) before the file is back
+            path.with_name("elsewhere").rename(path)
+        reuse = trusted(wheel, index)
+        if ahead_of == "edited by hand":
+            with pytest.raises(BuildError, match=r"k00/default.neff changed after the bundle"):
+                write_wheel(after, tmp_path / "dist", reuse=reuse, worker=worker, ahead=ahead)
+            assert wheel.read_bytes() == before and read_now == []
+            return
+        new, _ = write_wheel(after, tmp_path / "dist", reuse=reuse, worker=worker, ahead=ahead)
+    assert read_now == ([NAMES[0]] if ahead_of == "removed" else [])
+    assert seen.runs == [NAMES[1:]] and seen.written[0] == NAMES[0]
+    assert new.read_bytes() == build_wheel(after, tmp_path / "fresh").read_bytes()
+
+
 def test_a_run_the_worker_fails_to_copy_leaves_the_wheel_to_a_fresh_write(
     tmp_path: Path, seen: Seen, monkeypatch: pytest.MonkeyPatch
 ) -> None:

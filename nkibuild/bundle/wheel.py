@@ -28,6 +28,7 @@ import sys
 import zipfile
 import zlib
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -94,18 +95,23 @@ def run(context: BuildContext) -> list[Path]:
     worker thread takes what releases the GIL while this one goes on (`Background`);
     the replaced wheels' blocks are freed there while the index is written."""
     from nkibuild.bundle import load_bundle
+    from nkibuild.bundle.buildinfo import FILE_NAME
 
     bundle_dir = context.layout.bundle_dir(context.manifest)
     writer_file = context.layout.state_dir / WRITER_FILE
     index_file = context.layout.state_dir / INDEX_FILE
     identity = writer_identity()
     same_writer = _written_by(writer_file, identity)
-    reuse = _indexes(index_file) if same_writer else None
-    project = load_bundle(bundle_dir, build_info=False)
     dist_dir = context.layout.dist_dir
     with _worker() as worker:
+        # `_build.json`, which every change of the bundle rewrites (megabytes for
+        # thousands of kernels), read and hashed while the index and bundle.json load.
+        info = bundle_dir / context.manifest.package.import_name / FILE_NAME
+        ahead = {str(info): worker.submit(MemberData.read, info)} if same_writer else {}
+        reuse = _indexes(index_file) if same_writer else None
+        project = load_bundle(bundle_dir, build_info=False)
         wheels = [
-            write_wheel(each, dist_dir, reuse=reuse, worker=worker)
+            write_wheel(each, dist_dir, reuse=reuse, worker=worker, ahead=ahead)
             for each in (project, *project.parts)
         ]
         indexes = {}
@@ -174,6 +180,7 @@ def write_wheel(
     *,
     reuse: Mapping[str, WheelIndex] | None = None,
     worker: Executor | None = None,
+    ahead: Mapping[str, Future[MemberData]] | None = None,
 ) -> tuple[Path, WheelIndex | None]:
     """Write the distribution's wheel; return it and its index (None: not one an update
     copies from). With `reuse` (this writer wrote the wheels in `dist_dir`: the indexes
@@ -184,7 +191,8 @@ def write_wheel(
     (`_update_zip`). `worker`: the thread that takes the copies, hashes and fsync that
     can run beside this one (one of its own if not given); it also frees the wheel
     replaced, maybe after this returns (the caller's `worker` is done with it when shut
-    down)."""
+    down). `ahead`: bundle files being read and hashed in `worker`, by path, taken by
+    an update if they changed."""
     if worker is None:
         with _worker() as own:
             return write_wheel(project, dist_dir, reuse=reuse, worker=own)
@@ -204,7 +212,7 @@ def write_wheel(
             written = None
             if index is not None and trusted:
                 written = _update_zip(
-                    tmp, destination, index, root, members, generated, record_name, worker
+                    tmp, destination, index, root, members, generated, record_name, worker, ahead
                 )
             if written is None:
                 with Previous.of(previous, trusted=trusted) as old:
@@ -239,13 +247,13 @@ def _set_aside(wheel: Path) -> Path | None:
     return aside
 
 
-def _members(project: BundleProject) -> list[tuple[str, str]]:
+def _members(project: BundleProject) -> Sequence[tuple[str, str]]:
     """The bundle's files in its import package, in the order of its files (sorted by
-    name, as a `BundleProject` keeps them): the wheel's order, fresh or updated."""
-    in_package = map(
-        str.startswith, map(itemgetter(0), project.files), repeat(f"{project.package.import_name}/")
-    )
-    return list(compress(project.files, in_package))
+    name, as a `BundleProject` keeps them): the wheel's order, fresh or updated. Sorted,
+    they are the files from the first whose name starts with "<import name>/" to the
+    first past them ("<import name>0", "0" following "/")."""
+    files, package = project.files, project.package.import_name
+    return files[bisect_left(files, (f"{package}/",)) : bisect_left(files, (f"{package}0",))]
 
 
 def build_editable_wheel(project: BundleProject, wheel_dir: Path) -> Path:
@@ -464,7 +472,7 @@ def _checked(root: Path, name: str, recorded: str, digest: bytes) -> bytes:
 def _write_member(
     archive: zipfile.ZipFile,
     name: str,
-    data: bytes,
+    content: bytes | MemberData,
     stamp: tuple[int, ...],
     digest: bytes | None,
     chunked: dict[str, Chunks],
@@ -473,12 +481,15 @@ def _write_member(
     """Write one entry with fixed metadata; return its RECORD line (RECORD has no hash).
     A big deflated one is deflated in chunks (`_deflate_in_chunks`, which takes the
     unchanged chunks' deflated bytes from `previous`) and listed in `chunked`."""
+    known = content if isinstance(content, MemberData) else MemberData(content)
+    data = known.data
     info = zipfile.ZipInfo(name, date_time=stamp)  # type: ignore[arg-type]
     info.external_attr = 0o644 << 16
     info.compress_type = _compression(data)
     if info.compress_type == zipfile.ZIP_DEFLATED and _in_chunks(data):
-        stream, chunked[name] = _deflate_in_chunks(data, previous)
-        info.CRC, info.file_size = zlib.crc32(data), len(data)
+        stream, chunked[name] = _deflate_in_chunks(data, previous, known.chunks)
+        info.CRC = zlib.crc32(data) if known.crc is None else known.crc
+        info.file_size = len(data)
         _append_stored(archive, info, stream)
     else:
         archive.writestr(info, data)
@@ -547,28 +558,45 @@ class Deflated:
         }
 
 
-def _deflate_in_chunks(data: bytes, previous: Deflated | None = None) -> tuple[bytes, Chunks]:
+def _deflate_in_chunks(
+    data: bytes, previous: Deflated | None = None, known: ChunkDigests | None = None
+) -> tuple[bytes, Chunks]:
     """`data` deflated as chunks (`_chunk_ends`), each by a compressor of its own ended
     with a full flush (no match reaches into another chunk, and each ends on
     a byte boundary), then an empty final block: one valid deflate stream whose every
     chunk's bytes depend on that chunk's content only. So a chunk `previous` deflated
     from the same content is taken as it is: the stream is byte for byte the one a
-    fresh write gives, and an edit deflates again only the chunks it changed."""
+    fresh write gives, and an edit deflates again only the chunks it changed. `known`:
+    the chunks of `data` if they were found already."""
     reusable = previous.pieces() if previous is not None else {}
+    chunks = known if known is not None else ChunkDigests.of(data)
     view = memoryview(data)
-    digests, pieces = [], []
-    for start, end in pairwise([0, *_chunk_ends(data)]):
-        chunk = view[start:end]
-        digest = hashlib.sha256(chunk).digest()
+    pieces = []
+    for (start, end), digest in zip(pairwise([0, *chunks.ends]), chunks.digests, strict=True):
         piece = reusable.get(digest)
         if piece is None:
+            chunk = view[start:end]
             compressor = zlib.compressobj(FAST_DEFLATE_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
             piece = compressor.compress(chunk) + compressor.flush(zlib.Z_FULL_FLUSH)
-        digests.append(digest)
         pieces.append(piece)
     stream = b"".join([*pieces, FINAL_BLOCK])
     lengths = tuple(map(len, pieces))
-    return stream, Chunks(b"".join(digests), lengths, zlib.crc32(stream))
+    return stream, Chunks(b"".join(chunks.digests), lengths, zlib.crc32(stream))
+
+
+@dataclass(frozen=True)
+class ChunkDigests:
+    """Where each chunk of a member's content ends (`_chunk_ends`), and its sha256."""
+
+    ends: list[int]
+    digests: list[bytes]
+
+    @classmethod
+    def of(cls, data: bytes) -> ChunkDigests:
+        ends = _chunk_ends(data)
+        view = memoryview(data)
+        starts = [0, *ends]
+        return cls(ends, [_sha256(view[start:end]) for start, end in pairwise(starts)])
 
 
 def _chunk_ends(data: bytes) -> list[int]:
@@ -1043,6 +1071,7 @@ def _update_zip(
     generated: dict[str, bytes],
     record_name: str,
     worker: Executor,
+    ahead: Mapping[str, Future[MemberData]] | None = None,
 ) -> WheelIndex | None:
     """Write the wheel as `_write_zip` would, from a trusted previous wheel (this
     writer's, as it wrote it, described by `index`), in time that grows with the
@@ -1066,11 +1095,14 @@ def _update_zip(
         with (
             open(previous, "rb") as source,
             open(target, "wb") as handle,
-            Background(worker) as background,
+            Background(worker, ahead or {}) as background,
         ):
             directory = Directory.read(source, index)
             output = Output(handle, background)
             names = _write_update(output, directory, source, root, members, stamp)
+            # The runs' bytes on their way to the disk while the rest is written:
+            # the last fsync has little left to wait for.
+            background.submit(os.fsync, handle.fileno())
             members_end = len(output.record)
             for name, data in sorted(generated.items()):
                 _write_new(output, name, data, hashlib.sha256(data).digest(), stamp)
@@ -1079,10 +1111,9 @@ def _update_zip(
             _write_new(output, record_name, listing, None, stamp, old_record)
             tail = _write_central_directory(output)
             handle.flush()
-            background.finish()  # every run copied (or what failed raised here)
-            synced = background.submit(os.fsync, handle.fileno())
+            background.submit(os.fsync, handle.fileno())
             written = output.index(names, date, members_end, tail)
-            synced.result()
+            background.finish()  # every run copied and the wheel synced, or what failed raised
     except (Declined, *UNREADABLE):
         return None
     return written
@@ -1094,8 +1125,9 @@ class Background:
     the rest. All of it has ended when the update ends, however it ends: a copy still
     running must not write into the file a failed update leaves to a fresh write."""
 
-    def __init__(self, worker: Executor) -> None:
+    def __init__(self, worker: Executor, ahead: Mapping[str, Future[MemberData]]) -> None:
         self.worker = worker
+        self.ahead = ahead
         self.pending: list[Future[object]] = []
 
     def __enter__(self) -> Background:
@@ -1109,14 +1141,18 @@ class Background:
         self.pending.append(future)
         return future
 
-    def digest(self, data: bytes) -> Future[object]:
-        """The sha256 of `data`: hashed in the worker if big (while this thread deflates
-        its chunks), else here and now."""
+    def read(self, root: Path, name: str) -> tuple[MemberData, Future[object]]:
+        """The bundle file `name` and (to be checked) its sha256: as read ahead (with its
+        chunks' sha256s and CRC) if it was, else read now and hashed in the worker if
+        big (while this thread deflates its chunks), else here."""
+        ahead = self.ahead.get(str(root / name))
+        if ahead is not None and ahead.exception() is None:
+            hashed = ahead.result()
+            return hashed, _done(hashed.digest)
+        data = _bundle_file(root, name)
         if len(data) >= BACKGROUND_HASH_BYTES:
-            return self.submit(_sha256, data)
-        done: Future[object] = Future()
-        done.set_result(_sha256(data))
-        return done
+            return MemberData(data), self.submit(_sha256, data)
+        return MemberData(data), _done(_sha256(data))
 
     def finish(self) -> None:
         """Wait for everything handed over; raise what failed."""
@@ -1124,8 +1160,34 @@ class Background:
             future.result()
 
 
-def _sha256(data: bytes) -> bytes:
+def _sha256(data: bytes | memoryview) -> bytes:
     return hashlib.sha256(data).digest()
+
+
+def _done(result: object) -> Future[object]:
+    done: Future[object] = Future()
+    done.set_result(result)
+    return done
+
+
+@dataclass(frozen=True)
+class MemberData:
+    """A member's bytes, with what packing them needs where it is known already: their
+    sha256 and, for a file deflated in chunks, its chunks' (`ChunkDigests`) and its
+    CRC-32 (computed when needed otherwise)."""
+
+    data: bytes
+    digest: bytes = b""
+    chunks: ChunkDigests | None = None
+    crc: int | None = None
+
+    @classmethod
+    def read(cls, path: Path) -> MemberData:
+        """The file at `path`, all of that computed (in the worker, ahead of its turn)."""
+        data = path.read_bytes()
+        if not _in_chunks(data):
+            return cls(data, _sha256(data))
+        return cls(data, _sha256(data), ChunkDigests.of(data), zlib.crc32(data))
 
 
 def _write_update(
@@ -1142,11 +1204,10 @@ def _write_update(
     for start, end, at in directory.segments(members, names):
         if at == NOT_STORED:
             name, recorded = members[start]
-            data = _bundle_file(root, name)
-            hashed = output.background.digest(data)
-            _write_new(output, name, data, None, stamp, directory.deflated(name, source))
-            digest = _checked(root, name, recorded, hashed.result())  # type: ignore[arg-type]
-            line = f"{_record_line(name, digest, len(data))}\n".encode()
+            member, hashing = output.background.read(root, name)
+            _write_new(output, name, member, None, stamp, directory.deflated(name, source))
+            digest = _checked(root, name, recorded, hashing.result())  # type: ignore[arg-type]
+            line = f"{_record_line(name, digest, len(member.data))}\n".encode()
             output.record += line
             output.line_sizes.append(_packed([len(line)]))
             output.shas.append(digest.hex().encode())
@@ -1246,7 +1307,7 @@ def _copy_bytes(source: int, target: int, first: int, at: int, length: int) -> N
 def _write_new(
     output: Output,
     name: str,
-    data: bytes,
+    data: bytes | MemberData,
     digest: bytes | None,
     stamp: tuple[int, ...],
     previous: Deflated | None = None,
