@@ -13,6 +13,8 @@ import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -154,14 +156,14 @@ def write_bundle(
     info = _header(manifest, parts, provenance)
     files, digests = _project_files(manifest, info, parts)
     # A NEFF's sha256 is its compile record's, as its part keeps it: not hashed here.
+    # (Passes in C over the parts' columns: 10,000 NEFFs at 10,000 units.)
+    rows = list(chain.from_iterable(map(attrgetter("neffs"), parts)))
     neffs = _Neffs()
-    for part in parts:
-        for row in part.neffs:
-            neffs.rows[row[0]] = row
-            digests[row[0]] = row[2]
+    neffs.rows = dict(zip(map(itemgetter(0), rows), rows, strict=True))
+    digests.update(zip(map(itemgetter(0), rows), map(itemgetter(2), rows), strict=True))
     for target in split_targets(manifest):
         _add_hashed(files, digests, _part_files(manifest.package, target))
-    targets = sorted({target for part in parts for target in part.targets})
+    targets = sorted(every_value(parts, "targets"))
     stamp = _stamp_json(_stamp(manifest, info, digests, targets))
     wanted = collections.ChainMap(files, neffs)
     record = update_tree(out_dir, wanted, STAMP_FILE, stamp, digests=digests, seen=seen)
@@ -195,7 +197,8 @@ def _project_files(
     package = manifest.package
     pkg = package.import_name
     extras = {t: [target_package(package, t).name] for t in split_targets(manifest)}
-    kernels = {part.name: part.info_json for part in parts}
+    names = list(map(attrgetter("name"), parts))
+    kernels = dict(zip(names, map(attrgetter("info_json"), parts), strict=True))
     generated = {
         "pyproject.toml": codegen.pyproject(package, list(info.requirements), extras=extras),
         f"{pkg}/__init__.py": codegen.package_init(package, manifest.kernels),
@@ -206,10 +209,9 @@ def _project_files(
     files: dict[str, Content] = {}
     digests: dict[str, str] = {}
     _add_hashed(files, digests, {name: _encoded(text) for name, text in generated.items()})
-    for part in parts:  # its sha256 as its part keeps it
-        name = f"{pkg}/_kernels/{part.name}.py"
-        files[name] = part.module
-        digests[name] = part.module_sha256
+    modules = list(map(f"{pkg}/_kernels/{{}}.py".format, names))  # each sha256 as its part keeps it
+    files.update(zip(modules, map(attrgetter("module"), parts), strict=True))
+    digests.update(zip(modules, map(attrgetter("module_sha256"), parts), strict=True))
     shipped = {
         **_modules(manifest, f"{pkg}/{REFERENCE_PACKAGE}", _references(manifest)),
         **_modules(manifest, f"{pkg}/{SOURCES_PACKAGE}", _shipped_sources(manifest)),
@@ -363,8 +365,8 @@ def _header(
         package=manifest.package.name,
         version=manifest.package.version,
         nkibuild_version=__version__,
-        compiler_versions=tuple(sorted({v for part in parts for v in part.compiler_versions})),
-        placeholder=any(part.placeholder for part in parts),
+        compiler_versions=tuple(sorted(every_value(parts, "compiler_versions"))),
+        placeholder=any(map(attrgetter("placeholder"), parts)),
         neuron_sdk=manifest.package.neuron_sdk,
         requirements=tuple(runtime_requirements(manifest, parts)),
         split_targets=tuple(split_targets(manifest)),
@@ -427,9 +429,15 @@ def runtime_requirements(manifest: Manifest, parts: Sequence[KernelPart]) -> lis
     Never spike: the PyPI project of that name is an unrelated simulator, so the
     runtime finds the real one at run time and explains how to get it.
     """
-    dtypes = {t.dtype for kernel in manifest.kernels for t in kernel.inputs}
-    dtypes.update(*(part.dtypes for part in parts))
+    inputs = chain.from_iterable(map(attrgetter("inputs"), manifest.kernels))
+    dtypes = set(map(attrgetter("dtype"), inputs)) | every_value(parts, "dtypes")
     return ["numpy", *(["ml_dtypes"] if "bfloat16" in dtypes else [])]
+
+
+def every_value(parts: Sequence[KernelPart], field: str) -> set[Any]:
+    """Every value of one tuple field of the parts, each once: a pass in C over the
+    parts (5,000 at 10,000 units), most of which share one of a few tuples."""
+    return set(chain.from_iterable(set(map(attrgetter(field), parts))))
 
 
 def _kernel_info(kernel: Kernel, neffs: dict[str, dict[str, NeffInfo]]) -> KernelInfo:
@@ -494,7 +502,7 @@ def shipped_files(manifest: Manifest) -> list[str]:
 
 
 def _references(manifest: Manifest) -> list[SourceRef]:
-    return [k.reference for k in manifest.kernels if k.reference]
+    return list(filter(None, map(attrgetter("reference"), manifest.kernels)))
 
 
 def _shipped_sources(manifest: Manifest) -> list[SourceRef]:

@@ -50,9 +50,11 @@ def summarize(
     """The provenance summary of the bundle a build makes of the kernels' `parts`;
     `sha256_of` hashes a project file (the bundle stage's skips one it hashed before,
     unchanged since)."""
+    from nkibuild.bundle import every_value
+
     manifest = context.manifest
-    frontends = {pair for part in parts for pair in part.tools}
-    compilers = {(COMPILER, version) for part in parts for version in part.compiler_versions}
+    frontends = every_value(parts, "tools")
+    compilers = {(COMPILER, version) for version in every_value(parts, "compiler_versions")}
     root = manifest.root
     return ProvenanceInfo(
         # The bytes the build parsed (hashed as they were read), not the file as it is now.
