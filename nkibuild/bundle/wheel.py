@@ -487,7 +487,7 @@ def _write_member(
     info.external_attr = 0o644 << 16
     info.compress_type = _compression(data)
     if info.compress_type == zipfile.ZIP_DEFLATED and _in_chunks(data):
-        stream, chunked[name] = _deflate_in_chunks(data, previous, known.chunks)
+        stream, chunked[name] = _deflate_in_chunks(data, previous)
         info.CRC = zlib.crc32(data) if known.crc is None else known.crc
         info.file_size = len(data)
         _append_stored(archive, info, stream)
@@ -558,45 +558,28 @@ class Deflated:
         }
 
 
-def _deflate_in_chunks(
-    data: bytes, previous: Deflated | None = None, known: ChunkDigests | None = None
-) -> tuple[bytes, Chunks]:
+def _deflate_in_chunks(data: bytes, previous: Deflated | None = None) -> tuple[bytes, Chunks]:
     """`data` deflated as chunks (`_chunk_ends`), each by a compressor of its own ended
     with a full flush (no match reaches into another chunk, and each ends on
     a byte boundary), then an empty final block: one valid deflate stream whose every
     chunk's bytes depend on that chunk's content only. So a chunk `previous` deflated
     from the same content is taken as it is: the stream is byte for byte the one a
-    fresh write gives, and an edit deflates again only the chunks it changed. `known`:
-    the chunks of `data` if they were found already."""
+    fresh write gives, and an edit deflates again only the chunks it changed."""
     reusable = previous.pieces() if previous is not None else {}
-    chunks = known if known is not None else ChunkDigests.of(data)
     view = memoryview(data)
-    pieces = []
-    for (start, end), digest in zip(pairwise([0, *chunks.ends]), chunks.digests, strict=True):
+    digests, pieces = [], []
+    for start, end in pairwise([0, *_chunk_ends(data)]):
+        chunk = view[start:end]
+        digest = hashlib.sha256(chunk).digest()
         piece = reusable.get(digest)
         if piece is None:
-            chunk = view[start:end]
             compressor = zlib.compressobj(FAST_DEFLATE_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
             piece = compressor.compress(chunk) + compressor.flush(zlib.Z_FULL_FLUSH)
+        digests.append(digest)
         pieces.append(piece)
     stream = b"".join([*pieces, FINAL_BLOCK])
     lengths = tuple(map(len, pieces))
-    return stream, Chunks(b"".join(chunks.digests), lengths, zlib.crc32(stream))
-
-
-@dataclass(frozen=True)
-class ChunkDigests:
-    """Where each chunk of a member's content ends (`_chunk_ends`), and its sha256."""
-
-    ends: list[int]
-    digests: list[bytes]
-
-    @classmethod
-    def of(cls, data: bytes) -> ChunkDigests:
-        ends = _chunk_ends(data)
-        view = memoryview(data)
-        starts = [0, *ends]
-        return cls(ends, [_sha256(view[start:end]) for start, end in pairwise(starts)])
+    return stream, Chunks(b"".join(digests), lengths, zlib.crc32(stream))
 
 
 def _chunk_ends(data: bytes) -> list[int]:
@@ -1143,7 +1126,7 @@ class Background:
 
     def read(self, root: Path, name: str) -> tuple[MemberData, Future[object]]:
         """The bundle file `name` and (to be checked) its sha256: as read ahead (with its
-        chunks' sha256s and CRC) if it was, else read now and hashed in the worker if
+        CRC) if it was, else read now and hashed in the worker if
         big (while this thread deflates its chunks), else here."""
         ahead = self.ahead.get(str(root / name))
         if ahead is not None and ahead.exception() is None:
@@ -1160,7 +1143,7 @@ class Background:
             future.result()
 
 
-def _sha256(data: bytes | memoryview) -> bytes:
+def _sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
@@ -1173,21 +1156,21 @@ def _done(result: object) -> Future[object]:
 @dataclass(frozen=True)
 class MemberData:
     """A member's bytes, with what packing them needs where it is known already: their
-    sha256 and, for a file deflated in chunks, its chunks' (`ChunkDigests`) and its
-    CRC-32 (computed when needed otherwise)."""
+    sha256 and, for a file deflated in chunks, its CRC-32 (computed when needed
+    otherwise)."""
 
     data: bytes
     digest: bytes = b""
-    chunks: ChunkDigests | None = None
     crc: int | None = None
 
     @classmethod
     def read(cls, path: Path) -> MemberData:
-        """The file at `path`, all of that computed (in the worker, ahead of its turn)."""
+        """The file at `path`, both computed: in the worker, ahead of its turn. Three
+        calls that release the GIL: its chunks' sha256s are left to the stage's thread,
+        as the worker would wait for the GIL after each of them (up to CPython's switch
+        interval, 5 ms, while that thread runs)."""
         data = path.read_bytes()
-        if not _in_chunks(data):
-            return cls(data, _sha256(data))
-        return cls(data, _sha256(data), ChunkDigests.of(data), zlib.crc32(data))
+        return cls(data, _sha256(data), zlib.crc32(data) if _in_chunks(data) else None)
 
 
 def _write_update(
