@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,14 +35,23 @@ from nkibuild.bundle.buildinfo import (
     encode,
     read_build_info,
 )
-from nkibuild.bundle.tree import CompiledCopy, Content, Record, digest, update_tree
+from nkibuild.bundle.tree import (
+    NEFF_FIELDS,
+    CompiledCopy,
+    Content,
+    Record,
+    digest,
+    neff_fields,
+    packed_neffs,
+    update_tree,
+)
 from nkibuild.compiler import CompiledNeff
 from nkibuild.errors import BuildError
 from nkibuild.fsutil import SeenStats
 from nkibuild.manifest.model import Kernel, Manifest, Package, SourceRef
 
 if TYPE_CHECKING:
-    from nkibuild.bundle.parts import KernelPart, NeffRow
+    from nkibuild.bundle.parts import KernelPart
     from nkibuild.context import BuildContext
 
 STAMP_FILE = "bundle.json"
@@ -157,10 +166,8 @@ def write_bundle(
     files, digests = _project_files(manifest, info, parts)
     # A NEFF's sha256 is its compile record's, as its part keeps it: not hashed here.
     # (Passes in C over the parts' columns: 10,000 NEFFs at 10,000 units.)
-    rows = list(chain.from_iterable(map(attrgetter("neffs"), parts)))
-    neffs = _Neffs()
-    neffs.rows = dict(zip(map(itemgetter(0), rows), rows, strict=True))
-    digests.update(zip(map(itemgetter(0), rows), map(itemgetter(2), rows), strict=True))
+    neffs = _Neffs(neff_fields(map(attrgetter("neffs"), parts)))
+    digests.update(zip(neffs.fields[0::NEFF_FIELDS], neffs.fields[2::NEFF_FIELDS], strict=True))
     for target in split_targets(manifest):
         _add_hashed(files, digests, _part_files(manifest.package, target))
     targets = sorted(every_value(parts, "targets"))
@@ -171,15 +178,18 @@ def write_bundle(
 
 
 class _Neffs(Mapping[str, CompiledCopy]):
-    """The tree's NEFFs by name, kept as their parts' rows; each looked up as the NEFF
-    to copy. The tree reads the content of the files it writes only: no `CompiledCopy`
-    is made for each of the 10,000 NEFFs a bundle keeps."""
+    """The tree's NEFFs by name, kept as the fields of their parts' rows; each looked up
+    as the NEFF to copy. The tree reads the content of the files it writes only: no
+    `CompiledCopy` is made for each of the 10,000 NEFFs a bundle keeps."""
 
-    def __init__(self) -> None:
-        self.rows: dict[str, NeffRow] = {}
+    def __init__(self, fields: list[str]) -> None:
+        self.fields = fields  # the rows' fields, row after row (parts.neff_fields)
+        rows = range(0, len(fields), NEFF_FIELDS)
+        self.rows = dict(zip(fields[0::NEFF_FIELDS], rows, strict=True))  # name -> first field
 
     def __getitem__(self, name: str) -> CompiledCopy:
-        _, source, sha256, unit = self.rows[name]
+        at = self.rows[name]
+        _, source, sha256, unit = self.fields[at : at + NEFF_FIELDS]
         return CompiledCopy(source, sha256, unit)
 
     def __iter__(self) -> Iterator[str]:
@@ -395,7 +405,7 @@ def kernel_part(
         info_json=encode(info.to_json()).encode(),
         module=module,
         module_sha256=hashlib.sha256(module).hexdigest(),
-        neffs=tuple(
+        neffs=packed_neffs(
             (_neff_file(manifest, neff), str(neff.neff_path), neff.sha256, neff.unit)
             for neff in compiled
         ),

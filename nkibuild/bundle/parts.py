@@ -41,11 +41,12 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain, compress, count, repeat
-from operator import is_, ne
+from operator import is_, methodcaller, ne
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nkibuild import __version__, plaindata
+from nkibuild.bundle.tree import NEFF_FIELDS
 from nkibuild.cache.key import file_sha256
 from nkibuild.compiler import RESULT_FILE, CompiledNeff
 from nkibuild.compiler.record import recorded_result
@@ -59,14 +60,8 @@ if TYPE_CHECKING:
 
 MEMO_FILE = "bundle-parts.pickle"
 # Of the saved state: a memo of another layout lends nothing.
-MEMO_FORMAT = "columns, stamps, definition, entries in bytes"
+MEMO_FORMAT = "columns, stamps, definition, entries in bytes, packed NEFFs"
 MAX_UPDATES = 100  # appended to a snapshot before it is written anew: each costs a load
-
-
-# A NEFF the bundle's tree takes from a compile directory: its path in the tree, the
-# compiled NEFF, the sha256 its compile recorded (the bytes copied must hash to it) and
-# its unit. A plain tuple, as the memo keeps it: none made per NEFF at each bundle.
-NeffRow = tuple[str, str, str, str]
 
 
 class KernelPart(NamedTuple):
@@ -79,7 +74,7 @@ class KernelPart(NamedTuple):
     info_json: bytes  # its entry of `_build.json`'s "kernels", encoded as the file has it
     module: bytes  # its generated loader
     module_sha256: str
-    neffs: tuple[NeffRow, ...]
+    neffs: str  # its NEFFs' rows, packed (nkibuild.bundle.tree.packed_neffs)
     targets: tuple[str, ...]  # those it has NEFFs for, sorted (as the tuples below)
     dtypes: tuple[str, ...]  # of its NEFFs' inputs and outputs
     compiler_versions: tuple[str, ...]
@@ -463,15 +458,23 @@ def _well_formed(kernels: _Kernels) -> bool:
         and plaindata.only(flags, bool)
         and plaindata.only(kernels.counts, int)
         and plaindata.only(kernels.stats, str, type(None))
-        and all(plaindata.only(group, tuple) for group in (neffs, targets, dtypes, versions, tools))
+        and all(plaindata.only(group, tuple) for group in (targets, dtypes, versions, tools))
         and plaindata.only(chain.from_iterable(chain(targets, dtypes, versions)), str)
-        and _rows_of(neffs, 4)
+        and _packed_rows(neffs)
         and _rows_of(tools, 2)
     ):
         return False
     total = sum(kernels.counts)
     records = kernels.records.count("\0") + 1 if kernels.records else 0
     return min(kernels.counts, default=0) >= 0 and records == total and len(kernels.stats) == total
+
+
+def _packed_rows(packed: list[str]) -> bool:
+    """Whether each kernel's NEFFs are rows packed as `packed_neffs` packs them."""
+    if not plaindata.only(packed, str):
+        return False
+    fields = set(map(NEFF_FIELDS.__rmod__, map(str.count, packed, repeat("\0"))))
+    return fields <= {0} and all(map(methodcaller("endswith", "\0"), filter(None, packed)))
 
 
 def _rows_of(groups: list[tuple[Any, ...]], width: int) -> bool:

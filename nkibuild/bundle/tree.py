@@ -72,6 +72,25 @@ class CompiledCopy(NamedTuple):
 
 Content = bytes | CompiledCopy
 
+# The NEFFs a bundle takes, as rows: each one's path in the tree, the compiled NEFF, the
+# sha256 its compile recorded and its unit (a CompiledCopy's fields after the name). A
+# kernel's part keeps its rows packed in one string, each field followed by a NUL (no
+# path, digest or unit name holds one): one object a kernel where tuples of rows were
+# three, each unpickled from the bundle's memo and scanned by the garbage collector at
+# each bundle (15,000 at 10,000 units).
+NeffRow = tuple[str, str, str, str]
+NEFF_FIELDS = 4
+
+
+def packed_neffs(rows: Iterable[NeffRow]) -> str:
+    """NEFF rows as a part keeps them."""
+    return "".join(f"{field}\0" for row in rows for field in row)
+
+
+def neff_fields(packed: Iterable[str]) -> list[str]:
+    """The fields of the NEFF rows of parts' packed strings, row after row."""
+    return "".join(packed).split("\0")[:-1]
+
 
 def digest(content: Content) -> str:
     if isinstance(content, CompiledCopy):
