@@ -15,7 +15,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from helpers import counted_member_copies
+from helpers import build, counted_member_copies, module, prebuilt_project
 
 from nkibuild import plaindata
 from nkibuild.bundle import BundleProject
@@ -698,3 +698,41 @@ def test_each_update_indexes_its_wheel_for_the_next_one(
         assert index is not None and len(seen.runs) >= 2
         with zipfile.ZipFile(wheel) as archive:
             assert archive.testzip() is None and archive.read(NAMES[0]) == files[NAMES[0]]
+
+
+def test_a_build_sets_the_replaced_wheel_and_index_aside_until_the_next_one(
+    tmp_path: Path, seen: Seen
+) -> None:
+    """The wheel stage's replaced wheel and index keep a hidden second name in the state
+    dir (their renames free no blocks), removed when the next wheel stage starts; dist/
+    holds the wheel alone, which is the fresh one, updated from its index."""
+    from nkibuild.bundle import load_bundle
+
+    root = prebuilt_project(tmp_path / "p", kernels=3)
+    state, dist = root / "build" / "state", root / "dist"
+    assert build(root).ok
+    (wheel,) = dist.iterdir()
+    first_wheel, first_index = os.stat(wheel).st_ino, os.stat(state / wheel_module.INDEX_FILE)
+
+    def set_aside() -> dict[str, int]:
+        found = [(p.name.split(".old-")[0], p.stat().st_ino) for p in state.glob(".*.old-*")]
+        assert len(found) == 2, found  # the replaced wheel and index, and nothing more
+        return dict(found)
+
+    for step, name in enumerate(("k0_edited", "k0_edited_again")):
+        (root / "kernels" / "k0.pb").write_bytes(module(name, 8))  # k0's shape: [4, 8]
+        seen.runs.clear()
+        assert build(root).ok
+        assert [p.name for p in dist.iterdir()] == [wheel.name]
+        assert len(seen.runs) == 3  # updated: the runs around _build.json and k0's NEFF
+        fresh = build_wheel(load_bundle(root / "build" / "bundle" / "ahead"), tmp_path / f"f{step}")
+        assert wheel.read_bytes() == fresh.read_bytes()
+        if step == 0:
+            assert set_aside() == {
+                f".{wheel.name}": first_wheel,
+                f".{wheel_module.INDEX_FILE}": first_index.st_ino,
+            }
+            second = {f".{wheel.name}": os.stat(wheel).st_ino}
+        else:  # the first ones removed, the second build's set aside
+            assert set_aside()[f".{wheel.name}"] == second[f".{wheel.name}"]
+            assert first_wheel not in set_aside().values()

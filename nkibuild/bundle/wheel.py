@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import fnmatch
 import functools
 import hashlib
 import io
@@ -92,8 +93,10 @@ def run(context: BuildContext) -> list[Path]:
     (`INDEX_FILE`, see `_update_zip`) while it has the stat its index was stamped with.
     Neither file is removed first: a build killed after a wheel was replaced leaves an
     index stamped with the stat of the wheel it replaced, which lends nothing. One
-    worker thread takes what releases the GIL while this one goes on (`Background`);
-    the replaced wheels' blocks are freed there while the index is written."""
+    worker thread takes what releases the GIL while this one goes on (`Background`).
+    The wheels and the index it replaces keep a second name in the state dir
+    (`_set_aside`), removed by the worker when the next build's wheel stage starts: a
+    rename frees no blocks on the way (ms for MBs on ext4)."""
     from nkibuild.bundle import load_bundle
     from nkibuild.bundle.buildinfo import FILE_NAME
 
@@ -102,8 +105,10 @@ def run(context: BuildContext) -> list[Path]:
     index_file = context.layout.state_dir / INDEX_FILE
     identity = writer_identity()
     same_writer = _written_by(writer_file, identity)
-    dist_dir = context.layout.dist_dir
+    dist_dir, state_dir = context.layout.dist_dir, context.layout.state_dir
     with _worker() as worker:
+        for aside in _set_aside_in(state_dir):
+            worker.submit(aside.unlink, missing_ok=True)
         # `_build.json`, which every change of the bundle rewrites (megabytes for
         # thousands of kernels), read and hashed while the index and bundle.json load.
         info = bundle_dir / context.manifest.package.import_name / FILE_NAME
@@ -111,7 +116,9 @@ def run(context: BuildContext) -> list[Path]:
         reuse = _indexes(index_file) if same_writer else None
         project = load_bundle(bundle_dir, build_info=False)
         wheels = [
-            write_wheel(each, dist_dir, reuse=reuse, worker=worker, ahead=ahead)
+            write_wheel(
+                each, dist_dir, reuse=reuse, worker=worker, ahead=ahead, set_aside=state_dir
+            )
             for each in (project, *project.parts)
         ]
         indexes = {}
@@ -119,6 +126,7 @@ def run(context: BuildContext) -> list[Path]:
             stamp = stat_stamp(wheel)
             if index is not None and stamp is not None:
                 indexes[wheel.name] = dataclasses.replace(index, stamp=stamp).plain()
+        _set_aside(index_file, state_dir)
         atomic_write_bytes(index_file, plaindata.dumps(indexes), durable=False)
     if not same_writer:
         atomic_write_text(writer_file, json.dumps({"writer": identity}), durable=False)
@@ -181,6 +189,7 @@ def write_wheel(
     reuse: Mapping[str, WheelIndex] | None = None,
     worker: Executor | None = None,
     ahead: Mapping[str, Future[MemberData]] | None = None,
+    set_aside: Path | None = None,
 ) -> tuple[Path, WheelIndex | None]:
     """Write the distribution's wheel; return it and its index (None: not one an update
     copies from). With `reuse` (this writer wrote the wheels in `dist_dir`: the indexes
@@ -192,10 +201,13 @@ def write_wheel(
     can run beside this one (one of its own if not given); it also frees the wheel
     replaced, maybe after this returns (the caller's `worker` is done with it when shut
     down). `ahead`: bundle files being read and hashed in `worker`, by path, taken by
-    an update if they changed."""
+    an update if they changed. `set_aside`: where the wheel replaced keeps a second name
+    (`_set_aside`) for the caller to remove; by default it is removed by `worker`."""
     if worker is None:
         with _worker() as own:
-            return write_wheel(project, dist_dir, reuse=reuse, worker=own)
+            return write_wheel(
+                project, dist_dir, reuse=reuse, worker=own, ahead=ahead, set_aside=set_aside
+            )
     members = _members(project)
     dist_info, generated = dist_info_files(project)
     destination = dist_dir / wheel_file_name(project.package)
@@ -218,12 +230,14 @@ def write_wheel(
                 with Previous.of(previous, trusted=trusted) as old:
                     written = _write_zip(tmp, root, members, generated, record_name, old)
                 _fsync(tmp)
-            aside = _set_aside(destination)
+            aside = _set_aside(destination, set_aside) if set_aside else None
+            kept = aside is not None
+            aside = aside or _set_aside(destination, dist_dir)
     except BaseException:
         if aside is not None:
             aside.unlink(missing_ok=True)
         raise
-    if aside is not None:
+    if aside is not None and not kept:
         worker.submit(aside.unlink, missing_ok=True)
     return destination, written
 
@@ -233,18 +247,30 @@ def _fsync(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def _set_aside(wheel: Path) -> Path | None:
-    """A second name (hard link) for the wheel about to be replaced, so that the rename
-    over it does not free its blocks (ms for a wheel of MBs, on ext4): the caller
-    removes it after, in its worker. A hidden name `.*.old-*`: what a build killed in
-    between leaves is swept by the next (`fsutil.LEFTOVER_PATTERNS`). None if there is
-    no wheel, or it cannot be linked (then the rename frees it)."""
-    aside = wheel.with_name(f".{wheel.name}.old-{secrets.token_hex(4)}")
+def _set_aside(path: Path, directory: Path) -> Path | None:
+    """A second name (hard link) in `directory` for the file at `path`, about to be
+    replaced, so that the rename over it does not free its blocks (ms for a file of MBs,
+    on ext4): the caller removes it later, in a worker. A hidden name `.*.old-*`, as an
+    interrupted writer leaves (`fsutil.LEFTOVER_PATTERNS`: what a build killed in
+    between leaves is swept by the next). None if there is no file, or it cannot be
+    linked there (another file system: then the rename frees it)."""
+    aside = directory / f".{path.name}.old-{secrets.token_hex(4)}"
     try:
-        os.link(wheel, aside, follow_symlinks=False)
+        os.link(path, aside, follow_symlinks=False)
     except OSError:
         return None
     return aside
+
+
+def _set_aside_in(directory: Path) -> list[Path]:
+    """What `_set_aside` left in `directory` (and any other interrupted writer's
+    `.*.old-*` there: garbage, while the build holds the build dir's lock)."""
+    try:
+        with os.scandir(directory) as entries:
+            names = [entry.name for entry in entries if not entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+    return [directory / name for name in names if fnmatch.fnmatchcase(name, ".*.old-*")]
 
 
 def _members(project: BundleProject) -> Sequence[tuple[str, str]]:
