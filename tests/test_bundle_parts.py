@@ -288,7 +288,7 @@ def _damaged(row: tuple, field: str, value: object) -> tuple:
 
 
 ROW_DAMAGE = {
-    "module-text": lambda row: _damaged(row, "module", row[2].decode()),
+    "module-kept": lambda row: _damaged(row, "module", b'"""other"""\n'),
     "info-text": lambda row: _damaged(row, "info_json", row[1].decode()),
     "neff-row-short": lambda row: _damaged(row, "neffs", row[4].split("\0", 1)[1]),
     "neff-row-unended": lambda row: _damaged(row, "neffs", row[4] + "x"),
@@ -349,8 +349,10 @@ def test_a_kept_part_is_the_part_made_anew(
     shutil.rmtree(bundle_dir)
     assert build(project, "bundle").ok and sorted(made) == sorted(KERNELS)
     kept, anew = given
-    assert kept == anew  # a tuple where a list was made, or the reverse, differs too
-    assert all(part.module_sha256 == hashlib.sha256(part.module).hexdigest() for part in kept)
+    # A tuple where a list was made, or the reverse, differs too. A lent part has no
+    # module: the tree makes it again if it needs it.
+    assert kept == [part._replace(module=None) for part in anew]
+    assert all(part.module_sha256 == hashlib.sha256(part.module).hexdigest() for part in anew)
     assert all(type(part.neffs) is str and part.neffs.count("\0") == 8 for part in kept)
 
 
@@ -528,3 +530,43 @@ def test_an_update_of_which_a_change_is_not_understood_is_not_applied_at_all(
     assert build(project).ok
     assert made == []  # the snapshot's parts: made of the original manifest
     assert tree(project) == rebuilt_without_memo(project)
+
+
+@pytest.mark.parametrize("damage", ["removed", "edited"])
+def test_a_lent_parts_loader_the_tree_lacks_is_made_again(
+    tmp_path: Path, made: list[str], damage: str
+) -> None:
+    """The memo keeps a part's module sha256, not its module: a loader removed or edited
+    in the tree is made again from its kernel, as it was when its part was made."""
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    expected = tree(project)
+    loader = project / "build" / "bundle" / "parts-kernels" / PACKAGE / "_kernels" / "third.py"
+    if damage == "removed":
+        loader.unlink()
+    else:
+        loader.write_text("raise SystemExit\n")
+    (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
+    made.clear()
+    assert build(project).ok
+    assert made == ["other"]
+    assert loader.read_bytes() == expected[f"{PACKAGE}/_kernels/third.py"]
+
+
+def test_a_lent_part_whose_loader_is_not_the_one_recorded_stops_the_bundle(
+    tmp_path: Path, made: list[str]
+) -> None:
+    """A memo well-typed but wrong about a module's sha256 (written by hand): the loader
+    made again does not hash to it, and the bundle says so rather than record a sha256
+    its file does not have."""
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    memo = project / "build" / "state" / MEMO_FILE
+    scope, state, digests, definition = _memo_columns(memo)
+    columns = state[4]
+    columns[_column("module_sha256")][columns[0].index("third")] = "0" * 64
+    memo.write_bytes(pickle.dumps((scope, tuple(state), digests, definition)))
+    (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
+    summary = build(project)
+    assert not summary.ok and [failed.name for failed in summary.failures] == ["bundle"]
+    assert "kernel 'third': its loader made again is not the one" in summary.failures[0].detail

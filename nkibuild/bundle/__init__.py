@@ -11,7 +11,7 @@ import collections
 import functools
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
@@ -201,7 +201,7 @@ class _Neffs(Mapping[str, CompiledCopy]):
 
 def _project_files(
     manifest: Manifest, info: BuildInfo, parts: Sequence[KernelPart]
-) -> tuple[dict[str, Content], dict[str, str]]:
+) -> tuple[collections.ChainMap[str, Content], dict[str, str]]:
     """The generated project, NEFFs aside (pyproject.toml, the package and its modules),
     and each file's sha256."""
     package = manifest.package
@@ -209,6 +209,7 @@ def _project_files(
     extras = {t: [target_package(package, t).name] for t in split_targets(manifest)}
     names = list(map(attrgetter("name"), parts))
     kernels = dict(zip(names, map(attrgetter("info_json"), parts), strict=True))
+    modules = LoaderModules(manifest, parts, f"{pkg}/_kernels/{{}}.py")
     generated = {
         "pyproject.toml": codegen.pyproject(package, list(info.requirements), extras=extras),
         f"{pkg}/__init__.py": codegen.package_init(package, manifest.kernels),
@@ -216,12 +217,10 @@ def _project_files(
         f"{pkg}/_runtime.py": RUNTIME_SOURCE.read_bytes(),
         f"{pkg}/{FILE_NAME}": document_json(info.header_json(), kernels),
     }
-    files: dict[str, Content] = {}
+    files: collections.ChainMap[str, Content] = collections.ChainMap({}, modules)
     digests: dict[str, str] = {}
     _add_hashed(files, digests, {name: _encoded(text) for name, text in generated.items()})
-    modules = list(map(f"{pkg}/_kernels/{{}}.py".format, names))  # each sha256 as its part keeps it
-    files.update(zip(modules, map(attrgetter("module"), parts), strict=True))
-    digests.update(zip(modules, map(attrgetter("module_sha256"), parts), strict=True))
+    digests.update(zip(modules.names, map(attrgetter("module_sha256"), parts), strict=True))
     shipped = {
         **_modules(manifest, f"{pkg}/{REFERENCE_PACKAGE}", _references(manifest)),
         **_modules(manifest, f"{pkg}/{SOURCES_PACKAGE}", _shipped_sources(manifest)),
@@ -230,8 +229,44 @@ def _project_files(
     return files, digests
 
 
+class LoaderModules(Mapping[str, Content]):
+    """The kernels' loader modules by their names in the tree (`pattern` of a kernel's
+    name), parts in manifest order. A part the memo lent keeps its module's sha256 only:
+    its module is made again when the tree lacks the file (removed or changed there)."""
+
+    def __init__(self, manifest: Manifest, parts: Sequence[KernelPart], pattern: str) -> None:
+        self.manifest = manifest
+        self.parts = parts
+        self.names = list(map(pattern.format, map(attrgetter("name"), parts)))
+
+    @functools.cached_property
+    def _at(self) -> dict[str, int]:  # made only if a module is looked up
+        return dict(zip(self.names, range(len(self.names)), strict=True))
+
+    def __getitem__(self, name: str) -> bytes:
+        index = self._at[name]
+        part = self.parts[index]
+        if part.module is not None:
+            return part.module
+        kernel = self.manifest.kernels[index]
+        # Its padding was checked against its NEFFs when the part was made.
+        module = codegen.kernel_module(self.manifest.package.import_name, kernel).encode()
+        if kernel.name != part.name or digest(module) != part.module_sha256:
+            raise BuildError(
+                f"kernel {part.name!r}: its loader made again is not the one the bundle's "
+                "parts memo recorded; run `nkibuild clean` and build again"
+            )
+        return module
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
 def _add_hashed(
-    files: dict[str, Content], digests: dict[str, str], added: Mapping[str, Content]
+    files: MutableMapping[str, Content], digests: dict[str, str], added: Mapping[str, Content]
 ) -> None:
     """Add files to the tree's `files`, with their sha256 to its `digests`."""
     files.update(added)

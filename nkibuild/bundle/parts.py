@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 MEMO_FILE = "bundle-parts.pickle"
 # Of the saved state: a memo of another layout lends nothing.
-MEMO_FORMAT = "columns, stamps, definition, entries in bytes, packed NEFFs"
+MEMO_FORMAT = "columns, stamps, definition, entries in bytes, packed NEFFs, no modules"
 MAX_UPDATES = 100  # appended to a snapshot before it is written anew: each costs a load
 
 
@@ -72,7 +72,10 @@ class KernelPart(NamedTuple):
 
     name: str
     info_json: bytes  # its entry of `_build.json`'s "kernels", encoded as the file has it
-    module: bytes  # its generated loader
+    # Its generated loader; None in a part the memo lent, which keeps its sha256 only
+    # (6.5 MB of modules at 10,000 units, all to unpickle at each bundle): the tree makes
+    # it again if it lacks the file (nkibuild.bundle.LoaderModules).
+    module: bytes | None
     module_sha256: str
     neffs: str  # its NEFFs' rows, packed (nkibuild.bundle.tree.packed_neffs)
     targets: tuple[str, ...]  # those it has NEFFs for, sorted (as the tuples below)
@@ -259,6 +262,7 @@ def _columns(parts: Sequence[KernelPart]) -> Columns:
     if not parts:
         return _no_kernels().columns
     columns = [list(column) for column in zip(*parts, strict=True)]
+    columns[KernelPart._fields.index("module")] = [None] * len(parts)  # not kept
     shared: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     for field in ("targets", "dtypes", "compiler_versions", "tools"):
         at = KernelPart._fields.index(field)
@@ -268,7 +272,12 @@ def _columns(parts: Sequence[KernelPart]) -> Columns:
 
 def _change(kernels: _Kernels, index: int, part: KernelPart) -> tuple[object, ...]:
     """An update's entry for a part made again: what the memo keeps of its kernel."""
-    return (index, part.name, kernels.configs[index], kernels.stat_span(index), part[:])
+    return (index, part.name, kernels.configs[index], kernels.stat_span(index), _kept(part))
+
+
+def _kept(part: KernelPart) -> tuple[Any, ...]:
+    """A part's fields as the memo keeps them: its module left out (its sha256 kept)."""
+    return part._replace(module=None)[:]
 
 
 def _by_kernel(units: Iterable[BuildUnit]) -> dict[str, list[BuildUnit]]:
@@ -453,7 +462,7 @@ def _well_formed(kernels: _Kernels) -> bool:
         plaindata.only(names, str)
         and plaindata.only(infos, bytes)
         and plaindata.only(shas, str)
-        and plaindata.only(modules, bytes)
+        and plaindata.only(modules, type(None))
         and plaindata.only(kernels.configs, bytes)
         and plaindata.only(flags, bool)
         and plaindata.only(kernels.counts, int)
