@@ -141,8 +141,8 @@ def update_tree(
     digests = dict(digests or {name: digest(content) for name, content in wanted.items()})
     digests[stamp_name] = hashlib.sha256(stamp).hexdigest()
     names, shas = list(digests), list(digests.values())
-    known, appendable = _read(root, digests)
-    aligned = known.names == names  # the same files, in the same order: no file added
+    # Aligned: the record lists the same files, in the same order (no file added).
+    known, appendable, aligned = _read(root, digests, names)
     stats = _stamps(root, names, seen)
     rows = _changed(names, shas, known, stats, aligned=aligned)  # the files to write
     stamp_row = names.index(stamp_name)
@@ -205,16 +205,19 @@ def read_record(root: Path, wanted: Container[str] = ()) -> Record:
     return _read(root, wanted)[0]
 
 
-def _read(root: Path, wanted: Container[str]) -> tuple[Record, _Appendable | None]:
-    """`read_record`, and where its file ends if an update may append to it."""
+def _read(
+    root: Path, wanted: Container[str], names: list[str] | None = None
+) -> tuple[Record, _Appendable | None, bool]:
+    """`read_record`, where its file ends if an update may append to it, and whether it
+    lists `names` (the caller's, in order)."""
     found = _recorded(root)
     if found is None:
-        return NO_RECORD, None
-    names = found[0].names
-    if isinstance(wanted, Mapping) and list(wanted) == names:  # the caller's own names
-        return found
-    inside = all(_inside_tree(name) for name in names if name not in wanted)
-    return found if inside else (NO_RECORD, None)
+        return NO_RECORD, None, False
+    record, appendable = found
+    if names is not None and record.names == names:  # the caller's own names
+        return record, appendable, True
+    inside = all(_inside_tree(name) for name in record.names if name not in wanted)
+    return (record, appendable, False) if inside else (NO_RECORD, None, False)
 
 
 def _recorded(root: Path) -> tuple[Record, _Appendable | None] | None:
