@@ -24,7 +24,7 @@ a lookup; otherwise each kernel is matched by name. Given the bundle task's defi
 config) as when the memo was saved, the memo's record paths and configs are taken as
 this bundle's: only the records' stamps are taken again. The memo also keeps the sha256
 of each project file the provenance summary lists, by stat. A bundle that made a few
-parts appends them to the memo file (`save`) rather than writing 18 MB anew; a load
+parts appends them to the memo file (`save`) rather than writing 12 MB anew; a load
 stops at an update cut short, and the next save writes the memo whole. It is a hint,
 like the plan cache: a missing, damaged or foreign memo (any value not of the type the
 bundle reads) only means every part is computed again, and it never outlives a change of
@@ -225,7 +225,7 @@ class PartsMemo:
 
     def save(self) -> None:
         """Append the parts this bundle made to the memo file (a kilobyte for a
-        one-kernel edit, where the whole memo is 18 MB at 10,000 units), or write it anew
+        one-kernel edit, where the whole memo is 12 MB at 10,000 units), or write it anew
         when its kernels or records are not the memo's, or once the updates would cost
         a load more than the snapshot does."""
         previous, current = self.previous, self.current

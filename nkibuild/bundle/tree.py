@@ -20,6 +20,10 @@ so the bundle stage instead compares what it wants with what the tree holds:
   and `bundle.json` written last, then the record. A tree without
   `bundle.json` is not a bundle (nothing packs or verifies it); a killed update leaves
   one, and the next update finds its new files' stats unrecorded and writes them again.
+- An update of the files the record lists, in its order (an edit's: none added or
+  removed), keeps the record while it renames them in and then appends the rows it
+  wrote to it, rather than writing 15,000 rows anew; a load applies the appended rows in
+  order and stops at one cut short.
 """
 
 from __future__ import annotations
