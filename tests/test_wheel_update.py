@@ -321,6 +321,37 @@ def test_a_member_read_ahead_is_taken_as_read_and_checked(
     assert new.read_bytes() == build_wheel(after, tmp_path / "fresh").read_bytes()
 
 
+def test_an_update_takes_the_dist_info_files_from_the_index_while_their_inputs_hold(
+    tmp_path: Path, seen: Seen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """METADATA, WHEEL and entry_points.txt of the same package are the index's (no
+    specifier parsed again); another description makes them anew, in the fresh bytes."""
+    made: list[str] = []
+    dist_info_files = wheel_module.dist_info_files
+
+    def counted(project: BundleProject, **kwargs: bool) -> tuple[str, dict[str, bytes]]:
+        made.append(project.package.description)
+        return dist_info_files(project, **kwargs)
+
+    monkeypatch.setattr(wheel_module, "dist_info_files", counted)
+    wheel, index = written_before(tmp_path, contents("old"))
+    assert index is not None and made == [PACKAGE.description]
+    made.clear()
+    files = contents("old") | {NAMES[5]: b"new\n"}
+    updated(tmp_path, files, trusted(wheel, index))
+    assert made == [PACKAGE.description]  # by the fresh write `updated` compares with
+    assert seen.written == [NAMES[5], *DIST_INFO_FILES]
+    wheel, index = write_wheel(project(tmp_path / "again", files), tmp_path / "dist")
+    made.clear()
+    described = dataclasses.replace(PACKAGE, description="Kernels, described anew")
+    after = dataclasses.replace(project(tmp_path / "after2", files), package=described)
+    new = build_wheel(after, tmp_path / "dist", reuse=trusted(wheel, index))
+    assert made == [described.description]
+    assert new.read_bytes() == build_wheel(after, tmp_path / "fresh2").read_bytes()
+    with zipfile.ZipFile(new) as archive:
+        assert "Summary: Kernels, described anew" in archive.read(DIST_INFO_FILES[0]).decode()
+
+
 def test_a_run_the_worker_fails_to_copy_leaves_the_wheel_to_a_fresh_write(
     tmp_path: Path, seen: Seen, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -662,7 +693,8 @@ def test_the_index_file_is_read_only_when_whole(
     sizes = plain[5]  # each entry's length: a flipped bit would copy the wrong bytes
     assert isinstance(sizes, bytes)
     flipped = (*plain[:5], bytes([sizes[0] ^ 1]) + sizes[1:], *plain[6:])
-    for damaged in (short_shas, wrong_type, flipped, plain[:-1], [*plain]):
+    text_metadata = (*plain[:-2], ("key", {f"{DIST_INFO}/METADATA": "not bytes"}), plain[-1])
+    for damaged in (short_shas, wrong_type, flipped, text_metadata, plain[:-1], [*plain]):
         index_file.write_bytes(plaindata.dumps({wheel.name: damaged}))
         assert wheel_module._indexes(index_file) == {}
 

@@ -209,12 +209,16 @@ def write_wheel(
                 project, dist_dir, reuse=reuse, worker=own, ahead=ahead, set_aside=set_aside
             )
     members = _members(project)
-    dist_info, generated = dist_info_files(project)
     destination = dist_dir / wheel_file_name(project.package)
     previous = destination if reuse is not None else None
     index = reuse.get(destination.name) if reuse is not None else None
     trusted = index is not None and stat_stamp(destination) == index.stamp
-    record_name = f"{dist_info}/RECORD"
+    key = _dist_info_key(project)
+    if index is not None and index.dist_info[0] == key:
+        generated = dict(index.dist_info[1])
+    else:
+        generated = dist_info_files(project)[1]
+    record_name = f"{_dist_info_name(project.package)}/RECORD"
     root = project.directory
     aside = None
     try:
@@ -239,7 +243,21 @@ def write_wheel(
         raise
     if aside is not None and not kept:
         worker.submit(aside.unlink, missing_ok=True)
+    if written is not None:
+        written = dataclasses.replace(written, dist_info=(key, generated))
     return destination, written
+
+
+def _dist_info_key(project: BundleProject) -> str:
+    """What `dist_info_files` makes a distribution's files of (besides this writer's
+    code, which the writer record covers): its package, requirements and targets, its
+    parts', and the versions of nkibuild (WHEEL names it) and packaging (which writes
+    the specifiers)."""
+    import packaging
+
+    parts = [(part.package, part.target) for part in project.parts]
+    inputs = (project.package, project.requirements, project.targets, project.target, parts)
+    return repr((*inputs, __version__, packaging.__version__))
 
 
 def _fsync(path: Path) -> None:
@@ -305,7 +323,7 @@ def dist_info_files(
     if editable:
         project = dataclasses.replace(project, parts=())
     package = project.package
-    dist_info = wheel_file_name(package).rsplit("-", 3)[0] + ".dist-info"
+    dist_info = _dist_info_name(package)
     generated = {
         f"{dist_info}/METADATA": metadata(project).encode(),
         f"{dist_info}/WHEEL": _wheel_file().encode(),
@@ -313,6 +331,10 @@ def dist_info_files(
     if project.target is None:  # tools discover bundles, not their NEFF parts
         generated[f"{dist_info}/entry_points.txt"] = _entry_points(package.import_name).encode()
     return dist_info, generated
+
+
+def _dist_info_name(package: Package) -> str:
+    return wheel_file_name(package).rsplit("-", 3)[0] + ".dist-info"
 
 
 def core_metadata(package: Package) -> list[str]:
@@ -807,6 +829,10 @@ class WheelIndex:
     tail: int  # CRC-32 of the wheel from its central directory to its end
     check: int  # CRC-32 of the columns above that place bytes (`_checksum`)
     chunks: dict[str, tuple[int, Chunks]]  # entries deflated in chunks: name -> (entry, chunks)
+    # The dist-info files but RECORD, and what made them (`_dist_info_key`): an update of
+    # the same distribution takes them from here, not from packaging's specifier parser
+    # (imported and its patterns compiled in each build process: ~7 ms).
+    dist_info: tuple[str, dict[str, bytes]] = ("", {})
     stamp: str = ""
 
     @classmethod
@@ -830,21 +856,22 @@ class WheelIndex:
 
     def plain(self) -> tuple[object, ...]:
         """The index as plain data (`nkibuild.plaindata`)."""
-        columns = [getattr(self, field.name) for field in dataclasses.fields(self)[:-2]]
+        columns = [getattr(self, field.name) for field in dataclasses.fields(self)[:-3]]
         chunks = {name: (entry, chunk.plain()) for name, (entry, chunk) in self.chunks.items()}
-        return (*columns, chunks, self.stamp)
+        return (*columns, chunks, self.dist_info, self.stamp)
 
     @classmethod
     def from_plain(cls, value: object) -> WheelIndex | None:
         """The index `plain` gave, or None if `value` is not one (a damaged or older file)."""
         if not isinstance(value, tuple) or len(value) != len(dataclasses.fields(cls)):
             return None
-        *columns, plain_chunks, stamp = value
+        *columns, plain_chunks, dist_info, stamp = value
         if not (
             only(columns[:7], bytes)
             and only(columns[7:], int)
             and isinstance(stamp, str)
             and isinstance(plain_chunks, dict)
+            and _plain_dist_info(dist_info)
         ):
             return None
         chunks = {}
@@ -862,7 +889,7 @@ class WheelIndex:
             ):
                 return None
             chunks[name] = (entry[0], Chunks(*entry[1]))
-        index = cls(*columns, chunks=chunks, stamp=stamp)
+        index = cls(*columns, chunks=chunks, dist_info=dist_info, stamp=stamp)
         return index if index._consistent() else None
 
     def _consistent(self) -> bool:
@@ -881,6 +908,14 @@ class WheelIndex:
             and len(self.date) == 4
             and all(0 <= entry < entries for entry, _ in self.chunks.values())
         )
+
+
+def _plain_dist_info(value: object) -> bool:
+    """Whether `value` is a `WheelIndex.dist_info`: a key and files' names and bytes."""
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str)):
+        return False
+    files = value[1]
+    return isinstance(files, dict) and only(files, str) and only(files.values(), bytes)
 
 
 WORD = 8  # bytes of each integer of an index's column
