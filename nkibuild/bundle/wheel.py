@@ -16,14 +16,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
-import fnmatch
 import functools
 import hashlib
 import io
 import json
 import os
 import re
-import secrets
 import struct
 import sys
 import zipfile
@@ -31,7 +29,6 @@ import zlib
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from itertools import accumulate, compress, count, pairwise, repeat
 from operator import add, itemgetter, ne, sub
@@ -76,6 +73,8 @@ CHUNK_END = re.compile(rb"\n|\},")
 FINAL_BLOCK = zlib.compressobj(FAST_DEFLATE_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS).flush()
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor, Future, ThreadPoolExecutor
+
     from nkibuild.context import BuildContext
 
 
@@ -179,6 +178,10 @@ def build_wheel(
 
 
 def _worker() -> ThreadPoolExecutor:
+    # Imported here: every build imports this module for the wheel task's outputs,
+    # a build with nothing to do included; concurrent.futures costs it ~8 ms.
+    from concurrent.futures import ThreadPoolExecutor
+
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="nkibuild-wheel")
 
 
@@ -272,6 +275,8 @@ def _set_aside(path: Path, directory: Path) -> Path | None:
     interrupted writer leaves (`fsutil.LEFTOVER_PATTERNS`: what a build killed in
     between leaves is swept by the next). None if there is no file, or it cannot be
     linked there (another file system: then the rename frees it)."""
+    import secrets
+
     aside = directory / f".{path.name}.old-{secrets.token_hex(4)}"
     try:
         os.link(path, aside, follow_symlinks=False)
@@ -283,6 +288,8 @@ def _set_aside(path: Path, directory: Path) -> Path | None:
 def _set_aside_in(directory: Path) -> list[Path]:
     """What `_set_aside` left in `directory` (and any other interrupted writer's
     `.*.old-*` there: garbage, while the build holds the build dir's lock)."""
+    import fnmatch
+
     try:
         with os.scandir(directory) as entries:
             names = [entry.name for entry in entries if not entry.is_dir(follow_symlinks=False)]
@@ -1178,6 +1185,8 @@ class Background:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        from concurrent.futures import wait
+
         wait(self.pending)
 
     def submit(self, call: Callable[..., object], *args: object) -> Future[object]:
@@ -1209,6 +1218,8 @@ def _sha256(data: bytes) -> bytes:
 
 
 def _done(result: object) -> Future[object]:
+    from concurrent.futures import Future
+
     done: Future[object] = Future()
     done.set_result(result)
     return done
