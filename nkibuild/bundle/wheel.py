@@ -106,12 +106,13 @@ def run(context: BuildContext) -> list[Path]:
     same_writer = _written_by(writer_file, identity)
     dist_dir, state_dir = context.layout.dist_dir, context.layout.state_dir
     with _worker() as worker:
-        for aside in _set_aside_in(state_dir):
-            worker.submit(aside.unlink, missing_ok=True)
         # `_build.json`, which every change of the bundle rewrites (megabytes for
-        # thousands of kernels), read and hashed while the index and bundle.json load.
+        # thousands of kernels), read and hashed while the index and bundle.json load;
+        # then what the last build set aside is removed, before any copy is handed over.
         info = bundle_dir / context.manifest.package.import_name / FILE_NAME
         ahead = {str(info): worker.submit(MemberData.read, info)} if same_writer else {}
+        for aside in _set_aside_in(state_dir):
+            worker.submit(aside.unlink, missing_ok=True)
         reuse = _indexes(index_file) if same_writer else None
         project = load_bundle(bundle_dir, build_info=False)
         wheels = [
@@ -1088,11 +1089,16 @@ def _differing_slots(new: bytes, old: bytes, width: int) -> list[int]:
 
 @dataclass
 class Output:
-    """The wheel being written by an update: its file, its central directory and RECORD
-    so far, and the columns of its index."""
+    """The wheel being written by an update: its file (written by the worker alone: the
+    bytes of new members and records kept here until the next run's copy or the end,
+    then handed over in one write; a write beside a copy into the same file would wait
+    for the copy), its central directory and RECORD so far, and the columns of its
+    index."""
 
-    handle: BinaryIO
+    target: int  # the file's descriptor
     background: Background
+    position: int = 0  # where what is written so far ends
+    unwritten: list[bytes] = dataclasses.field(default_factory=list)  # what ends there
     central: bytearray = dataclasses.field(default_factory=bytearray)
     record: bytearray = dataclasses.field(default_factory=bytearray)
     shas: list[bytes] = dataclasses.field(default_factory=list)
@@ -1111,6 +1117,24 @@ class Output:
             *map(b"".join, (self.line_sizes, self.entry_sizes, self.header_sizes)),
         )
         return WheelIndex.made(date, names, b"".join(self.shas), columns, tail, self.chunks)
+
+    def write(self, data: bytes) -> None:
+        """Append `data` (kept until `hand_over`)."""
+        self.unwritten.append(data)
+        self.position += len(data)
+
+    def hand_over(self) -> None:
+        """Have the worker write the bytes kept, at their place."""
+        if self.unwritten:
+            data = b"".join(self.unwritten)
+            self.background.submit(_write_at, self.target, data, self.position - len(data))
+            self.unwritten = []
+
+
+def _write_at(target: int, data: bytes, at: int) -> None:
+    done = 0
+    while done < len(data):
+        done += os.pwrite(target, memoryview(data)[done:], at + done)
 
 
 def _update_zip(
@@ -1149,10 +1173,11 @@ def _update_zip(
             Background(worker, ahead or {}) as background,
         ):
             directory = Directory.read(source, index)
-            output = Output(handle, background)
+            output = Output(handle.fileno(), background)
             names = _write_update(output, directory, source, root, members, stamp)
             # The runs' bytes on their way to the disk while the rest is written:
             # the last fsync has little left to wait for.
+            output.hand_over()
             background.submit(os.fsync, handle.fileno())
             members_end = len(output.record)
             for name, data in sorted(generated.items()):
@@ -1161,7 +1186,7 @@ def _update_zip(
             old_record = directory.deflated(record_name, source)
             _write_new(output, record_name, listing, None, stamp, old_record)
             tail = _write_central_directory(output)
-            handle.flush()
+            output.hand_over()
             background.submit(os.fsync, handle.fileno())
             written = output.index(names, date, members_end, tail)
             background.finish()  # every run copied and the wheel synced, or what failed raised
@@ -1307,14 +1332,14 @@ def _dos_date_time(stamp: tuple[int, ...]) -> bytes:
 def _copy_run(directory: Directory, run: range, source: BinaryIO, output: Output) -> None:
     """Copy the members `run` indexes, stored one after another, as one byte range."""
     first, end = directory.offsets[run.start], directory.offsets[run.stop]
-    moved = output.handle.tell() - first
+    moved = output.position - first
     if directory.offsets[run.stop - 1] + moved > zipfile.ZIP64_LIMIT:
         raise Declined  # its central header would need a ZIP64 offset
-    at = output.handle.tell()
-    output.handle.seek(at + end - first)  # after what was buffered is written
+    output.hand_over()
     output.background.submit(
-        _copy_bytes, source.fileno(), output.handle.fileno(), first, at, end - first
+        _copy_bytes, source.fileno(), output.target, first, output.position, end - first
     )
+    output.position += end - first
     start, stop = directory.starts[run.start], directory.starts[run.stop]
     at = len(output.central)
     output.central += directory.headers[start:stop]
@@ -1369,7 +1394,7 @@ def _write_new(
 ) -> None:
     """Write one member as `_write_member` writes it: zipfile writes it alone into
     memory, whose local entry and central header (its offset moved) are taken."""
-    offset = output.handle.tell()
+    offset = output.position
     if offset > zipfile.ZIP64_LIMIT:
         raise Declined  # its central header would need a ZIP64 offset
     scratch = io.BytesIO()
@@ -1382,7 +1407,7 @@ def _write_new(
     header_end = local_end + CENTRAL_HEADER.size + fields[12] + fields[13] + fields[14]
     if header_end - local_end != CENTRAL_HEADER.size + len(name.encode()):
         raise Declined  # ZIP64 fields: not the plain layout an index describes
-    output.handle.write(written[:local_end])
+    output.write(written[:local_end])
     at = len(output.central)
     output.central += written[local_end:header_end]
     OFFSET_FIELD.pack_into(output.central, at + CENTRAL_OFFSET_AT, offset)
@@ -1399,7 +1424,7 @@ def _write_central_directory(output: Output) -> bytes:
     """The central directory and end records, by zipfile's rules for them (ZIP64 end
     records past its limits), so the archive ends as a fresh write's does; returned as
     written."""
-    offset = output.handle.tell()
+    offset = output.position
     tail = bytearray(output.central)
     count, size = output.count, len(output.central)
     if count > zipfile.ZIP_FILECOUNT_LIMIT or max(offset, size) > zipfile.ZIP64_LIMIT:
@@ -1409,5 +1434,6 @@ def _write_central_directory(output: Output) -> bytes:
         tail += END_LOCATOR64.pack(zipfile.stringEndArchive64Locator, 0, offset + size, 1)
         count, size, offset = min(count, 0xFFFF), min(size, 0xFFFFFFFF), min(offset, 0xFFFFFFFF)
     tail += END_RECORD.pack(zipfile.stringEndArchive, 0, 0, count, count, size, offset, 0)
-    output.handle.write(tail)
-    return bytes(tail)
+    written = bytes(tail)
+    output.write(written)
+    return written
