@@ -801,7 +801,7 @@ END_LOCATOR64 = struct.Struct(zipfile.structEndArchive64Locator)
 END_SIGNATURES = (zipfile.stringEndArchive, zipfile.stringEndArchive64)
 COPY_CHUNK = 1 << 20
 # A member changed since the previous wheel at least this big is hashed in the worker
-# (`Background.digest`): a handover costs more than hashing a small file here.
+# (`Background.read`): a handover costs more than hashing a small file here.
 BACKGROUND_HASH_BYTES = 1 << 20
 # A bundle member the previous wheel does not store with its content. Not -1: a
 # member stored at index 0 must not continue from it (`_segments`).
