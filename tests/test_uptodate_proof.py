@@ -116,6 +116,23 @@ def test_a_changed_source_hands_its_task_and_everything_downstream_to_doit(
     assert decision.touched == []
 
 
+def test_downstream_reaches_readers_listed_before_their_producers(tmp_path: Path) -> None:
+    """A graph in no particular order: src -> t:a -> mid -> t:b -> out -> t:c, listed
+    c, b, a; and t:d, after t:c by task_dep."""
+    paths = {name: str(tmp_path / name) for name in ("src", "mid", "out", "end")}
+    dicts = [
+        task("c", [Path(paths["out"])], [Path(paths["end"])]),
+        {**task("d", [], []), "task_dep": ["t:c"]},
+        task("b", [Path(paths["mid"])], [Path(paths["out"])]),
+        task("a", [Path(paths["src"])], [Path(paths["mid"])]),
+        task("other", [], [tmp_path / "other"]),
+    ]
+    graph = uptodate.Graph(dicts)
+    assert graph.downstream(["t:a"]) == ["t:c", "t:d", "t:b", "t:a"]
+    assert graph.downstream(["t:b"]) == ["t:c", "t:d", "t:b"]
+    assert graph.downstream([]) == []
+
+
 def test_the_tasks_of_changed_sources_are_named_before_the_rest_is_compared(
     chain: tuple[Path, list[dict]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -33,6 +33,7 @@ import json
 import marshal
 import re
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from itertools import chain
 from pathlib import Path
@@ -372,23 +373,39 @@ class Graph:
     def sources(self, name: str) -> list[str]:
         return [path for path in self.by_name[name]["file_dep"] if path not in self.producer]
 
+    def involves(self, name: str, paths: AbstractSet[str], listing: Iterable[str] = ()) -> bool:
+        """Whether one of `paths` is among the task's `files`, without making their list
+        (the bundle's has 25,000)."""
+        task = self.by_name[name]
+        return not (
+            paths.isdisjoint(task["file_dep"])
+            and paths.isdisjoint(task["targets"])
+            and paths.isdisjoint(listing)
+        )
+
     def downstream(self, seeds: Iterable[str]) -> list[str]:
-        """`seeds` and every task that reads an output of one of them, in graph order."""
+        """`seeds` and every task that reads an output of one of them, in graph order.
+
+        Passes over the tasks until one reaches no more (the second, where producers come
+        before their readers, as in a build's graph): each a lookup per file_dep in the
+        few paths the reached tasks write, not a map of every task's readers made first
+        (20 ms at 10,000 units)."""
         reached = set(seeds)
         if not reached:
             return []
-        consumers: dict[str, list[str]] = {}
-        for name, task in self.by_name.items():
-            upstream = {self.producer.get(path) for path in task["file_dep"]}
-            upstream.update(task.get("task_dep", ()))
-            for producer in upstream - {None, name}:
-                consumers.setdefault(str(producer), []).append(name)
-        pending = list(reached)
-        while pending:
-            for consumer in consumers.get(pending.pop(), ()):
-                if consumer not in reached:
-                    reached.add(consumer)
-                    pending.append(consumer)
+        written = {path for name in reached for path in self.by_name[name]["targets"]}
+        grew = True
+        while grew:
+            grew = False
+            for name, task in self.by_name.items():
+                if name in reached or (
+                    written.isdisjoint(task["file_dep"])
+                    and reached.isdisjoint(task.get("task_dep", ()))
+                ):
+                    continue
+                reached.add(name)
+                written.update(task["targets"])
+                grew = True
         return [name for name in self.names if name in reached]
 
 
@@ -477,7 +494,7 @@ def decide(
         name
         for name in graph.names
         if proof.tasks.get(name) != fingerprints[name]
-        or (changed and not changed.isdisjoint(graph.files(name, listings.get(name, ()))))
+        or (changed and graph.involves(name, changed, listings.get(name, ())))
     ]
     pending = graph.downstream(seeds)
     if not pending:
