@@ -197,6 +197,48 @@ def test_a_source_changed_after_its_compile_ahead_is_extracted_and_compiled_agai
     assert outputs(root) == outputs(reference)
 
 
+def test_the_tasks_do_not_wait_for_a_compile_ahead_to_take_its_artifact(
+    tmp_path: Path,
+    isolated_cache: Path,
+    counter: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The decision ends while the first unit compiles ahead: the extract task links the
+    staged artifact into place at once, and doit compiles the other unit meanwhile."""
+    root = two_target_project(tmp_path / "ahead")
+    assert build(root).ok
+    edit(root, "k1_overlapped")
+    counter.unlink()
+    times = tmp_path / "compile-times"
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_TIMES", str(times))
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_CPU_SECONDS", "1.5")
+    original = uptodate.decide
+
+    def decided_while_compiling(*args: Any, **kwargs: Any) -> uptodate.Decision:
+        decision = original(*args, **kwargs)
+        deadline = time.monotonic() + 30
+        while not compiler_runs(counter) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the compile ahead's compiler has started
+        return decision
+
+    monkeypatch.setattr(uptodate, "decide", decided_while_compiling)
+    summary = build(root)
+
+    assert summary.ok, summary.failures
+    assert compiler_runs(counter) == TARGETS  # one ahead, one by its task
+    (_, first_end), (second_start, _) = sorted(
+        tuple(map(float, line.split())) for line in times.read_text().splitlines()
+    )
+    assert second_start < first_end  # they overlapped
+    reference = two_target_project(tmp_path / "reference")
+    edit(reference, "k1_overlapped")
+    monkeypatch.delenv("NKIBUILD_FAKE_CC_CPU_SECONDS")
+    monkeypatch.setattr(uptodate, "decide", original)
+    assert build(reference).ok
+    assert outputs(root) == outputs(reference)
+    assert [p for p in (root / "build" / "extract").rglob(".*")] == []  # no staging left
+
+
 def test_a_build_that_fails_before_its_tasks_take_the_work_stops_the_compile_ahead(
     tmp_path: Path,
     isolated_cache: Path,

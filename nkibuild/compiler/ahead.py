@@ -10,8 +10,9 @@ their compile directories, one compile at a time, as their compile tasks would
 (`compile_unit`: cache lookups, checks, publishing, `result.json` written last).
 
 The tasks, when doit runs them, find the work done. The extract task takes the staged
-artifact if its files are as they were when it was extracted (it waits for a compile
-that is reading it). A compile task compiles as always and finds the finished result
+artifact if its files are as they were when it was extracted (linking its files into
+place while a compile ahead still reads them: the kernel's other units need not wait
+for that compile to start theirs). A compile task compiles as always and finds the finished result
 in its directory for its key (`compile_unit`'s reuse of the build dir); it reports the
 unit as this build compiled it. A compile that failed ahead is raised by its task, if
 the key is the same: a compiler is not run twice to fail twice. An artifact extracted

@@ -22,17 +22,18 @@ compilers run (neuronxcc._chores): not while another slot prepares its compile.
 
 The compiles ahead of an edited kernel (compiler/ahead.py) extract it here too, of any
 frontend (a traced one in the session's workers), and compile from the staging
-directory while they hold it (`reading`): its extract task waits for that to end
-before it moves the artifact into place.
+directory while they hold it (`reading`): its extract task then links the files into
+place instead of moving them, and the last reader removes the staging directory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,12 +63,10 @@ class _Extraction:
     artifact: HloArtifact | None = None  # None: not (yet) extracted, or failed
     stamps: tuple[str, ...] = ()  # of the task's files, taken before they were read
     taken: bool = False  # the extract task has come for it (or ran without it)
-    # Clear while a compile ahead reads the staged artifact (compiler/ahead.py): the
-    # extract task moves it into place only once it is set.
-    unread: threading.Event = field(default_factory=threading.Event)
-
-    def __post_init__(self) -> None:
-        self.unread.set()
+    # Compiles ahead reading the staged artifact now (compiler/ahead.py): the extract
+    # task links the files into place rather than moving them, and the last reader
+    # removes the staging directory.
+    readers: int = 0
 
 
 class ExtractionsAhead:
@@ -117,36 +116,51 @@ class ExtractionsAhead:
                 return None
             extraction.taken = True
         extraction.done.wait()
-        extraction.unread.wait()
         if extraction.artifact is None:
             return None
         staging = staging_dir(out_dir)
+        with self._lock:
+            read = extraction.readers > 0
+            extraction.readers += 1  # the staging dir stays while this links from it
         try:
             unchanged = _stamps(files) == extraction.stamps
         except OSError:  # a file gone: the task's own extraction says so
             unchanged = False
-        if not unchanged:
-            shutil.rmtree(staging, ignore_errors=True)
+        try:
+            if unchanged and read:
+                return _placed(extraction.artifact, staging, out_dir, _linked)
+            if unchanged:
+                return _moved_in(extraction.artifact, staging, out_dir)
             return None
-        return _moved_in(extraction.artifact, staging, out_dir)
+        finally:
+            self._release(extraction, staging)
 
     @contextlib.contextmanager
     def reading(self, context: BuildContext, spec: ExtractSpec) -> Iterator[HloArtifact | None]:
         """The artifact extracted ahead for `spec`, left in its staging directory while
-        the caller reads it (its extract task waits meanwhile); None if there is none,
-        or its task came for it first."""
+        the caller reads it (its extract task, meanwhile, links the files into place);
+        None if there is none, or its task came for it first."""
+        out_dir = context.layout.extract_dir(spec)
         with self._lock:
-            extraction = self._extractions.get(str(context.layout.extract_dir(spec)))
-            if extraction is not None and not extraction.taken and extraction.done.is_set():
-                artifact = extraction.artifact
-                extraction.unread.clear()
+            extraction = self._extractions.get(str(out_dir))
+            if extraction is None or extraction.taken or not extraction.done.is_set():
+                extraction = None
             else:
-                extraction, artifact = None, None
+                extraction.readers += 1
         try:
-            yield artifact
+            yield extraction.artifact if extraction is not None else None
         finally:
             if extraction is not None:
-                extraction.unread.set()
+                self._release(extraction, staging_dir(out_dir))
+
+    def _release(self, extraction: _Extraction, staging: Path) -> None:
+        """One reader is done with the staging dir: the last removes it once the task
+        has taken (or refused) what it holds."""
+        with self._lock:
+            extraction.readers -= 1
+            last = extraction.readers == 0 and extraction.taken
+        if last:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def discard(self) -> None:
         """The session ends: remove what no task took."""
@@ -166,22 +180,38 @@ def _stamps(files: list[str]) -> tuple[str, ...]:
 
 
 def _moved_in(artifact: HloArtifact, staging: Path, out_dir: Path) -> HloArtifact:
-    """The staged artifact's files in `out_dir`: the staging dir renamed into its place
-    where there is none (a cold build: the whole artifact appears at once), else its
-    files moved in `extract`'s order (metadata last)."""
+    """The staged artifact in `out_dir`: the staging dir renamed into its place where
+    there is none (a cold build: the whole artifact appears at once), else its files
+    moved in (`_placed`)."""
     try:
         os.rename(staging, out_dir)
         return replace(artifact, directory=out_dir)
     except OSError:  # out_dir exists (an earlier artifact's files, its sidecars)
-        pass
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        forget_artifact(out_dir)
-        shutil.rmtree(out_dir / SIDECAR_DIR, ignore_errors=True)  # no stale sidecars
-        if artifact.sidecars:
-            os.replace(staging / SIDECAR_DIR, out_dir / SIDECAR_DIR)
-        os.replace(staging / HLO_FILE, out_dir / HLO_FILE)
-        os.replace(staging / METADATA_FILE, out_dir / METADATA_FILE)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        return _placed(artifact, staging, out_dir, os.replace)
+
+
+def _placed(
+    artifact: HloArtifact, staging: Path, out_dir: Path, put: Callable[[Path, Path], None]
+) -> HloArtifact:
+    """The staged artifact's files put into `out_dir` (moved, or linked while a compile
+    ahead still reads them) in `extract`'s order: the metadata, which marks an artifact
+    whole, last."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    forget_artifact(out_dir)
+    shutil.rmtree(out_dir / SIDECAR_DIR, ignore_errors=True)  # no stale sidecars
+    if artifact.sidecars:
+        put(staging / SIDECAR_DIR, out_dir / SIDECAR_DIR)
+    put(staging / HLO_FILE, out_dir / HLO_FILE)
+    put(staging / METADATA_FILE, out_dir / METADATA_FILE)
     return replace(artifact, directory=out_dir)
+
+
+def _linked(source: Path, target: Path) -> None:
+    """`target` made a hard link of `source` (a file, or a directory's files), replacing
+    a file atomically (through a temp name, a leftover if the build is killed)."""
+    if source.is_dir():
+        shutil.copytree(source, target, copy_function=os.link)
+        return
+    temporary = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+    os.link(source, temporary)
+    os.replace(temporary, target)
