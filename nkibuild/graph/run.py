@@ -69,7 +69,9 @@ def _run_locked(context: BuildContext, options: RunOptions, display: Display) ->
         summary, record["up_to_date_decision"] = _run_whole_graph(context, dicts, options, display)
     try:
         text = json.dumps({**summary.to_json(), **record}, indent=2)
-        atomic_write_text(state_dir / LAST_RUN_FILE, text)
+        # Not fsync'ed: a report, whole or absent after a power loss. A sync here also
+        # waited for the journal to write what earlier builds left in the page cache.
+        atomic_write_text(state_dir / LAST_RUN_FILE, text, durable=False)
     except OSError as error:  # the build itself is done: report, don't lose its summary
         summary.runtime_errors.append(
             f"the build's record was not saved: {describe_os_error(error)}"
