@@ -226,6 +226,7 @@ def test_the_tasks_do_not_wait_for_a_compile_ahead_to_take_its_artifact(
 
     assert summary.ok, summary.failures
     assert compiler_runs(counter) == TARGETS  # one ahead, one by its task
+    assert summary.origins == {"compiled": 2}  # the first's task waited for it
     (_, first_end), (second_start, _) = sorted(
         tuple(map(float, line.split())) for line in times.read_text().splitlines()
     )
@@ -237,6 +238,8 @@ def test_the_tasks_do_not_wait_for_a_compile_ahead_to_take_its_artifact(
     assert build(reference).ok
     assert outputs(root) == outputs(reference)
     assert [p for p in (root / "build" / "extract").rglob(".*")] == []  # no staging left
+    again = build(root)
+    assert again.executed == [] and again.up_to_date  # the proof covers the result
 
 
 def test_a_build_that_fails_before_its_tasks_take_the_work_stops_the_compile_ahead(

@@ -12,8 +12,9 @@ their compile directories, one compile at a time, as their compile tasks would
 The tasks, when doit runs them, find the work done. The extract task takes the staged
 artifact if its files are as they were when it was extracted (linking its files into
 place while a compile ahead still reads them: the kernel's other units need not wait
-for that compile to start theirs). A compile task compiles as always and finds the finished result
-in its directory for its key (`compile_unit`'s reuse of the build dir); it reports the
+for that compile to start theirs). A compile task waits for a compile ahead into its
+directory still under way, then compiles as always and finds the finished result in
+its directory for its key (`compile_unit`'s reuse of the build dir); it reports the
 unit as this build compiled it. A compile that failed ahead is raised by its task, if
 the key is the same: a compiler is not run twice to fail twice. An artifact extracted
 again (a source changed meanwhile) has another key: the unit is compiled for it.
@@ -82,6 +83,7 @@ class CompilesAhead:
         self._starting = True
         self._thread: threading.Thread | None = None
         self._outcomes: dict[str, CompiledAhead] = {}  # by compile dir
+        self._under_way: dict[str, threading.Event] = {}  # compile dirs, set when done
         # Its compilers' own: the session's end stops those no task waits for.
         self._processes = ProcessRegistry()
 
@@ -101,9 +103,15 @@ class CompilesAhead:
             self._starting = False
 
     def take(self, out_dir: Path) -> CompiledAhead | None:
-        """What compiling ahead into `out_dir` gave (None: nothing was compiled there)."""
+        """What compiling ahead into `out_dir` gave, once it ended (None: nothing was
+        compiled there): the task never compiles beside it into the same directory."""
+        key = str(out_dir)
         with self._lock:
-            return self._outcomes.pop(str(out_dir), None)
+            under_way = self._under_way.get(key)
+        if under_way is not None:
+            under_way.wait()
+        with self._lock:
+            return self._outcomes.pop(key, None)
 
     def finish(self) -> None:
         """The session ends: stop a compile still under way (no task took its kernel: the
@@ -130,22 +138,42 @@ class CompilesAhead:
             extractions.extract(context, kernel.spec, kernel.files)
             for unit in kernel.units:
                 with extractions.reading(context, kernel.spec) as artifact:
-                    if artifact is None or not self._may_start():
+                    if artifact is None or not self._compiled(context, unit, artifact):
                         break
-                    self._compile(context, unit, artifact)
 
-    def _compile(self, context: BuildContext, unit: BuildUnit, artifact: HloArtifact) -> None:
+    def _compiled(self, context: BuildContext, unit: BuildUnit, artifact: HloArtifact) -> bool:
+        """Compile `unit` ahead, noted as under way for its task to wait for; False if
+        no compile may start any more."""
+        key = str(context.layout.compile_dir(unit))
+        done = threading.Event()
+        with self._lock:
+            if not self._starting:
+                return False
+            self._under_way[key] = done
+        try:
+            outcome = self._compile(context, unit, artifact)
+            with self._lock:
+                if outcome is not None:
+                    self._outcomes[key] = outcome
+        finally:
+            with self._lock:
+                del self._under_way[key]
+            done.set()
+        return True
+
+    def _compile(
+        self, context: BuildContext, unit: BuildUnit, artifact: HloArtifact
+    ) -> CompiledAhead | None:
         from nkibuild.compiler import compile_options, compile_unit
 
         digest = cache_key(unit, artifact.content_hash, context.toolchain).digest
         out_dir = context.layout.compile_dir(unit)
-        result: CompiledNeff | BuildError
         options = replace(compile_options(context), processes=self._processes)
         try:
-            result = compile_unit(unit, artifact, context.toolchain, out_dir, options)
+            return CompiledAhead(
+                digest, compile_unit(unit, artifact, context.toolchain, out_dir, options)
+            )
         except BuildError as error:
-            result = error
+            return CompiledAhead(digest, error)
         except Exception:  # the task compiles, and reports whatever this was
-            return
-        with self._lock:
-            self._outcomes[str(out_dir)] = CompiledAhead(digest, result)
+            return None
