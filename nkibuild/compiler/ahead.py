@@ -10,7 +10,7 @@ their compile directories, one compile at a time, as their compile tasks would
 (`compile_unit`: cache lookups, checks, publishing, `result.json` written last).
 
 The tasks, when doit runs them, find the work done. The extract task takes the staged
-artifact if its files are as they were when it was extracted (linking its files into
+artifact if its files are as they were when it was extracted (copying its files into
 place while a compile ahead still reads them: the kernel's other units need not wait
 for that compile to start theirs). A compile task waits for a compile ahead into its
 directory still under way, then compiles as always and finds the finished result in

@@ -22,7 +22,7 @@ compilers run (neuronxcc._chores): not while another slot prepares its compile.
 
 The compiles ahead of an edited kernel (compiler/ahead.py) extract it here too, of any
 frontend (a traced one in the session's workers), and compile from the staging
-directory while they hold it (`reading`): its extract task then links the files into
+directory while they hold it (`reading`): its extract task then copies the files into
 place instead of moving them, and the last reader removes the staging directory.
 """
 
@@ -64,7 +64,7 @@ class _Extraction:
     stamps: tuple[str, ...] = ()  # of the task's files, taken before they were read
     taken: bool = False  # the extract task has come for it (or ran without it)
     # Compiles ahead reading the staged artifact now (compiler/ahead.py): the extract
-    # task links the files into place rather than moving them, and the last reader
+    # task copies the files into place rather than moving them, and the last reader
     # removes the staging directory.
     readers: int = 0
 
@@ -121,14 +121,14 @@ class ExtractionsAhead:
         staging = staging_dir(out_dir)
         with self._lock:
             read = extraction.readers > 0
-            extraction.readers += 1  # the staging dir stays while this links from it
+            extraction.readers += 1  # the staging dir stays while this copies from it
         try:
             unchanged = _stamps(files) == extraction.stamps
         except OSError:  # a file gone: the task's own extraction says so
             unchanged = False
         try:
             if unchanged and read:
-                return _placed(extraction.artifact, staging, out_dir, _linked)
+                return _placed(extraction.artifact, staging, out_dir, _copied)
             if unchanged:
                 return _moved_in(extraction.artifact, staging, out_dir)
             return None
@@ -138,7 +138,7 @@ class ExtractionsAhead:
     @contextlib.contextmanager
     def reading(self, context: BuildContext, spec: ExtractSpec) -> Iterator[HloArtifact | None]:
         """The artifact extracted ahead for `spec`, left in its staging directory while
-        the caller reads it (its extract task, meanwhile, links the files into place);
+        the caller reads it (its extract task, meanwhile, copies the files into place);
         None if there is none, or its task came for it first."""
         out_dir = context.layout.extract_dir(spec)
         with self._lock:
@@ -193,7 +193,7 @@ def _moved_in(artifact: HloArtifact, staging: Path, out_dir: Path) -> HloArtifac
 def _placed(
     artifact: HloArtifact, staging: Path, out_dir: Path, put: Callable[[Path, Path], None]
 ) -> HloArtifact:
-    """The staged artifact's files put into `out_dir` (moved, or linked while a compile
+    """The staged artifact's files put into `out_dir` (moved, or copied while a compile
     ahead still reads them) in `extract`'s order: the metadata, which marks an artifact
     whole, last."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -206,12 +206,14 @@ def _placed(
     return replace(artifact, directory=out_dir)
 
 
-def _linked(source: Path, target: Path) -> None:
-    """`target` made a hard link of `source` (a file, or a directory's files), replacing
-    a file atomically (through a temp name, a leftover if the build is killed)."""
+def _copied(source: Path, target: Path) -> None:
+    """`target` made a copy of `source` (a file, or a directory's files), a file replaced
+    atomically (through a temp name, a leftover if the build is killed). A copy, not a
+    hard link: the reader's removal of the staging name would change the ctime of a
+    linked file after its task recorded its stamp."""
     if source.is_dir():
-        shutil.copytree(source, target, copy_function=os.link)
+        shutil.copytree(source, target)
         return
     temporary = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
-    os.link(source, temporary)
+    shutil.copyfile(source, temporary)
     os.replace(temporary, target)
