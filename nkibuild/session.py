@@ -153,8 +153,10 @@ class BuildSession:
         # Workers live for one build: the next may see changed user code.
         self.workers.close()
         self.ray.close()
+        # Before the chores (a stopped compile queues its work dir's removal there) and
+        # the extractions ahead it reads.
+        self.compiles_ahead.finish()
         self.chores.finish()
-        self.compiles_ahead.finish()  # before the extractions ahead it reads are removed
         self.extractions_ahead.discard()
 
 

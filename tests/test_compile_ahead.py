@@ -10,9 +10,11 @@ before its tasks take the work stops the compiler and leaves nothing behind.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from collections.abc import Callable
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +42,11 @@ def two_target_project(root: Path) -> Path:
     return prebuilt_project(root, targets="[trn1, trn2]")
 
 
-def build(root: Path, *selection: str) -> BuildSummary:
+def build(root: Path, *selection: str, jobs: int = 2) -> BuildSummary:
     context = load_context(
         root / "nkibuild.yaml", root / "build", root / "dist", BuildOptions(toolchain="fake")
     )
-    return run_build(context, RunOptions(selection=selection, jobs=2), QuietDisplay())
+    return run_build(context, RunOptions(selection=selection, jobs=jobs), QuietDisplay())
 
 
 def edit(root: Path, name: str) -> None:
@@ -121,6 +123,28 @@ def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "compiler-runs"
     monkeypatch.setenv("NKIBUILD_FAKE_CC_COUNTER", str(path))
     return path
+
+
+@pytest.fixture
+def decided_while_compiling(counter: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decision returns once the first compiler ahead has started (compiles then
+    take 1.5 s): doit's tasks come while it runs."""
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_CPU_SECONDS", "1.5")
+    original = uptodate.decide
+
+    def decide(*args: Any, **kwargs: Any) -> uptodate.Decision:
+        decision = original(*args, **kwargs)
+        deadline = time.monotonic() + 30
+        while not compiler_runs(counter) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return decision
+
+    monkeypatch.setattr(uptodate, "decide", decide)
+
+
+def compiler_spans(times: Path) -> list[tuple[float, float]]:
+    """(start, end) of each compiler run the double recorded (NKIBUILD_FAKE_CC_TIMES)."""
+    return sorted(tuple(map(float, line.split())) for line in times.read_text().splitlines())
 
 
 def test_an_edited_kernel_is_compiled_while_the_build_decides(
@@ -209,8 +233,9 @@ def test_the_tasks_do_not_wait_for_a_compile_ahead_to_take_its_artifact(
     isolated_cache: Path,
     counter: Path,
     monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
-    """The decision ends while the first unit compiles ahead: the extract task links the
+    """The decision ends while the first unit compiles ahead: the extract task copies the
     staged artifact into place at once, and doit compiles the other unit meanwhile."""
     root = two_target_project(tmp_path / "ahead")
     assert build(root).ok
@@ -218,34 +243,48 @@ def test_the_tasks_do_not_wait_for_a_compile_ahead_to_take_its_artifact(
     counter.unlink()
     times = tmp_path / "compile-times"
     monkeypatch.setenv("NKIBUILD_FAKE_CC_TIMES", str(times))
-    monkeypatch.setenv("NKIBUILD_FAKE_CC_CPU_SECONDS", "1.5")
-    original = uptodate.decide
-
-    def decided_while_compiling(*args: Any, **kwargs: Any) -> uptodate.Decision:
-        decision = original(*args, **kwargs)
-        deadline = time.monotonic() + 30
-        while not compiler_runs(counter) and time.monotonic() < deadline:
-            time.sleep(0.01)  # the compile ahead's compiler has started
-        return decision
-
-    monkeypatch.setattr(uptodate, "decide", decided_while_compiling)
+    request.getfixturevalue("decided_while_compiling")
     summary = build(root)
 
     assert summary.ok, summary.failures
     assert compiler_runs(counter) == TARGETS  # one ahead, one by its task
     assert summary.origins == {"compiled": 2}  # the first's task waited for it
-    (_, first_end), (second_start, _) = sorted(
-        tuple(map(float, line.split())) for line in times.read_text().splitlines()
-    )
+    (_, first_end), (second_start, _) = compiler_spans(times)
     assert second_start < first_end  # they overlapped
+    monkeypatch.undo()
     reference = two_target_project(tmp_path / "reference")
     edit(reference, "k1_overlapped")
-    monkeypatch.delenv("NKIBUILD_FAKE_CC_CPU_SECONDS")
-    monkeypatch.setattr(uptodate, "decide", original)
     assert build(reference).ok
     assert outputs(root) == outputs(reference)
     assert [p for p in (root / "build" / "extract").rglob(".*")] == []  # no staging left
     assert proven_whole(root)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_compile_ahead_is_one_of_the_compilers_jobs_allows(
+    tmp_path: Path,
+    isolated_cache: Path,
+    counter: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    jobs: int,
+) -> None:
+    """k1 edited (compiled ahead) while k0's compiles are pending too (their directory
+    removed): doit's compiles wait for the one ahead, as -j allows."""
+    root = two_target_project(tmp_path / "ahead")
+    assert build(root).ok
+    shutil.rmtree(root / "build" / "compile" / "k0")
+    shutil.rmtree(isolated_cache)  # k0 is compiled again, not fetched
+    edit(root, "k1_among_others")
+    counter.unlink()
+    times = tmp_path / "compile-times"
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_TIMES", str(times))
+    request.getfixturevalue("decided_while_compiling")
+    assert build(root, jobs=jobs).ok
+    spans = compiler_spans(times)
+    assert len(spans) == 4  # k1's two and k0's two
+    running = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    assert max(accumulate(change for _, change in running)) <= jobs
 
 
 def test_a_build_that_fails_before_its_tasks_take_the_work_stops_the_compile_ahead(
@@ -282,6 +321,47 @@ def test_a_build_that_fails_before_its_tasks_take_the_work_stops_the_compile_ahe
     # What the wheel stage sets aside in the state dir stays until its next run.
     left = leftovers(root / "build", LEFTOVER_PATTERNS)
     assert [path for path in left if path.parent != root / "build" / "state"] == []
+
+
+def test_a_failed_build_leaves_no_work_dir_of_a_compile_ahead(
+    tmp_path: Path, isolated_cache: Path, counter: Path, request: pytest.FixtureRequest
+) -> None:
+    """k0 broken, k1 edited: the build fails at k0's extraction (-j1) while k1 compiles
+    ahead; the session stops that compiler and removes its work dir."""
+    root = two_target_project(tmp_path / "ahead")
+    assert build(root).ok
+    (root / "kernels" / "k0.pb").write_bytes(b"not an HLO module")
+    edit(root, "k1_in_a_failed_build")
+    counter.unlink()
+    request.getfixturevalue("decided_while_compiling")
+    summary = build(root, jobs=1)
+    assert [failure.name for failure in summary.failures] == ["extract:k0/default"]
+    assert sorted((root / "build").rglob(".work-*")) == []
+
+
+def test_an_error_in_the_compile_ahead_is_left_to_the_tasks(
+    tmp_path: Path,
+    isolated_cache: Path,
+    after_deciding: Callable[[Callable[[], None]], None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The thread meets what the tasks will report (here a remote cache that cannot be
+    opened): no traceback of its own, the tasks' messages as always."""
+    root = two_target_project(tmp_path / "ahead")
+    assert build(root).ok
+    edit(root, "k1_unreachable_cache")
+    monkeypatch.setenv("NKIBUILD_REMOTE_CACHE", "nosuchproto://bucket/x")
+    uncaught: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda hook: uncaught.append(hook.thread.name))
+    after_deciding(lambda: None)
+    summary = build(root)
+    assert uncaught == []
+    assert sorted(failure.name for failure in summary.failures) == [
+        f"compile:{unit}" for unit in EDITED_UNITS
+    ]
+    for failure in summary.failures:
+        assert "remote cache nosuchproto://bucket/x cannot be opened" in failure.detail
+        assert "Traceback" not in failure.detail
 
 
 def test_a_selection_build_compiles_nothing_ahead(

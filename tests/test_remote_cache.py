@@ -19,6 +19,7 @@ from helpers import softmax_manifest, softmax_project
 from nkibuild.cache import CacheChain, CacheKey, LocalCache
 from nkibuild.cache.remote import RemoteCache, public_url
 from nkibuild.cache.stats import CacheCounters, TierCounts
+from nkibuild.cache.trust import CacheConfigError
 
 
 def make_key(name: str) -> CacheKey:
@@ -62,6 +63,16 @@ def remote_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def cache(remote_dir: Path) -> RemoteCache:
     return RemoteCache(remote_dir.as_uri())
+
+
+def test_a_remote_cache_that_cannot_be_opened_is_a_usage_error() -> None:
+    """An unknown protocol (or a known one whose fsspec backend is not installed): a
+    message, not fsspec's traceback from every compile task."""
+    with pytest.raises(CacheConfigError) as raised:
+        RemoteCache("nosuchproto://bucket/x")
+    assert str(raised.value) == (
+        "the remote cache nosuchproto://bucket/x cannot be opened: Protocol not known: nosuchproto"
+    )
 
 
 def test_file_url_round_trip(cache: RemoteCache, remote_dir: Path, tmp_path: Path) -> None:

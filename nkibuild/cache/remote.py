@@ -36,6 +36,7 @@ from nkibuild.cache.trust import (
     MAX_NEFF_BYTES,
     MAX_RECORD_BYTES,
     NO_SIGNING,
+    CacheConfigError,
     CacheTrust,
     caller_meta,
     check_size,
@@ -63,7 +64,12 @@ class RemoteCache:
         storage_options: dict[str, Any] | None = None,
         trust: CacheTrust = NO_SIGNING,
     ) -> None:
-        self.fs, self.root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        except (ValueError, ImportError) as error:  # an unknown protocol, a missing backend
+            raise CacheConfigError(
+                f"the remote cache {public_url(url)} cannot be opened: {error}"
+            ) from None
         self.read_only = read_only
         self.trust = trust
         self.location = public_url(url)

@@ -19,9 +19,12 @@ unit as this build compiled it. A compile that failed ahead is raised by its tas
 the key is the same: a compiler is not run twice to fail twice. An artifact extracted
 again (a source changed meanwhile) has another key: the unit is compiled for it.
 
-Nothing starts once doit runs the tasks (`stop_starting`): from then on the build's
-`--jobs` compile threads are doit's. A compile directory is its task's alone, and the
-task is pending, so writing it early changes nothing doit or the proof decide.
+No compile starts once doit runs the tasks (`stop_starting`), and one under way takes
+one of the `--jobs` compilers the memory budget admits (compiler/budget.py): doit's
+compiles wait for it as for one of their own. An edited kernel whose extraction fails
+ahead (a traced kernel that raises) is extracted again by its task, which reports it.
+A compile directory is its task's alone, and the task is pending, so writing it early
+changes nothing doit or the proof decide.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from nkibuild.compiler.key import cache_key
 from nkibuild.compiler.process import ProcessRegistry
-from nkibuild.compiler.record import CompiledNeff
+from nkibuild.compiler.record import RESULT_FILE, CompiledNeff
 from nkibuild.errors import BuildError
 from nkibuild.plan import BuildUnit, ExtractSpec
 
@@ -118,13 +121,15 @@ class CompilesAhead:
         build failed before), drop what no task took; ready for the session's next run."""
         self.stop_starting()
         self._processes.kill_all()
-        if self._thread is not None:
-            self._thread.join()
-        with self._lock:
-            self._thread = None
-            self._outcomes.clear()
-            self._starting = True
-        self._processes.reopen()
+        try:
+            if self._thread is not None:
+                self._thread.join()
+        finally:
+            with self._lock:
+                self._thread = None
+                self._outcomes.clear()
+                self._starting = True
+            self._processes.reopen()
 
     def _may_start(self) -> bool:
         with self._lock:
@@ -132,23 +137,30 @@ class CompilesAhead:
 
     def _work(self, context: BuildContext, kernels: Sequence[KernelAhead]) -> None:
         extractions = context.session.extractions_ahead
-        for kernel in kernels:
-            if not self._may_start():
-                return
-            extractions.extract(context, kernel.spec, kernel.files)
-            for unit in kernel.units:
-                with extractions.reading(context, kernel.spec) as artifact:
-                    if artifact is None or not self._compiled(context, unit, artifact):
-                        break
+        try:
+            for kernel in kernels:
+                if not self._may_start():
+                    return
+                extractions.extract(context, kernel.spec, kernel.files)
+                for unit in kernel.units:
+                    with extractions.reading(context, kernel.spec) as artifact:
+                        if artifact is None or not self._compiled(context, unit, artifact):
+                            break
+        except Exception:  # e.g. a cache that cannot be opened: the tasks report it
+            return
 
     def _compiled(self, context: BuildContext, unit: BuildUnit, artifact: HloArtifact) -> bool:
         """Compile `unit` ahead, noted as under way for its task to wait for; False if
         no compile may start any more."""
-        key = str(context.layout.compile_dir(unit))
+        out_dir = context.layout.compile_dir(unit)
+        key = str(out_dir)
         done = threading.Event()
         with self._lock:
             if not self._starting:
                 return False
+            # Gone before doit can look at the task (stop_starting takes this lock): its
+            # outputs are not taken as intact while this compiles into its directory.
+            (out_dir / RESULT_FILE).unlink(missing_ok=True)
             self._under_way[key] = done
         try:
             outcome = self._compile(context, unit, artifact)

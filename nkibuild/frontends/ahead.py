@@ -103,9 +103,10 @@ class ExtractionsAhead:
     def take(
         self, context: BuildContext, spec: ExtractSpec, files: list[str]
     ) -> HloArtifact | None:
-        """The artifact extracted ahead for `spec`, moved into place, if `files` are as
-        they were when it was extracted; None: the caller extracts (and from now on no
-        extraction ahead starts for it). Waits for an extraction ahead under way."""
+        """The artifact extracted ahead for `spec`, moved (or, while a compile ahead reads
+        it, copied) into place, if `files` are as they were when it was extracted; None:
+        the caller extracts (and from now on no extraction ahead starts for it). Waits for
+        an extraction ahead under way."""
         out_dir = context.layout.extract_dir(spec)
         with self._lock:
             extraction = self._extractions.get(str(out_dir))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nkibuild.context import BuildContext
-from nkibuild.errors import UsageError, describe_os_error
+from nkibuild.errors import NkibuildError, UsageError, describe_os_error
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.graph import uptodate
 from nkibuild.graph.intact import VALUES_KEY, Recorded, recorded_outputs
@@ -134,7 +134,11 @@ def _run_whole_graph(
 
 
 def _compile_ahead(context: BuildContext, pending: list[str]) -> None:
-    context.session.compiles_ahead.start(context, kernels_ahead(context, pending))
+    try:
+        kernels = kernels_ahead(context, pending)
+    except (NkibuildError, OSError):  # a deps glob refused: the kernel's task reports it
+        return
+    context.session.compiles_ahead.start(context, kernels)
 
 
 def _loaded(options: RunOptions) -> None:
