@@ -53,6 +53,16 @@ def edit(root: Path, name: str) -> None:
     (root / "kernels" / f"{EDITED}.pb").write_bytes(module(name, 9))  # k1's shape
 
 
+def built_then_edited(root: Path, name: str, counter: Path) -> Path:
+    """The two-target project built at `root`, then k1 edited to a module named `name`;
+    compiler runs counted from then on."""
+    two_target_project(root)
+    assert build(root).ok
+    edit(root, name)
+    counter.unlink(missing_ok=True)
+    return root
+
+
 def outputs(root: Path) -> dict[str, object]:
     """What the build leaves of extractions and compiles, by path in the project: bytes,
     and each compile record but how its NEFF was made (the compile logs aside: they name
@@ -154,11 +164,8 @@ def test_an_edited_kernel_is_compiled_while_the_build_decides(
     after_deciding: Callable[[Callable[[], None]], None],
     counter: Path,
 ) -> None:
-    root = two_target_project(tmp_path / "ahead")
-    assert build(root).ok
-    edit(root, "k1_edited")
+    root = built_then_edited(tmp_path / "ahead", "k1_edited", counter)
     compiled_in.clear()
-    counter.unlink()
     after_deciding(lambda: None)
 
     summary = build(root)
@@ -185,10 +192,7 @@ def test_a_compile_that_failed_ahead_fails_its_task_without_a_second_run(
     counter: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    root = two_target_project(tmp_path / "ahead")
-    assert build(root).ok
-    edit(root, "k1_broken")
-    counter.unlink()
+    root = built_then_edited(tmp_path / "ahead", "k1_broken", counter)
     after_deciding(lambda: None)
     monkeypatch.setenv("NKIBUILD_FAKE_CC_FAULT", "exit1")
     monkeypatch.setenv("NKIBUILD_FAKE_CC_FAULT_MATCH", f"/{EDITED}/default/trn2/")
@@ -210,10 +214,7 @@ def test_a_source_changed_after_its_compile_ahead_is_extracted_and_compiled_agai
     after_deciding: Callable[[Callable[[], None]], None],
     counter: Path,
 ) -> None:
-    root = two_target_project(tmp_path / "ahead")
-    assert build(root).ok
-    edit(root, "k1_first")
-    counter.unlink()
+    root = built_then_edited(tmp_path / "ahead", "k1_first", counter)
     after_deciding(lambda: edit(root, "k1_second"))
 
     summary = build(root)
@@ -237,10 +238,7 @@ def test_the_tasks_do_not_wait_for_a_compile_ahead_to_take_its_artifact(
 ) -> None:
     """The decision ends while the first unit compiles ahead: the extract task copies the
     staged artifact into place at once, and doit compiles the other unit meanwhile."""
-    root = two_target_project(tmp_path / "ahead")
-    assert build(root).ok
-    edit(root, "k1_overlapped")
-    counter.unlink()
+    root = built_then_edited(tmp_path / "ahead", "k1_overlapped", counter)
     times = tmp_path / "compile-times"
     monkeypatch.setenv("NKIBUILD_FAKE_CC_TIMES", str(times))
     request.getfixturevalue("decided_while_compiling")
