@@ -369,6 +369,9 @@ class Graph:
         task = self.by_name[name]
         return (*task["file_dep"], *task["targets"], *listing)
 
+    def reads(self, name: str, paths: set[str]) -> bool:
+        return not paths.isdisjoint(self.by_name[name]["file_dep"])
+
     def sources(self, name: str) -> list[str]:
         return [path for path in self.by_name[name]["file_dep"] if path not in self.producer]
 
@@ -460,24 +463,22 @@ def decide(
         stats = {path: stat_stamp(path) for name in graph.names for path in graph.sources(name)}
         digests = known_digests(state_dir)
         return Decision(graph, _fingerprints(graph), stats, list(graph.names), [], None, digests)
-    # Sources first (their tasks' work can start while the rest is compared), then the
-    # other files. Output dirs are not walked: a file added there is ignored (see
-    # OutputsIntact), a recorded one removed or changed is seen by its stat.
-    sources = {name: graph.sources(name) for name in graph.names}
-    compared = dict.fromkeys(chain.from_iterable(sources.values()))  # each file once
-    stats = _differing(compared, proof.files)
-    # Only a source is taken as touched: a task's output rewritten with bytes a digest
-    # once recorded (when it was a source) is not what that task wrote.
+    # The sources the proof recorded first (their tasks' work can start while the rest
+    # is compared), then the other files. Only a source is taken as touched: a task's
+    # output rewritten with bytes a digest once recorded (when it was a source) is not
+    # what that task wrote. Output dirs are not walked: a file added there is ignored
+    # (see OutputsIntact), a recorded one removed or changed is seen by its stat.
+    sources = {path: None for path in proof.digests if path not in graph.producer}
+    stats = _differing(sources, proof.files)
     touched = [path for path in sorted(stats) if _same_content(path, stats[path], proof)]
     edited = set(stats).difference(touched)
     if edited and sources_changed is not None:
-        sources_changed([name for name, files in sources.items() if not edited.isdisjoint(files)])
+        sources_changed([name for name in graph.names if graph.reads(name, edited)])
     fingerprints = _fingerprints(graph)
     listings = proof.listings
     every = (graph.files(name, listings.get(name, ())) for name in graph.names)
-    outputs = {path: None for path in chain.from_iterable(every) if path not in compared}
-    stats.update(_differing(outputs, proof.files))
-    compared.update(outputs)
+    compared = dict.fromkeys(chain.from_iterable(every))  # each file once
+    stats.update(_differing((path for path in compared if path not in sources), proof.files))
     changed = set(stats).difference(touched)
     # Pending: a task whose definition changed, or one of whose files did (it writes it,
     # has it in its output dirs, or reads it: `downstream` finds the readers).
