@@ -47,10 +47,10 @@ def load_json(data: bytes | str, limits: JsonLimits = JsonLimits()) -> Any:
     try:
         text = _text(data)
         if _beyond_plain(limits.max_int_digits, limits.allow_nonfinite).search(text) is None:
-            value = json.loads(data)
+            value = json.loads(text)
         else:
             value = json.loads(
-                data,
+                text,
                 parse_int=_int_parser(limits.max_int_digits),
                 parse_float=_float_parser(limits.allow_nonfinite),
                 parse_constant=_constant_parser(limits.allow_nonfinite),
@@ -67,8 +67,8 @@ def load_json(data: bytes | str, limits: JsonLimits = JsonLimits()) -> Any:
 
 
 def _text(data: bytes | str) -> str:
-    """`data` as json.loads decodes bytes (UTF-8, -16 or -32, by its first bytes), for
-    the checks; json.loads is given `data` itself, as before."""
+    """`data` as json.loads decodes bytes (UTF-8, -16 or -32, by its first bytes): decoded
+    once, for the checks and the parse."""
     if isinstance(data, (bytes, bytearray)):
         return data.decode(json.detect_encoding(data), "surrogatepass")
     return data

@@ -25,9 +25,11 @@ from typing import Any, NamedTuple
 from nkibuild.cache.key import file_sha256
 from nkibuild.fsutil import STAMP_FIELDS, stamp_of, stamps_of_numbers, stat_stamp
 
+# In no path; the state patches these columns field by field (graph/state.py).
+from nkibuild.graph.state import FIELD_SEPARATOR as SEPARATOR
+
 VALUES_KEY = "outputs"
 COLUMNS = ("root", "names", "stamps", "sha256")  # of a record as doit saves it
-SEPARATOR = "\0"  # in no path
 
 
 class Recorded(NamedTuple):
