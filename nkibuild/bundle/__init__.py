@@ -183,7 +183,7 @@ class _Neffs(Mapping[str, CompiledCopy]):
     `CompiledCopy` is made for each of the 10,000 NEFFs a bundle keeps."""
 
     def __init__(self, fields: list[str]) -> None:
-        self.fields = fields  # the rows' fields, row after row (parts.neff_fields)
+        self.fields = fields  # the rows' fields, row after row (tree.neff_fields)
         rows = range(0, len(fields), NEFF_FIELDS)
         self.rows = dict(zip(fields[0::NEFF_FIELDS], rows, strict=True))  # name -> first field
 

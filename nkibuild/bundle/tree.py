@@ -230,9 +230,7 @@ def _recorded(root: Path) -> tuple[Record, _Appendable | None] | None:
     or damaged), or (while there is none) one an older nkibuild wrote, so that its tree
     is not written again (nor appended to: the next update writes it anew)."""
     try:
-        with open(root / RECORD_FILE, "rb") as stream:
-            size = os.fstat(stream.fileno()).st_size
-            return _snapshot_and_updates(plaindata.records(stream, size))
+        return _snapshot_and_updates(plaindata.read_records(root / RECORD_FILE))
     except OSError:
         legacy = _legacy(root)
         return None if legacy is None else (legacy, None)

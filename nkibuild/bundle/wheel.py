@@ -478,7 +478,7 @@ def _write_zip(
             record.append(_write_member(archive, name, data, stamp, digest, chunked))
             shas.append(digest.hex())
         for name, data in sorted(generated.items()):
-            digest = hashlib.sha256(data).digest()
+            digest = _sha256(data)
             record.append(_write_member(archive, name, data, stamp, digest, chunked))
         record.append(f"{record_name},,")
         listing = ("\n".join(record) + "\n").encode()
@@ -501,7 +501,7 @@ def _read_member(root: Path, name: str, recorded: str) -> tuple[bytes, bytes]:
     """A bundle file's bytes and sha256, refused if they are no longer what the bundle
     stage recorded: it was changed after the bundle was generated."""
     data = _bundle_file(root, name)
-    return data, _checked(root, name, recorded, hashlib.sha256(data).digest())
+    return data, _checked(root, name, recorded, _sha256(data))
 
 
 def _bundle_file(root: Path, name: str) -> bytes:
@@ -733,7 +733,7 @@ class Previous:
             data = stored
         else:
             return None
-        digest = hashlib.sha256(data).digest()
+        digest = _sha256(data)
         if digest.hex() != sha256 or zlib.crc32(data) != info.CRC:
             return None
         if _compression(data) != info.compress_type:
@@ -1181,7 +1181,7 @@ def _update_zip(
             background.submit(os.fsync, handle.fileno())
             members_end = len(output.record)
             for name, data in sorted(generated.items()):
-                _write_new(output, name, data, hashlib.sha256(data).digest(), stamp)
+                _write_new(output, name, data, _sha256(data), stamp)
             listing = bytes(output.record) + f"{record_name},,\n".encode()
             old_record = directory.deflated(record_name, source)
             _write_new(output, record_name, listing, None, stamp, old_record)
