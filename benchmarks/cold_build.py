@@ -50,7 +50,7 @@ from pathlib import Path
 
 from installed_bytecode import compile_nkibuild
 
-from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 KERNELS = 50
 TARGETS = ("trn1", "trn2")

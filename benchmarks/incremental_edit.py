@@ -40,7 +40,7 @@ from pathlib import Path
 from installed_bytecode import compile_nkibuild
 
 from nkibuild.graph.uptodate import STAMP_FILE
-from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 TARGETS = ("trn1", "trn2")
 RUNS = 5

@@ -31,7 +31,7 @@ from pathlib import Path
 from cold_build import baseline_commands, run_baseline
 from installed_bytecode import compile_nkibuild
 
-from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 PROJECTS = 50
 TARGETS = ("trn1", "trn2", "trn3")

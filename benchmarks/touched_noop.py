@@ -30,7 +30,7 @@ from pathlib import Path
 from installed_bytecode import compile_nkibuild
 from noop_build import RUNS, interleaved_medians, measured, timed, write_project
 
-from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 TOUCHED = 1  # which kernel's source is touched (not the edited one)
 

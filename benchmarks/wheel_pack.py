@@ -1,6 +1,6 @@
 """Packing a bundle of 40 x 1 MB NEFFs: nkibuild's wheel writer vs plain `zipfile`.
 
-The NEFFs are real containers from `nkibuild.testing.neff_writer.write_neff` (the writer of the
+The NEFFs are real containers from `nkibuild.toolchain_double.neff_writer.write_neff` (the writer of the
 toolchain double): a 1 KB header, then a gzip'd tar whose one big member is 1 MB of
 random bytes, standing in for compiled instructions and weights. Like a real NEFF, the
 header compresses and the payload (almost all of the file) does not.
@@ -45,7 +45,7 @@ from nkibuild.bundle import BundleProject
 from nkibuild.bundle.buildinfo import BuildInfo
 from nkibuild.bundle.wheel import build_wheel
 from nkibuild.manifest.model import Package
-from nkibuild.testing.neff_writer import NeffTensor, write_neff
+from nkibuild.toolchain_double.neff_writer import NeffTensor, write_neff
 
 NEFFS = 40
 PAYLOAD_BYTES = 1 << 20

@@ -83,7 +83,7 @@ def prebuilt_project(root: Path, kernels: int = 3, targets: str = "[trn1]") -> P
 
 def module(name: str, width: int) -> bytes:
     """An HLO module named `name` of x: float32[4, width] -> the same."""
-    from nkibuild.testing.hlo_writer import build_hlo_module
+    from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
     return build_hlo_module(name, [("x", "float32", (4, width))], [("float32", (4, width))])
 

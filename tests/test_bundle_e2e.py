@@ -23,7 +23,7 @@ from nkibuild.formats.neff import read_neff
 pytest.importorskip("jax")
 
 REPO = Path(__file__).resolve().parents[1]
-FAKE_SPIKE = REPO / "nkibuild" / "testing" / "fake_runtime"
+FAKE_SPIKE = REPO / "nkibuild" / "toolchain_double" / "fake_runtime"
 WHEEL = "acme_kernels-0.1.0-py3-none-any.whl"
 RUNTIME_PACKAGES = ["numpy", "ml_dtypes", "torch==2.13.0"]
 

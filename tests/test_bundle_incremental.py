@@ -41,7 +41,7 @@ from nkibuild.bundle.tree import (
 from nkibuild.bundle.wheel import WRITER_FILE, build_wheel
 from nkibuild.errors import BuildError
 from nkibuild.fsutil import LEFTOVER_PATTERNS, leftovers
-from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 STAMP = "bundle.json"
 

@@ -16,7 +16,7 @@ from helpers import RemovesWhenLoaded, build, parts_made, softmax_manifest, soft
 from nkibuild import plaindata
 from nkibuild.bundle.buildinfo import BuildInfo, document_json, encode, read_build_info
 from nkibuild.bundle.parts import MEMO_FILE, KernelPart, _load
-from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 PACKAGE = "parts_kernels"
 KERNELS = ("softmax", "other", "third")

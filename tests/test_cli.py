@@ -286,7 +286,7 @@ def test_auto_uses_a_neuronxcc_found_on_path(tmp_path: Path, hlo_project: Path) 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     shim = bin_dir / "neuronx-cc"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m nkibuild.testing.fake_neuronxcc "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m nkibuild.toolchain_double.fake_neuronxcc "$@"\n')
     shim.chmod(0o755)
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
     ok(run_nkibuild(["build", "--toolchain", "auto", SOFTMAX], hlo_project, env=env))
@@ -485,7 +485,7 @@ def test_failed_compile_exits_1_naming_unit_command_status_and_log(example_proje
     err = result.stderr
     assert f"{SOFTMAX} failed:\nsoftmax/default/trn2: neuronx-cc failed" in err
     assert "  command: " in err
-    assert "-m nkibuild.testing.fake_neuronxcc compile --framework XLA " in err
+    assert "-m nkibuild.toolchain_double.fake_neuronxcc compile --framework XLA " in err
     assert "--target trn2 --lnc 2 --optlevel 2 --auto-cast none" in err
     assert "  exit status: 70\n" in err
     assert "  log tail:\n" in err

@@ -23,8 +23,8 @@ from nkibuild.formats import backend_config, jsonlimits, neff
 from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, load_json
 from nkibuild.formats.neff import HEADER_SIZE, NeffFormatError, read_neff
 from nkibuild.frontends.relocation import MARKER, materialize
-from nkibuild.testing.hlo_writer import build_hlo_module
-from nkibuild.testing.neff_writer import NeffTensor, write_neff
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.neff_writer import NeffTensor, write_neff
 
 # --- bounded JSON: json's C decoder alone where no bound can be broken -------------------
 

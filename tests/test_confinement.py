@@ -21,7 +21,7 @@ from helpers import softmax_manifest, softmax_project, write_project
 from nkibuild import build as backend
 from nkibuild.confine import OutsideProject, glob_files, read_confined
 from nkibuild.graph.tasks import expand_deps
-from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 SECRET = b"SECRET-c0ffee-not-for-the-wheel"
 HLO_MANIFEST = """\

@@ -22,7 +22,7 @@ from nkibuild.graph.run import pending_tasks
 from nkibuild.graph.state import BACKEND_NAME, DEP_FILE, HEADER, AtomicJsonDB
 from nkibuild.graph.tasks import task_dicts
 from nkibuild.settings import BuildOptions
-from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 
 @pytest.fixture

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from nkibuild.formats.neff import NeffFormatError, NeffInfo, NeffTensor, read_neff
-from nkibuild.testing.fake_neuronxcc import FAKE_COMPILER_VERSION
-from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.fake_neuronxcc import FAKE_COMPILER_VERSION
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_PREFIXES = ("NKIBUILD_FAKE_CC_", "NEURON_CC_FLAGS")
-COMMAND = (sys.executable, "-m", "nkibuild.testing.fake_neuronxcc")
+COMMAND = (sys.executable, "-m", "nkibuild.toolchain_double.fake_neuronxcc")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 
 from nkibuild.formats.backend_config import NKI_CUSTOM_CALLS
 from nkibuild.formats.hlo import HloModuleInfo, read_hlo
-from nkibuild.testing import FAKE_NKIPY_DIR, FAKES_DIR
+from nkibuild.toolchain_double import FAKE_NKIPY_DIR, FAKES_DIR
 
 KERNELS = Path(__file__).resolve().parents[1] / "examples" / "nki-nkipy" / "kernels"
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from nkibuild.dtypes import compatible_in_neff
 from nkibuild.formats.neff import NeffFormatError, NeffInfo, NeffTensor, read_neff
-from nkibuild.testing.neff_writer import write_neff
+from nkibuild.toolchain_double.neff_writer import write_neff
 
 # A NEFF compiled by a real neuronx-cc 2.23 (../shared/testdata/neff/README.md).
 GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "testdata" / "neff" / "matmul_small.neff"

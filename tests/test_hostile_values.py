@@ -28,8 +28,8 @@ from nkibuild.bundle.wheel import core_metadata
 from nkibuild.errors import BuildError, Diagnostic, Location
 from nkibuild.manifest.model import Kernel, Package, SourceRef, TensorSpec, Variant
 from nkibuild.manifest.semantic import RESERVED_KERNEL_NAMES, name_problem
-from nkibuild.testing.hlo_writer import build_hlo_module
-from nkibuild.testing.neff_writer import NeffTensor, write_neff
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.neff_writer import NeffTensor, write_neff
 from nkibuild.text import printable
 
 try:

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("manifest",),
     ("plan",),
     ("settings",),
-    ("testing",),  # the toolchain double: what `toolchain` resolves to in fake mode
+    ("toolchain_double",),  # the toolchain double: what `toolchain` resolves to in fake mode
     ("toolchain",),
     ("frontends",),
     ("cache",),
@@ -41,7 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
 # The double's stand-ins for other people's packages run in frontend workers and
 # bundles, never inside nkibuild: they are not part of nkibuild's import graph.
-OUTSIDE = ("testing/fakes", "testing/fake_runtime")
+OUTSIDE = ("toolchain_double/fakes", "toolchain_double/fake_runtime")
 
 
 def part_of(module: str) -> str | None:

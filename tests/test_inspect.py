@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conftest import run_nkibuild
 
-from nkibuild.testing.neff_writer import NeffTensor, write_neff
+from nkibuild.toolchain_double.neff_writer import NeffTensor, write_neff
 
 
 def neff(path: Path, placeholder: bool = True) -> Path:

@@ -16,7 +16,7 @@ from conftest import run_nkibuild
 from helpers import softmax_manifest, softmax_project
 
 from nkibuild import build as backend
-from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 MANIFEST = softmax_manifest("{name: pep-kernels, version: 0.3.0}", reference=True)
 PYPROJECT = """\

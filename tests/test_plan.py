@@ -372,7 +372,7 @@ def test_compiler_command_order_puts_user_args_last(tmp_path: Path) -> None:
 
 def test_compiler_command_keeps_a_multi_part_prefix(tmp_path: Path) -> None:
     (unit,) = plan(tmp_path, {"k": kernel()})
-    prefix = (sys.executable, "-m", "nkibuild.testing.fake_neuronxcc")
+    prefix = (sys.executable, "-m", "nkibuild.toolchain_double.fake_neuronxcc")
     toolchain = Toolchain("fake", prefix, "2.23.0.0+nkibuild.fake", sys.executable, "")
     command = compiler_command(unit, toolchain, Path("in.pb"), Path("o.neff"), Path("l.log"))
     assert command[:5] == [*prefix, "compile", "--framework"]
@@ -443,7 +443,7 @@ def test_a_changed_hlo_source_keeps_the_cached_plan(
     """Validation never reads an hlo module's content, so a new one (an edited kernel)
     is the build's business: the cached plan stands, no manifest is parsed."""
     from nkibuild.plan import load_plan
-    from nkibuild.testing.hlo_writer import build_hlo_module
+    from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
     project = cached_plan_project(tmp_path / "project")
     state = project / "build" / "state"

@@ -45,7 +45,7 @@ from nkibuild.formats.backend_config import BackendConfigError, decode
 from nkibuild.formats.hlo import HloFormatError, read_hlo
 from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, load_json
 from nkibuild.formats.neff import HEADER_SIZE, NeffFormatError, NeffLimits, read_neff
-from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 TRACED = (
     "nkibuild/formats/",

@@ -21,7 +21,7 @@ import pytest
 from nkibuild.formats.hlo import HloShape, canonical_module, read_hlo
 
 # Every double of nkibuild's (testing/fakes, testing/fake_nkipy) lives under here.
-FAKES = Path(__file__).resolve().parents[1] / "nkibuild" / "testing"
+FAKES = Path(__file__).resolve().parents[1] / "nkibuild" / "toolchain_double"
 
 KERNELS = """\
 import numpy as np

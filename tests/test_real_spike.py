@@ -30,7 +30,7 @@ from helpers import build
 from test_fake_spike import FAKE_RUNTIME, REAL_SPIKE, real_spike_runtime
 
 from nkibuild.formats.neff import read_neff
-from nkibuild.testing.neff_writer import NeffTensor, write_neff
+from nkibuild.toolchain_double.neff_writer import NeffTensor, write_neff
 
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME = REPO / "nkibuild" / "bundle" / "runtime.py"  # vendored into every bundle

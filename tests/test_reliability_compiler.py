@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from campaign import Project, finished_tasks, record, wait_for_no_processes
 
-from nkibuild.testing.fake_neuronxcc import FAULTS
+from nkibuild.toolchain_double.fake_neuronxcc import FAULTS
 
 FAILING_UNIT = "scaled_add/large/trn2"
 EXPECTED = {

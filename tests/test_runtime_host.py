@@ -15,7 +15,7 @@ from helpers import build, write_project
 
 from nkibuild.bundle import runtime
 from nkibuild.bundle.runtime import KernelError, host_target
-from nkibuild.testing import FAKES_DIR  # the double's nki, to simulate with
+from nkibuild.toolchain_double import FAKES_DIR  # the double's nki, to simulate with
 
 
 @pytest.fixture

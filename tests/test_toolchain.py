@@ -107,7 +107,7 @@ def test_the_compiler_gets_paths_relative_to_its_work_dir(tmp_path: Path) -> Non
     wrapper.write_text(
         "#!/bin/sh\n"
         f'echo "$PWD $*" >> {recorded}\n'
-        f'exec {sys.executable} -m nkibuild.testing.fake_neuronxcc "$@"\n'
+        f'exec {sys.executable} -m nkibuild.toolchain_double.fake_neuronxcc "$@"\n'
     )
     wrapper.chmod(0o755)
     project = softmax_project(tmp_path / "p", softmax_manifest(defaults="{targets: [trn2]}"))

@@ -25,7 +25,7 @@ from nkibuild.graph.loader import DEP_FILE
 from nkibuild.graph.run import LAST_RUN_FILE
 from nkibuild.graph.state import AtomicJsonDB
 from nkibuild.graph.uptodate import STAMP_FILE
-from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 SHAPE = (64, 128)
 

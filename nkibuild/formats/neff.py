@@ -33,7 +33,7 @@ The payload MD5 is checked when the header carries one in the documented layout.
 checksum the reader cannot verify (an all-zero field, or a packaging version whose layout
 is not documented) is a warning in `NeffInfo.warnings`, never a rejection.
 
-Placeholders, written by nkibuild's toolchain double (`nkibuild.testing.neff_writer`),
+Placeholders, written by nkibuild's toolchain double (`nkibuild.toolchain_double.neff_writer`),
 are marked three ways (header build string, `info.json`, a `PLACEHOLDER.txt` member) so
 no single rewrite can make one pass for a real kernel.
 """

@@ -152,9 +152,9 @@ def _compiler_identity(mode: str, compiler: Path | None) -> tuple[tuple[str, ...
     """The command that runs the compiler `mode` picks, and the path whose stat tells
     whether that compiler changed: the double's own files, or the real launcher."""
     if mode == "fake":
-        from nkibuild import testing
+        from nkibuild import toolchain_double
 
-        return testing.COMPILER_COMMAND, testing.HERE
+        return toolchain_double.COMPILER_COMMAND, toolchain_double.HERE
     found = find_compiler(compiler)
     if found is None:
         raise ToolchainError(f"toolchain {mode!r}: {NO_COMPILER_HELP}")
@@ -233,12 +233,12 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
     It stands in only for what cannot run here: the real nkipy tracer runs on a CPU,
     so where it is installed, workers use it rather than the double's.
     """
-    from nkibuild import testing
+    from nkibuild import toolchain_double
 
     flags, notices = neuron_cc_flags()
-    worker_path = [str(testing.FAKES_DIR)]
+    worker_path = [str(toolchain_double.FAKES_DIR)]
     if not _has_nkipy_tracer():
-        worker_path.append(str(testing.FAKE_NKIPY_DIR))
+        worker_path.append(str(toolchain_double.FAKE_NKIPY_DIR))
 
     command, identity = _compiler_identity("fake", None)
     return Toolchain(
@@ -248,9 +248,9 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
         python=sys.executable,
         neuron_cc_flags=flags,
         worker_path=tuple(worker_path),
-        runtime_path=(str(testing.FAKE_RUNTIME_DIR),),
+        runtime_path=(str(toolchain_double.FAKE_RUNTIME_DIR),),
         placeholder_neffs=True,
-        label=testing.LABEL,
+        label=toolchain_double.LABEL,
         notices=notices,
     )
 

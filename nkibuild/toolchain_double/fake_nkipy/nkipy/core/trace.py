@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 
 class _Proto:

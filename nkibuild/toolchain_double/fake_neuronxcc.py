@@ -1,6 +1,6 @@
 """A fake `neuronx-cc` for machines without the Neuron SDK: nkibuild's toolchain double.
 
-Run as `python -m nkibuild.testing.fake_neuronxcc ARGS`. It accepts the real compiler's
+Run as `python -m nkibuild.toolchain_double.fake_neuronxcc ARGS`. It accepts the real compiler's
 command line (`--version`, `compile <in.pb> --framework XLA --target T --output OUT ...`),
 appends `NEURON_CC_FLAGS` to it as the real compiler does, applies the same option rules
 (lnc 2 only on trn2/trn3, error NCC_EARG001; default lnc 1 on trn1/trn1n/inf2, 2 on
@@ -335,7 +335,7 @@ def _portable(argv: list[str], args: argparse.Namespace) -> list[str]:
 def _write_placeholder(args: argparse.Namespace, argv: list[str], lnc: int, log: _Log) -> None:
     # Imported here so `--version` and argument errors stay fast (no protobuf import).
     from nkibuild.formats.hlo import HloFormatError, read_hlo_file
-    from nkibuild.testing.neff_writer import NeffTensor, write_neff
+    from nkibuild.toolchain_double.neff_writer import NeffTensor, write_neff
 
     try:
         module = read_hlo_file(args.input)

@@ -38,7 +38,7 @@ from nkibuild.formats.neff import (
 FORMAT_VERSION = (2, 0)  # what neuronx-cc 2.23 writes
 PLACEHOLDER_TEXT = (
     "This NEFF is a placeholder written by nkibuild's toolchain double\n"
-    "(nkibuild.testing), not by neuronx-cc. It has the signature of the kernel it\n"
+    "(nkibuild.toolchain_double), not by neuronx-cc. It has the signature of the kernel it\n"
     "stands for but contains no executable code: it cannot run on a NeuronCore.\n"
 )
 

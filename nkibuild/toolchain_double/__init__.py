@@ -16,5 +16,5 @@ FAKES_DIR = HERE / "fakes"  # nki, torch, torch_xla stand-ins for frontend worke
 # nkipy is not installed.
 FAKE_NKIPY_DIR = HERE / "fake_nkipy"
 FAKE_RUNTIME_DIR = HERE / "fake_runtime"  # spike, for running bundles
-COMPILER_COMMAND = (sys.executable, "-m", "nkibuild.testing.fake_neuronxcc")
+COMPILER_COMMAND = (sys.executable, "-m", "nkibuild.toolchain_double.fake_neuronxcc")
 LABEL = " (nkibuild toolchain double: placeholder NEFFs)"

@@ -1,6 +1,6 @@
 """Build minimal HloModuleProtos for nkibuild's toolchain double.
 
-The fake torch-xla and nkipy (`nkibuild/testing/fakes/`) dump these where the real
+The fake torch-xla and nkipy (`nkibuild/toolchain_double/fakes/`) dump these where the real
 tools dump a traced module. A module here describes the kernel's signature (parameters
 by name, the result's shapes, optionally one custom-call as the root), not its
 computation. It uses the schema subset of `nkibuild.formats.hlo`, so the build's own

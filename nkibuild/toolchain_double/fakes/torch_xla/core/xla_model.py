@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nkibuild.testing.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 COMPILER_DIR = "neuronxcc-2.23.0.0+nkibuild.fake"
 GLUE_REPEATS = 8  # enough for the glue module to outweigh a small kernel module
