@@ -7,11 +7,10 @@ its sha256 and is what the wheel stage reads.
 
 from __future__ import annotations
 
-import collections
 import functools
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
@@ -31,27 +30,16 @@ from nkibuild.bundle.buildinfo import (
     TensorInfo,
     ToleranceInfo,
     VariantInfo,
-    document_json,
-    encode,
     read_build_info,
 )
-from nkibuild.bundle.tree import (
-    NEFF_FIELDS,
-    CompiledCopy,
-    Content,
-    Record,
-    digest,
-    neff_fields,
-    packed_neffs,
-    update_tree,
-)
+from nkibuild.bundle.tree import CompiledCopy, Content, digest, update_tree
 from nkibuild.compiler import CompiledNeff
+from nkibuild.compiler.record import recorded_result
 from nkibuild.errors import BuildError
-from nkibuild.fsutil import SeenStats
+from nkibuild.frontends import load_extracted
 from nkibuild.manifest.model import Kernel, Manifest, Package, SourceRef
 
 if TYPE_CHECKING:
-    from nkibuild.bundle.parts import KernelPart
     from nkibuild.context import BuildContext
 
 STAMP_FILE = "bundle.json"
@@ -84,10 +72,11 @@ class BundleProject:
 
 @dataclass(frozen=True)
 class WrittenBundle:
-    """A bundle tree brought up to date, and every file's fingerprint as recorded there."""
+    """A bundle tree as written: its directory, and the sha256 of each of its files (by
+    POSIX path relative to the directory; `bundle.json` included)."""
 
     directory: Path
-    record: Record
+    sha256: dict[str, str]
 
 
 def target_package(package: Package, target: str) -> Package:
@@ -115,25 +104,21 @@ def distributions(manifest: Manifest) -> list[Package]:
     return [package, *(target_package(package, t) for t in split_targets(manifest))]
 
 
-def run(
-    context: BuildContext, seen: SeenStats | None = None, definition: str = ""
-) -> WrittenBundle:
-    """The bundle stage of a build: every unit's finished compile -> the generated project.
-    A kernel whose inputs are as at the last bundle lends its part from that bundle's
-    memo (nkibuild.bundle.parts). `seen`: the stamps of the compile records and of the
-    tree's files as the build saw them, where they are still those (else stat'ed);
-    `definition`: the bundle task's fingerprint, if known (graph/uptodate.py)."""
-    from nkibuild.bundle.parts import PartsMemo
+def run(context: BuildContext) -> WrittenBundle:
+    """The bundle stage of a build: the project generated anew from the manifest and
+    every unit's compile record (and its extraction's, for the provenance summary)."""
     from nkibuild.bundle.provenance import summarize
 
-    manifest = context.manifest
-    memo = PartsMemo(context, seen, definition)
-    parts = memo.kernel_parts(functools.partial(kernel_part, manifest))
-    provenance = summarize(context, parts, memo.file_sha256)
-    out_dir = context.layout.bundle_dir(manifest)
-    written = write_bundle(manifest, parts, out_dir, provenance, seen)
-    memo.save()
-    return written
+    manifest, layout = context.manifest, context.layout
+    compiled = [recorded_result(layout.compile_dir(u), u.name) for u in context.units]
+    extractions = {layout.extract_dir(unit.extract): unit.name for unit in context.units}
+    tools = {
+        pair
+        for directory, unit in extractions.items()
+        for pair in load_extracted(directory, unit).toolchain
+    }
+    provenance = summarize(manifest, compiled, tools)
+    return generate_bundle(manifest, compiled, layout.bundle_dir(manifest), provenance)
 
 
 def generate_bundle(
@@ -142,139 +127,80 @@ def generate_bundle(
     out_dir: Path,
     provenance: ProvenanceInfo | None = None,
 ) -> WrittenBundle:
-    """The bundle of `compiled` in `out_dir`, every kernel's part computed anew."""
-    by_kernel: dict[str, list[CompiledNeff]] = {}
-    for neff in compiled:
-        by_kernel.setdefault(neff.kernel, []).append(neff)
-    parts = [
-        kernel_part(manifest, kernel, by_kernel.get(kernel.name, []), frozenset())
-        for kernel in manifest.kernels
-    ]
-    return write_bundle(manifest, parts, out_dir, provenance)
-
-
-def write_bundle(
-    manifest: Manifest,
-    parts: Sequence[KernelPart],
-    out_dir: Path,
-    provenance: ProvenanceInfo | None,
-    seen: SeenStats | None = None,
-) -> WrittenBundle:
-    """Bring `out_dir` up to date with the manifest and the kernels' parts, writing only
-    the files whose content changed (nkibuild.bundle.tree); `bundle.json` is written last."""
-    info = _header(manifest, parts, provenance)
-    files, digests = _project_files(manifest, info, parts)
-    # A NEFF's sha256 is its compile record's, as its part keeps it: not hashed here.
-    # (Passes in C over the parts' columns: 10,000 NEFFs at 10,000 units.)
-    neffs = _Neffs(neff_fields(map(attrgetter("neffs"), parts)))
-    digests.update(zip(neffs.fields[0::NEFF_FIELDS], neffs.fields[2::NEFF_FIELDS], strict=True))
+    """Write the bundle of `compiled` in `out_dir` (nkibuild.bundle.tree), `bundle.json`
+    last, listing every file with its sha256."""
+    info = _build_info(manifest, compiled, provenance)
+    files: dict[str, Content] = dict(_project_files(manifest, info))
+    files.update(
+        (_neff_file(manifest, neff), CompiledCopy(neff.neff_path, neff.sha256, neff.unit))
+        for neff in compiled
+    )
     for target in split_targets(manifest):
-        _add_hashed(files, digests, _part_files(manifest.package, target))
-    targets = sorted(every_value(parts, "targets"))
-    stamp = _stamp_json(_stamp(manifest, info, digests, targets))
-    wanted = collections.ChainMap(files, neffs)
-    record = update_tree(out_dir, wanted, STAMP_FILE, stamp, digests=digests, seen=seen)
-    return WrittenBundle(out_dir, record)
+        files.update(_part_files(manifest.package, target))
+    digests = {name: digest(content) for name, content in files.items()}
+    stamp = json.dumps(_stamp(manifest, info, digests), indent=2, sort_keys=True).encode()
+    update_tree(out_dir, files, digests, _listed(out_dir), (STAMP_FILE, stamp))
+    return WrittenBundle(out_dir, {**digests, STAMP_FILE: digest(stamp)})
 
 
-class _Neffs(Mapping[str, CompiledCopy]):
-    """The tree's NEFFs by name, kept as the fields of their parts' rows; each looked up
-    as the NEFF to copy. The tree reads the content of the files it writes only: no
-    `CompiledCopy` is made for each of the 10,000 NEFFs a bundle keeps."""
-
-    def __init__(self, fields: list[str]) -> None:
-        self.fields = fields  # the rows' fields, row after row (tree.neff_fields)
-        rows = range(0, len(fields), NEFF_FIELDS)
-        self.rows = dict(zip(fields[0::NEFF_FIELDS], rows, strict=True))  # name -> first field
-
-    def __getitem__(self, name: str) -> CompiledCopy:
-        at = self.rows[name]
-        _, source, sha256, unit = self.fields[at : at + NEFF_FIELDS]
-        return CompiledCopy(source, sha256, unit)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.rows)
-
-    def __len__(self) -> int:
-        return len(self.rows)
+def _listed(directory: Path) -> dict[str, str] | None:
+    """Every file the bundle.json in `directory` lists, by its path there, with its
+    sha256 (None: there is none, or it is not one)."""
+    try:
+        project = load_bundle(directory, build_info=False)
+        listed = dict(project.files)
+        for part in project.parts:
+            prefix = part.directory.relative_to(directory).as_posix()
+            listed.update((f"{prefix}/{name}", sha256) for name, sha256 in part.files)
+    except (OSError, ValueError, LookupError, TypeError, AttributeError, RecursionError):
+        return None  # RecursionError: JSON nested past the stack
+    texts = all(isinstance(text, str) for item in listed.items() for text in item)
+    return listed if texts else None
 
 
-def _project_files(
-    manifest: Manifest, info: BuildInfo, parts: Sequence[KernelPart]
-) -> tuple[collections.ChainMap[str, Content], dict[str, str]]:
-    """The generated project, NEFFs aside (pyproject.toml, the package and its modules),
-    and each file's sha256."""
+def _build_info(
+    manifest: Manifest, compiled: Sequence[CompiledNeff], provenance: ProvenanceInfo | None
+) -> BuildInfo:
+    """`_build.json`; a padding declaration is checked against its kernel's NEFFs."""
+    by_kernel: dict[str, dict[str, dict[str, NeffInfo]]] = {}
+    for neff in compiled:
+        neffs = by_kernel.setdefault(neff.kernel, {}).setdefault(neff.target, {})
+        neffs[neff.variant] = _neff_info(manifest, neff)
+    kernels = {k.name: _kernel_info(k, by_kernel.get(k.name, {})) for k in manifest.kernels}
+    return BuildInfo(
+        package=manifest.package.name,
+        version=manifest.package.version,
+        nkibuild_version=__version__,
+        compiler_versions=tuple(sorted({neff.compiler_version for neff in compiled})),
+        placeholder=any(neff.placeholder for neff in compiled),
+        neuron_sdk=manifest.package.neuron_sdk,
+        requirements=tuple(_runtime_requirements(manifest, compiled)),
+        split_targets=tuple(split_targets(manifest)),
+        kernels=kernels,
+        provenance=provenance,
+    )
+
+
+def _project_files(manifest: Manifest, info: BuildInfo) -> dict[str, bytes]:
+    """The generated project, NEFFs aside: pyproject.toml, the package and its modules."""
     package = manifest.package
     pkg = package.import_name
     extras = {t: [target_package(package, t).name] for t in split_targets(manifest)}
-    names = list(map(attrgetter("name"), parts))
-    kernels = dict(zip(names, map(attrgetter("info_json"), parts), strict=True))
-    modules = LoaderModules(manifest, parts, f"{pkg}/_kernels/{{}}.py")
-    generated = {
+    files = {
         "pyproject.toml": codegen.pyproject(package, list(info.requirements), extras=extras),
         f"{pkg}/__init__.py": codegen.package_init(package, manifest.kernels),
         f"{pkg}/_kernels/__init__.py": '"""Generated kernel modules."""\n',
-        f"{pkg}/_runtime.py": RUNTIME_SOURCE.read_bytes(),
-        f"{pkg}/{FILE_NAME}": document_json(info.header_json(), kernels),
+        f"{pkg}/{FILE_NAME}": info.to_text(),
     }
-    files: collections.ChainMap[str, Content] = collections.ChainMap({}, modules)
-    digests: dict[str, str] = {}
-    _add_hashed(files, digests, {name: _encoded(text) for name, text in generated.items()})
-    digests.update(zip(modules.names, map(attrgetter("module_sha256"), parts), strict=True))
-    shipped = {
+    for kernel in manifest.kernels:
+        loader = codegen.kernel_module(pkg, kernel, info.kernels[kernel.name])
+        files[f"{pkg}/_kernels/{kernel.name}.py"] = loader
+    return {
+        **{name: text.encode() for name, text in files.items()},
+        f"{pkg}/_runtime.py": RUNTIME_SOURCE.read_bytes(),
         **_modules(manifest, f"{pkg}/{REFERENCE_PACKAGE}", _references(manifest)),
         **_modules(manifest, f"{pkg}/{SOURCES_PACKAGE}", _shipped_sources(manifest)),
     }
-    _add_hashed(files, digests, shipped)
-    return files, digests
-
-
-class LoaderModules(Mapping[str, Content]):
-    """The kernels' loader modules by their names in the tree (`pattern` of a kernel's
-    name), parts in manifest order. A part the memo lent keeps its module's sha256 only:
-    its module is made again when the tree lacks the file (removed or changed there)."""
-
-    def __init__(self, manifest: Manifest, parts: Sequence[KernelPart], pattern: str) -> None:
-        self.manifest = manifest
-        self.parts = parts
-        self.names = list(map(pattern.format, map(attrgetter("name"), parts)))
-
-    @functools.cached_property
-    def _at(self) -> dict[str, int]:  # made only if a module is looked up
-        return dict(zip(self.names, range(len(self.names)), strict=True))
-
-    def __getitem__(self, name: str) -> bytes:
-        index = self._at[name]
-        part = self.parts[index]
-        if part.module is not None:
-            return part.module
-        kernel = self.manifest.kernels[index]
-        # Its padding was checked against its NEFFs when the part was made.
-        module = codegen.kernel_module(self.manifest.package.import_name, kernel).encode()
-        if kernel.name != part.name or digest(module) != part.module_sha256:
-            raise BuildError(
-                f"kernel {part.name!r}: its loader made again is not the one the bundle's "
-                "parts memo recorded; run `nkibuild clean` and build again"
-            )
-        return module
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-
-def _add_hashed(
-    files: MutableMapping[str, Content], digests: dict[str, str], added: Mapping[str, Content]
-) -> None:
-    """Add files to the tree's `files`, with their sha256 to its `digests`."""
-    files.update(added)
-    digests.update((name, digest(content)) for name, content in added.items())
-
-
-def _encoded(content: str | Content) -> Content:
-    return content.encode() if isinstance(content, str) else content
 
 
 def _neff_file(manifest: Manifest, neff: CompiledNeff) -> str:
@@ -284,9 +210,7 @@ def _neff_file(manifest: Manifest, neff: CompiledNeff) -> str:
     return f"{root}{home}/{_neff_path(neff)}"
 
 
-def _stamp(
-    manifest: Manifest, info: BuildInfo, digests: dict[str, str], targets: list[str]
-) -> dict[str, Any]:
+def _stamp(manifest: Manifest, info: BuildInfo, digests: dict[str, str]) -> dict[str, Any]:
     """`bundle.json`: the package, every file of its project with its sha256, the parts,
     and what the wheel's METADATA needs from `_build.json`."""
     package = manifest.package
@@ -314,44 +238,8 @@ def _stamp(
         "parts": parts,
         "nkibuild": __version__,
         "requirements": list(info.requirements),
-        "targets": targets,
+        "targets": info.targets(),
     }
-
-
-def _stamp_json(stamp: dict[str, Any]) -> bytes:
-    """`json.dumps(stamp, indent=2, sort_keys=True)`, encoded, its file lists (15,000
-    entries at 10,000 units) written by json's C encoder: `indent` makes json encode in
-    Python. Joined once as bytes: each copy of a text of megabytes costs a page fault for
-    each of its pages, fresh memory in a build's process."""
-    lists = [stamp["files"], *(part["files"] for part in stamp["parts"])]
-    marked = {**stamp, "files": "\0files 0"}
-    marked["parts"] = [
-        {**part, "files": f"\0files {i}"} for i, part in enumerate(stamp["parts"], 1)
-    ]
-    text = json.dumps(marked, indent=2, sort_keys=True)
-    markers = [f'"\\u0000files {number}"' for number in range(len(lists))]
-    if any(text.count(marker) != 1 for marker in markers):  # a manifest's value spells one
-        return json.dumps(stamp, indent=2, sort_keys=True).encode()
-    pieces: list[bytes | memoryview] = []
-    end = 0
-    for at, number in sorted((text.index(marker), number) for number, marker in enumerate(markers)):
-        depth = 2 if number == 0 else 6  # the top level's member, or a part's in a list
-        pieces += [text[end:at].encode(), *_flat_object(lists[number], " " * depth)]
-        end = at + len(markers[number])
-    pieces.append(text[end:].encode())
-    return b"".join(pieces)
-
-
-def _flat_object(members: Mapping[str, str], indent: str) -> list[bytes | memoryview]:
-    """A JSON object of string members as `json.dumps(indent=2, sort_keys=True)` writes
-    it at `indent`, encoded, as pieces to join: the same separators, given to the C
-    encoder."""
-    inner = indent + "  "
-    separators = (",\n" + inner, ": ")  # strings only: no cycle to look for
-    text = json.dumps(members, sort_keys=True, separators=separators, check_circular=False)
-    if not members:
-        return [text.encode()]
-    return [f"{{\n{inner}".encode(), memoryview(text.encode())[1:-1], f"\n{indent}}}".encode()]
 
 
 def load_bundle(directory: Path, *, build_info: bool = True) -> BundleProject:
@@ -402,56 +290,6 @@ def _part_files(package: Package, target: str) -> dict[str, Content]:
     }
 
 
-def _header(
-    manifest: Manifest, parts: Sequence[KernelPart], provenance: ProvenanceInfo | None
-) -> BuildInfo:
-    """`_build.json` but its kernels (each part has its own entry, encoded)."""
-    return BuildInfo(
-        package=manifest.package.name,
-        version=manifest.package.version,
-        nkibuild_version=__version__,
-        compiler_versions=tuple(sorted(every_value(parts, "compiler_versions"))),
-        placeholder=any(map(attrgetter("placeholder"), parts)),
-        neuron_sdk=manifest.package.neuron_sdk,
-        requirements=tuple(runtime_requirements(manifest, parts)),
-        split_targets=tuple(split_targets(manifest)),
-        kernels={},
-        provenance=provenance,
-    )
-
-
-def kernel_part(
-    manifest: Manifest,
-    kernel: Kernel,
-    compiled: Sequence[CompiledNeff],
-    tools: frozenset[tuple[str, str]],
-) -> KernelPart:
-    """What the bundle takes from `kernel` and its units' NEFFs; `tools`: the frontend
-    packages its extractions recorded (for the provenance summary)."""
-    from nkibuild.bundle.parts import KernelPart  # not on a no-op build's path
-
-    neffs: dict[str, dict[str, NeffInfo]] = {}
-    for neff in compiled:
-        neffs.setdefault(neff.target, {})[neff.variant] = _neff_info(manifest, neff)
-    info = _kernel_info(kernel, neffs)
-    module = codegen.kernel_module(manifest.package.import_name, kernel, info).encode()
-    return KernelPart(
-        name=kernel.name,
-        info_json=encode(info.to_json()).encode(),
-        module=module,
-        module_sha256=hashlib.sha256(module).hexdigest(),
-        neffs=packed_neffs(
-            (_neff_file(manifest, neff), str(neff.neff_path), neff.sha256, neff.unit)
-            for neff in compiled
-        ),
-        targets=tuple(sorted(neffs)),
-        dtypes=tuple(sorted({t.dtype for neff in compiled for t in (*neff.inputs, *neff.outputs)})),
-        compiler_versions=tuple(sorted({neff.compiler_version for neff in compiled})),
-        tools=tuple(sorted(tools)),
-        placeholder=any(neff.placeholder for neff in compiled),
-    )
-
-
 def _neff_info(manifest: Manifest, neff: CompiledNeff) -> NeffInfo:
     return NeffInfo(
         package=_neff_home(manifest, neff.target),
@@ -468,21 +306,16 @@ def _neff_info(manifest: Manifest, neff: CompiledNeff) -> NeffInfo:
     )
 
 
-def runtime_requirements(manifest: Manifest, parts: Sequence[KernelPart]) -> list[str]:
+def _runtime_requirements(manifest: Manifest, compiled: Sequence[CompiledNeff]) -> list[str]:
     """What an installed bundle needs: NumPy, and ml_dtypes if a tensor is bfloat16.
 
     Never spike: the PyPI project of that name is an unrelated simulator, so the
     runtime finds the real one at run time and explains how to get it.
     """
-    inputs = chain.from_iterable(map(attrgetter("inputs"), manifest.kernels))
-    dtypes = set(map(attrgetter("dtype"), inputs)) | every_value(parts, "dtypes")
+    kernel_inputs = (spec for kernel in manifest.kernels for spec in kernel.inputs)
+    neff_tensors = (spec for neff in compiled for spec in (*neff.inputs, *neff.outputs))
+    dtypes = {spec.dtype for spec in chain(kernel_inputs, neff_tensors)}
     return ["numpy", *(["ml_dtypes"] if "bfloat16" in dtypes else [])]
-
-
-def every_value(parts: Sequence[KernelPart], field: str) -> set[Any]:
-    """Every value of one tuple field of the parts, each once: a pass in C over the
-    parts (5,000 at 10,000 units), most of which share one of a few tuples."""
-    return set(chain.from_iterable(set(map(attrgetter(field), parts))))
 
 
 def _kernel_info(kernel: Kernel, neffs: dict[str, dict[str, NeffInfo]]) -> KernelInfo:
@@ -522,23 +355,13 @@ def generator_digest() -> str:
     """Hash of the code that writes bundles: a bundle is stale when it changes, even
     within one nkibuild version (a development checkout, a patched install). Besides
     this package: the model whose values the generated code spells (padding, tensor
-    specs), the padding checks run on the compiled outputs, and the resolver and the
-    layout that name the units and extractions whose records the bundle reads and where
-    (its parts memo relies on the bundle task's definition, which holds this digest, to
-    name the same records)."""
-    digest = hashlib.sha256()
-    package = Path(__file__).parent.parent
-    manifest = package / "manifest"
-    sources = [
-        *Path(__file__).parent.glob("*.py"),
-        manifest / "model.py",
-        manifest / "buckets.py",
-        package / "plan.py",
-        package / "context.py",
-    ]
+    specs) and the padding checks run on the compiled outputs."""
+    hashed = hashlib.sha256()
+    manifest = Path(__file__).parent.parent / "manifest"
+    sources = [*Path(__file__).parent.glob("*.py"), manifest / "model.py", manifest / "buckets.py"]
     for source in sorted(sources):
-        digest.update(source.name.encode() + b"\0" + source.read_bytes())
-    return digest.hexdigest()
+        hashed.update(source.name.encode() + b"\0" + source.read_bytes())
+    return hashed.hexdigest()
 
 
 def shipped_files(manifest: Manifest) -> list[str]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -290,8 +289,7 @@ class BuildInfo:
         """Every target some kernel has a NEFF for."""
         return sorted({target for kernel in self.kernels.values() for target in kernel.neffs})
 
-    def header_json(self) -> dict[str, Any]:
-        """Every field but the kernels."""
+    def to_json(self) -> dict[str, Any]:
         return {
             "format_version": self.format_version,
             "package": self.package,
@@ -303,15 +301,11 @@ class BuildInfo:
             "requirements": list(self.requirements),
             "split_targets": list(self.split_targets),
             "provenance": self.provenance.to_json() if self.provenance else None,
+            "kernels": {name: kernel.to_json() for name, kernel in self.kernels.items()},
         }
 
-    def to_json(self) -> dict[str, Any]:
-        kernels = {name: kernel.to_json() for name, kernel in self.kernels.items()}
-        return {**self.header_json(), "kernels": kernels}
-
     def to_text(self) -> str:
-        kernels = {name: encode(kernel.to_json()).encode() for name, kernel in self.kernels.items()}
-        return document_json(self.header_json(), kernels).decode()
+        return encode(self.to_json()) + "\n"
 
     @classmethod
     def from_json(cls, document: object) -> BuildInfo:
@@ -345,46 +339,6 @@ def encode(value: object) -> str:
     writes it (indenting, pure Python, took seconds for 10,000 NEFFs; `python -m
     json.tool` shows it indented)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def document_json(header: Mapping[str, Any], kernels: Mapping[str, bytes]) -> bytes:
-    """`_build.json` (`encode` of the whole document, a newline, UTF-8) from its header and
-    each kernel's entry already encoded (ASCII: `encode` escapes the rest): made by one
-    join in C, without encoding again the kernels a bundle update kept. One join: each
-    copy of a document of megabytes (a string, then its bytes) costs a page fault for
-    each of its pages, fresh memory in a build's process."""
-    fields = {key: encode(value).encode() for key, value in header.items()}
-    names = sorted([*fields, "kernels"])
-    pieces = [b"{"]
-    for head, name in zip(_heads(names), names, strict=True):
-        pieces.append(head)
-        if name == "kernels":
-            pieces += _object_pieces(kernels)
-        else:
-            pieces.append(fields[name])
-    pieces.append(b"}\n")
-    return b"".join(pieces)
-
-
-def _object_pieces(members: Mapping[str, bytes]) -> list[bytes]:
-    """A JSON object from its (plain) keys and encoded values, in `sort_keys` order, as
-    pieces to join: each member's key (with the comma before it) then its value."""
-    keys = sorted(members)
-    values = map(members.__getitem__, keys)
-    return [b"{", *chain.from_iterable(zip(_heads(keys), values, strict=True)), b"}"]
-
-
-def _heads(keys: list[str]) -> list[bytes]:
-    """Each member's `"key":`, with the comma before it but for the first's."""
-    if not keys:
-        return []
-    if "".join(keys).isascii() and all(map(str.isidentifier, keys)):
-        # Every kernel's name: nothing to escape, quoted and encoded without a call per key.
-        heads = list(map(b',"%b":'.__mod__, "\0".join(keys).encode().split(b"\0")))
-    else:
-        heads = [f",{encode(key)}:".encode() for key in keys]
-    heads[0] = heads[0][1:]
-    return heads
 
 
 def read_build_info(path: Path) -> BuildInfo:

@@ -8,7 +8,7 @@ never be older than the files.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence, Set
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,8 +16,7 @@ from nkibuild.bundle.buildinfo import MaterialInfo, ProvenanceInfo, ToolInfo
 from nkibuild.cache.key import file_sha256
 
 if TYPE_CHECKING:
-    from nkibuild.bundle.parts import KernelPart
-    from nkibuild.context import BuildContext
+    from nkibuild.compiler import CompiledNeff
     from nkibuild.manifest.model import Manifest
 
 COMPILER = "neuronx-cc"
@@ -43,24 +42,17 @@ def material_files(manifest: Manifest) -> list[Path]:
 
 
 def summarize(
-    context: BuildContext,
-    parts: Sequence[KernelPart],
-    sha256_of: Callable[[Path], str] = file_sha256,
+    manifest: Manifest, compiled: Sequence[CompiledNeff], frontends: Set[tuple[str, str]]
 ) -> ProvenanceInfo:
-    """The provenance summary of the bundle a build makes of the kernels' `parts`;
-    `sha256_of` hashes a project file (the bundle stage's skips one it hashed before,
-    unchanged since)."""
-    from nkibuild.bundle import every_value
-
-    manifest = context.manifest
-    frontends = every_value(parts, "tools")
-    compilers = {(COMPILER, version) for version in every_value(parts, "compiler_versions")}
+    """The provenance summary of the bundle of `compiled`; `frontends`: the frontend
+    packages and versions its extractions recorded."""
+    compilers = {(COMPILER, neff.compiler_version) for neff in compiled}
     root = manifest.root
     return ProvenanceInfo(
         # The bytes the build parsed (hashed as they were read), not the file as it is now.
         manifest=MaterialInfo(_relative(manifest.path, root), manifest.sha256),
         sources=tuple(
-            MaterialInfo(_relative(path, root), sha256_of(path))
+            MaterialInfo(_relative(path, root), file_sha256(path))
             for path in material_files(manifest)
         ),
         tools=tuple(ToolInfo(name, version) for name, version in sorted(frontends | compilers)),

@@ -19,7 +19,7 @@ from nkibuild import __version__
 from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError, storage_error
 from nkibuild.fsutil import SeenStats
-from nkibuild.graph.intact import VALUES_KEY, OutputsIntact, columns, outputs_checked
+from nkibuild.graph.intact import OutputsIntact, outputs_checked, outputs_record
 from nkibuild.graph.uptodate import ConfigChanged as config_changed
 from nkibuild.manifest.model import Manifest
 from nkibuild.plan import BuildUnit, ExtractSpec, extract_specs
@@ -268,12 +268,10 @@ def run_bundle(
 ) -> dict[str, Any]:
     from nkibuild import bundle
 
-    # The stage records each file's stamp and sha256 as it writes or keeps it, so the
-    # outputs check takes them from there instead of hashing the whole tree again.
-    written = bundle.run(context, seen, definition)
+    # The stage knows each file's sha256: the outputs check need not hash the tree again.
+    written = bundle.run(context)
     root = _path(written.directory)  # absolute and normalised: joined as strings
-    record = written.record
-    return {VALUES_KEY: columns(f"{root}/", record.names, record.stamps, record.sha256)}
+    return outputs_record({f"{root}/{name}": sha for name, sha in written.sha256.items()})
 
 
 def seeing(task: dict[str, Any], seen: SeenStats, definition: str) -> dict[str, Any]:
