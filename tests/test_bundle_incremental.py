@@ -1,43 +1,30 @@
-"""The incremental bundle stage: the tree is updated in place, writing only what changed,
-never trusting a NEFF whose bytes are not its compile record's, and a killed update is
-finished by the next one; the wheel takes unchanged members from the wheel it replaces
-and stays byte for byte the wheel a fresh write gives."""
+"""The bundle stage: the tree holds exactly what the build wants, whatever it held
+before (an edit, a damaged or removed file, a killed update), never a NEFF whose bytes
+are not its compile record's, and never written through a symbolic link; the wheel
+takes unchanged members from the wheel it replaces and stays byte for byte the wheel a
+fresh write gives."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import pickle
+import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from helpers import (
-    RemovesWhenLoaded,
-    build,
-    counted_member_copies,
-    softmax_manifest,
-    softmax_project,
-)
+from helpers import build, counted_member_copies, softmax_manifest, softmax_project
 
-from nkibuild import plaindata
 from nkibuild.bundle import load_bundle
 from nkibuild.bundle import wheel as wheel_module
-from nkibuild.bundle.tree import (
-    FORMAT,
-    LEGACY_RECORD_FILE,
-    RECORD_FILE,
-    CompiledCopy,
-    read_record,
-    update_tree,
-)
+from nkibuild.bundle.buildinfo import read_build_info
+from nkibuild.bundle.tree import CompiledCopy, Content, digest, update_tree
 from nkibuild.bundle.wheel import WRITER_FILE, build_wheel
 from nkibuild.errors import BuildError
 from nkibuild.fsutil import LEFTOVER_PATTERNS, leftovers
@@ -47,27 +34,39 @@ STAMP = "bundle.json"
 
 
 def neff(directory: Path, name: str, data: bytes) -> CompiledCopy:
+    """A compiled NEFF, written as a compile writes it (a new file, renamed in)."""
     path = directory / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    temp = path.with_name(f".{name}.tmp")
+    temp.write_bytes(data)
+    os.replace(temp, path)
     return CompiledCopy(path, hashlib.sha256(data).hexdigest(), f"unit {name}")
 
 
-def identities(root: Path) -> dict[str, tuple[int, int]]:
-    """Inode and ctime of every file: what changes when a file is written again."""
-    return {
-        p.relative_to(root).as_posix(): (p.stat().st_ino, p.stat().st_ctime_ns)
-        for p in root.rglob("*")
-        if p.is_file()
-    }
+def update(root: Path, files: dict[str, Content]) -> None:
+    """Bring the tree at `root` to `files`, its stamp listing them as bundle.json does."""
+    digests = {name: digest(content) for name, content in files.items()}
+    try:
+        listed = json.loads((root / STAMP).read_text())
+    except (OSError, ValueError):
+        listed = None
+    stamp = json.dumps(digests, sort_keys=True).encode()
+    update_tree(root, files, digests, listed, (STAMP, stamp))
 
 
 def contents(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
+def expected(files: dict[str, Content]) -> dict[str, bytes]:
+    """What a tree holding `files` holds, its stamp included."""
+    wanted = {n: c if isinstance(c, bytes) else c.source.read_bytes() for n, c in files.items()}
+    stamp = {name: digest(content) for name, content in files.items()}
+    return {**wanted, STAMP: json.dumps(stamp, sort_keys=True).encode()}
+
+
 @pytest.fixture
-def wanted(tmp_path: Path) -> dict[str, bytes | CompiledCopy]:
+def wanted(tmp_path: Path) -> dict[str, Content]:
     compiled = tmp_path / "compile"
     return {
         "pkg/__init__.py": b"'''package'''\n",
@@ -78,377 +77,160 @@ def wanted(tmp_path: Path) -> dict[str, bytes | CompiledCopy]:
     }
 
 
-def built(tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], stamp: bytes) -> Path:
-    """A bundle tree updated once to hold `wanted`, with `stamp` as its stamp file."""
-    root = tmp_path / "bundle"
-    update_tree(root, wanted, STAMP, stamp)
+@pytest.fixture
+def root(tmp_path: Path, wanted: dict[str, Content]) -> Path:
+    """A bundle tree written once to hold `wanted`."""
+    root = tmp_path / "out" / "bundle"
+    update(root, wanted)
+    assert contents(root) == expected(wanted)
     return root
 
 
-def test_an_update_writes_only_the_files_that_changed(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+def test_an_update_gives_the_tree_exactly_the_files_wanted(
+    tmp_path: Path, wanted: dict[str, Content], root: Path
 ) -> None:
-    root = built(tmp_path, wanted, b"stamp 1")
-    assert sorted(contents(root)) == sorted([*wanted, STAMP, RECORD_FILE])
-    assert contents(root)["pkg/neff/trn2/a/default.neff"] == b"NEFF a" * 100
-    first = identities(root)
-
-    changed = {**wanted, "pkg/_kernels/b.py": b"B = 2\n"}
+    changed = {**wanted, "pkg/_kernels/b.py": b"B = 2\n", "pkg/_kernels/c.py": b"C = 1\n"}
     changed["pkg/neff/trn2/a/default.neff"] = neff(tmp_path / "compile", "a2.neff", b"new a")
     del changed["pkg/neff/trn2/b/default.neff"]
-    record = update_tree(root, changed, STAMP, b"stamp 2")
-
-    second = identities(root)
-    rewritten = {name for name in first.keys() & second.keys() if first[name] != second[name]}
-    assert rewritten == {"pkg/_kernels/b.py", "pkg/neff/trn2/a/default.neff", STAMP, RECORD_FILE}
+    update(root, changed)
+    assert contents(root) == expected(changed)
     assert not (root / "pkg/neff/trn2/b").exists()  # its NEFF gone, and its emptied dir
-    assert contents(root)["pkg/neff/trn2/a/default.neff"] == b"new a"
-    fingerprints = record.by_name()
-    assert record == read_record(root)
-    assert sorted(fingerprints) == sorted([*changed, STAMP])
-    assert fingerprints[STAMP][1] == hashlib.sha256(b"stamp 2").hexdigest()
 
 
-def test_nothing_changed_writes_nothing(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
-) -> None:
-    root = built(tmp_path, wanted, b"stamp")
-    before = identities(root)
-    update_tree(root, wanted, STAMP, b"stamp")
-    assert identities(root) == before
-
-
-@pytest.mark.parametrize("damage", ["same-size", "truncated", "removed"])
+@pytest.mark.parametrize("damage", ["same-size", "truncated", "removed", "a-link"])
 def test_a_damaged_file_in_the_tree_is_written_again(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], damage: str
+    tmp_path: Path, wanted: dict[str, Content], root: Path, damage: str
 ) -> None:
-    root = built(tmp_path, wanted, b"stamp")
-    target = root / "pkg/neff/trn2/b/default.neff"
-    if damage == "removed":
-        target.unlink()
-    else:
+    """Whatever became of a file since the stamp was written, even at once (in the
+    same tick of the clock), the next update writes it again."""
+    for name in ("pkg/neff/trn2/b/default.neff", "pkg/_kernels/a.py"):
+        target = root / name
         data = target.read_bytes()
-        target.write_bytes(b"X" + data[1:] if damage == "same-size" else data[:10])
-    update_tree(root, wanted, STAMP, b"stamp")
-    assert target.read_bytes() == b"NEFF b" * 100
+        target.unlink()
+        if damage == "same-size":
+            target.write_bytes(b"X" + data[1:])
+        elif damage == "truncated":
+            target.write_bytes(data[:3])
+        elif damage == "a-link":  # to a file outside with the wanted bytes
+            (tmp_path / "outside").write_bytes(data)
+            target.symlink_to(tmp_path / "outside")
+    update(root, wanted)
+    assert contents(root) == expected(wanted)
+    assert not (root / "pkg/_kernels/a.py").is_symlink()
 
 
 def test_a_neff_that_is_not_its_compile_record_leaves_the_tree_as_it_was(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+    tmp_path: Path, wanted: dict[str, Content], root: Path
 ) -> None:
-    root = built(tmp_path, wanted, b"stamp 1")
     before = contents(root)
     stale = wanted["pkg/neff/trn2/b/default.neff"]
     assert isinstance(stale, CompiledCopy)
     changed = {**wanted, "pkg/_kernels/a.py": b"A = 2\n"}
     changed["pkg/neff/trn2/b/default.neff"] = CompiledCopy(stale.source, "0" * 64, "k/v/trn2")
     with pytest.raises(BuildError, match="changed after it was compiled") as refused:
-        update_tree(root, changed, STAMP, b"stamp 2")
+        update(root, changed)
     assert refused.value.unit == "k/v/trn2"
-    assert contents(root) == before
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no work dir
+    assert contents(root) == before  # no temp file left either
 
 
 def test_a_neff_kept_in_the_tree_is_trusted_only_with_the_recorded_sha256(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+    tmp_path: Path, wanted: dict[str, Content], root: Path
 ) -> None:
-    """The compile record now names other bytes than the tree's copy: the copy is not
-    kept on its stat, the NEFF is copied (and checked) again."""
-    root = built(tmp_path, wanted, b"stamp")
-    source = wanted["pkg/neff/trn2/a/default.neff"]
-    assert isinstance(source, CompiledCopy)
-    source.source.write_bytes(b"recompiled a")
-    recompiled = CompiledCopy(source.source, hashlib.sha256(b"recompiled a").hexdigest(), "a")
-    update_tree(root, {**wanted, "pkg/neff/trn2/a/default.neff": recompiled}, STAMP, b"stamp")
+    """A unit compiled again: its record names other bytes than the tree's NEFF, which
+    is taken again (and checked)."""
+    recompiled = neff(tmp_path / "compile", "a.neff", b"recompiled a")
+    update(root, {**wanted, "pkg/neff/trn2/a/default.neff": recompiled})
     assert (root / "pkg/neff/trn2/a/default.neff").read_bytes() == b"recompiled a"
 
 
-def test_an_interrupted_update_is_finished_by_the_next(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+def test_a_neff_changed_in_place_behind_its_record_is_never_taken(
+    wanted: dict[str, Content], root: Path
 ) -> None:
-    """As a kill between the renames leaves it: no stamp, some files new, a file the
-    next update no longer wants."""
-    root = built(tmp_path, wanted, b"stamp 1")
+    """The tree's NEFF is its own copy: bytes changed in place in the compile directory
+    leave it as it was, and are refused where the NEFF must be taken again."""
+    compiled = wanted["pkg/neff/trn2/a/default.neff"]
+    assert isinstance(compiled, CompiledCopy)
+    with open(compiled.source, "r+b") as handle:
+        handle.write(b"X")
+    before = contents(root)
+    update(root, wanted)
+    assert contents(root) == before
+    (root / "pkg/neff/trn2/a/default.neff").unlink()
+    with pytest.raises(BuildError, match="changed after it was compiled"):
+        update(root, wanted)
+    assert contents(root) == {
+        n: c for n, c in before.items() if n != "pkg/neff/trn2/a/default.neff"
+    }
+
+
+def test_an_interrupted_update_is_finished_by_the_next(
+    wanted: dict[str, Content], root: Path
+) -> None:
+    """As a kill after the stamp was removed leaves it: some files new, a file the next
+    update does not want, a temp file."""
     (root / STAMP).unlink()
     (root / "pkg/_kernels/a.py").write_bytes(b"A = 2\n")
     (root / "pkg/_kernels/c.py").write_bytes(b"C = 1\n")
-    update_tree(root, wanted, STAMP, b"stamp 1")
-    expected = {n: c for n, c in contents(root).items() if n != RECORD_FILE}
-    assert expected == {
-        **{n: c if isinstance(c, bytes) else c.source.read_bytes() for n, c in wanted.items()},
-        STAMP: b"stamp 1",
-    }
+    (root / "pkg/.x.py.0123.tmp").write_bytes(b"half")
+    update(root, wanted)
+    assert contents(root) == expected(wanted)
 
 
-def saved_record(root: Path) -> dict[str, object]:
-    """The tree's record as its columns, by name."""
-    form, names, stats, sha256 = pickle.loads((root / RECORD_FILE).read_bytes())
-    return {"format": form, "names": names, "stats": stats, "sha256": sha256}
-
-
-def with_integer_stats(record: dict[str, Any]) -> dict[str, Any]:
-    """The record as the format before stamps had it: four numbers a file."""
-    numbers = [int(number) for stamp in record["stats"] for number in stamp.split()]
-    return {**record, "format": 2, "stats": numbers}
-
-
-def save_record(root: Path, record: dict[str, object]) -> None:
-    columns = (record["format"], record["names"], record["stats"], record["sha256"])
-    (root / RECORD_FILE).write_bytes(pickle.dumps(columns))
-
-
-@pytest.mark.parametrize("form", ["fingerprints", "columns", "integer-pickle"])
-def test_a_record_an_older_nkibuild_wrote_is_read_and_nothing_is_written_again(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], form: str
+def test_a_stamp_listing_files_outside_the_tree_removes_none_of_them(
+    tmp_path: Path, wanted: dict[str, Content], root: Path
 ) -> None:
-    """A tree an older nkibuild recorded in JSON (one object of fingerprints, or the
-    columns) or pickled with four numbers a file instead of its stamp is trusted as that
-    record says: no file of it is written again; the next update that writes replaces it
-    with this record."""
-    root = built(tmp_path, wanted, b"stamp")
-    recorded = read_record(root).by_name()
-    older = with_integer_stats(saved_record(root))
-    if form == "integer-pickle":
-        save_record(root, older)
-    else:
-        if form == "fingerprints":
-            rows = [[*map(int, stamp.split()), sha] for stamp, sha in recorded.values()]
-            older = dict(reversed(list(zip(recorded, rows, strict=True))))
-        (root / RECORD_FILE).unlink()
-        (root / LEGACY_RECORD_FILE).write_text(json.dumps(older))
-    assert read_record(root).by_name() == recorded
-    before = identities(root)
-    update_tree(root, wanted, STAMP, b"stamp")
-    assert identities(root) == before
-    update_tree(root, {**wanted, "pkg/_kernels/a.py": b"A = 2\n"}, STAMP, b"stamp")
-    assert not (root / LEGACY_RECORD_FILE).exists()
-    assert saved_record(root)["names"] == [*wanted, STAMP]
-
-
-@pytest.mark.parametrize(
-    "damage",
-    [
-        lambda record: {**record, "stats": [len(s) for s in record["stats"]]},
-        lambda record: {**record, "stats": [True for _ in record["stats"]]},
-        lambda record: {**record, "stats": record["stats"][:-1]},
-        lambda record: {**with_integer_stats(record), "stats": [1, 2, 3]},
-        lambda record: {**with_integer_stats(record), "stats": record["stats"] * 4},
-        lambda record: {**record, "sha256": [None for _ in record["sha256"]]},
-        lambda record: {**record, "names": "pkg/__init__.py"},
-        lambda record: {**record, "format": 4},
-    ],
-    ids=[
-        "stat-numbers",
-        "stat-booleans",
-        "stat-short",
-        "older-stat-short",
-        "older-stat-strings",
-        "sha-none",
-        "names-a-string",
-        "format",
-    ],
-)
-def test_a_record_of_the_wrong_shape_is_not_trusted(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], damage: Callable[[dict], dict]
-) -> None:
-    """A damaged record is no record (no traceback): every file is written again."""
-    root = built(tmp_path, wanted, b"stamp")
-    save_record(root, damage(saved_record(root)))
-    assert read_record(root).by_name() == {}
-    before = identities(root)
-    update_tree(root, wanted, STAMP, b"stamp")
-    after = identities(root)
-    assert all(after[name] != before[name] for name in wanted)
-    assert read_record(root).by_name().keys() == {*wanted, STAMP}
-
-
-def test_a_record_that_is_no_pickle_of_plain_data_is_not_trusted(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
-) -> None:
-    root = built(tmp_path, wanted, b"stamp")
-    canary = tmp_path / "canary"
-    canary.write_text("still here")
-    (root / RECORD_FILE).write_bytes(pickle.dumps(RemovesWhenLoaded(canary)))
-    assert read_record(root).by_name() == {}
-    assert canary.exists()
-    (root / RECORD_FILE).write_bytes(b"not a pickle")
-    assert read_record(root).by_name() == {}
-    (root / RECORD_FILE).unlink()
-    (root / LEGACY_RECORD_FILE).write_text("[" * 200_000)  # an older record, nested too deep
-    assert read_record(root).by_name() == {}
-
-
-def test_a_file_changed_in_place_with_its_stat_kept_apart_is_found_by_its_stat(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
-) -> None:
-    """Columns are compared file by file: one file of many changed (same size, new
-    content) is the one written again, the others are kept."""
-    root = built(tmp_path, wanted, b"stamp")
-    target = root / "pkg/_kernels/a.py"
-    target.write_bytes(b"A = 9\n")
-    before = identities(root)
-    update_tree(root, wanted, STAMP, b"stamp")
-    after = identities(root)
-    assert target.read_bytes() == b"A = 1\n"
-    assert {name for name in before if after.get(name) != before[name]} == {
-        "pkg/_kernels/a.py",
-        STAMP,
-        RECORD_FILE,
-    }
-
-
-def test_a_record_naming_files_outside_the_tree_is_not_trusted(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
-) -> None:
-    root = tmp_path / "out" / "bundle"
-    update_tree(root, wanted, STAMP, b"stamp 1")
     victim = tmp_path / "victim.txt"
     victim.write_text("not nkibuild's")
-    record = saved_record(root)
-    damaged = {
-        **record,
-        "names": [*record["names"], "../../victim.txt"],  # type: ignore[misc]
-        "stats": [*record["stats"], 1, 1, 1, 1],  # type: ignore[misc]
-        "sha256": [*record["sha256"], "x"],  # type: ignore[misc]
-    }
-    save_record(root, damaged)
-    assert read_record(root).by_name() == {}
-    update_tree(root, {**wanted, "pkg/_kernels/a.py": b"A = 2\n"}, STAMP, b"stamp 2")
+    listed = json.loads((root / STAMP).read_text())
+    (root / STAMP).write_text(json.dumps({**listed, "../../victim.txt": "x", "/x": "y"}))
+    update(root, {**wanted, "pkg/_kernels/a.py": b"A = 2\n"})
     assert victim.read_text() == "not nkibuild's"
     assert (root / "pkg/_kernels/a.py").read_bytes() == b"A = 2\n"
 
 
 def test_an_update_never_writes_or_removes_through_a_symlinked_directory(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
+    tmp_path: Path, wanted: dict[str, Content], root: Path
 ) -> None:
-    root = built(tmp_path, wanted, b"stamp 1")
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "b.py").write_text("the user's")
     kernels = root / "pkg" / "_kernels"
-    for name in ("a.py", "b.py"):
-        (kernels / name).unlink()
-    kernels.rmdir()
+    shutil.rmtree(kernels)
     kernels.symlink_to(outside, target_is_directory=True)
     changed = {n: c for n, c in wanted.items() if n != "pkg/_kernels/b.py"}
     changed["pkg/_kernels/a.py"] = b"A = 2\n"
     with pytest.raises(BuildError, match=r"_kernels is a symbolic link: nkibuild does not"):
-        update_tree(root, changed, STAMP, b"stamp 2")
+        update(root, changed)
     assert sorted(p.name for p in outside.iterdir()) == ["b.py"]
     assert (outside / "b.py").read_text() == "the user's"
 
 
-def test_the_record_goes_with_the_stamp_while_files_are_renamed(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], monkeypatch: pytest.MonkeyPatch
+def test_a_tree_that_is_a_symbolic_link_is_refused(
+    tmp_path: Path, wanted: dict[str, Content]
 ) -> None:
-    """A kill after the renames must not leave a record the next update trusts: it
-    would not list the files that update added, which then stay as strays."""
-    from nkibuild.bundle import tree
-
-    root = built(tmp_path, wanted, b"stamp 1")
-
-    def killed(root: Path, removed: list[str]) -> None:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(tree, "_remove_empty_dirs", killed)
-    with pytest.raises(KeyboardInterrupt):
-        update_tree(root, {**wanted, "pkg/extra.py": b"E = 1\n"}, STAMP, b"stamp 2")
-    assert not (root / STAMP).exists() and not (root / RECORD_FILE).exists()
-    monkeypatch.undo()
-    update_tree(root, wanted, STAMP, b"stamp 1")
-    assert not (root / "pkg/extra.py").exists()
-
-
-def test_an_update_of_the_same_files_appends_their_rows_to_the_record(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
-) -> None:
-    """An edit's update (no file added or removed) appends the rows it wrote to the
-    record instead of writing 15,000 rows anew; the record read is the one returned."""
-    root = built(tmp_path, wanted, b"stamp 1")
-    snapshot = (root / RECORD_FILE).read_bytes()
-    changed = {**wanted, "pkg/_kernels/b.py": b"B = 2\n"}
-    record = update_tree(root, changed, STAMP, b"stamp 2")
-    data = (root / RECORD_FILE).read_bytes()
-    assert data.startswith(snapshot) and len(data) > len(snapshot)
-    assert read_record(root) == record
-    assert record.by_name()["pkg/_kernels/b.py"][1] == hashlib.sha256(b"B = 2\n").hexdigest()
-    before = identities(root)
-    assert update_tree(root, changed, STAMP, b"stamp 2") == record
-    assert identities(root) == before
-
-
-def test_a_torn_append_is_not_applied_and_its_files_are_written_again(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy]
-) -> None:
-    """A build killed while appending: the record is its snapshot, the files that update
-    wrote are written again and the record is written whole."""
-    root = built(tmp_path, wanted, b"stamp 1")
-    first = read_record(root)
-    changed = {**wanted, "pkg/_kernels/b.py": b"B = 2\n"}
-    update_tree(root, changed, STAMP, b"stamp 2")
-    (root / RECORD_FILE).write_bytes((root / RECORD_FILE).read_bytes()[:-3])
-    assert read_record(root) == first
-    before = identities(root)
-    record = update_tree(root, changed, STAMP, b"stamp 2")
-    after = identities(root)
-    assert {name for name in before if before[name] != after[name]} == {
-        "pkg/_kernels/b.py",
-        STAMP,
-        RECORD_FILE,
-    }
-    assert (root / RECORD_FILE).read_bytes() == plaindata.dumps((FORMAT, *record))
-
-
-def test_the_record_is_written_anew_after_its_most_updates(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from nkibuild.bundle import tree
-
-    monkeypatch.setattr(tree, "MAX_UPDATES", 2)
-    root = built(tmp_path, wanted, b"stamp 0")
-    sizes = []
-    for version in range(1, 4):
-        changed = {**wanted, "pkg/_kernels/b.py": f"B = {version}\n".encode()}
-        record = update_tree(root, changed, STAMP, f"stamp {version}".encode())
-        sizes.append((root / RECORD_FILE).stat().st_size)
-        assert read_record(root) == record
-    assert sizes[0] < sizes[1] and sizes[2] == len(plaindata.dumps((FORMAT, *record)))
-
-
-def test_a_killed_update_of_the_same_files_leaves_its_files_to_be_written_again(
-    tmp_path: Path, wanted: dict[str, bytes | CompiledCopy], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The record stays while an edit's files are renamed in (it lists every file the
-    update writes): each renamed in has another stamp than the one recorded."""
-    from nkibuild.bundle import tree
-
-    root = built(tmp_path, wanted, b"stamp 1")
-
-    def killed(root: Path, removed: list[str]) -> None:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(tree, "_remove_empty_dirs", killed)
-    changed = {**wanted, "pkg/_kernels/a.py": b"A = 2\n"}
-    with pytest.raises(KeyboardInterrupt):
-        update_tree(root, changed, STAMP, b"stamp 2")
-    assert not (root / STAMP).exists() and (root / RECORD_FILE).exists()
-    monkeypatch.undo()
-    before = identities(root)
-    update_tree(root, changed, STAMP, b"stamp 2")
-    after = identities(root)
-    rewritten = {name for name in before if before[name] != after[name]}
-    assert rewritten == {"pkg/_kernels/a.py", RECORD_FILE}
-    assert (root / STAMP).read_bytes() == b"stamp 2"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "bundle"
+    root.symlink_to(outside, target_is_directory=True)
+    with pytest.raises(BuildError, match=r"bundle is a symbolic link: nkibuild does not"):
+        update(root, wanted)
+    assert list(outside.iterdir()) == []
 
 
 KILLED_UPDATE = """\
-import sys
+import hashlib, json, sys
 from pathlib import Path
 from nkibuild.bundle.tree import update_tree
-version = sys.argv[2]
-wanted = {f"pkg/m{i:04d}/f.py": f"{version} {i}".encode() for i in range(int(sys.argv[3]))}
+root, version, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+files = {f"pkg/m{i:04d}/f.py": f"{version} {i}".encode() for i in range(count)}
+digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+try:
+    listed = json.loads((root / "bundle.json").read_text())["files"]
+except OSError:
+    listed = None
+stamp = json.dumps({"version": version, "files": digests}).encode()
 print("ready", flush=True)
-update_tree(Path(sys.argv[1]), wanted, "bundle.json", version.encode())
+update_tree(root, files, digests, listed, ("bundle.json", stamp))
 """
 
 
@@ -457,27 +239,151 @@ def test_sigkill_during_updates_never_leaves_a_stamped_tree_that_is_not_complete
 ) -> None:
     root, files = tmp_path / "bundle", 1500
     names = [f"pkg/m{i:04d}/f.py" for i in range(files)]
-    rng = random.Random()
+    rng = random.Random(28)
     for trial in range(6):
         version = f"v{trial}"
         command = [sys.executable, "-c", KILLED_UPDATE, str(root), version, str(files)]
         proc = subprocess.Popen(command, stdout=subprocess.PIPE)
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
-        time.sleep(rng.uniform(0, 0.4))
+        time.sleep(rng.uniform(0, 0.4))  # a kill at some point of the update
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         if (root / STAMP).exists():  # a stamped tree is complete: all old or all new
-            stamped, found = (root / STAMP).read_text(), contents(root)
+            stamped, found = json.loads((root / STAMP).read_text())["version"], contents(root)
             assert all(found[n] == f"{stamped} {i}".encode() for i, n in enumerate(names)), trial
         finished = subprocess.run(command, capture_output=True, check=False)
         assert finished.returncode == 0, finished.stderr
         found = contents(root)
-        assert (root / STAMP).read_text() == version
-        assert sorted(found) == sorted([*names, STAMP, RECORD_FILE])
-        assert all(found[n] == f"{version} {i}".encode() for i, n in enumerate(names))
-    # What killed updates leave besides the tree: work dirs a build's sweep removes.
-    swept = set(leftovers(tmp_path, LEFTOVER_PATTERNS))
-    assert {p for p in tmp_path.iterdir() if p != root} == swept
+        assert json.loads(found.pop(STAMP))["version"] == version
+        assert found == {n: f"{version} {i}".encode() for i, n in enumerate(names)}
+    # What killed updates leave besides the tree: temp files a build's sweep removes.
+    assert {p for p in tmp_path.iterdir() if p != root} == set(
+        leftovers(tmp_path, LEFTOVER_PATTERNS)
+    )
+
+
+# The bundle stage of a build: the tree after any change is the one a fresh bundle writes.
+
+PACKAGE = "parts_kernels"
+KERNELS = ("softmax", "other", "third")
+
+
+def project_of_three(root: Path) -> Path:
+    manifest = softmax_manifest("{name: parts-kernels, version: 1.0.0}", reference=True)
+    for name in KERNELS[1:]:
+        manifest += (
+            f"  {name}:\n    frontend: hlo\n    source: kernels/{name}.hlo.pb\n"
+            "    reference: kernels/reference.py:softmax\n"
+            "    inputs:\n      logits: {shape: [64, 1024], dtype: float32}\n"
+        )
+    files = {f"kernels/{name}.hlo.pb": hlo(name) for name in KERNELS[1:]}
+    return softmax_project(root, manifest, files)
+
+
+def tree(project: Path) -> dict[str, bytes]:
+    return contents(project / "build" / "bundle" / "parts-kernels")
+
+
+def fresh_tree(project: Path) -> dict[str, bytes]:
+    """The tree the bundle stage writes where there was none."""
+    shutil.rmtree(project / "build" / "bundle")
+    assert build(project, "bundle").ok
+    return tree(project)
+
+
+def build_info(project: Path) -> dict:
+    return json.loads(tree(project)[f"{PACKAGE}/_build.json"])
+
+
+def test_an_edit_gives_the_tree_a_fresh_bundle_writes_with_the_recompiled_neff(
+    tmp_path: Path,
+) -> None:
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
+    summary = build(project)
+    assert summary.ok and "bundle" in summary.executed
+    compiled = project / "build" / "compile" / "other" / "default" / "trn2" / "model.neff"
+    sha256 = hashlib.sha256(compiled.read_bytes()).hexdigest()
+    assert build_info(project)["kernels"]["other"]["neffs"]["trn2"]["default"]["sha256"] == sha256
+    edited = tree(project)
+    assert hashlib.sha256(edited[f"{PACKAGE}/neff/trn2/other/default.neff"]).hexdigest() == sha256
+    assert edited == fresh_tree(project)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("    inputs:\n      logits", "    tolerance: {rtol: 0.25}\n    inputs:\n      logits"),
+        ("version: 1.0.0}", "version: 1.0.0, split-targets: true}"),
+        ("    inputs:\n      logits", "    targets: [trn2]\n    inputs:\n      logits"),
+        ("  other:", "  zother:"),
+    ],
+    ids=["a-kernels-tolerance", "split-targets", "one-kernels-targets", "a-kernel-renamed"],
+)
+def test_a_manifest_change_gives_the_tree_a_fresh_bundle_writes(
+    tmp_path: Path, change: tuple[str, str]
+) -> None:
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    manifest = project / "nkibuild.yaml"
+    manifest.write_text(manifest.read_text().replace(*change, 1))  # the first: softmax's
+    assert build(project).ok
+    changed = tree(project)
+    assert changed == fresh_tree(project)
+    if "tolerance" in change[1]:
+        tolerances = {k: v["tolerance"]["rtol"] for k, v in build_info(project)["kernels"].items()}
+        assert tolerances["softmax"] == 0.25 and tolerances["other"] != 0.25
+
+
+def test_a_changed_project_file_gets_its_new_digest_in_the_provenance_summary(
+    tmp_path: Path,
+) -> None:
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    reference = project / "kernels" / "reference.py"
+    reference.write_text(reference.read_text().replace("NumPy", "Numpy", 1))
+    assert build(project).ok
+    info = read_build_info(project / "build" / "bundle" / "parts-kernels" / PACKAGE / "_build.json")
+    assert info.provenance is not None
+    digests = {material.path: material.sha256 for material in info.provenance.sources}
+    assert digests["kernels/reference.py"] == hashlib.sha256(reference.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "stamp", ["", "not json", "[" * 100_000, '{"files": 1}', '{"package": {}, "files": {}}']
+)
+def test_a_bundle_json_that_is_not_one_gets_the_whole_tree_written_again(
+    tmp_path: Path, stamp: str
+) -> None:
+    """No traceback: the tree is written as if there were none."""
+    project = project_of_three(tmp_path / "p")
+    assert build(project).ok
+    bundle_dir = project / "build" / "bundle" / "parts-kernels"
+    (bundle_dir / f"{PACKAGE}/_kernels/other.py").write_text("damaged")
+    (bundle_dir / "bundle.json").write_text(stamp)
+    assert build(project).ok
+    assert tree(project) == fresh_tree(project)
+
+
+def test_bundle_json_is_its_content_indented_with_sorted_keys(tmp_path: Path) -> None:
+    """bundle.json reads as one `json.dumps(indent=2, sort_keys=True)`, split-target
+    parts included, and lists every file of the tree with its sha256."""
+    project = project_of_three(tmp_path / "p")
+    manifest = project / "nkibuild.yaml"
+    manifest.write_text(
+        manifest.read_text().replace("version: 1.0.0}", "version: 1.0.0, split-targets: true}")
+    )
+    assert build(project).ok
+    found = tree(project)
+    text = found.pop(STAMP).decode()
+    stamp = json.loads(text)
+    assert stamp["parts"] and all(part["files"] for part in stamp["parts"])
+    assert text == json.dumps(stamp, indent=2, sort_keys=True)
+    listed = dict(stamp["files"])
+    for part in stamp["parts"]:
+        listed.update((f"{part['directory']}/{n}", sha) for n, sha in part["files"].items())
+    assert listed == {name: hashlib.sha256(data).hexdigest() for name, data in found.items()}
 
 
 def two_kernel_project(root: Path) -> Path:

@@ -9,15 +9,15 @@ tree each time would be simpler still, but on a loaded disk the thousand directo
 of a 1,000-unit bundle cost seconds to make and remove, where an edit changes a few
 files.
 
-An update stages the files it writes as temp files beside their places (a NEFF
-hard-linked from its compile directory, or copied, and hashed there: one whose bytes
-are not the sha256 its compile recorded stops the update with the tree as it was).
-Then it removes the stamp, renames the staged files in, removes the files the stamp
-listed that are no longer wanted, and writes the new stamp. A kill before the stamp is
-removed leaves the old tree (its temp files are swept by the next build,
-fsutil.LEFTOVER_PATTERNS); after, a tree without a stamp, which nothing packs and which
-the next update writes whole. Files are written and removed below the tree only, never
-through a directory someone replaced with a symbolic link.
+An update first writes the files it changes into a hidden sibling work dir (a NEFF
+copied from its compile directory and hashed as it is copied: one whose bytes are not
+the sha256 its compile recorded stops the update with the tree as it was). Then it
+removes the stamp, renames the new files in, removes the files the stamp listed that
+are no longer wanted, and writes the new stamp. A kill before the stamp is removed
+leaves the old tree (and a work dir the next build sweeps, fsutil.LEFTOVER_PATTERNS);
+after, a tree without a stamp, which nothing packs and which the next update writes
+whole. Files are written and removed below the tree only, never through a directory
+someone replaced with a symbolic link.
 """
 
 from __future__ import annotations
@@ -27,14 +27,15 @@ import hashlib
 import os
 import shutil
 import stat
-import uuid
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from nkibuild.cache.key import file_sha256
 from nkibuild.errors import BuildError
-from nkibuild.fsutil import atomic_write_bytes, new_file_mode, reported_at
+from nkibuild.fsutil import atomic_write_bytes, reported_at
+
+CHUNK = 1 << 20
 
 
 class CompiledCopy(NamedTuple):
@@ -46,6 +47,9 @@ class CompiledCopy(NamedTuple):
 
 
 Content = bytes | CompiledCopy
+
+
+_REFUSED = "nkibuild does not write through it; remove it (or run `nkibuild clean`) and build again"
 
 
 def digest(content: Content) -> str:
@@ -76,23 +80,20 @@ def update_tree(
         return
     _refuse_links(root, [*changed, *strays])
     with reported_at(root):
-        staged: dict[str, Path] = {}
+        root.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".new", dir=root.parent))
         try:
-            for name in changed:
-                staged[name] = _staged(root / name, files[name])
+            staged = {name: _staged(work / str(i), files[name]) for i, name in enumerate(changed)}
             (root / stamp_name).unlink(missing_ok=True)  # not a bundle from here...
             for name, path in staged.items():
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
                 os.replace(path, root / name)
         finally:
-            for path in staged.values():
-                path.unlink(missing_ok=True)  # those not renamed in
+            shutil.rmtree(work, ignore_errors=True)
         for name in strays:
             (root / name).unlink(missing_ok=True)
         _remove_empty_dirs(root, strays)
         atomic_write_bytes(root / stamp_name, stamp_bytes, durable=False)  # ...to here
-
-
-_REFUSED = "nkibuild does not write through it; remove it (or run `nkibuild clean`) and build again"
 
 
 def _intact(
@@ -153,38 +154,29 @@ def _refuse_links(root: Path, names: Iterable[str]) -> None:
 
 
 def _staged(path: Path, content: Content) -> Path:
-    """`content` written to a temp file beside `path` (a NEFF checked against the sha256
-    its compile recorded); the temp file's path."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        if isinstance(content, bytes):
-            temp.write_bytes(content)  # open() gives it the user's umask
-        else:
-            _place_neff(content, temp)
-            if file_sha256(temp) != content.sha256:
-                raise BuildError(
-                    f"{content.source} changed after it was compiled (its sha256 differs "
-                    "from the compile record); run the build again to restore it",
-                    unit=content.unit,
-                )
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    return temp
+    """`content` written at `path` (in the work dir): open() gives it the user's umask."""
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        _copy_checked(content, path)
+    return path
 
 
-def _place_neff(copy: CompiledCopy, temp: Path) -> None:
-    """Link the NEFF at `temp` where the link is a regular file of the user's mode (a
-    link shares its file's mode), else copy it there."""
-    info = os.lstat(copy.source)
-    if stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == new_file_mode():
-        try:
-            os.link(copy.source, temp, follow_symlinks=False)
-            return
-        except OSError:  # another filesystem (EXDEV), or one without hard links
-            pass
-    shutil.copyfile(copy.source, temp)
+def _copy_checked(copy: CompiledCopy, temp: Path) -> None:
+    """Copy a NEFF, hashing the bytes copied: only the NEFF its compile recorded passes.
+    A copy, not a hard link: a NEFF changed in place in its compile directory must not
+    change the tree behind its stamp."""
+    hashed = hashlib.sha256()
+    with open(copy.source, "rb") as source, open(temp, "wb") as target:
+        while chunk := source.read(CHUNK):
+            hashed.update(chunk)
+            target.write(chunk)
+    if hashed.hexdigest() != copy.sha256:
+        raise BuildError(
+            f"{copy.source} changed after it was compiled (its sha256 differs from "
+            "the compile record); run the build again to restore it",
+            unit=copy.unit,
+        )
 
 
 def _remove_empty_dirs(root: Path, removed: list[str]) -> None:
