@@ -186,21 +186,6 @@ def manifests_parsed(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     return parsed
 
 
-def parts_made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Kernels whose bundle part is computed from now on (not taken from the memo)."""
-    import nkibuild.bundle
-
-    names: list[str] = []
-    kernel_part = nkibuild.bundle.kernel_part
-
-    def counted(manifest, kernel, compiled, tools):  # type: ignore[no-untyped-def]
-        names.append(kernel.name)
-        return kernel_part(manifest, kernel, compiled, tools)
-
-    monkeypatch.setattr(nkibuild.bundle, "kernel_part", counted)
-    return names
-
-
 class RemovesWhenLoaded:
     """What a crafted pickle in a build dir could hold: unpickling it calls os.remove."""
 

@@ -105,8 +105,8 @@ def distributions(manifest: Manifest) -> list[Package]:
 
 
 def run(context: BuildContext) -> WrittenBundle:
-    """The bundle stage of a build: the project generated anew from the manifest and
-    every unit's compile record (and its extraction's, for the provenance summary)."""
+    """The bundle stage of a build: the generated project of the manifest and every
+    unit's compile record (and its extraction's, for the provenance summary)."""
     from nkibuild.bundle.provenance import summarize
 
     manifest, layout = context.manifest, context.layout
@@ -127,8 +127,9 @@ def generate_bundle(
     out_dir: Path,
     provenance: ProvenanceInfo | None = None,
 ) -> WrittenBundle:
-    """Write the bundle of `compiled` in `out_dir` (nkibuild.bundle.tree), `bundle.json`
-    last, listing every file with its sha256."""
+    """Bring `out_dir` to the bundle of `compiled` (nkibuild.bundle.tree), `bundle.json`
+    last, listing every file with its sha256; a padding declaration is checked against
+    its kernel's NEFFs (BuildError)."""
     info = _build_info(manifest, compiled, provenance)
     files: dict[str, Content] = dict(_project_files(manifest, info))
     files.update(
@@ -161,7 +162,7 @@ def _listed(directory: Path) -> dict[str, str] | None:
 def _build_info(
     manifest: Manifest, compiled: Sequence[CompiledNeff], provenance: ProvenanceInfo | None
 ) -> BuildInfo:
-    """`_build.json`; a padding declaration is checked against its kernel's NEFFs."""
+    """What `_build.json` says: the package, each kernel and its NEFFs, the provenance."""
     by_kernel: dict[str, dict[str, dict[str, NeffInfo]]] = {}
     for neff in compiled:
         neffs = by_kernel.setdefault(neff.kernel, {}).setdefault(neff.target, {})
