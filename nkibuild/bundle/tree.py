@@ -4,10 +4,12 @@ The tree's stamp file (`bundle.json`) lists every file with its sha256 and is wr
 last, so a tree with a stamp is complete. The stamp is also what an update trusts: a
 file it lists with the wanted sha256 is kept if its ctime is older than the stamp's
 (any write, rename or link since the stamp was written moves a file's ctime past it,
-and ctime cannot be set back); every other file is written again. Writing the whole
-tree each time would be simpler still, but on a loaded disk the thousand directories
-of a 1,000-unit bundle cost seconds to make and remove, where an edit changes a few
-files.
+and ctime cannot be set back; a file changed in the clock tick the stamp was written
+in is written again too); every other file is written again. Writing the whole tree
+into a sibling directory and swapping it in would be simpler still, but it was
+measured at 2.3-4.5 s for a 1,000-unit bundle (1,000 directories made and removed, on
+this project's loaded 2-core test machine), where this update costs ~0.05 s of the
+bundle stage's ~0.35 s (CPU) after an edit of one kernel.
 
 An update first writes the files it changes into a hidden sibling work dir (a NEFF
 copied from its compile directory and hashed as it is copied: one whose bytes are not
