@@ -105,7 +105,6 @@ def build(args: argparse.Namespace) -> int:
         selection=tuple(args.tasks),
         jobs=max(1, args.jobs),
         keep_going=args.keep_going,
-        owns_process=True,
     )
     try:
         with recorded("build", args.report, context.session.cache_stats, display) as record:
