@@ -6,7 +6,6 @@ the up-to-date proof covers never loads it."""
 from __future__ import annotations
 
 import fnmatch
-import functools
 import gc
 import json
 import time
@@ -15,13 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from nkibuild.context import BuildContext
-from nkibuild.errors import NkibuildError, UsageError, describe_os_error
+from nkibuild.errors import UsageError, describe_os_error
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.graph import uptodate
 from nkibuild.graph.intact import VALUES_KEY, Recorded, recorded_outputs
 from nkibuild.graph.report import BuildReporter, BuildSummary, Display
 from nkibuild.graph.state import DEP_FILE
-from nkibuild.graph.tasks import BUNDLE_TASK, kernels_ahead, seeing, task_dicts
+from nkibuild.graph.tasks import BUNDLE_TASK, seeing, task_dicts
 from nkibuild.graph.uptodate import task_name
 from nkibuild.session import BuildSession, SessionDirs
 
@@ -88,10 +87,7 @@ def _run_whole_graph(
     dep_file = str(state_dir / DEP_FILE)
     started = time.perf_counter()
     session = context.session
-    # After an edit, the edited kernels are extracted and compiled while the rest is
-    # compared (compiler/ahead.py): doit finds that work done.
-    ahead = functools.partial(_compile_ahead, context)
-    decision = uptodate.decide(state_dir, dicts, dep_file, sources_changed=ahead)
+    decision = uptodate.decide(state_dir, dicts, dep_file)
     figures = {
         "seconds": round(time.perf_counter() - started, 3),
         "proven": len(dicts) - len(decision.pending),
@@ -117,7 +113,6 @@ def _run_whole_graph(
     seen = uptodate.seen_by(decision, BUNDLE_TASK)
     definition = decision.fingerprints.get(BUNDLE_TASK, "")
     handed = [seeing(task, seen, definition) for task in handed_over(decision, dicts)]
-    session.compiles_ahead.stop_starting()  # the build's compile threads are doit's now
     summary = run_task_graph(
         session,
         handed,
@@ -131,14 +126,6 @@ def _run_whole_graph(
     if not session.state_failures:  # else doit's state is what it was before
         uptodate.record(state_dir, decision, verified, dep_file, written)
     return summary, figures
-
-
-def _compile_ahead(context: BuildContext, pending: list[str]) -> None:
-    try:
-        kernels = kernels_ahead(context, pending)
-    except (NkibuildError, OSError):  # a deps glob refused: the kernel's task reports it
-        return
-    context.session.compiles_ahead.start(context, kernels)
 
 
 def _loaded(options: RunOptions) -> None:

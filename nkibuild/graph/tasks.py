@@ -13,7 +13,7 @@ import inspect
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nkibuild import __version__
 from nkibuild.context import BuildContext
@@ -25,9 +25,6 @@ from nkibuild.manifest.model import Manifest
 from nkibuild.plan import BuildUnit, ExtractSpec, extract_specs
 from nkibuild.settings import BuildOptions
 from nkibuild.toolchain.worker_pool import user_variables
-
-if TYPE_CHECKING:
-    from nkibuild.compiler.ahead import KernelAhead
 
 BUNDLE_TASK = "bundle"
 EXTRACT_TASK = "extract"  # the basename of every extraction's task
@@ -147,28 +144,9 @@ def run_extract(
     from nkibuild import frontends
     from nkibuild.graph.records import write_extract_record
 
-    # Extracted ahead while a compiler ran, if it was (see _offer_extraction_ahead).
-    artifact = context.session.extractions_ahead.take(context, spec, files)
-    if artifact is None:
-        artifact = frontends.run(context, spec)
+    artifact = frontends.run(context, spec)
     write_extract_record(context.layout.state_dir, spec.name, config, context.manifest.root, files)
     return {"content_hash": artifact.content_hash}
-
-
-def kernels_ahead(context: BuildContext, pending: Sequence[str]) -> list[KernelAhead]:
-    """The kernels of the extract tasks among the `pending` task names, with the files
-    each extraction reads and the units compiled from it (compiler/ahead.py)."""
-    from nkibuild.compiler.ahead import KernelAhead
-
-    prefix = f"{EXTRACT_TASK}:"
-    edited = {name.removeprefix(prefix) for name in pending if name.startswith(prefix)}
-    units: dict[ExtractSpec, list[BuildUnit]] = {}
-    for unit in context.units:
-        if unit.extract.name in edited:
-            units.setdefault(unit.extract, []).append(unit)
-    return [
-        KernelAhead(spec, extract_files(context, spec), tuple(its)) for spec, its in units.items()
-    ]
 
 
 def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
@@ -195,7 +173,6 @@ def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
     from nkibuild import compiler
     from nkibuild.graph.intact import outputs_record
 
-    _offer_extraction_ahead(context, unit)
     result = compiler.run(context, unit)
     # The outputs check's record, with the sha256 the stage verified the NEFF by (a NEFF
     # may be hundreds of MB: it is not read again).
@@ -208,32 +185,6 @@ def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
         "peak_memory": result.peak_memory,
         **outputs_record({neff: result.sha256}, [record]),
     }
-
-
-def _offer_extraction_ahead(context: BuildContext, unit: BuildUnit) -> None:
-    """Let the session extract the next kernel's prebuilt module while this unit's
-    compiler runs (frontends/ahead.py): its compiles then need not wait between two
-    compiles for its extract task. Only a missing artifact is extracted ahead: one
-    that exists is up to date or is doit's to judge."""
-    from itertools import islice
-
-    from nkibuild.frontends import METADATA_FILE
-    from nkibuild.frontends.ahead import AHEAD_FRONTENDS
-
-    following = context.extraction_after
-    if not following:  # first use: one dict for the whole build
-        # Keyed by name (a string whose hash is kept), not by spec: hashing 5,000 specs
-        # cost the first compile task of an edit at 10,000 units 17 ms.
-        specs = {unit.extract.name: unit.extract for unit in context.units}
-        following.update(zip(specs, islice(specs.values(), 1, None), strict=False))
-    spec = following.get(unit.extract.name)
-    if spec is None or spec.frontend not in AHEAD_FRONTENDS:
-        return
-    if os.path.lexists(f"{context.layout.extract_path(spec)}/{METADATA_FILE}"):
-        return
-    session = context.session
-    files = extract_files(context, spec)
-    session.chores.offer(functools.partial(session.extractions_ahead.extract, context, spec, files))
 
 
 def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
