@@ -174,7 +174,7 @@ def killed_at_the_third(archive, info, *args):
 zipfile.ZipFile.writestr = killed_at_the_third
 package = Package(name="upd-kernels", version="1.0.0", import_name="upd_kernels")
 root = Path(sys.argv[1])
-files = tuple(tuple(line.split(" ")) for line in sys.argv[2:])
+files = tuple(tuple(line.rsplit(" ", 1)) for line in sys.argv[2:])
 build_wheel(BundleProject(root, package, files, None), root.parent / "dist")
 """
 
