@@ -68,7 +68,7 @@ def build_wheel(project: BundleProject, dist_dir: Path) -> Path:
     only once the new one is complete and synced to disk."""
     dist_info, generated = dist_info_files(project)
     # A generator: one bundle file in memory at a time, however many NEFFs there are.
-    members = itertools.chain(_bundle_members(project), sorted(generated.items()))
+    members = itertools.chain(_bundle_members(project), _hashed(generated))
     destination = dist_dir / wheel_file_name(project.package)
     with atomic_output(destination) as tmp:
         _write_zip(tmp, members, f"{dist_info}/RECORD")
@@ -86,11 +86,19 @@ def build_editable_wheel(project: BundleProject, wheel_dir: Path) -> Path:
     generated[f"__editable__.{dist_info.removesuffix('.dist-info')}.pth"] = paths.encode()
     destination = wheel_dir / wheel_file_name(project.package)
     with atomic_output(destination) as tmp:
-        _write_zip(tmp, sorted(generated.items()), f"{dist_info}/RECORD")
+        _write_zip(tmp, _hashed(generated), f"{dist_info}/RECORD")
     return destination
 
 
-def _bundle_members(project: BundleProject) -> Iterator[tuple[str, bytes]]:
+# A member: its name, bytes and sha256 (hashed once: the check and RECORD share it).
+Member = tuple[str, bytes, bytes]
+
+
+def _hashed(files: dict[str, bytes]) -> list[Member]:
+    return [(name, data, hashlib.sha256(data).digest()) for name, data in sorted(files.items())]
+
+
+def _bundle_members(project: BundleProject) -> Iterator[Member]:
     """The files of the distribution's import package, in name order, each checked
     against the sha256 the bundle stage recorded: a file changed since (edited by hand,
     damaged on disk) is refused, never shipped."""
@@ -98,13 +106,14 @@ def _bundle_members(project: BundleProject) -> Iterator[tuple[str, bytes]]:
     for name, recorded in sorted(project.files):
         if name.startswith(prefix):
             data = _bundle_file(project.directory, name)
-            if hashlib.sha256(data).hexdigest() != recorded:
+            digest = hashlib.sha256(data).digest()
+            if digest.hex() != recorded:
                 raise BuildError(
                     f"{project.directory / name} changed after the bundle was generated "
                     "(sha256 differs from bundle.json); rebuild the bundle instead of "
                     "editing its files"
                 )
-            yield name, data
+            yield name, data, digest
 
 
 def _bundle_file(root: Path, name: str) -> bytes:
@@ -117,15 +126,15 @@ def _bundle_file(root: Path, name: str) -> bytes:
         ) from None
 
 
-def _write_zip(target: Path, members: Iterable[tuple[str, bytes]], record_name: str) -> None:
+def _write_zip(target: Path, members: Iterable[Member], record_name: str) -> None:
     """The archive of `members` in the order given, then RECORD listing them all."""
     date_time = time.gmtime(source_epoch())[:6]
     record = io.StringIO()
     rows = csv.writer(record, lineterminator="\n")
     with zipfile.ZipFile(target, "w") as archive:
-        for name, data in members:
+        for name, data, digest in members:
             _add(archive, name, data, date_time)
-            rows.writerow([name, f"sha256={_record_hash(data)}", len(data)])
+            rows.writerow([name, f"sha256={_record_hash(digest)}", len(data)])
         rows.writerow([record_name, "", ""])
         _add(archive, record_name, record.getvalue().encode(), date_time)
 
@@ -140,9 +149,9 @@ def _add(archive: zipfile.ZipFile, name: str, data: bytes, date_time: tuple[int,
         archive.writestr(info, data, zipfile.ZIP_DEFLATED, DEFLATE_LEVEL)
 
 
-def _record_hash(data: bytes) -> str:
+def _record_hash(digest: bytes) -> str:
     """A sha256 as RECORD writes it: urlsafe base64 without padding (PEP 376/427)."""
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def source_epoch() -> int:
