@@ -7,8 +7,7 @@ the toolchain double compiles) is fully built once (-j2). Then, timed as whole
 - `edit` (nkibuild's side): one kernel's prebuilt HLO module is replaced by a new one
   (a module of another name, so its HLO differs; each run a name not compiled before,
   so no cache serves it). The rebuild re-extracts that kernel, compiles its two units
-  with the double's neuronx-cc (while it still decides about the rest: the edited
-  source is seen first, compiler/ahead.py), updates the bundle and the wheel.
+  with the double's neuronx-cc, updates the bundle and the wheel.
 - `decision` (the baseline of `ratio`): the same build with nothing changed. It does
   everything the edit's rebuild does to decide what to run (load the plan and the
   task graph, check the per-task up-to-date proof: every task's files) and runs

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,8 +78,6 @@ class BuildContext:
     # one release (one budget for one machine, equal cache keys compiled once).
     session: BuildSession = field(default_factory=BuildSession, compare=False, repr=False)
     frontend_versions: dict[str, dict[str, str]] = field(default_factory=dict, compare=False)
-    # Extraction name -> the next extraction in plan order (filled on first use).
-    extraction_after: dict[str, ExtractSpec] = field(default_factory=dict, compare=False)
 
 
 def load_context(
@@ -89,11 +86,8 @@ def load_context(
     dist_dir: Path,
     options: BuildOptions,
     session: BuildSession | None = None,
-    meanwhile: Callable[[], None] | None = None,
 ) -> BuildContext:
-    """The project's context, in `session` (a new one unless a release shares its own);
-    `meanwhile`: work independent of the manifest, run while it is validated (if it is:
-    not when the plan is cached), by a forked child where one can (plan.load_plan)."""
+    """The project's context, in `session` (a new one unless a release shares its own)."""
     from nkibuild.toolchain import cancel_unanswered, resolve_toolchain, start_version_query
 
     session = session if session is not None else BuildSession()
@@ -102,7 +96,7 @@ def load_context(
     try:
         # The compiler answers `--version` while the manifest loads (on another core).
         start_version_query(*_likely_compiler(options), layout.state_dir, versions)
-        manifest, units = load_plan(manifest_path, layout.state_dir, meanwhile)
+        manifest, units = load_plan(manifest_path, layout.state_dir)
         settings = resolve_settings(options, manifest)
         toolchain = resolve_toolchain(
             settings.toolchain, layout.state_dir, settings.compiler, versions

@@ -8,9 +8,7 @@ import functools
 import os
 import shutil
 import tempfile
-from collections.abc import Container, Iterable, Iterator, Mapping
-from itertools import compress, count, repeat
-from operator import is_, not_, or_
+from collections.abc import Iterator
 from pathlib import Path
 
 from nkibuild.errors import refused_path, storage_error
@@ -46,41 +44,6 @@ def stat_stamp(path: str | os.PathLike[str]) -> str | None:
         return stamp_of(os.stat(path))
     except (OSError, ValueError):  # ValueError: a NUL in the path (a damaged record's)
         return None
-
-
-class SeenStats:
-    """Stamps of files as the build saw them moments before (its up-to-date decision),
-    for a stage that would stat the same files again: a file in `vouched` (compared then
-    with its stamp in `seen`, and found as it was) and not in `unseen` (changed since, or
-    written by a task this build ran before the stage) is taken as seen; any other is
-    stat'ed. Without either, every file is stat'ed."""
-
-    def __init__(
-        self,
-        seen: Mapping[str, str] | None = None,
-        vouched: Container[str] = frozenset(),
-        unseen: Container[str] = frozenset(),
-    ) -> None:
-        self.seen = seen if seen is not None else {}
-        self.vouched = vouched
-        self.unseen = unseen
-
-    def stamps(self, paths: Iterable[str]) -> list[str | None]:
-        """Each file's stamp (None: missing), in order."""
-        if not self.seen:
-            return list(map(stat_stamp, paths))
-        paths = list(paths)
-        stamps = list(map(self.seen.get, paths))
-        # Looked up a column at a time (tens of thousands of paths): C loops, no
-        # Python step per path but for those stat'ed.
-        doubted = map(
-            or_,
-            map(or_, map(self.unseen.__contains__, paths), map(is_, stamps, repeat(None))),
-            map(not_, map(self.vouched.__contains__, paths)),
-        )
-        for index in compress(count(), doubted):
-            stamps[index] = stat_stamp(paths[index])
-        return stamps
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:

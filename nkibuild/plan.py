@@ -12,7 +12,7 @@ import hashlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -230,9 +230,7 @@ _PLAN_CODE = (
 )
 
 
-def load_plan(
-    manifest_path: Path, state_dir: Path, meanwhile: Callable[[], None] | None = None
-) -> tuple[Manifest, tuple[BuildUnit, ...]]:
+def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[BuildUnit, ...]]:
     """The validated manifest and its build units, from the plan cache when still valid.
 
     The cache is keyed by the manifest's bytes and location and by the code that
@@ -242,8 +240,7 @@ def load_plan(
     (validation parses those files; an hlo source's content is the build's business,
     not validation's). It is a pickle, read allowing only the plan's own dataclasses
     and paths (a build dir restored from elsewhere names no code to run). A build dir
-    that cannot be written is no error: the plan is then not cached. `meanwhile` runs
-    while the manifest is validated, if it is (manifest.load_manifest).
+    that cannot be written is no error: the plan is then not cached.
     """
     from nkibuild.manifest import load_manifest
 
@@ -256,10 +253,7 @@ def load_plan(
             return cached
     validating = time.time_ns()
     # Errors show the path as the user typed it.
-    if meanwhile is None:
-        manifest = load_manifest(manifest_path)
-    else:
-        manifest = load_manifest(manifest_path, meanwhile)
+    manifest = load_manifest(manifest_path)
     units = resolve(manifest)
     files = _named_files(manifest)
     stamps = _python_stamps(manifest, files, validating)

@@ -2,10 +2,8 @@
 
 A `BuildSession` holds the frontend workers (and the trace failures they
 reported), the compile memory budget, the per-cache-key locks, the registry of
-running compiler processes, the chores its compile threads do while their
-compilers run (with the extractions ahead among them), the compiler versions
-already asked for, the Ray connection it opened and what doit's state backend
-could not save. Nothing of
+running compiler processes, the compiler versions already asked for, the Ray
+connection it opened and what doit's state backend could not save. Nothing of
 that lives at module level: two sessions in one process (two builds in two
 threads, two PEP 517 hook calls) share nothing.
 
@@ -33,12 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nkibuild.cache.stats import CacheCounters
-from nkibuild.compiler.ahead import CompilesAhead
 from nkibuild.compiler.budget import KeyLocks, MemoryBudget
-from nkibuild.compiler.chores import Chores
 from nkibuild.compiler.process import ProcessRegistry
 from nkibuild.errors import UsageError
-from nkibuild.frontends.ahead import ExtractionsAhead
 from nkibuild.frontends.failures import TraceFailures
 from nkibuild.fsutil import LEFTOVER_PATTERNS, atomic_write_text, leftovers
 from nkibuild.toolchain import VersionMemo
@@ -102,9 +97,6 @@ class BuildSession:
         self.budget = MemoryBudget()
         self.key_locks = KeyLocks()
         self.processes = ProcessRegistry()
-        self.chores = Chores()  # done by compile threads while their compilers run
-        self.extractions_ahead = ExtractionsAhead()  # one of those chores
-        self.compiles_ahead = CompilesAhead()  # while the build decides, after an edit
         self.ray = RayConnection()
         # `neuronx-cc --version` queries by (command, compiler stamp): a release resolves
         # one toolchain per project and asks each compiler once.
@@ -153,11 +145,6 @@ class BuildSession:
         # Workers live for one build: the next may see changed user code.
         self.workers.close()
         self.ray.close()
-        # Before the chores (a stopped compile queues its work dir's removal there) and
-        # the extractions ahead it reads.
-        self.compiles_ahead.finish()
-        self.chores.finish()
-        self.extractions_ahead.discard()
 
 
 def current_session() -> BuildSession | None:

@@ -194,21 +194,3 @@ class RemovesWhenLoaded:
 
     def __reduce__(self) -> tuple[object, tuple[str]]:
         return os.remove, (str(self.path),)
-
-
-def counted_member_copies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Names of the members the wheel writer takes from a previous wheel one by one, as
-    it takes them (`nkibuild.bundle.wheel._copy_member` counted)."""
-    import zipfile
-
-    from nkibuild.bundle import wheel
-
-    names: list[str] = []
-    copy_member = wheel._copy_member
-
-    def counted(archive: zipfile.ZipFile, name: str, *args: object) -> str:
-        names.append(name)
-        return copy_member(archive, name, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(wheel, "_copy_member", counted)
-    return names

@@ -1,8 +1,7 @@
 """The bundle stage: the tree holds exactly what the build wants, whatever it held
 before (an edit, a damaged or removed file, a killed update), never a NEFF whose bytes
-are not its compile record's, and never written through a symbolic link; the wheel
-takes unchanged members from the wheel it replaces and stays byte for byte the wheel a
-fresh write gives."""
+are not its compile record's, and never written through a symbolic link; the wheel of
+an edited project is byte for byte the wheel of a fresh bundle."""
 
 from __future__ import annotations
 
@@ -15,17 +14,15 @@ import signal
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import build, counted_member_copies, softmax_manifest, softmax_project
+from helpers import build, softmax_manifest, softmax_project
 
 from nkibuild.bundle import load_bundle
-from nkibuild.bundle import wheel as wheel_module
 from nkibuild.bundle.buildinfo import read_build_info
 from nkibuild.bundle.tree import CompiledCopy, Content, digest, update_tree
-from nkibuild.bundle.wheel import WRITER_FILE, build_wheel
+from nkibuild.bundle.wheel import build_wheel
 from nkibuild.errors import BuildError
 from nkibuild.fsutil import LEFTOVER_PATTERNS, leftovers
 from nkibuild.toolchain_double.hlo_writer import build_hlo_module
@@ -399,157 +396,15 @@ def hlo(name: str) -> bytes:
     return build_hlo_module(name, [("logits", "float32", (64, 1024))], [("float32", (64, 1024))])
 
 
-def fresh_wheel(project: Path, out: Path) -> bytes:
+def test_an_edit_rebuilds_a_wheel_byte_identical_to_a_fresh_one(tmp_path: Path) -> None:
+    project = two_kernel_project(tmp_path / "p")
+    assert build(project).ok
+    (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
+    summary = build(project)
+    assert summary.ok and {"bundle", "wheel"} <= set(summary.executed)
+    (wheel,) = (project / "dist").glob("*.whl")
     bundle = load_bundle(project / "build" / "bundle" / "inc-kernels", build_info=False)
-    return build_wheel(bundle, out).read_bytes()
-
-
-def built_wheel(root: Path, copied: list[str]) -> tuple[Path, Path]:
-    """The two-kernel project built, and its wheel; `copied` emptied for what follows."""
-    project = two_kernel_project(root)
-    assert build(project).ok
-    copied.clear()
-    (wheel,) = (project / "dist").glob("*.whl")
-    return project, wheel
-
-
-@pytest.fixture
-def copied(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Names of the members taken from a previous wheel, as they are taken (one by one
-    or, from a trusted wheel, in runs)."""
-    names = counted_member_copies(monkeypatch)
-    copy_run = wheel_module._copy_run
-
-    def counted_run(directory: wheel_module.Directory, run: range, *args: object) -> None:
-        names.extend(directory.names[run.start : run.stop])
-        copy_run(directory, run, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(wheel_module, "_copy_run", counted_run)
-    return names
-
-
-def test_an_edit_rebuilds_a_wheel_byte_identical_to_a_fresh_one(
-    tmp_path: Path, copied: list[str]
-) -> None:
-    project = two_kernel_project(tmp_path / "p")
-    assert build(project).ok
-    writer = json.loads((project / "build" / "state" / WRITER_FILE).read_text())
-    assert writer["writer"] == wheel_module.writer_identity()
-    copied.clear()
-    (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
-    summary = build(project)
-    assert summary.ok and "wheel" in summary.executed
-    (wheel,) = (project / "dist").glob("*.whl")
-    assert wheel.read_bytes() == fresh_wheel(project, tmp_path / "fresh")
-    with zipfile.ZipFile(wheel) as archive:
-        members = [n for n in archive.namelist() if not n.startswith("inc_kernels-1.0.0.dist")]
-    # Every member but the edited kernel's NEFFs (and _build.json, which lists them)
-    # comes from the previous wheel.
-    changed = {"inc_kernels/_build.json"} | {
-        f"inc_kernels/neff/{t}/other/default.neff" for t in ("trn1", "trn2")
-    }
-    assert sorted(copied) == sorted(set(members) - changed)
-
-
-def test_a_damaged_member_of_the_previous_wheel_is_not_reused(
-    tmp_path: Path, copied: list[str]
-) -> None:
-    project, wheel = built_wheel(tmp_path / "p", copied)
-    with zipfile.ZipFile(wheel) as archive:
-        info = archive.getinfo("inc_kernels/neff/trn2/softmax/default.neff")
-    data = bytearray(wheel.read_bytes())
-    data[info.header_offset + 30 + len(info.filename) + info.compress_size // 2] ^= 0x01
-    wheel.write_bytes(bytes(data))
-    summary = build(project)
-    assert summary.ok and summary.executed == ["wheel"]
-    assert "inc_kernels/neff/trn2/softmax/default.neff" not in copied
-    assert "inc_kernels/neff/trn1/softmax/default.neff" in copied
-    assert wheel.read_bytes() == fresh_wheel(project, tmp_path / "fresh")
-
-
-@pytest.fixture
-def unpacked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Sizes of the contents the wheel stage decides a compression for: every member it
-    writes, and every member of the previous wheel it checks before copying it."""
-    sizes: list[int] = []
-    compression = wheel_module._compression
-
-    def counted(data: bytes) -> int:
-        sizes.append(len(data))
-        return compression(data)
-
-    monkeypatch.setattr(wheel_module, "_compression", counted)
-    return sizes
-
-
-@pytest.mark.parametrize("touched", [False, True], ids=["as-written", "touched"])
-def test_a_wheel_with_the_stat_it_was_written_with_lends_members_unchecked(
-    tmp_path: Path, copied: list[str], unpacked: list[int], touched: bool
-) -> None:
-    """Its members are what this writer stored: not unpacked again. A wheel whose stat
-    changed (same bytes, touched) is checked member by member, and lends as much."""
-    project = two_kernel_project(tmp_path / "p")
-    assert build(project).ok
-    (wheel,) = (project / "dist").glob("*.whl")
-    if touched:
-        wheel.write_bytes(wheel.read_bytes())
-    copied.clear()
-    unpacked.clear()
-    (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
-    assert build(project).ok
-    with zipfile.ZipFile(wheel) as archive:
-        written = len(archive.namelist()) - len(copied)  # RECORD and METADATA among them
-    assert len(copied) >= 9  # all but the edited kernel's NEFFs and _build.json
-    assert len(unpacked) == written + (len(copied) if touched else 0)
-    assert wheel.read_bytes() == fresh_wheel(project, tmp_path / "fresh")
-
-
-def test_a_wheel_from_another_writer_lends_nothing(tmp_path: Path, copied: list[str]) -> None:
-    project = two_kernel_project(tmp_path / "p")
-    assert build(project).ok
-    copied.clear()
-    writer_file = project / "build" / "state" / WRITER_FILE
-    recorded = json.loads(writer_file.read_text())
-    recorded["writer"]["zlib"] = "0.0"
-    writer_file.write_text(json.dumps(recorded))
-    (project / "kernels" / "other.hlo.pb").write_bytes(hlo("edited"))
-    summary = build(project)
-    assert summary.ok and "wheel" in summary.executed and copied == []
-    (wheel,) = (project / "dist").glob("*.whl")
-    assert wheel.read_bytes() == fresh_wheel(project, tmp_path / "fresh")
-    assert json.loads(writer_file.read_text())["writer"] == wheel_module.writer_identity()
-
-
-def test_a_previous_wheel_whose_directory_points_past_its_end_lends_nothing(
-    tmp_path: Path, copied: list[str]
-) -> None:
-    project, wheel = built_wheel(tmp_path / "p", copied)
-    data = bytearray(wheel.read_bytes())
-    # The first central directory header's local header offset (at byte 42 of it) now
-    # points 10 bytes before the end: too few bytes there for a local header.
-    first = data.index(b"PK\x01\x02")
-    data[first + 42 : first + 46] = (len(data) - 10).to_bytes(4, "little")
-    wheel.write_bytes(bytes(data))
-    summary = build(project)
-    assert summary.ok and summary.executed == ["wheel"]
-    with zipfile.ZipFile(wheel) as archive:
-        assert archive.namelist()[0] not in copied
-    assert wheel.read_bytes() == fresh_wheel(project, tmp_path / "fresh")
-
-
-def test_a_previous_file_that_is_no_wheel_is_closed_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    opened: list[object] = []
-
-    def tracked(*args: object) -> object:
-        handle = open(*args)  # type: ignore[call-overload]  # noqa: SIM115 (checked closed)
-        opened.append(handle)
-        return handle
-
-    monkeypatch.setattr(wheel_module, "open", tracked, raising=False)
-    damaged = tmp_path / "damaged.whl"
-    damaged.write_bytes(b"PK\x03\x04 not a zip archive")
-    with wheel_module.Previous.of(damaged) as previous:
-        assert previous is None
-    assert len(opened) == 1 and all(handle.closed for handle in opened)  # type: ignore[attr-defined]
+    assert wheel.read_bytes() == build_wheel(bundle, tmp_path / "fresh").read_bytes()
+    shutil.rmtree(project / "build" / "bundle")
+    assert build(project, "bundle").ok  # a fresh bundle gives the same wheel too
+    assert wheel.read_bytes() == build_wheel(bundle, tmp_path / "fresh2").read_bytes()

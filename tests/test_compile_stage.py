@@ -427,7 +427,8 @@ def fake_compiler_script(directory: Path) -> Path:
     """A stand-alone `neuronx-cc` executable that is the double."""
     directory.mkdir(parents=True, exist_ok=True)
     script = directory / "neuronx-cc"
-    script.write_text(f'#!/bin/sh\nexec {sys.executable} -m nkibuild.toolchain_double.fake_neuronxcc "$@"\n')
+    double = "nkibuild.toolchain_double.fake_neuronxcc"
+    script.write_text(f'#!/bin/sh\nexec {sys.executable} -m {double} "$@"\n')
     script.chmod(0o755)
     return script
 

@@ -10,7 +10,10 @@ never run.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "nkibuild"
 
@@ -123,3 +126,80 @@ def test_the_contract_sees_function_level_imports(tmp_path: Path) -> None:
         (5, "nkibuild.graph"),
         (6, "nkibuild.cli.main"),
     ]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports(path: Path, known: set[str]) -> set[str]:
+    """The nkibuild modules `path` imports where it can run (`from nkibuild.a import b`
+    imports nkibuild.a.b when that is a module, else nkibuild.a). A package's
+    __init__ handing on names of its own submodules is not counted: it is the package's
+    face, as a reader sees it."""
+    importer = module_name(path)
+    tree = ast.parse(path.read_text())
+    exempt = type_checking_lines(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom | ast.Import) or node.lineno in exempt:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif node.level == 0 and node.module:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in known else node.module)
+    own = f"{importer}." if path.name == "__init__.py" else None
+    return {
+        module
+        for module in found & known
+        if module != importer and not (own and module.startswith(own))
+    }
+
+
+def import_cycles() -> list[list[str]]:
+    """Groups of nkibuild modules that import each other in a loop (Tarjan's algorithm)."""
+    paths = modules()
+    known = {module_name(path) for path in paths}
+    edges = {module_name(path): module_imports(path, known) for path in paths}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for successor in sorted(edges[node]):
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            group = []
+            while (member := stack.pop()) != node:
+                group.append(member)
+            if group:
+                cycles.append(sorted([node, *group]))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_modules_import_each_other_in_a_loop() -> None:
+    assert import_cycles() == []
+
+
+def test_the_loop_finder_finds_a_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "nkibuild"
+    (package / "a").mkdir(parents=True)
+    (package / "a" / "__init__.py").write_text("from nkibuild.a import x\n")
+    (package / "a" / "x.py").write_text("from nkibuild.b import y\n")
+    (package / "b.py").write_text("def y():\n    from nkibuild.a import x\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    assert import_cycles() == [["nkibuild.a.x", "nkibuild.b"]]

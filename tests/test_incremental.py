@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -10,8 +9,6 @@ from helpers import build, pretend_new_compiler
 
 from nkibuild.graph.loader import DEP_FILE
 from nkibuild.graph.report import BuildSummary
-from nkibuild.graph.run import LAST_RUN_FILE
-from nkibuild.graph.uptodate import STAMP_FILE
 
 pytest.importorskip("jax")
 
@@ -143,12 +140,24 @@ def test_touching_a_source_without_changing_it_runs_nothing(built: Path) -> None
     source = built / "kernels" / "jax_kernels.py"
     source.write_text(source.read_text())  # new mtime, same content
     summary = build(built)
-    # The up-to-date proof compares the touched file's content, not just its stat.
+    # doit's md5 checker compares the touched file's content, not just its stat.
     assert summary.executed == []
-    record = json.loads((built / "build" / "state" / LAST_RUN_FILE).read_text())
-    assert record["up_to_date_decision"]["touched_unchanged"] == [str(source)]
-    assert record["up_to_date_decision"]["handed_to_doit"] == 0
-    assert (built / "build" / "state" / STAMP_FILE).exists()
+
+
+def test_touching_a_neff_without_changing_it_runs_nothing(built: Path) -> None:
+    neff = built / "build" / "compile" / "softmax" / "default" / "trn2" / "model.neff"
+    neff.write_bytes(neff.read_bytes())  # new stat, same content: the outputs check hashes it
+    assert build(built).executed == []
+
+
+def test_a_changed_neff_is_compiled_again_and_shipped(built: Path) -> None:
+    neff = built / "build" / "compile" / "softmax" / "default" / "trn2" / "model.neff"
+    original = neff.read_bytes()
+    neff.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+    summary = build(built)
+    assert summary.ok
+    assert "compile:softmax/default/trn2" in summary.executed
+    assert neff.read_bytes() == original
 
 
 def test_deleting_an_output_rebuilds_just_that_output(built: Path) -> None:
@@ -159,13 +168,16 @@ def test_deleting_an_output_rebuilds_just_that_output(built: Path) -> None:
     assert wheel.exists()
 
 
-def test_selected_tasks_never_use_or_write_the_proof(built: Path) -> None:
-    stamp = built / "build" / "state" / STAMP_FILE
-    assert stamp.exists()
+def test_a_selection_runs_what_it_names_and_the_next_build_the_rest(built: Path) -> None:
+    (built / "build" / "compile" / "softmax" / "default" / "trn2" / "model.neff").unlink()
+    wheel = next((built / "dist").glob("*.whl"))
+    wheel.unlink()
     summary = build(built, "compile:softmax/*")
-    assert summary.executed == []
-    assert summary.up_to_date == ["extract:softmax/default", "compile:softmax/default/trn2"]
-    assert not stamp.exists()
+    assert summary.executed == ["compile:softmax/default/trn2"]
+    assert not wheel.exists()
+    # What the selection skipped runs now (the compile record says where its NEFF came from).
+    assert build(built).executed == ["bundle", "wheel"]
+    assert wheel.exists()
 
 
 def test_a_passed_variable_reruns_extraction_only(

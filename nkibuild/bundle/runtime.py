@@ -235,6 +235,7 @@ class Kernel:
         variant = variant or next(iter(self._info["variants"]))
         if variant not in self._info["variants"]:
             raise KernelError(f"{self.name} has no variant {variant!r}: {self._listing()}")
+        self._neff(target, variant)  # a target built without this kernel: said, not a KeyError
         return _load_model(self.package, self.name, target, variant)
 
     def benchmark(

@@ -1,27 +1,12 @@
-"""`nkibuild cache ACTION --json`: the cache command with one JSON document on stdout;
-and what `cache stats` says about each tier (entries, size, hits over the last builds)."""
+"""What `nkibuild cache` says about the cache after its action: the document
+`--json` prints, and the lines `cache stats` prints for each tier (entries, size,
+hits over the last builds)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import sys
 from typing import Any
-
-
-def cache(args: argparse.Namespace) -> int:
-    from nkibuild.cli import commands
-
-    if not args.json:
-        return commands.cache(args)
-    # The action's own lines (what it removed or found corrupt) go to stderr, so that a
-    # script reads stdout as JSON whatever the action printed.
-    with contextlib.redirect_stdout(sys.stderr):
-        code, usage = commands.cache_action(args)
-    document = state(args, usage)
-    print(json.dumps({"action": args.action, "ok": code == 0, **document}, indent=2))
-    return code
 
 
 def state(args: argparse.Namespace, usage: tuple[int, int]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import sys
@@ -10,8 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from nkibuild.context import BuildContext
     from nkibuild.manifest.model import Manifest
     from nkibuild.plan import BuildUnit
@@ -24,50 +23,13 @@ EXIT_OK, EXIT_BUILD_FAILED = 0, 1
 DEFAULT_MANIFEST = "nkibuild.yaml"
 
 
-def _context(args: argparse.Namespace, meanwhile: Callable[[], None] | None = None) -> BuildContext:
+def _context(args: argparse.Namespace) -> BuildContext:
     from nkibuild.context import load_context
 
     _require_manifest(args)
     options = _build_options(args)
     build_dir, dist_dir = Path(args.build_dir), Path(args.dist_dir)
-    return load_context(Path(args.manifest), build_dir, dist_dir, options, meanwhile=meanwhile)
-
-
-# What a first build imports before its first compile: the build's runner and report,
-# doit and the lock, the modules of the task dicts, the extraction's HLO reader
-# (protobuf) and the compile stage's. In a build dir without state (nothing to prove up
-# to date, every task runs) they are imported while a forked child validates the
-# manifest (manifest/forkcheck.py), which takes them off the start-up's critical path.
-_FIRST_BUILD_MODULES = (
-    "nkibuild.graph.run",
-    "nkibuild.cli.buildreport",
-    "nkibuild.cli.display",
-    "filelock",
-    "doit.doit_cmd",
-    "nkibuild.graph.loader",
-    "nkibuild.bundle.provenance",
-    "nkibuild.bundle.wheel",
-    "nkibuild.frontends",
-    "nkibuild.formats.hlo",
-    "nkibuild.compiler",
-    "nkibuild.formats.neff",
-)
-
-
-def _first_build_imports(args: argparse.Namespace) -> Callable[[], None] | None:
-    from nkibuild.context import Layout
-
-    layout = Layout(Path(args.build_dir).resolve(), Path(args.dist_dir).resolve())
-    if layout.state_dir.exists():
-        return None  # a later build may prove every task up to date and need none of them
-
-    def load() -> None:
-        import importlib
-
-        for name in _FIRST_BUILD_MODULES:
-            importlib.import_module(name)
-
-    return load
+    return load_context(Path(args.manifest), build_dir, dist_dir, options)
 
 
 def _build_options(args: argparse.Namespace) -> BuildOptions:
@@ -89,8 +51,7 @@ def _build_options(args: argparse.Namespace) -> BuildOptions:
 
 
 def build(args: argparse.Namespace) -> int:
-    context = _context(args, _first_build_imports(args))
-    # Imported once the context is loaded: a first build imports them meanwhile.
+    context = _context(args)
     from nkibuild.cli.buildreport import recorded
     from nkibuild.cli.display import PlainDisplay, RichDisplay, use_rich
     from nkibuild.graph.run import RunOptions, run_build
@@ -105,7 +66,6 @@ def build(args: argparse.Namespace) -> int:
         selection=tuple(args.tasks),
         jobs=max(1, args.jobs),
         keep_going=args.keep_going,
-        owns_process=True,
     )
     try:
         with recorded("build", args.report, context.session.cache_stats, display) as record:
@@ -374,10 +334,20 @@ def doctor(args: argparse.Namespace) -> int:
 
 
 def cache(args: argparse.Namespace) -> int:
-    return cache_action(args)[0]
+    """With --json: one JSON document on stdout; the action's own lines (what it removed
+    or found corrupt) go to stderr, so that a script reads stdout as JSON."""
+    from nkibuild.cli.cachejson import state
+
+    if not args.json:
+        return _cache_action(args)[0]
+    with contextlib.redirect_stdout(sys.stderr):
+        code, usage = _cache_action(args)
+    document = state(args, usage)
+    print(json.dumps({"action": args.action, "ok": code == 0, **document}, indent=2))
+    return code
 
 
-def cache_action(args: argparse.Namespace) -> tuple[int, tuple[int, int]]:
+def _cache_action(args: argparse.Namespace) -> tuple[int, tuple[int, int]]:
     """Run the cache action; its exit code and the local cache's (entries, bytes) after it."""
     from nkibuild.cache import UNFINISHED_AFTER_S, LocalCache
     from nkibuild.cache.trust import trust_from_environment

@@ -109,7 +109,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(handler=lambda _args: parser.print_help() or EXIT_USAGE)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     project = _project_options()
-    from nkibuild.cli import cachejson as cache_json
     from nkibuild.cli import commands as cmd
 
     _add(
@@ -224,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
         commands, "doctor", cmd.doctor, "show which toolchain pieces and caches are found", project
     )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
-    cache = _add(commands, "cache", cache_json.cache, "show, verify or trim the local NEFF cache")
+    cache = _add(commands, "cache", cmd.cache, "show, verify or trim the local NEFF cache")
     cache.add_argument("action", choices=("stats", "verify", "prune", "clear"))
     cache.add_argument(
         "--json", action="store_true",

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Protocol
 from nkibuild.cache import CacheChain, CacheKey
 from nkibuild.compiler.budget import KeyLocks, MemoryBudget
 from nkibuild.compiler.checks import checked_neff, verified_result
-from nkibuild.compiler.chores import Chores
 from nkibuild.compiler.job import CompileJob, Produced
 from nkibuild.compiler.key import cache_key
 from nkibuild.compiler.local import LocalExecutor
@@ -52,7 +51,6 @@ __all__ = [
     "COMPILE_OUTPUTS",
     "KEY_FILE",
     "RESULT_FILE",
-    "Chores",
     "CompileJob",
     "CompileOptions",
     "CompiledNeff",
@@ -85,23 +83,16 @@ class CompileOptions:
     budget: MemoryBudget = field(default_factory=MemoryBudget)
     key_locks: KeyLocks = field(default_factory=KeyLocks)
     processes: ProcessRegistry = field(default_factory=ProcessRegistry)
-    # The session's work for a thread whose compiler runs; None: nothing is deferred.
-    chores: Chores | None = None
 
 
 def run(context: BuildContext, unit: BuildUnit) -> CompiledNeff:
     """The compile stage of a build: the unit's extracted artifact -> its NEFF."""
     from nkibuild.frontends import load_extracted
 
-    layout, toolchain = context.layout, context.toolchain
+    layout = context.layout
     artifact = load_extracted(layout.extract_dir(unit.extract), unit.name)
     out_dir = layout.compile_dir(unit)
-    # Compiled while the build decided, if it was (compiler/ahead.py).
-    ahead = context.session.compiles_ahead.take(out_dir)
-    if ahead is not None:
-        ahead.raise_failure(cache_key(unit, artifact.content_hash, toolchain).digest)
-    result = compile_unit(unit, artifact, toolchain, out_dir, compile_options(context))
-    return ahead.reported(result) if ahead is not None else result
+    return compile_unit(unit, artifact, context.toolchain, out_dir, compile_options(context))
 
 
 def compile_options(context: BuildContext) -> CompileOptions:
@@ -124,7 +115,6 @@ def compile_options(context: BuildContext) -> CompileOptions:
         budget=session.budget,
         key_locks=session.key_locks,
         processes=session.processes,
-        chores=session.chores,
     )
 
 

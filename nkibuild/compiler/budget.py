@@ -1,7 +1,6 @@
 """Admission of concurrent compiles: under a memory budget, and once per cache key.
 
-doit's `-j N` bounds how many compile tasks run; this bounds how many compilers run
-(N: a compile ahead, compiler/ahead.py, takes one of them) and how much memory they may
+doit's `-j N` bounds how many compiles run; this bounds how much memory they may
 need together, so large kernels do not OOM each other. Compiles are admitted in
 arrival order (a big one waiting is not starved by small ones behind it), one
 whose estimate exceeds the whole budget runs with nothing beside it, and a retry
@@ -69,7 +68,7 @@ class MemoryBudget:
             return False
         if self._running == 0:
             return True
-        if alone or self._running >= self.jobs:
+        if alone:
             return False
         return self.total is None or self._in_use + charge <= self.total
 

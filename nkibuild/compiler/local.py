@@ -53,8 +53,6 @@ def _compile(
                 options.processes,
                 attempt=attempt,
                 last=attempt > options.retries,
-                chores=options.chores,
-                slots=options.budget.jobs,
             )
         outcome = run.outcome
         if run.neff is not None:  # none only for a failure that may be retried

@@ -8,13 +8,11 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nkibuild.compiler.checks import checked_neff
-from nkibuild.compiler.chores import Chores
 from nkibuild.compiler.process import ProcessOutcome, ProcessRegistry, run_process
 from nkibuild.compiler.record import LOG_FILE, NEFF_FILE
 from nkibuild.errors import BuildError, tail
@@ -63,17 +61,12 @@ def run_compiler(
     *,
     attempt: int = 1,
     last: bool = True,
-    chores: Chores | None = None,
-    slots: int = 1,
 ) -> CompilerRun:
     """One neuronx-cc run; a verified NEFF lands in out_dir or a BuildError is raised.
 
     A compile killed by SIGKILL or ending with neuronx-cc's internal-error status is
     returned, not raised, unless this is the `last` try: the caller may retry it (alone
     after SIGKILL, since the OOM killer may have picked it for its neighbours' memory).
-    With the session's `chores` (of a build with `slots` compile slots), they are done
-    while the compiler runs, and the work dir is removed during a later compile's wait
-    instead of between two compiles.
     """
     _remove_stale_work_dirs(out_dir)
     # neuronx-cc has no work-dir flag: the cwd is its work dir, so each compile gets its own.
@@ -95,7 +88,6 @@ def run_compiler(
                 timeout,
                 processes,
                 toolchain.compiler_environment(),
-                _chores(chores, processes, slots) if chores is not None else None,
             )
         except OSError as error:
             raise BuildError(
@@ -111,25 +103,7 @@ def run_compiler(
         os.replace(output, out_dir / NEFF_FILE)
         return CompilerRun(outcome, info)
     finally:
-        if chores is not None:
-            chores.remove_later(work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-
-
-def _chores(
-    chores: Chores, processes: ProcessRegistry, slots: int
-) -> Callable[[Callable[[], bool]], None]:
-    """The chores for the wait of a compiler just started. The offered jobs wait for a
-    wait during which the compilers of all `slots` (the build's -j) run: before that,
-    another slot's thread is still preparing its compile (the slots start together in
-    a cold build), and a job would take the GIL and a core from it, delaying that
-    compile's start. Work dirs are removed in any wait."""
-
-    def meanwhile(running: Callable[[], bool]) -> None:
-        chores.run(running, jobs=processes.running() >= slots)
-
-    return meanwhile
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def retryable(outcome: ProcessOutcome) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import functools
 import os
 import shutil
 import signal
@@ -69,11 +68,6 @@ class ProcessRegistry:
         if stopped:
             _kill_group(pid)
 
-    def running(self) -> int:
-        """How many compilers run now."""
-        with self._lock:
-            return len(self._groups)
-
     def discard(self, pid: int) -> None:
         with self._lock:
             self._groups.discard(pid)
@@ -95,13 +89,10 @@ def run_process(
     timeout: float | None,
     registry: ProcessRegistry | None = None,
     env: dict[str, str] | None = None,
-    meanwhile: Callable[[Callable[[], bool]], None] | None = None,
 ) -> ProcessOutcome:
     """Run `command` in `cwd` with stdout and stderr to `output`; OSError if it cannot start.
 
-    While it runs, its process group is in `registry`, so the session can kill it, and
-    this thread calls `meanwhile` (the build's chores) before it waits for it, with a
-    callable that says whether it still runs (chores stop once it has exited)."""
+    While it runs, its process group is in `registry`, so the session can kill it."""
     registry = registry if registry is not None else ProcessRegistry()
     guard = registry.death_guard
     started = time.monotonic()
@@ -122,8 +113,6 @@ def run_process(
                 )
             timer = _kill_after(process.pid, timeout, expired)
             registry.add(process.pid)
-        if meanwhile is not None:
-            meanwhile(functools.partial(_running, process.pid))
         # Wait without reaping: while the compiler is a zombie its process group id
         # cannot be reused, so killing the group cannot hit an unrelated process.
         os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
@@ -211,7 +200,7 @@ def _kill_after(
         return None
 
     def expire() -> None:
-        if not _running(pid):  # exited in time; its thread was busy with chores
+        if not _running(pid):  # exited in time, not yet reaped by its thread
             return
         expired.set()
         _kill_group(pid)

@@ -14,19 +14,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from doit.cmd_base import DoitCmdBase, TaskLoader2
-from doit.cmd_list import List
-from doit.cmd_run import Run
+from doit.cmd_base import TaskLoader2
 from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidCommand, InvalidDodoFile
-from doit.globals import Globals
 from doit.loader import generate_tasks
-from doit.plugin import PluginDict
 from doit.task import Task
 
 from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError
-from nkibuild.graph.state import BACKEND_NAME, DEP_FILE, AtomicJsonDB
+from nkibuild.graph.state import BACKEND_LOCATION, BACKEND_NAME, DEP_FILE
 from nkibuild.graph.tasks import task_dicts
 
 __all__ = ["DEP_FILE", "NkibuildLoader", "doit_config", "doit_main", "to_tasks"]
@@ -106,52 +102,9 @@ class NkibuildLoader(TaskLoader2):
         return to_tasks(task_dicts(self.context), self.cmd_names)
 
 
-# doit finds its plugins (commands, state backends, reporters) among the entry points of
-# every installed package: three scans of their metadata per run, ~0.012 s, paid by
-# every build that hands doit a task. nkibuild's own runs need none of them: its backend
-# is named in doit_config (and is nkibuild's), its reporter is handed over as an object,
-# and it runs doit's `run` and `list`. These commands take those as known. A user's
-# dodo.py run by plain doit still finds the backend through nkibuild's entry point
-# (pyproject.toml, `doit.BACKEND`).
-class _KnownBackend(DoitCmdBase):
-    def execute(self, params: Any, args: Any) -> Any:
-        try:
-            return super().execute(params, args)
-        finally:
-            # doit keeps its last dependency manager in a class attribute, for the
-            # tasks of its run: after the run, it would keep the saved state it decoded
-            # (the bundle's 10,000 file_dep states) alive until the process ends.
-            if Globals.dep_manager is self.dep_manager:
-                Globals.dep_manager = None
-
-    def get_backends(self) -> dict[str, Any]:
-        backends = {BACKEND_NAME: AtomicJsonDB}
-        if "backend" in self.cmdparser:  # as doit: the choices `help` lists
-            self.cmdparser["backend"].choices = {BACKEND_NAME: AtomicJsonDB.desc}
-        return backends
-
-
-class _Run(_KnownBackend, Run):
-    name = Run.get_name()
-
-    def get_reporters(self) -> dict[str, Any]:
-        return {}  # run_task_graph hands doit its reporter as an object, never by name
-
-
-class _List(_KnownBackend, List):
-    name = List.get_name()
-
-
-class _Main(DoitMain):
-    def get_cmds(self) -> PluginDict:
-        commands = PluginDict()
-        for command in (_Run, _List):
-            commands[command.get_name()] = command
-        return commands
-
-
 def doit_main(loader: NkibuildLoader) -> DoitMain:
-    """doit's command line for nkibuild's runs of `loader`'s tasks (`run` and `list`,
-    with nkibuild's state backend and a reporter object): no plugin is looked up, and no
-    configuration file read (the loader's config is the whole of it)."""
-    return _Main(loader, config_filenames=())
+    """doit's command line for nkibuild's runs of `loader`'s tasks: nkibuild's state
+    backend named as a doit plugin, and no configuration file read (the loader's config
+    is the whole of it)."""
+    plugins = {"BACKEND": {BACKEND_NAME: BACKEND_LOCATION}}
+    return DoitMain(loader, config_filenames=(), extra_config=plugins)

@@ -1,28 +1,18 @@
-"""Run a build: take the project's build lock, then let doit execute the task graph.
-
-doit (graph/loader.py) is imported only to run or list tasks: a build whose every task
-the up-to-date proof covers never loads it."""
+"""Run a build: take the project's build lock, then let doit execute the task graph."""
 
 from __future__ import annotations
 
 import fnmatch
-import functools
-import gc
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from nkibuild.context import BuildContext
-from nkibuild.errors import NkibuildError, UsageError, describe_os_error
+from nkibuild.errors import UsageError, describe_os_error
 from nkibuild.fsutil import atomic_write_text
-from nkibuild.graph import uptodate
-from nkibuild.graph.intact import VALUES_KEY, Recorded, recorded_outputs
 from nkibuild.graph.report import BuildReporter, BuildSummary, Display
-from nkibuild.graph.state import DEP_FILE
-from nkibuild.graph.tasks import BUNDLE_TASK, kernels_ahead, seeing, task_dicts
-from nkibuild.graph.uptodate import task_name
+from nkibuild.graph.tasks import task_dicts
 from nkibuild.session import BuildSession, SessionDirs
 
 LAST_RUN_FILE = "last-run.json"
@@ -34,11 +24,6 @@ class RunOptions:
     jobs: int = 1
     keep_going: bool = False
     lock_timeout: float = 0.0
-    # The caller owns its process (the CLI): what was loaded to decide (millions of
-    # objects at 10,000 units, which live until the build ends) is moved out of the
-    # garbage collector's sight before doit runs, which would scan it again in each of
-    # its collections (0.15 s after an edit at 10,000 units).
-    owns_process: bool = False
 
 
 def run_build(context: BuildContext, options: RunOptions, display: Display) -> BuildSummary:
@@ -55,23 +40,15 @@ def run_build(context: BuildContext, options: RunOptions, display: Display) -> B
 
 
 def _run_locked(context: BuildContext, options: RunOptions, display: Display) -> BuildSummary:
+    from nkibuild.graph.loader import doit_config
+
     dicts = task_dicts(context)
     check_selection(dicts, options.selection)
-    state_dir = context.layout.state_dir
-    record: dict = {}
-    if options.selection:
-        # doit alone decides about a selection; what it runs changes its state, so the
-        # proof is dropped rather than kept beside state it no longer describes.
-        uptodate.forget(state_dir)
-        _loaded(options)
-        summary = _run_doit(context, dicts, options, display)
-    else:
-        summary, record["up_to_date_decision"] = _run_whole_graph(context, dicts, options, display)
+    summary = run_task_graph(context.session, dicts, doit_config(context), options, display)
     try:
-        text = json.dumps({**summary.to_json(), **record}, indent=2)
-        # Not fsync'ed: a report, whole or absent after a power loss. A sync here also
-        # waited for the journal to write what earlier builds left in the page cache.
-        atomic_write_text(state_dir / LAST_RUN_FILE, text, durable=False)
+        # Not fsync'ed: a report, whole or absent after a power loss.
+        text = json.dumps(summary.to_json(), indent=2)
+        atomic_write_text(context.layout.state_dir / LAST_RUN_FILE, text, durable=False)
     except OSError as error:  # the build itself is done: report, don't lose its summary
         summary.runtime_errors.append(
             f"the build's record was not saved: {describe_os_error(error)}"
@@ -79,126 +56,9 @@ def _run_locked(context: BuildContext, options: RunOptions, display: Display) ->
     return summary
 
 
-def _run_whole_graph(
-    context: BuildContext, dicts: list[dict], options: RunOptions, display: Display
-) -> tuple[BuildSummary, dict]:
-    """Ask doit only about the tasks the up-to-date proof does not cover (uptodate.py);
-    returns the summary and how the proof decided (for last-run.json)."""
-    state_dir = context.layout.state_dir
-    dep_file = str(state_dir / DEP_FILE)
-    started = time.perf_counter()
-    session = context.session
-    # After an edit, the edited kernels are extracted and compiled while the rest is
-    # compared (compiler/ahead.py): doit finds that work done.
-    ahead = functools.partial(_compile_ahead, context)
-    decision = uptodate.decide(state_dir, dicts, dep_file, sources_changed=ahead)
-    figures = {
-        "seconds": round(time.perf_counter() - started, 3),
-        "proven": len(dicts) - len(decision.pending),
-        "handed_to_doit": len(decision.pending),
-        "touched_unchanged": decision.touched,
-    }
-    if not decision.pending:
-        if decision.touched:
-            uptodate.record(state_dir, decision, {}, dep_file)
-        return _report_all_up_to_date(dicts, display), figures
-    _loaded(options)
-    from nkibuild.graph.handover import handed_over, proof_checker
-    from nkibuild.graph.loader import doit_config
-
-    config = {
-        **doit_config(context),
-        "default_tasks": decision.pending,
-        "check_file_uptodate": proof_checker(decision),
-    }
-    verified: dict[str, int] = {}
-    written: dict[str, Recorded] = {}
-    # The bundle takes the stamps deciding saw of the files no task writes before it.
-    seen = uptodate.seen_by(decision, BUNDLE_TASK)
-    definition = decision.fingerprints.get(BUNDLE_TASK, "")
-    handed = [seeing(task, seen, definition) for task in handed_over(decision, dicts)]
-    session.compiles_ahead.stop_starting()  # the build's compile threads are doit's now
-    summary = run_task_graph(
-        session,
-        handed,
-        config,
-        options,
-        display,
-        proven=decision.proven,
-        verified=verified,
-        written=written,
-    )
-    if not session.state_failures:  # else doit's state is what it was before
-        uptodate.record(state_dir, decision, verified, dep_file, written)
-    return summary, figures
-
-
-def _compile_ahead(context: BuildContext, pending: list[str]) -> None:
-    try:
-        kernels = kernels_ahead(context, pending)
-    except (NkibuildError, OSError):  # a deps glob refused: the kernel's task reports it
-        return
-    context.session.compiles_ahead.start(context, kernels)
-
-
-def _loaded(options: RunOptions) -> None:
-    """Everything doit needs is loaded: see RunOptions.owns_process."""
-    if options.owns_process:
-        gc.freeze()
-
-
-def _report_all_up_to_date(dicts: list[dict], display: Display) -> BuildSummary:
-    reporter = BuildReporter(display)
-    names = [task_name(task) for task in dicts]
-    reporter.start(len(names))
-    for name in names:
-        reporter.up_to_date(name)
-    reporter.complete_run()
-    return reporter.summary
-
-
-class _PartlyProvenReporter(BuildReporter):
-    """Reports the tasks the proof covers as up to date, then what doit does with the rest;
-    notes when doit found each task up to date or ran it (`verified`: name -> time_ns),
-    and the outputs a task that ran recorded as it wrote them (`written`: name -> the
-    fingerprints its outputs check keeps, graph/intact.py)."""
-
-    def __init__(
-        self,
-        display: Display,
-        proven: Sequence[str],
-        verified: dict[str, int],
-        written: dict[str, Recorded],
-    ) -> None:
-        super().__init__(display)
-        self.proven = proven
-        self.verified = verified
-        self.written = written
-
-    def add_success(self, task: Any) -> None:
-        self.verified[task.name] = time.time_ns()
-        outputs = task.values.get(VALUES_KEY) if isinstance(task.values, dict) else None
-        recorded = recorded_outputs(outputs) if outputs is not None else None
-        if recorded is not None:
-            self.written[task.name] = recorded
-        super().add_success(task)
-
-    def skip_uptodate(self, task: Any) -> None:
-        self.verified[task.name] = time.time_ns()
-        super().skip_uptodate(task)
-
-    def start(self, tasks: int) -> None:
-        super().start(tasks + len(self.proven))
-        for name in self.proven:
-            self.up_to_date(name)
-
-
-def _run_doit(
-    context: BuildContext, dicts: list[dict], options: RunOptions, display: Display
-) -> BuildSummary:
-    from nkibuild.graph.loader import doit_config
-
-    return run_task_graph(context.session, dicts, doit_config(context), options, display)
+def task_name(task: dict[str, Any]) -> str:
+    """The name doit gives a task dict."""
+    return f"{task['basename']}:{task['name']}" if "name" in task else task["basename"]
 
 
 def run_task_graph(
@@ -207,22 +67,12 @@ def run_task_graph(
     config: dict,
     options: RunOptions,
     display: Display,
-    proven: Sequence[str] = (),
-    verified: dict[str, int] | None = None,
-    written: dict[str, Recorded] | None = None,
 ) -> BuildSummary:
     """Let doit run task dicts with `config` (dep_file, default_tasks, ...); report through
-    `display`, with the tasks named in `proven` (not in `dicts`) as up to date; fills
-    `verified` and `written` (see _PartlyProvenReporter). The caller runs `session` and
-    holds whatever locks the outputs need."""
+    `display`. The caller runs `session` and holds whatever locks the outputs need."""
     from nkibuild.graph.loader import NkibuildLoader, doit_main
 
-    reporter = _PartlyProvenReporter(
-        display,
-        proven,
-        {} if verified is None else verified,
-        {} if written is None else written,
-    )
+    reporter = BuildReporter(display)
     loader = NkibuildLoader(extra_config={**config, "reporter": reporter}, tasks=dicts)
 
     argv = ["run"]
@@ -263,7 +113,7 @@ def pending_tasks(dicts: list[dict], config: dict) -> list[str]:
 def task_names(dicts: list[dict]) -> list[str]:
     """The names doit gives the tasks of `dicts`: each task's, and a group task per
     basename with subtasks (`compile` for `compile:*`). Read from the dicts: building
-    doit's tasks only to name them cost a cold build ~4 ms before its first compile."""
+    doit's tasks only to name them."""
     groups = {task["basename"]: None for task in dicts if "name" in task}
     return [*(task_name(task) for task in dicts), *groups]
 

@@ -9,25 +9,21 @@ through `config_changed`, so an edit reruns exactly the tasks it affects.
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from doit.tools import config_changed
 
 from nkibuild import __version__
 from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError, storage_error
-from nkibuild.fsutil import SeenStats
 from nkibuild.graph.intact import OutputsIntact, outputs_checked, outputs_record
-from nkibuild.graph.uptodate import ConfigChanged as config_changed
 from nkibuild.manifest.model import Manifest
 from nkibuild.plan import BuildUnit, ExtractSpec, extract_specs
 from nkibuild.settings import BuildOptions
 from nkibuild.toolchain.worker_pool import user_variables
-
-if TYPE_CHECKING:
-    from nkibuild.compiler.ahead import KernelAhead
 
 BUNDLE_TASK = "bundle"
 EXTRACT_TASK = "extract"  # the basename of every extraction's task
@@ -77,7 +73,7 @@ def _guarded(action: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(action)
     def run(*args: Any, **kwargs: Any) -> Any:
-        from doit.exceptions import TaskFailed  # doit runs the action: loaded already
+        from doit.exceptions import TaskFailed
 
         try:
             return action(*args, **kwargs)
@@ -89,9 +85,6 @@ def _guarded(action: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             return TaskFailed(refused.render())
 
-    # doit reads an action's signature for each task it runs (for its `targets`,
-    # `changed` arguments); through `__wrapped__` that is computed anew every time.
-    run.__signature__ = inspect.signature(action)  # type: ignore[attr-defined]
     return run
 
 
@@ -147,28 +140,9 @@ def run_extract(
     from nkibuild import frontends
     from nkibuild.graph.records import write_extract_record
 
-    # Extracted ahead while a compiler ran, if it was (see _offer_extraction_ahead).
-    artifact = context.session.extractions_ahead.take(context, spec, files)
-    if artifact is None:
-        artifact = frontends.run(context, spec)
+    artifact = frontends.run(context, spec)
     write_extract_record(context.layout.state_dir, spec.name, config, context.manifest.root, files)
     return {"content_hash": artifact.content_hash}
-
-
-def kernels_ahead(context: BuildContext, pending: Sequence[str]) -> list[KernelAhead]:
-    """The kernels of the extract tasks among the `pending` task names, with the files
-    each extraction reads and the units compiled from it (compiler/ahead.py)."""
-    from nkibuild.compiler.ahead import KernelAhead
-
-    prefix = f"{EXTRACT_TASK}:"
-    edited = {name.removeprefix(prefix) for name in pending if name.startswith(prefix)}
-    units: dict[ExtractSpec, list[BuildUnit]] = {}
-    for unit in context.units:
-        if unit.extract.name in edited:
-            units.setdefault(unit.extract, []).append(unit)
-    return [
-        KernelAhead(spec, extract_files(context, spec), tuple(its)) for spec, its in units.items()
-    ]
 
 
 def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
@@ -193,9 +167,7 @@ def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
 @_guarded
 def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
     from nkibuild import compiler
-    from nkibuild.graph.intact import outputs_record
 
-    _offer_extraction_ahead(context, unit)
     result = compiler.run(context, unit)
     # The outputs check's record, with the sha256 the stage verified the NEFF by (a NEFF
     # may be hundreds of MB: it is not read again).
@@ -208,32 +180,6 @@ def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
         "peak_memory": result.peak_memory,
         **outputs_record({neff: result.sha256}, [record]),
     }
-
-
-def _offer_extraction_ahead(context: BuildContext, unit: BuildUnit) -> None:
-    """Let the session extract the next kernel's prebuilt module while this unit's
-    compiler runs (frontends/ahead.py): its compiles then need not wait between two
-    compiles for its extract task. Only a missing artifact is extracted ahead: one
-    that exists is up to date or is doit's to judge."""
-    from itertools import islice
-
-    from nkibuild.frontends import METADATA_FILE
-    from nkibuild.frontends.ahead import AHEAD_FRONTENDS
-
-    following = context.extraction_after
-    if not following:  # first use: one dict for the whole build
-        # Keyed by name (a string whose hash is kept), not by spec: hashing 5,000 specs
-        # cost the first compile task of an edit at 10,000 units 17 ms.
-        specs = {unit.extract.name: unit.extract for unit in context.units}
-        following.update(zip(specs, islice(specs.values(), 1, None), strict=False))
-    spec = following.get(unit.extract.name)
-    if spec is None or spec.frontend not in AHEAD_FRONTENDS:
-        return
-    if os.path.lexists(f"{context.layout.extract_path(spec)}/{METADATA_FILE}"):
-        return
-    session = context.session
-    files = extract_files(context, spec)
-    session.chores.offer(functools.partial(session.extractions_ahead.extract, context, spec, files))
 
 
 def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
@@ -263,26 +209,14 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
 
 
 @_guarded
-def run_bundle(
-    context: BuildContext, seen: SeenStats | None = None, definition: str = ""
-) -> dict[str, Any]:
+def run_bundle(context: BuildContext) -> dict[str, Any]:
     from nkibuild import bundle
 
-    # The stage knows each file's sha256: the outputs check need not hash the tree again.
+    # The stage knows each file's sha256 as it writes it (a NEFF's from its compile
+    # record): the outputs record takes them instead of hashing the tree again.
     written = bundle.run(context)
-    root = _path(written.directory)  # absolute and normalised: joined as strings
-    return outputs_record({f"{root}/{name}": sha for name, sha in written.sha256.items()})
-
-
-def seeing(task: dict[str, Any], seen: SeenStats, definition: str) -> dict[str, Any]:
-    """`task`, if it is the bundle's, with its action given the stamps the build's
-    decision saw (it would otherwise stat its 25,000 files again at 10,000 units) and
-    its `definition` (its fingerprint: the same as when the bundle's memo was saved,
-    the memo's record paths and kernel configs are not made again)."""
-    if task["basename"] != BUNDLE_TASK:
-        return task
-    [(action, args)] = task["actions"]
-    return {**task, "actions": [(action, args, {"seen": seen, "definition": definition})]}
+    root = _path(written.directory)
+    return outputs_record({os.path.join(root, name): sha for name, sha in written.sha256.items()})
 
 
 def _bundle_config(manifest: Manifest) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from nkibuild.errors import ManifestError
@@ -60,21 +59,15 @@ __all__ = [
 ]
 
 
-def load_manifest(
-    path: str | os.PathLike[str], meanwhile: Callable[[], None] | None = None
-) -> Manifest:
-    """Read, validate and model the manifest at `path`; `meanwhile`: work that does not
-    depend on the manifest, run while a forked child validates it where one can
-    (validate.validated_beside).
+def load_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """Read, validate and model the manifest at `path`.
 
     Raises ManifestError carrying every problem found (each with a location).
     """
-    from nkibuild.manifest.validate import validated, validated_beside
+    from nkibuild.manifest.validate import validated
     from nkibuild.manifest.yamlsource import load_yaml
 
     absolute = Path(os.path.abspath(path))
     doc, raw = load_yaml(absolute, display=os.fspath(path))
     sha256 = hashlib.sha256(raw).hexdigest()
-    if meanwhile is not None:
-        return validated_beside(doc, absolute, sha256, meanwhile)
     return validated(doc, absolute, sha256)

@@ -11,7 +11,6 @@ their own modules: schema.py (the JSON Schema check and its messages), phrases.p
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,45 +41,6 @@ def validated(doc: YamlDocument, path: Path, sha256: str) -> Manifest:
     if diagnostics or manifest is None:
         raise ManifestError(diagnostics)
     return manifest
-
-
-def validated_beside(
-    doc: YamlDocument, path: Path, sha256: str, meanwhile: Callable[[], None]
-) -> Manifest:
-    """As `validated`, with `meanwhile()` run while a forked child does the checking
-    (forkcheck.py). The model is built here as the child builds it; it is returned only
-    once the child found no problem, else the check runs here and reports as `validated`.
-    Where no child can run, this is `validated` (and `meanwhile` is left to the caller's
-    later steps)."""
-    from nkibuild.manifest.forkcheck import ForkedCheck
-
-    check = ForkedCheck.start(lambda: _no_problem(doc, path, sha256))
-    if check is None:
-        return validated(doc, path, sha256)
-    try:
-        manifest = _unchecked_model(doc, path, sha256)
-        meanwhile()
-        passed = check.passed()
-    finally:
-        check.cancel()
-    if passed and manifest is not None:
-        return manifest
-    return validated(doc, path, sha256)
-
-
-def _no_problem(doc: YamlDocument, path: Path, sha256: str) -> bool:
-    manifest, diagnostics = checked(doc, path, sha256)
-    return manifest is not None and not diagnostics
-
-
-def _unchecked_model(doc: YamlDocument, path: Path, sha256: str) -> Manifest | None:
-    """The model of a document not yet checked, as `checked` builds it from a valid one;
-    None if it cannot be built. The converter relies on the shapes the schema guarantees,
-    so an invalid document may fail it in any way: the check then reports it."""
-    try:
-        return to_model(doc.data, path, sha256, doc.location, doc.key_location)
-    except Exception:  # see the docstring: what it returns is used only once checked
-        return None
 
 
 def checked(doc: YamlDocument, path: Path, sha256: str) -> tuple[Manifest | None, list[Diagnostic]]:
