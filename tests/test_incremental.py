@@ -191,3 +191,11 @@ def test_a_passed_variable_reruns_extraction_only(
     second = build(built)
     assert len(ran(second, "extract:")) == 4
     assert ran(second, "compile:") == set()  # same HLO: nothing to recompile
+
+
+def test_another_bundle_or_wheel_writer_writes_both_again(
+    built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgraded nkibuild may write other bytes for the same bundle.json."""
+    monkeypatch.setattr("nkibuild.bundle.generator_digest", lambda: "another writer")
+    assert build(built).executed == ["bundle", "wheel"]

@@ -266,7 +266,7 @@ def run_wheel(context: BuildContext) -> dict[str, Any]:
 
 
 def _wheel_task(context: BuildContext) -> dict[str, Any]:
-    from nkibuild.bundle import STAMP_FILE, distributions
+    from nkibuild.bundle import STAMP_FILE, distributions, generator_digest
     from nkibuild.bundle.wheel import wheel_file_name
 
     manifest = context.manifest
@@ -287,7 +287,16 @@ def _wheel_task(context: BuildContext) -> dict[str, Any]:
         "file_dep": [_path(bundle_dir / STAMP_FILE), *checked],
         "targets": wheels,
         # The members' timestamp: a new SOURCE_DATE_EPOCH writes the wheel again (and a
-        # bad one fails it, naming the variable, as when it runs for another reason).
-        "uptodate": [config_changed(os.environ.get("SOURCE_DATE_EPOCH", "").strip()), intact],
+        # bad one fails it, naming the variable, as when it runs for another reason);
+        # so does another wheel writer, whose bytes may differ for the same bundle.
+        "uptodate": [
+            config_changed(
+                {
+                    "source_date_epoch": os.environ.get("SOURCE_DATE_EPOCH", "").strip(),
+                    "writer": generator_digest(),
+                }
+            ),
+            intact,
+        ],
         "clean": True,
     }
