@@ -7,9 +7,8 @@ jsonschema is imported on first use only. The schema is generated from the model
 
 from __future__ import annotations
 
-import marshal
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -48,53 +47,8 @@ def _strict() -> tuple[type[Validator], dict[str, Any]]:
 
 
 def _validator() -> Validator:
-    """A validator for one document: it remembers the values it found valid (`_Seen`)."""
-    from jsonschema import validators
-
     strict, schema = _strict()
-    seen = _Seen()
-    return validators.extend(strict, validators={"properties": seen.properties})(schema)
-
-
-class _Seen:
-    """The `properties` keyword, skipping a value already found valid under the same
-    subschema in this document. Kernels repeat their inputs, variants and constants
-    (generated manifests, kernels of one signature), and jsonschema costs tens of
-    microseconds per value it descends into: at 10,000 units most of the check. Only
-    valid values are remembered, so every problem is still found and worded as before;
-    a value's validity depends on nothing but itself and its subschema ($refs inlined,
-    no dynamic references)."""
-
-    def __init__(self) -> None:
-        self.valid: set[tuple[int, bytes]] = set()
-
-    def properties(
-        self, validator: Validator, properties: dict[str, Any], instance: Any, schema: Any
-    ) -> Iterator[ValidationError]:
-        if not validator.is_type(instance, "object"):
-            return
-        for name, subschema in properties.items():
-            if name not in instance:
-                continue
-            value = instance[name]
-            key = _seen_key(subschema, value)
-            if key in self.valid:
-                continue
-            errors = list(validator.descend(value, subschema, path=name, schema_path=name))
-            if not errors and key is not None:
-                self.valid.add(key)
-            yield from errors
-
-
-def _seen_key(subschema: object, value: object) -> tuple[int, bytes] | None:
-    """(the subschema, the value's marshal bytes); None for what marshal cannot write (a
-    YAML timestamp), which is then always checked. marshal keeps what JSON would blur
-    (a key 1 from a key "1", true from 1, 1.0 from 1) and format 0 writes no
-    back-references, so equal values in the same order give equal bytes."""
-    try:
-        return id(subschema), marshal.dumps(value, 0)
-    except ValueError:
-        return None
+    return strict(schema)
 
 
 # Keywords that only describe: a $ref beside nothing else can be merged into its site.
