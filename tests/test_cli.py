@@ -286,7 +286,9 @@ def test_auto_uses_a_neuronxcc_found_on_path(tmp_path: Path, hlo_project: Path) 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     shim = bin_dir / "neuronx-cc"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m nkibuild.toolchain_double.fake_neuronxcc "$@"\n')
+    shim.write_text(
+        f'#!/bin/sh\nexec "{sys.executable}" -m nkibuild.toolchain_double.fake_neuronxcc "$@"\n'
+    )
     shim.chmod(0o755)
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
     ok(run_nkibuild(["build", "--toolchain", "auto", SOFTMAX], hlo_project, env=env))
