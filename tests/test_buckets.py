@@ -246,7 +246,9 @@ def test_neuron_mode_hands_the_padded_inputs_to_the_neff(
         "x = np.ones((300, 500), np.float32)\n"
         "print(scaled_add(x, x, mode='neuron').shape)\n"
     )
-    fake_spike = Path(__file__).resolve().parents[1] / "nkibuild" / "toolchain_double" / "fake_runtime"
+    fake_spike = (
+        Path(__file__).resolve().parents[1] / "nkibuild" / "toolchain_double" / "fake_runtime"
+    )
     environment = {k: v for k, v in os.environ.items() if not k.startswith("NKIBUILD_")}
     bundle_dir = Path(bundle.__file__).parents[1]
     result = subprocess.run(

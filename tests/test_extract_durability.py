@@ -152,10 +152,9 @@ def test_a_torn_record_the_bundle_reads_fails_one_build_and_the_next_redoes_it(
     record: str,
     message: str,
 ) -> None:
-    """The bundle reads each unit's extraction and compile records when it cannot take
-    the kernel's part from its memo (here: the package changed). A record a power loss
-    tore under stats the outputs check still trusts is reported and removed, not read
-    again by every later build."""
+    """The bundle reads each unit's extraction and compile records when it runs (here:
+    the package changed). A record a power loss tore under stats the outputs check still
+    trusts is reported and removed, not read again by every later build."""
     root = project(tmp_path / "p")
     assert build(root).ok
     damaged = root / "build" / record

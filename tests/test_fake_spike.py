@@ -25,7 +25,9 @@ import pytest
 from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 from nkibuild.toolchain_double.neff_writer import NeffTensor, write_neff
 
-FAKE_RUNTIME = Path(__file__).resolve().parents[1] / "nkibuild" / "toolchain_double" / "fake_runtime"
+FAKE_RUNTIME = (
+    Path(__file__).resolve().parents[1] / "nkibuild" / "toolchain_double" / "fake_runtime"
+)
 # spike's real Python layer (without its libnrt core), next to the checkout.
 REAL_SPIKE = Path(__file__).resolve().parents[2] / "shared" / "thirdparty" / "spike-py"
 # The double's core: what replaces spike's native extension.
@@ -97,7 +99,13 @@ def neffs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             [("float32", (4, 8)), ("int32", (4,))],
         )
     )
-    command = [sys.executable, "-m", "nkibuild.toolchain_double.fake_neuronxcc", "compile", str(hlo)]
+    command = [
+        sys.executable,
+        "-m",
+        "nkibuild.toolchain_double.fake_neuronxcc",
+        "compile",
+        str(hlo),
+    ]
     command += ["--framework", "XLA", "--target", "trn2", "--output", str(work / "k.neff")]
     subprocess.run(command, cwd=work, check=True, capture_output=True)
     signatures = {

@@ -28,10 +28,10 @@ from nkibuild.frontends.relocation import (
 )
 from nkibuild.manifest import load_manifest
 from nkibuild.plan import resolve
-from nkibuild.toolchain_double import FAKES_DIR
-from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 from nkibuild.toolchain import resolve_toolchain
 from nkibuild.toolchain.harvest import DumpedModule, choose_kernel_module, find_modules
+from nkibuild.toolchain_double import FAKES_DIR
+from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
 KERNELS = """\
 import nki

@@ -35,8 +35,12 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLE_TEXT = (EXAMPLES / "nkibuild.yaml").read_text(encoding="utf-8")
 EXAMPLE_DATA: dict[str, Any] = yaml.safe_load(EXAMPLE_TEXT)
 
-FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-SLOW = settings(max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck))
+FAST = settings(
+    max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+SLOW = settings(
+    max_examples=10_000, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import RemovesWhenLoaded, manifests_parsed, write_project
+from helpers import RemovesWhenLoaded, write_project
 
 from nkibuild.compiler import compiler_command
 from nkibuild.manifest import load_manifest
@@ -437,54 +437,8 @@ def cached_plan_project(root: Path) -> Path:
     return softmax_project(root, softmax_manifest(reference=True))
 
 
-def test_a_changed_hlo_source_keeps_the_cached_plan(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Validation never reads an hlo module's content, so a new one (an edited kernel)
-    is the build's business: the cached plan stands, no manifest is parsed."""
-    from nkibuild.plan import load_plan
-    from nkibuild.toolchain_double.hlo_writer import build_hlo_module
-
-    project = cached_plan_project(tmp_path / "project")
-    state = project / "build" / "state"
-    first = load_plan(project / "nkibuild.yaml", state)
-    parsed = manifests_parsed(monkeypatch)
-    module = build_hlo_module(
-        "edited", [("logits", "float32", (64, 1024))], [("float32", (64, 1024))]
-    )
-    (project / "kernels" / "softmax.hlo.pb").write_bytes(module)
-    assert load_plan(project / "nkibuild.yaml", state) == first
-    assert parsed == []
-
-
-def test_a_python_file_still_defining_its_functions_keeps_the_cached_plan(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Touched, or edited elsewhere: the file is parsed again (not the manifest), found
-    to define what the manifest names, and its new stat recorded so the next build
-    does not parse it again."""
-    import pickle
-
-    from nkibuild.plan import PLAN_CACHE_FILE, load_plan
-
-    project = cached_plan_project(tmp_path / "project")
-    state = project / "build" / "state"
-    first = load_plan(project / "nkibuild.yaml", state)
-    parsed = manifests_parsed(monkeypatch)
-    reference = project / "kernels" / "reference.py"
-    reference.write_text(reference.read_text() + "\n\ndef helper():\n    return 1\n")
-    assert load_plan(project / "nkibuild.yaml", state) == first
-    assert parsed == []
-    _, files, stamps, _, _ = pickle.loads((state / PLAN_CACHE_FILE).read_bytes())
-    assert files == ("kernels/reference.py", "kernels/softmax.hlo.pb")
-    from nkibuild.fsutil import stat_stamp
-
-    recorded = stat_stamp(reference)
-    assert stamps == (("kernels/reference.py", recorded, ("softmax",)),)
-
-
-def test_a_python_file_that_lost_its_function_is_validated_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_python_file_that_lost_its_function_is_refused_after_a_plan_was_loaded(
+    tmp_path: Path,
 ) -> None:
     from nkibuild.errors import ManifestError
     from nkibuild.plan import load_plan
@@ -492,12 +446,10 @@ def test_a_python_file_that_lost_its_function_is_validated_again(
     project = cached_plan_project(tmp_path / "project")
     state = project / "build" / "state"
     load_plan(project / "nkibuild.yaml", state)
-    parsed = manifests_parsed(monkeypatch)
     reference = project / "kernels" / "reference.py"
     reference.write_text(reference.read_text().replace("def softmax(", "def soft_max("))
     with pytest.raises(ManifestError, match="defines no 'softmax'"):
         load_plan(project / "nkibuild.yaml", state)
-    assert parsed == [project / "nkibuild.yaml"]
 
 
 def test_a_python_file_saved_while_the_manifest_is_validated_is_parsed_again(
@@ -510,8 +462,11 @@ def test_a_python_file_saved_while_the_manifest_is_validated_is_parsed_again(
     from nkibuild.plan import load_plan
 
     project = cached_plan_project(tmp_path / "project")
-    time.sleep(0.05)  # the project's files predate the validation below
     reference = project / "kernels" / "reference.py"
+    # The file's last change must lie clearly before the validation below, or the cache
+    # would not vouch for it even without the save meanwhile (and the test could not fail).
+    while time.time_ns() - reference.stat().st_ctime_ns < 100_000_000:
+        time.sleep(0.01)
     load_manifest = nkibuild.manifest.load_manifest
 
     def saved_meanwhile(path: Path) -> object:
@@ -526,9 +481,7 @@ def test_a_python_file_saved_while_the_manifest_is_validated_is_parsed_again(
         load_plan(project / "nkibuild.yaml", project / "build" / "state")
 
 
-def test_a_plan_cache_naming_a_function_is_not_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_plan_cache_naming_a_function_is_not_run(tmp_path: Path) -> None:
     """Only the plan's own dataclasses and paths are unpickled: a build dir restored from
     elsewhere cannot run code through the cache, which is then validated anew."""
     import pickle
@@ -541,29 +494,23 @@ def test_a_plan_cache_naming_a_function_is_not_run(
     canary = tmp_path / "canary"
     canary.write_text("still here")
     (state / PLAN_CACHE_FILE).write_bytes(pickle.dumps(RemovesWhenLoaded(canary)))
-    parsed = manifests_parsed(monkeypatch)
     assert load_plan(project / "nkibuild.yaml", state) == first
     assert canary.exists()
-    assert parsed == [project / "nkibuild.yaml"]
 
 
-def test_a_plan_cache_of_the_right_key_but_other_shapes_is_a_miss(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "damage",
+    [b"", b"\x80\x05N.", b"garbage", "truncated"],
+    ids=["empty", "other-pickle", "garbage", "truncated"],
+)
+def test_a_damaged_plan_cache_gives_the_plan_of_the_manifest(
+    tmp_path: Path, damage: bytes | str
 ) -> None:
-    from nkibuild import plaindata
-    from nkibuild.plan import PLAN_CACHE_FILE, _cached_classes, load_plan
+    from nkibuild.plan import PLAN_CACHE_FILE, load_plan
 
     project = cached_plan_project(tmp_path / "project")
     state = project / "build" / "state"
     first = load_plan(project / "nkibuild.yaml", state)
     cache = state / PLAN_CACHE_FILE
-    key, files, stamps, manifest, units = plaindata.loads(cache.read_bytes(), _cached_classes())
-    for damaged in [
-        (key, files, stamps, "not a manifest", units),
-        (key, files, stamps, manifest, [*units]),
-        (key, files, (("elsewhere.py", "1 2 3 4", ()),), manifest, units),
-    ]:
-        cache.write_bytes(plaindata.dumps(damaged))
-        parsed = manifests_parsed(monkeypatch)
-        assert load_plan(project / "nkibuild.yaml", state) == first
-        assert parsed == [project / "nkibuild.yaml"]
+    cache.write_bytes(cache.read_bytes()[:-9] if damage == "truncated" else damage)
+    assert load_plan(project / "nkibuild.yaml", state) == first

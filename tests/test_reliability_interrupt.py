@@ -3,7 +3,6 @@ frontend workers with it (checked in the process table), and the next build resu
 
 from __future__ import annotations
 
-import random
 import shutil
 import signal
 import time
@@ -11,7 +10,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from campaign import Project, record, trial_counts, wait_for_lines, wait_for_no_processes
+from campaign import (
+    Project,
+    finished_tasks,
+    record,
+    trial_counts,
+    wait_for_lines,
+    wait_for_no_processes,
+)
 
 PROMPT_S = 5.0
 
@@ -33,18 +39,18 @@ def test_ctrl_c_stops_promptly_and_the_next_build_resumes(
     built = project.build()
     assert built.returncode == 0, built.stderr
     reference = project.wheel()
-    seed = random.randrange(2**32)
-    rng = random.Random(seed)
     stopped_in: Counter[str] = Counter()
     slowest = 0.0
     for trial in range(trials):
         cold(project)
         counter = tmp_path / f"compiles-{trial}"
         # Compiles take a minute here, so an interrupt in the compile phase finds two
-        # compilers running (-j 2); an early one finds a frontend worker tracing.
+        # compilers running (-j 2); an early one, once the first extraction is done,
+        # finds a frontend worker tracing the next.
+        log = tmp_path / f"interrupted-{trial}.log"
         build = project.start_build(
             "-j", "2",
-            log=tmp_path / f"interrupted-{trial}.log",
+            log=log,
             NKIBUILD_FAKE_CC_CPU_SECONDS="60",
             NKIBUILD_FAKE_CC_COUNTER=str(counter),
         )  # fmt: skip
@@ -52,13 +58,16 @@ def test_ctrl_c_stops_promptly_and_the_next_build_resumes(
         if phase == "compile":
             wait_for_lines(counter, 2)
         else:
-            time.sleep(rng.uniform(0.3, 1.5))
+            deadline = time.monotonic() + 60
+            while not finished_tasks(log.read_text(), "extract:"):
+                assert build.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.01)
         interrupted = time.monotonic()
         build.send_signal(signal.SIGINT)
         returncode = build.wait(timeout=60)
         seconds = time.monotonic() - interrupted
         slowest = max(slowest, seconds)
-        context = f"trial {trial} ({phase}, seed {seed}, stopped after {seconds:.2f} s)"
+        context = f"trial {trial} ({phase}, stopped after {seconds:.2f} s)"
         assert returncode == 130, context
         assert seconds < PROMPT_S, context
         assert wait_for_no_processes(project, timeout=1.0) == [], context
@@ -74,7 +83,6 @@ def test_ctrl_c_stops_promptly_and_the_next_build_resumes(
         trials=trials,
         interrupted_in=dict(stopped_in),
         slowest_stop_s=round(slowest, 2),
-        seed=seed,
         result=f"exit 130 within {PROMPT_S:g} s, no compiler or worker left in the process "
         "table, resumed build byte-identical",
     )

@@ -98,7 +98,7 @@ def kill_at(
 def test_sigkill_at_random_moments(project: Project, tmp_path: Path, trials: int) -> None:
     reference, compiles = clean_reference(project)
     seconds = durations(project)
-    seed = random.randrange(2**32)
+    seed = 28  # fixed: a failing trial is replayed by running the test again
     rng = random.Random(seed)
     outcomes: Counter[str] = Counter()
     for trial in range(trials):

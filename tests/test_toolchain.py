@@ -133,7 +133,7 @@ def test_a_damaged_version_cache_is_a_miss(tmp_path: Path) -> None:
 def test_the_double_fakes_nkipy_only_without_a_real_tracer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nkibuild import testing
+    from nkibuild import toolchain_double
 
     # PyPI's placeholder `nkipy` (no nkipy.core.trace) does not count as the real one.
     (tmp_path / "nkipy").mkdir()
@@ -142,4 +142,4 @@ def test_the_double_fakes_nkipy_only_without_a_real_tracer(
     for name in [m for m in sys.modules if m == "nkipy" or m.startswith("nkipy.")]:
         monkeypatch.delitem(sys.modules, name)
     toolchain = resolve_toolchain("fake", tmp_path / "state")
-    assert str(testing.FAKE_NKIPY_DIR) in toolchain.worker_path
+    assert str(toolchain_double.FAKE_NKIPY_DIR) in toolchain.worker_path

@@ -4,8 +4,12 @@ is the resolved compiler's, never a guess's or a stale one, and failures stay cl
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run_nkibuild
@@ -41,11 +45,24 @@ def counting_compiler(path: Path, version: str, calls: Path) -> Path:
     )
 
 
-def sleeping_compiler(path: Path, pid_file: Path) -> Path:
-    """A compiler whose `--version` writes its pid to `pid_file`, then sleeps a minute."""
-    return write_compiler(
-        path, f"echo $$ > {pid_file}.tmp\nmv {pid_file}.tmp {pid_file}\nexec sleep 60"
-    )
+def sleeping_compiler(path: Path) -> Path:
+    """A compiler whose `--version` sleeps a minute."""
+    return write_compiler(path, "exec sleep 60")
+
+
+def queries_started(monkeypatch: pytest.MonkeyPatch, compiler: Path) -> list[subprocess.Popen]:
+    """The processes started from now on that run `compiler`, as they are started."""
+    started: list[subprocess.Popen] = []
+    real = subprocess.Popen
+
+    def recorded(args: Sequence[str], *more: Any, **options: Any) -> subprocess.Popen:
+        process = real(args, *more, **options)
+        if str(compiler) in args:
+            started.append(process)
+        return process
+
+    monkeypatch.setattr(subprocess, "Popen", recorded)
+    return started
 
 
 def load_project(project: Path, options: BuildOptions, session: BuildSession) -> BuildContext:
@@ -61,13 +78,11 @@ def wait_for(condition: object, seconds: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-def test_the_query_runs_before_it_is_needed_and_is_asked_once(tmp_path: Path) -> None:
+def test_the_compiler_is_asked_its_version_once(tmp_path: Path) -> None:
     calls = tmp_path / "calls"
     compiler = counting_compiler(tmp_path / "bin/neuronx-cc", "2.5.0.0+abc", calls)
     state, memo = tmp_path / "state", {}
     start_version_query("neuron", compiler, state, memo)
-    # The compiler answers on its own, before anything joins it.
-    wait_for(lambda: calls.exists())
     toolchain = resolve_toolchain("neuron", state, compiler, memo)
     assert toolchain.compiler_version == "2.5.0.0+abc"
     assert calls.read_text() == "asked\n"  # joined, not asked again
@@ -155,8 +170,8 @@ def test_a_guess_the_manifest_overrides_is_stopped_and_not_used(
 ) -> None:
     # Nothing on the command line or in the environment names a compiler: the guess is
     # the one on PATH, but the manifest names another.
-    pid_file = tmp_path / "guess.pid"
-    on_path = sleeping_compiler(tmp_path / "path/neuronx-cc", pid_file)
+    on_path = sleeping_compiler(tmp_path / "path/neuronx-cc")
+    started_guess = queries_started(monkeypatch, on_path)
     monkeypatch.setenv("PATH", f"{on_path.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("NKIBUILD_NEURONX_CC", raising=False)
     monkeypatch.delenv("NKIBUILD_TOOLCHAIN", raising=False)
@@ -170,27 +185,29 @@ def test_a_guess_the_manifest_overrides_is_stopped_and_not_used(
     assert context.toolchain.compiler_command == (str(named),)
     assert context.toolchain.compiler_version == "4.0.0.0"
     assert [query.command for query in session.compiler_versions.values()] == [(str(named),)]
-    assert_stopped(pid_file)
+    assert_stopped(started_guess)
 
 
-def test_a_manifest_in_error_stops_the_query_started_for_it(tmp_path: Path) -> None:
-    pid_file = tmp_path / "query.pid"
-    compiler = sleeping_compiler(tmp_path / "bin/neuronx-cc", pid_file)
+def test_a_manifest_in_error_stops_the_query_started_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compiler = sleeping_compiler(tmp_path / "bin/neuronx-cc")
+    started = queries_started(monkeypatch, compiler)
     project = softmax_project(tmp_path / "p", softmax_manifest(top="bogus-key: 1"))
     session = BuildSession()
     with pytest.raises(NkibuildError, match="bogus-key"):
         load_project(project, BuildOptions(toolchain="neuron", compiler=compiler), session)
     assert session.compiler_versions == {}
-    assert_stopped(pid_file)
+    assert_stopped(started)
 
 
-def assert_stopped(pid_file: Path) -> None:
-    """The query that writes `pid_file` and then sleeps a minute was killed and reaped
-    (possibly before it wrote the file: then it never will)."""
-    time.sleep(0.5)
-    if pid_file.exists():
-        with pytest.raises(ProcessLookupError):
-            os.kill(int(pid_file.read_text()), 0)
+def assert_stopped(started: list[subprocess.Popen]) -> None:
+    """The one query started, which would sleep a minute, was killed and reaped."""
+    (query,) = started
+    wait_for(lambda: query.returncode is not None)  # reaped by nkibuild, not by this test
+    assert query.returncode == -signal.SIGKILL
+    with pytest.raises(ProcessLookupError):
+        os.kill(query.pid, 0)
 
 
 def test_the_compiler_inherits_the_environment_when_it_has_the_flags_already(

@@ -1,6 +1,6 @@
 """What makes validate fast (issue 17) changes no answer: libyaml's parser gives the
-positions the pure-Python loader gives, refused documents are worded as before, the
-inlined schema finds the same problems, and the plan cache serves validate and plan."""
+positions the pure-Python loader gives, refused documents are worded as before, and the
+inlined schema finds the same problems."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from conftest import run_nkibuild
 from nkibuild.errors import ManifestError
 from nkibuild.manifest import load_manifest, schema, yamlsource
 from nkibuild.manifest.schemagen import load_schema
-from nkibuild.plan import PLAN_CACHE_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -133,16 +132,6 @@ def test_the_inlined_schema_finds_what_the_generated_one_finds(
     assert len(inlined) >= 15
 
 
-def test_validate_and_plan_use_the_plan_cache_of_the_build(example_project: Path) -> None:
-    first = run_nkibuild(["validate"], example_project)
-    assert first.returncode == 0, first.stderr
-    cache = example_project / "build" / "state" / PLAN_CACHE_FILE
-    assert cache.is_file()
-    stamp = cache.stat().st_mtime_ns
-    assert run_nkibuild(["plan", "--json"], example_project).returncode == 0
-    assert cache.stat().st_mtime_ns == stamp  # read, not written again
-
-
 def test_validate_where_the_plan_cannot_be_cached_still_validates(
     example_project: Path,
 ) -> None:
@@ -172,12 +161,3 @@ def test_the_benchmark_manifest_has_10000_valid_units(
     units = benchmark.write_project(tmp_path)  # type: ignore[attr-defined]
     assert units == 10_000
     assert len(resolve(load_manifest(tmp_path / "nkibuild.yaml"))) == units
-
-
-def test_validate_of_an_unchanged_manifest_parses_nothing(example_project: Path) -> None:
-    from test_import_weight import imported_modules, loaded
-
-    assert run_nkibuild(["validate"], example_project).returncode == 0
-    modules = imported_modules(["validate"], example_project)
-    assert "nkibuild.plan" in modules  # the probe really validated
-    assert loaded(modules, ("yaml", "jsonschema", "nkibuild.session", "rich", "doit")) == []
