@@ -36,7 +36,7 @@ EXAMPLE_TEXT = (EXAMPLES / "nkibuild.yaml").read_text(encoding="utf-8")
 EXAMPLE_DATA: dict[str, Any] = yaml.safe_load(EXAMPLE_TEXT)
 
 FAST = settings(
-    max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
 SLOW = settings(
     max_examples=10_000, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
