@@ -330,7 +330,7 @@ def clean(args: argparse.Namespace) -> int:
 def doctor(args: argparse.Namespace) -> int:
     from nkibuild.cli.doctor import run
 
-    return run(args.json)
+    return run(args.json, args.toolchain)
 
 
 def cache(args: argparse.Namespace) -> int:
