@@ -435,12 +435,14 @@ def inspect(args: argparse.Namespace) -> int:
 
 
 def init(args: argparse.Namespace) -> int:
-    from nkibuild.cli.scaffold import scaffold
+    from nkibuild.cli.scaffold import EDITABLE_INSTALL, scaffold
 
     directory = Path(args.path)
     for done in scaffold(directory):
         print(done)
-    print(f"next: {_cd_into(directory, args.invoked_in)}nkibuild build --toolchain fake")
+    cd = _cd_into(directory, args.invoked_in)
+    print(f"next: {cd}nkibuild build --toolchain fake")
+    print(f"install it editable (needs this environment's nkibuild): {cd}{EDITABLE_INSTALL}")
     return EXIT_OK
 
 
