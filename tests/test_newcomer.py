@@ -124,7 +124,8 @@ def test_builds_and_releases_write_nothing_into_the_project_outside_build_and_di
 
     out = tmp_path / "out"
     for _ in range(2):  # the second release finds everything built: still a clean tree
-        ok(run_nkibuild(["release", ".", "--out", str(out), "--toolchain", "fake"], project))
+        release = ["release", ".", "--out", str(out), "--toolchain", "fake"]
+        assert f"1 wheel in {out};" in ok(run_nkibuild(release, project)).stdout
     assert project_files(project) == before
     statement = json.loads((out / "provenance.intoto.json").read_text())
     definition = statement["predicate"]["buildDefinition"]
@@ -191,3 +192,74 @@ def test_init_says_how_to_install_editable_and_clean_says_what_to_run(tmp_path: 
         f"{bundle}, which is gone (`nkibuild clean` removes it); run `nkibuild build` in its "
         "project to build it again"
     ) in gone.stderr
+
+
+# --- messages ---------------------------------------------------------------------------
+
+BAD_KERNEL = """\
+format-version: 1
+package: {name: messages, version: 1.0.0}
+kernels:
+  k:
+    frontend: jaxx
+    source: k.py:kk
+    inputs:
+      x: {shape: [4], dtype: float32}
+    variants:
+      v: {z: [4]}
+"""
+
+
+def test_an_invalid_frontend_does_not_hide_the_kernels_other_problems(tmp_path: Path) -> None:
+    project = write_project(tmp_path / "p", BAD_KERNEL, {"k.py": "def k(x):\n    return x\n"})
+    err = failed(run_nkibuild(["validate"], project), 2).stderr
+    assert "3 problems in the manifest" in err
+    assert "invalid value 'jaxx'\n  at: $.kernels.k.frontend" in err
+    assert "hint: did you mean 'jax'?" in err
+    # Found although the kernel's frontend is not one: the kernel is still checked.
+    assert "'k.py' defines no 'kk'" in err
+    assert "variant 'v' names 'z', not an input" in err
+
+
+def test_validate_suggests_the_manifests_spelling_of_other_tools_dtypes(tmp_path: Path) -> None:
+    manifest = BAD_KERNEL.replace("jaxx", "jax").replace(
+        "x: {shape: [4], dtype: float32}",
+        "x: {shape: [4], dtype: fp32}\n      y: {shape: [4], dtype: BF16}",
+    )
+    project = write_project(tmp_path / "p", manifest, {"k.py": "def kk(x, y):\n    return x\n"})
+    err = failed(run_nkibuild(["validate"], project), 2).stderr
+    for written, meant in (("fp32", "float32"), ("BF16", "bfloat16")):
+        assert f"invalid value {written!r}" in err
+        assert f"hint: did you mean {meant!r}?" in err
+
+
+def test_a_misspelled_config_setting_is_answered_with_the_known_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nkibuild import build as backend
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(backend.BackendError) as refused:
+        backend.build_wheel(str(tmp_path), {"toolchian": "fake", "jbos": "2", "zzz": "1"})
+    message = str(refused.value)
+    assert "unknown config setting(s) 'jbos', 'toolchian', 'zzz'" in message
+    assert message.endswith("did you mean 'jobs' for 'jbos', 'toolchain' for 'toolchian'?")
+
+
+def test_verify_of_a_wheel_says_which_kernels_it_carries_the_source_of() -> None:
+    from nkibuild.verify.sources import NOT_IN_WHEEL, SHIPPED_NOT_RUN, wheel_source_checks
+
+    info = {
+        "kernels": {
+            "traced": {"frontend": "jax", "variants": ["default"]},
+            "numpy": {"frontend": "nkipy", "variants": ["small", "large"]},
+        }
+    }
+    reasons = {(c.kernel, c.variant): c.skipped for c in wheel_source_checks(info)}
+    assert reasons == {
+        ("numpy", "large"): SHIPPED_NOT_RUN,
+        ("numpy", "small"): SHIPPED_NOT_RUN,
+        ("traced", "default"): NOT_IN_WHEEL,
+    }
+    assert "carries this kernel's source" in SHIPPED_NOT_RUN
+    assert "holds no source of this kernel" in NOT_IN_WHEEL

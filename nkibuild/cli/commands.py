@@ -236,7 +236,8 @@ def release(args: argparse.Namespace) -> int:
 
         print(json.dumps({**build_report(result), "out": str(options.out)}, indent=2))
     else:
-        print(f"{len(result.published)} wheels in {options.out}; see release-report.md")
+        count = len(result.published)
+        print(f"{count} wheel{'s' if count != 1 else ''} in {options.out}; see release-report.md")
         for written in result.provenance:
             print(f"provenance: {written}")
     return EXIT_OK if result.ok and not record.report_failed else EXIT_BUILD_FAILED
