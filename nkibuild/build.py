@@ -210,7 +210,7 @@ def project_of(config_settings: ConfigSettings) -> Project:
         # build with the default toolchain.
         raise UsageError(
             f"unknown config setting(s) {', '.join(map(repr, unknown))}; "
-            f"nkibuild.build knows {', '.join(known)}"
+            f"nkibuild.build knows {', '.join(known)}{_suggestions(unknown, known)}"
         )
     last = {name: _setting(config_settings, name) or "" for name in config_settings or {}}
     root = Path.cwd()
@@ -222,6 +222,19 @@ def project_of(config_settings: ConfigSettings) -> Project:
         options=options_from_config(last),
         jobs=_jobs(config_settings),
     )
+
+
+def _suggestions(unknown: list[str], known: tuple[str, ...]) -> str:
+    """The message's "did you mean" ending: a known name for each unknown one close to it."""
+    import difflib
+
+    close = [
+        f"{match[0]!r} for {name!r}"
+        for name in unknown
+        for match in [difflib.get_close_matches(name, known, n=1)]
+        if match
+    ]
+    return f"; did you mean {', '.join(close)}?" if close else ""
 
 
 def _setting(config_settings: ConfigSettings, name: str) -> str | None:

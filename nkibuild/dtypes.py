@@ -63,3 +63,28 @@ def compatible_in_neff(declared: str, stored: str) -> bool:
     (in the HLO or the manifest): the same name, or the storage type neuronx-cc uses for
     it. Older placeholder NEFFs spell fp8 and bool by their own names, which also passes."""
     return stored == declared or stored == neff_storage_dtype(declared)
+
+
+# Other tools' names of these dtypes (PyTorch, XLA, NKI, C), which a manifest author may
+# well write: each is answered with a "did you mean" naming the manifest's spelling.
+OTHER_SPELLINGS: dict[str, str] = {
+    "pred": "bool",
+    **{f"{prefix}8": "int8" for prefix in ("i", "s")},
+    **{f"{prefix}16": "int16" for prefix in ("i", "s")},
+    **{f"{prefix}32": "int32" for prefix in ("i", "s")},
+    **{f"{prefix}64": "int64" for prefix in ("i", "s")},
+    "int": "int32",
+    "long": "int64",
+    **{f"u{bits}": f"uint{bits}" for bits in (8, 16, 32, 64)},
+    **{f"{prefix}{bits}": f"float{bits}" for prefix in ("f", "fp") for bits in (16, 32, 64)},
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "bf16": "bfloat16",
+    **{
+        f"{prefix}8{sep}{kind}": f"float8_{kind}"
+        for prefix in ("f", "fp", "float")
+        for sep in ("_", "")
+        for kind in ("e5m2", "e4m3fn", "e4m3")
+    },
+}

@@ -453,8 +453,11 @@ def test_init_scaffolds_a_project_that_builds(tmp_path: Path) -> None:
         "created nkibuild.yaml",
         "created kernels/kernels.py",
         "created kernels/reference.py",
+        "created pyproject.toml",
         "created .gitignore",
         "next: nkibuild build --toolchain fake",
+        "install it editable (needs this environment's nkibuild): "
+        "python -m pip install -e . --no-build-isolation -C toolchain=fake",
     ]
     ok(run_nkibuild(["build", "--toolchain", "fake"], project))
     assert built_files(project, "dist/*") == [f"dist/{wheel_of('my-kernels')}"]

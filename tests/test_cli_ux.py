@@ -197,8 +197,11 @@ def test_init_into_a_directory_says_how_to_get_there_and_ignores_the_outputs(
         "created kernels/my proj/nkibuild.yaml",
         "created kernels/my proj/kernels/kernels.py",
         "created kernels/my proj/kernels/reference.py",
+        "created kernels/my proj/pyproject.toml",
         "created kernels/my proj/.gitignore",
         "next: cd 'kernels/my proj' && nkibuild build --toolchain fake",
+        "install it editable (needs this environment's nkibuild): cd 'kernels/my proj' && "
+        "python -m pip install -e . --no-build-isolation -C toolchain=fake",
     ]
     paths = ["kernels/my proj/build/x", "kernels/my proj/dist/y.whl", "kernels/my proj/kernels/x"]
     assert _ignored(tmp_path, *paths) == paths[:2]
@@ -207,10 +210,10 @@ def test_init_into_a_directory_says_how_to_get_there_and_ignores_the_outputs(
 def test_init_with_dash_C_names_the_directory_from_where_the_user_is(tmp_path: Path) -> None:
     (tmp_path / "repo").mkdir()
     result = ok(run_nkibuild(["-C", "repo", "init", "sub"], tmp_path))
-    assert result.stdout.splitlines()[-1] == "next: cd repo/sub && nkibuild build --toolchain fake"
+    assert result.stdout.splitlines()[-2] == "next: cd repo/sub && nkibuild build --toolchain fake"
     (tmp_path / "here").mkdir()
     here = ok(run_nkibuild(["init"], tmp_path / "here"))
-    assert here.stdout.splitlines()[-1] == "next: nkibuild build --toolchain fake"
+    assert here.stdout.splitlines()[-2] == "next: nkibuild build --toolchain fake"
 
 
 def test_init_appends_to_an_existing_gitignore(tmp_path: Path) -> None:
@@ -221,8 +224,9 @@ def test_init_appends_to_an_existing_gitignore(tmp_path: Path) -> None:
     assert lines == [
         "*.pyc",
         "build/",
-        "# nkibuild's outputs (nkibuild clean removes them)",
+        "# nkibuild's outputs (nkibuild clean removes them), and Python's bytecode",
         "/dist/",
+        "__pycache__/",
     ]
 
 

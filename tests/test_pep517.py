@@ -288,7 +288,8 @@ def test_an_editable_install_follows_each_build(tmp_path: Path) -> None:
     bundle_dir = root / "build" / "bundle" / "pep-kernels"
     pth = sorted((tmp_path / "venv").glob("lib/python*/site-packages/__editable__.*.pth"))
     assert [p.name for p in pth] == ["__editable__.pep_kernels-0.3.0.pth"]
-    assert pth[0].read_text() == f"{bundle_dir}\n"
+    finder = "import __editable___nkibuild_pep_kernels_finder\n"  # says what to run after clean
+    assert pth[0].read_text() == f"{bundle_dir}\n{finder}"
     before = installed_state(python, tmp_path)
     assert before == {
         "file": str(bundle_dir / "pep_kernels" / "__init__.py"),
@@ -306,7 +307,7 @@ def test_an_editable_install_follows_each_build(tmp_path: Path) -> None:
     assert after["file"] == before["file"]
     assert after["sha256"] == {k: compiled_sha256(root, k) for k in ("softmax", "wide_softmax")}
     assert after["sha256"]["softmax"] != before["sha256"]["softmax"]  # the edited kernel's NEFF
-    assert [p.read_text() for p in pth] == [f"{bundle_dir}\n"]  # not reinstalled
+    assert [p.read_text() for p in pth] == [f"{bundle_dir}\n{finder}"]  # not reinstalled
 
 
 def test_editable_hooks_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -323,6 +324,7 @@ def test_editable_hooks_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     with zipfile.ZipFile(tmp_path / "wheels" / WHEEL) as archive:
         assert sorted(archive.namelist()) == [
             "__editable__.pep_kernels-0.3.0.pth",
+            "__editable___nkibuild_pep_kernels_finder.py",
             f"{dist_info}/METADATA",
             f"{dist_info}/RECORD",
             f"{dist_info}/WHEEL",
@@ -351,8 +353,9 @@ def test_an_editable_split_bundle_puts_its_target_parts_on_the_path(
     assert paths == [
         str(bundle_dir),
         *(str(bundle_dir / "parts" / f"pep_kernels_{t}") for t in ("trn1", "trn2")),
+        "import __editable___nkibuild_pep_kernels_finder",
     ]
-    for target, part in zip(("trn1", "trn2"), paths[1:], strict=True):
+    for target, part in zip(("trn1", "trn2"), paths[1:-1], strict=True):
         package = Path(part) / f"pep_kernels_{target}"
         assert (package / "neff" / target / "softmax" / "default.neff").is_file()
     assert "pep-kernels-trn" not in metadata and "Provides-Extra" not in metadata

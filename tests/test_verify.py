@@ -83,14 +83,17 @@ def test_a_wheel_is_verified_where_it_lies(project: Path) -> None:
     assert result.returncode == 0, result.stderr
     found = checks(result.stdout)
     assert {c["mode"] for c in found if c["status"] == "ok"} == {"auto -> reference"}
-    # A wheel has no kernel source to run on the CPU: said so, and not counted as passed.
+    # A wheel's kernel sources (nki, nkipy: in _sources/) are not run: said so, not passed.
     skipped = [c for c in found if c["status"] == "skipped"]
     assert {(c["kernel"], c["mode"]) for c in skipped} == {
         ("matmul_tiled", "nki kernel under nki.simulate"),
         ("rmsnorm", "nkipy kernel on the CPU"),
     }
     assert len(skipped) == 4 and all(
-        c["skipped"].startswith("a wheel holds no kernel source to run: run `nkibuild verify`")
+        c["skipped"].startswith(
+            "the wheel carries this kernel's source (in its `_sources` package), but "
+            "`verify WHEEL` runs the bundle only: run `nkibuild verify` in the kernel's project"
+        )
         for c in skipped
     )
     # The baseline goes to the project's build dir, never next to the wheel.

@@ -236,7 +236,8 @@ def release(args: argparse.Namespace) -> int:
 
         print(json.dumps({**build_report(result), "out": str(options.out)}, indent=2))
     else:
-        print(f"{len(result.published)} wheels in {options.out}; see release-report.md")
+        count = len(result.published)
+        print(f"{count} wheel{'s' if count != 1 else ''} in {options.out}; see release-report.md")
         for written in result.provenance:
             print(f"provenance: {written}")
     return EXIT_OK if result.ok and not record.report_failed else EXIT_BUILD_FAILED
@@ -330,7 +331,7 @@ def clean(args: argparse.Namespace) -> int:
 def doctor(args: argparse.Namespace) -> int:
     from nkibuild.cli.doctor import run
 
-    return run(args.json)
+    return run(args.json, args.toolchain)
 
 
 def cache(args: argparse.Namespace) -> int:
@@ -435,12 +436,14 @@ def inspect(args: argparse.Namespace) -> int:
 
 
 def init(args: argparse.Namespace) -> int:
-    from nkibuild.cli.scaffold import scaffold
+    from nkibuild.cli.scaffold import EDITABLE_INSTALL, scaffold
 
     directory = Path(args.path)
     for done in scaffold(directory):
         print(done)
-    print(f"next: {_cd_into(directory, args.invoked_in)}nkibuild build --toolchain fake")
+    cd = _cd_into(directory, args.invoked_in)
+    print(f"next: {cd}nkibuild build --toolchain fake")
+    print(f"install it editable (needs this environment's nkibuild): {cd}{EDITABLE_INSTALL}")
     return EXIT_OK
 
 

@@ -8,11 +8,14 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def report(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """The JSON document of `doctor --json`."""
+def report(toolchain: str | None = None, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The JSON document of `doctor --json`, for the toolchain `--toolchain` (None: not
+    given) selects as a build would: the option, else NKIBUILD_TOOLCHAIN, else auto."""
+    from nkibuild.settings import BuildOptions, value_before_manifest
     from nkibuild.toolchain.doctor import diagnose
 
-    return {**diagnose(), "caches": caches(environ)}
+    selected = value_before_manifest(BuildOptions(toolchain=toolchain), "toolchain", environ)
+    return {**diagnose(selected), "caches": caches(environ)}
 
 
 def caches(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
@@ -63,9 +66,9 @@ def render(document: dict[str, Any]) -> list[str]:
     return [*render_toolchain(document), *lines]
 
 
-def run(as_json: bool) -> int:
+def run(as_json: bool, toolchain: str | None = None) -> int:
     """Print the report; always exit 0 (it reports, it does not check)."""
-    document = report()
+    document = report(toolchain)
     if as_json:
         print(json.dumps(document, indent=2))
     else:

@@ -223,6 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
         commands, "doctor", cmd.doctor, "show which toolchain pieces and caches are found", project
     )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument(
+        "--toolchain", choices=("auto", "neuron", "fake"),
+        help="report for this toolchain: with fake, what the toolchain double stands in for "
+        "is not missing [default: env NKIBUILD_TOOLCHAIN, else auto]",
+    )  # fmt: skip
     cache = _add(commands, "cache", cmd.cache, "show, verify or trim the local NEFF cache")
     cache.add_argument("action", choices=("stats", "verify", "prune", "clear"))
     cache.add_argument(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from nkibuild.errors import UsageError
@@ -53,14 +54,32 @@ def scaled_add(x, y, alpha):
 '''
 
 
-GITIGNORE_HEADER = "# nkibuild's outputs (nkibuild clean removes them)"
-IGNORED = ("/build/", "/dist/")
+PYPROJECT = """\
+# Makes the project pip-installable through nkibuild's build backend (docs/pep517.md).
+# Install it editable into the environment nkibuild is installed in:
+#   {install}
+# (--no-build-isolation: the build uses this environment's nkibuild and jax, not copies
+# from a package index; toolchain=fake: placeholder NEFFs, drop it on a Neuron host.)
+[build-system]
+requires = ["nkibuild[jax]"]
+build-backend = "nkibuild.build"
+"""
+
+# How to install the scaffold editable today: `requires` names nkibuild, which a build
+# isolated from this environment would have to find on an index.
+EDITABLE_INSTALL = "python -m pip install -e . --no-build-isolation -C toolchain=fake"
+
+GITIGNORE_HEADER = "# nkibuild's outputs (nkibuild clean removes them), and Python's bytecode"
+# Bytecode: nkibuild writes none into the project, but Python run by hand on the
+# kernels (a quick test of a reference) would.
+IGNORED = ("/build/", "/dist/", "__pycache__/")
 
 
 def scaffold(directory: Path) -> list[str]:
     """Create the files and what it did to each, e.g. "created nkibuild.yaml".
 
-    Refuses (writing nothing) to overwrite an existing manifest or kernel file; an
+    Checks every path first and refuses, writing nothing, if one it would create already
+    exists (a dangling symlink too: writing through it would create its target); an
     existing .gitignore gets the missing entries appended instead.
     """
     name = _project_name(directory)
@@ -68,10 +87,14 @@ def scaffold(directory: Path) -> list[str]:
         directory / "nkibuild.yaml": MANIFEST.format(name=name),
         directory / "kernels" / "kernels.py": KERNEL,
         directory / "kernels" / "reference.py": REFERENCE,
+        directory / "pyproject.toml": PYPROJECT.format(install=EDITABLE_INSTALL),
     }
-    existing = [str(path) for path in files if path.exists()]
+    existing = [str(path) for path in files if os.path.lexists(path)]
     if existing:
-        raise UsageError(f"nkibuild init: would overwrite {', '.join(existing)}")
+        raise UsageError(
+            f"nkibuild init: would overwrite {', '.join(existing)}; nothing was written "
+            "(move them away, or init another directory)"
+        )
     for path, text in files.items():
         atomic_write_text(path, text)
     done = [f"created {path}" for path in files]

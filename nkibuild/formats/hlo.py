@@ -2,7 +2,8 @@
 
 The schema is a hand-declared subset of openxla's hlo.proto / xla_data.proto, built at
 runtime so nkibuild needs neither protoc nor XLA's generated modules. Only the fields
-nkibuild reads are declared; everything else is kept as unknown fields by protobuf.
+nkibuild reads (or its toolchain double writes) are declared; everything else is kept
+as unknown fields by protobuf.
 
 The subset is declared as proto3 on purpose: proto3 enums are open, so an element type
 this table does not list (for example a new f8 variant) reads back as its number instead
@@ -148,8 +149,14 @@ _MESSAGES: dict[str, tuple[tuple[str, int, int, int, str | None], ...]] = {
         ("result", 2, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "ShapeProto"),
         ("parameter_names", 3, _F.TYPE_STRING, _F.LABEL_REPEATED, None),
     ),
-    # xla_data.proto OpMetadata: only the field canonical_module rewrites.
-    "OpMetadata": (("source_file", 3, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),),
+    # xla_data.proto OpMetadata: the field canonical_module rewrites, and those the
+    # toolchain double's nkipy writes as the real tracer does (hlo_writer.Origin).
+    "OpMetadata": (
+        ("op_type", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+        ("op_name", 2, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+        ("source_file", 3, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+        ("source_line", 4, _F.TYPE_INT32, _F.LABEL_OPTIONAL, None),
+    ),
     # FrontendAttributes.map (map<string, string>) has the wire format of repeated pairs.
     "StringPair": (
         ("key", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),

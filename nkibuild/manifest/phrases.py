@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from nkibuild.dtypes import OTHER_SPELLINGS
 from nkibuild.errors import Diagnostic
 from nkibuild.manifest.schemagen import inline_ref
 
@@ -22,6 +23,9 @@ def position(d: Diagnostic) -> tuple[int, int]:
 
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str | None:
+    spelled = OTHER_SPELLINGS.get(word.lower())  # fp32: too unlike float32 for difflib
+    if spelled in choices:
+        return f"did you mean {spelled!r}?"
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     if not close:
         # "auto_cast" for "auto-cast": compare with separators and case ignored too

@@ -42,15 +42,23 @@ def instance_type() -> str | None:
         return None
 
 
-def diagnose() -> dict[str, Any]:
+def diagnose(toolchain: str = "auto") -> dict[str, Any]:
+    """The host's report for the selected `toolchain` (auto, neuron, fake): with fake,
+    a piece the toolchain double stands in for is not missing."""
     compiler = find_compiler()
+    stand_ins = double_stand_ins() if toolchain == "fake" else frozenset()
     return {
         "nkibuild": __version__,
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "instance_type": instance_type(),
+        "toolchain": toolchain,
         "neuronx_cc": _compiler(compiler),
         "packages": {
-            module: {"version": _version(module, dist), "for": purpose}
+            module: {
+                "version": _version(module, dist),
+                "for": purpose,
+                "stand_in": module in stand_ins,
+            }
             for module, dist, purpose in PIECES
         },
         "extras": {
@@ -76,11 +84,7 @@ def render(report: dict[str, Any]) -> list[str]:
         f"host instance type: {instance}",
         _compiler_line(report["neuronx_cc"]),
     ]
-    for module, piece in report["packages"].items():
-        if piece["version"] is None:
-            lines.append(f"{module}: not importable — needed for {piece['for']}")
-        else:
-            lines.append(f"{module}: {piece['version']} — {piece['for']}")
+    lines += [_package_line(module, piece) for module, piece in report["packages"].items()]
     lines += [_extra_line(name, extra) for name, extra in report["extras"].items()]
     auto = report["toolchain_auto"]
     if auto["compiler"] is None:
@@ -89,6 +93,23 @@ def render(report: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"--toolchain auto: uses the real compiler at {auto['compiler']}")
     return lines
+
+
+def double_stand_ins() -> frozenset[str]:
+    """The modules `--toolchain fake` puts on a frontend worker's path where they are not
+    installed: its packages in toolchain_double's fakes dir and fake nkipy."""
+    from nkibuild import toolchain_double
+
+    dirs = (toolchain_double.FAKES_DIR, toolchain_double.FAKE_NKIPY_DIR)
+    return frozenset(entry.name for d in dirs for entry in d.iterdir() if entry.is_dir())
+
+
+def _package_line(module: str, piece: dict[str, Any]) -> str:
+    if piece["version"] is not None:
+        return f"{module}: {piece['version']} — {piece['for']}"
+    if piece["stand_in"]:
+        return f"{module}: not installed; --toolchain fake's double stands in — {piece['for']}"
+    return f"{module}: not importable — needed for {piece['for']}"
 
 
 def _compiler(compiler: Any) -> dict[str, str | None]:

@@ -73,6 +73,9 @@ def worker_environment(key: WorkerKey, cache_dir: Path) -> dict[str, str]:
     env.setdefault("JAX_PLATFORMS", "cpu")
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["PYTHONUNBUFFERED"] = "1"
+    # The worker imports the project's kernel files: their bytecode must not land in the
+    # project (`kernels/__pycache__/`), where nkibuild writes nothing outside build/ and dist/.
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     if "NEURON_CC_FLAGS" in env:
         from nkibuild.toolchain import without_cache_dir
 

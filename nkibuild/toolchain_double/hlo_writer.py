@@ -1,21 +1,44 @@
 """Build minimal HloModuleProtos for nkibuild's toolchain double.
 
-The fake torch-xla and nkipy (`nkibuild/toolchain_double/fakes/`) dump these where the real
+The fake torch-xla and nkipy (`nkibuild/toolchain_double/`) dump these where the real
 tools dump a traced module. A module here describes the kernel's signature (parameters
-by name, the result's shapes, optionally one custom-call as the root), not its
-computation. It uses the schema subset of `nkibuild.formats.hlo`, so the build's own
-reader parses exactly what the double writes.
+by name, the result's shapes, optionally one custom-call as the root). The double cannot
+trace a computation op by op, so a module the fake nkipy writes also carries an `Origin`:
+a digest of the kernel's code and its constants' values, so that the module changes
+whenever the real tracer's would (see `../shared/testdata/hlo/nkipy/`). It uses the
+schema subset of `nkibuild.formats.hlo`, so the build's own reader parses exactly what
+the double writes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nkibuild.dtypes import BY_NAME
 from nkibuild.formats.hlo import TUPLE_TYPE, message_class
 
-__all__ = ["build_hlo_module"]
+__all__ = ["Origin", "build_hlo_module"]
+
+# The op_type the real nkipy writes into each traced instruction's metadata.
+TRACED_OP_TYPE = "NKIPy_Op"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """What a traced module records of the code it came from.
+
+    As in the real nkipy's modules, every instruction computed from the kernel names the
+    kernel's file (absolute: the build makes it project-relative) and line in its
+    metadata. `code_digest` stands for the computation the double does not trace, and
+    each constant becomes a `constant` instruction whose metadata holds its value.
+    """
+
+    source_file: str
+    source_line: int
+    code_digest: str
+    constants: tuple[tuple[str, str], ...] = ()  # (name, value as JSON)
 
 
 def build_hlo_module(
@@ -23,8 +46,11 @@ def build_hlo_module(
     parameters: Sequence[tuple[str, str, Sequence[int]]],
     results: Sequence[tuple[str, Sequence[int]]],
     custom_call: tuple[str, bytes] | None = None,
+    *,
+    origin: Origin | None = None,
 ) -> bytes:
-    """A minimal valid module: parameters, one custom-call (or a copy) as the root.
+    """A minimal valid module: parameters, the `origin`'s constants, one custom-call (or
+    a copy) of them all as the root.
 
     Used by nkibuild's toolchain double to stand in for what torch-xla and nkipy dump.
     """
@@ -42,9 +68,13 @@ def build_hlo_module(
         ).shape.CopyFrom(shape)
         program.parameters.add().CopyFrom(shape)
         program.parameter_names.append(param_name)
+    if origin is not None:
+        _add_constants(entry, origin)
     result = _result_shape(results)
-    root = entry.instructions.add(name="root", id=len(parameters) + 1)
-    root.operand_ids.extend(range(1, len(parameters) + 1))
+    root = entry.instructions.add(name="root", id=len(entry.instructions) + 1)
+    root.operand_ids.extend(range(1, len(entry.instructions)))
+    if origin is not None:
+        _set_metadata(root, origin, f"kernel_code:{origin.code_digest}")
     if custom_call is not None:
         root.opcode, root.custom_call_target = "custom-call", custom_call[0]
         root.backend_config = custom_call[1]
@@ -71,3 +101,18 @@ def _result_shape(results: Sequence[tuple[str, Sequence[int]]]) -> Any:
     for dtype, dims in results:
         shape.tuple_shapes.add().CopyFrom(_array_shape(dtype, dims))
     return shape
+
+
+def _add_constants(entry: Any, origin: Origin) -> None:
+    for constant_name, value in origin.constants:
+        constant = entry.instructions.add(
+            name=f"constant.{constant_name}", opcode="constant", id=len(entry.instructions) + 1
+        )
+        constant.shape.element_type = TUPLE_TYPE  # no literal: the value is in the metadata
+        _set_metadata(constant, origin, f"{constant_name}={value}")
+
+
+def _set_metadata(instruction: Any, origin: Origin, op_name: str) -> None:
+    metadata = instruction.metadata
+    metadata.op_type, metadata.op_name = TRACED_OP_TYPE, op_name
+    metadata.source_file, metadata.source_line = origin.source_file, origin.source_line

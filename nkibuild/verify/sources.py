@@ -35,9 +35,16 @@ MODES = {
     "nki": "nki kernel under nki.simulate",
     "hlo": "hlo kernel on the CPU",
 }
-NOT_IN_WHEEL = (
-    "a wheel holds no kernel source to run: run `nkibuild verify` in the kernel's project "
-    "to compare the kernel itself with its reference on the CPU"
+IN_PROJECT = (
+    "run `nkibuild verify` in the kernel's project to compare the kernel itself with its "
+    "reference on the CPU"
+)
+NOT_IN_WHEEL = f"a wheel holds no source of this kernel to run: {IN_PROJECT}"
+# nki and nkipy kernels' files ship in the bundle (its `_sources` package, for simulate
+# mode and NumPy), but as modules of the bundle, not at their paths in the project.
+SHIPPED_NOT_RUN = (
+    "the wheel carries this kernel's source (in its `_sources` package), but `verify WHEEL` "
+    f"runs the bundle only: {IN_PROJECT}"
 )
 
 
@@ -71,13 +78,16 @@ def source_checks(sources: ProjectSources, nki_label: str = "") -> list[Check]:
 
 def wheel_source_checks(info: Any) -> list[Check]:
     """For a bare wheel: every kernel and variant, skipped, saying why."""
+    from nkibuild.bundle import SHIPPED_FRONTENDS
+
     # `_build.json` as a typed BuildInfo or as its parsed JSON: the same keys either way.
     document = info.to_json() if hasattr(info, "to_json") else info
     checks = []
     for name, kernel in sorted(document["kernels"].items()):
         for variant in kernel["variants"]:
             check = Check(name, variant, MODES.get(kernel["frontend"], "kernel on the CPU"))
-            check.skipped = NOT_IN_WHEEL
+            shipped = kernel["frontend"] in SHIPPED_FRONTENDS
+            check.skipped = SHIPPED_NOT_RUN if shipped else NOT_IN_WHEEL
             checks.append(check)
     return checks
 

@@ -3,17 +3,29 @@
 nkipy kernels are NumPy functions: `specialize` runs the function on the sample
 arrays to learn its outputs, then describes the signature as an HLO module whose
 parameters are the function's array arguments, by their Python names.
+
+The real tracer's module holds the computation: it changes when the kernel's body, a
+helper it calls or a constant changes, and not when only a comment does. The double
+records instead a digest of the code the kernel runs (bytecode, names and literals, not
+comments or file paths) and each non-array argument's value (defaults included), with the
+kernel's file and line in every instruction's metadata as the real tracer writes them.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import inspect
-from collections.abc import Callable
+import json
+import os
+import sysconfig
+import types
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from nkibuild.toolchain_double.hlo_writer import build_hlo_module
+from nkibuild.toolchain_double.hlo_writer import Origin, build_hlo_module
 
 
 class _Proto:
@@ -44,14 +56,100 @@ class NKIPyKernel:
 
     def specialize(self, *args: Any, **kwargs: Any) -> NKIPyKernel:
         bound = inspect.signature(self.fn).bind(*args, **kwargs)
-        parameters = [
-            (name, np.dtype(value.dtype).name, value.shape)
-            for name, value in bound.arguments.items()
-            if isinstance(value, np.ndarray)  # non-array arguments pass through
-        ]
+        bound.apply_defaults()  # the real tracer bakes a default's value in as well
+        arrays = {k: v for k, v in bound.arguments.items() if isinstance(v, np.ndarray)}
+        parameters = [(name, np.dtype(a.dtype).name, a.shape) for name, a in arrays.items()]
+        constants = tuple(
+            (name, _as_json(value)) for name, value in bound.arguments.items() if name not in arrays
+        )
         result = self.fn(*args, **kwargs)
         outputs = result if isinstance(result, tuple) else (result,)
-        arrays = [np.asarray(output) for output in outputs]
-        results = [(array.dtype.name, array.shape) for array in arrays]
-        self._code = _Code(build_hlo_module(self.fn.__name__, parameters, results))
+        results = [(np.asarray(output).dtype.name, np.shape(output)) for output in outputs]
+        kernel = inspect.unwrap(self.fn)  # a decorated kernel's own code
+        origin = Origin(
+            source_file=os.path.realpath(kernel.__code__.co_filename),
+            source_line=kernel.__code__.co_firstlineno,
+            code_digest=code_digest(kernel),
+            constants=constants,
+        )
+        module = build_hlo_module(self.fn.__name__, parameters, results, origin=origin)
+        self._code = _Code(module)
         return self
+
+
+def code_digest(fn: Callable[..., Any]) -> str:
+    """sha256 of the code `fn` runs: its own and that of the user functions it calls by
+    global name, recursively. Library code (the standard library, site-packages) is the
+    library's version's, so it is not followed."""
+    digest = hashlib.sha256()
+    for code in _user_code(fn):
+        digest.update(_describe_code(code).encode())
+    return digest.hexdigest()
+
+
+def _user_code(fn: Callable[..., Any]) -> Iterator[types.CodeType]:
+    seen: set[int] = set()
+    pending = [fn]
+    while pending:
+        function = pending.pop()
+        if id(function) in seen:
+            continue
+        seen.add(id(function))
+        yield function.__code__
+        pending += [
+            called
+            for called in _called_by_name(function)
+            if isinstance(called, types.FunctionType) and not _is_library(called.__code__)
+        ]
+
+
+def _called_by_name(function: types.FunctionType) -> list[Any]:
+    names = [name for code in _nested(function.__code__) for name in code.co_names]
+    return [function.__globals__[name] for name in names if name in function.__globals__]
+
+
+def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
+    """`code` and the code of the functions, lambdas and comprehensions defined in it."""
+    yield code
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            yield from _nested(constant)
+
+
+def _describe_code(code: types.CodeType) -> str:
+    """What the code computes, without where it is (file, line numbers)."""
+    parts = [code.co_code.hex(), *code.co_names, "|", *code.co_varnames, "|"]
+    parts += [_describe_constant(constant) for constant in code.co_consts]
+    return "\0".join(parts)
+
+
+def _describe_constant(constant: Any) -> str:
+    if isinstance(constant, types.CodeType):
+        return _describe_code(constant)
+    if isinstance(constant, frozenset):  # its order changes with the hash seed
+        return "frozenset" + repr(sorted(map(repr, constant)))
+    return repr(constant)
+
+
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple(
+        os.path.join(os.path.realpath(paths[key]), "")
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+    )
+
+
+def _is_library(code: types.CodeType) -> bool:
+    return os.path.realpath(code.co_filename).startswith(_library_dirs())
+
+
+def _as_json(value: Any) -> str:
+    """A constant's value as the module records it: equal values, equal text, in every
+    process (a function or class default is named, not shown at its address)."""
+    return json.dumps(value, sort_keys=True, default=_named)
+
+
+def _named(value: Any) -> str:
+    name = getattr(value, "__qualname__", None)
+    return f"{getattr(value, '__module__', '')}.{name}" if name else repr(value)
