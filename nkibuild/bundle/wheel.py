@@ -84,7 +84,7 @@ def build_editable_wheel(project: BundleProject, wheel_dir: Path) -> Path:
     directories = [project.directory, *(part.directory for part in project.parts)]
     paths = "".join(f"{directory.resolve()}\n" for directory in directories)
     # A finder that says what to run once `nkibuild clean` removed the bundle directory.
-    from nkibuild.editable import finder_module
+    from nkibuild.bundle.editable import finder_module
 
     finder, source, import_line = finder_module(project.package.import_name, project.directory)
     generated[finder] = source.encode()
