@@ -31,13 +31,6 @@ class OutsideProject(NkibuildError):
         super().__init__(f"{printable(self.path)}: {reason}")
 
 
-def is_inside(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike[str]]) -> bool:
-    """Whether `path`, with every symlink and `..` resolved, lies under one of `roots`
-    (each resolved the same way)."""
-    real = os.path.realpath(path)
-    return any(_under(real, os.path.realpath(root)) for root in roots)
-
-
 def _under(real: str, root: str) -> bool:
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 

@@ -19,19 +19,8 @@ LEFTOVER_PATTERNS = (".*.tmp", ".*.new", ".*.old-*", ".work-*", ".worker-*")
 
 def stamp_of(info: os.stat_result) -> str:
     """Size, mtime, ctime and inode as one string: what changes whenever a file is
-    written or replaced (ctime cannot be set back; a rename brings another inode). A
-    string, not a tuple: records keep tens of thousands of these."""
+    written or replaced (ctime cannot be set back; a rename brings another inode)."""
     return f"{info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino}"
-
-
-STAMP_FIELDS = 4  # the numbers a stamp joins: size, mtime_ns, ctime_ns, inode
-
-
-def stamps_of_numbers(numbers: list[int]) -> list[str]:
-    """The stamps of files given as STAMP_FIELDS numbers each, in one flat list (as
-    records before stamps kept them)."""
-    fields = (numbers[field::STAMP_FIELDS] for field in range(STAMP_FIELDS))
-    return list(map("{} {} {} {}".format, *fields))
 
 
 def stamp_ctime_ns(stamp: str) -> int:
