@@ -66,21 +66,15 @@ class OutputsIntact:
         recorded = values.get(VALUES_KEY)
         if recorded is None:
             return None  # nothing recorded (never ran): doit's other checks decide
-        if not _well_formed(recorded):
-            return False  # not understood: not trusted
         # A file added to an output directory is ignored: nothing reads what its task
         # did not write (the wheel packs only the files bundle.json lists).
-        return all(_intact(path, stamp, sha256) for path, (stamp, sha256) in recorded.items())
+        try:
+            return all(_intact(path, *row) for path, row in recorded.items())
+        except (AttributeError, TypeError):
+            return False  # not a record of path -> [stamp, sha256]: not trusted
 
     def __repr__(self) -> str:  # doit names a check by it in `doit info`
         return f"OutputsIntact({[*self.files, *self.directories]})"
-
-
-def _well_formed(recorded: object) -> bool:
-    return isinstance(recorded, dict) and all(
-        isinstance(row, list) and len(row) == 2 and all(isinstance(f, str) for f in row)
-        for row in recorded.values()
-    )
 
 
 def _intact(path: str, stamp: str, sha256: str) -> bool:
