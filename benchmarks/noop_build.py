@@ -45,12 +45,13 @@ DODO = '''\
 """Hand-written dodo.py declaring the tasks nkibuild generates for nkibuild.yaml."""
 import os
 
+from doit import get_var
 from doit.tools import config_changed
 
 KERNELS = {kernels}
 TARGETS = {targets}
 SOURCES = {sources}
-B = os.path.abspath("plain-build")
+B = os.path.abspath(get_var("build", "plain-build"))  # one per backend
 
 
 def touch(*paths):
@@ -143,10 +144,12 @@ def nkibuild_command() -> list[str]:
 
 
 def plain_doit_commands() -> dict[str, list[str]]:
-    """Plain doit on the dodo.py, per backend, each with a state file of its own."""
+    """Plain doit on the dodo.py, per backend, each with a state file and a build dir of
+    its own: files one backend's build rewrote would have other times than another's
+    state records, and doit would hash them all on every run."""
     plain = [sys.executable, "-m", "doit", "-f", "dodo.py"]
     return {
-        backend: [*plain, "--backend", backend, "--db-file", db_file]
+        backend: [*plain, "--backend", backend, "--db-file", db_file, f"build=plain-{backend}"]
         for backend, db_file in BACKENDS.items()
     }
 
