@@ -163,8 +163,8 @@ def timed(command: list[str], cwd: Path, env: dict[str, str]) -> float:
     return measured(command, cwd, env)[0]
 
 
-def measured(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
-    """Run `command` as a whole process: (seconds, peak RSS in MiB)."""
+def measured(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, float]:
+    """Run `command` as a whole process: (seconds, peak RSS in MiB, CPU seconds)."""
     with tempfile.TemporaryFile() as output:
         started = time.perf_counter()
         proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=output, stderr=output)
@@ -175,7 +175,8 @@ def measured(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float,
             output.seek(0)
             log = output.read().decode(errors="replace")
             sys.exit(f"{' '.join(command)} failed ({proc.returncode}):\n{log}")
-    return elapsed, usage.ru_maxrss / 1024  # Linux reports KiB
+    # Linux reports KiB. CPU (user + system) is steadier than wall time on a loaded machine.
+    return elapsed, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def interleaved_medians(
@@ -183,25 +184,31 @@ def interleaved_medians(
     cwd: Path,
     env: dict[str, str],
     runs: int = RUNS,
-) -> list[tuple[float, float]]:
+) -> list[tuple[float, float, float]]:
     """Alternate the commands run by run (each after its `prepare`), so background
-    load hits every side alike; for each: (median seconds, largest peak RSS in MiB)."""
-    samples: list[list[tuple[float, float]]] = [[] for _ in commands]
+    load hits every side alike; for each: (median seconds, largest peak RSS in MiB,
+    median CPU seconds)."""
+    samples: list[list[tuple[float, float, float]]] = [[] for _ in commands]
     for _ in range(runs):
         for (command, prepare), runs_of_command in zip(commands, samples, strict=True):
             prepare()
             runs_of_command.append(measured(command, cwd, env))
     return [
-        (statistics.median(t for t, _ in results), max(rss for _, rss in results))
+        (
+            statistics.median(t for t, _, _ in results),
+            max(rss for _, rss, _ in results),
+            statistics.median(cpu for _, _, cpu in results),
+        )
         for results in samples
     ]
 
 
 def against_plain_doit(
     root: Path, env: dict[str, str], runs: int, prepare: Callable[[], None]
-) -> tuple[tuple[float, float], dict[str, tuple[float, float]]]:
+) -> tuple[tuple[float, float, float], dict[str, tuple[float, float, float]]]:
     """Build every side once, then time them interleaved, each run after `prepare`:
-    (nkibuild's figures, plain doit's per backend), each (median s, peak RSS MiB)."""
+    (nkibuild's figures, plain doit's per backend), each (median s, peak RSS MiB,
+    median CPU s)."""
     plain = plain_doit_commands()
     timed([*nkibuild_command(), "-j", "2"], root, env)
     for command in plain.values():
@@ -227,12 +234,15 @@ def main() -> None:
         root = Path(scratch) / "project"
         write_project(root, units)
         env = {**os.environ, "CI": "true", "NKIBUILD_CACHE_DIR": str(Path(scratch) / "cache")}
-        (ours, rss), plain = against_plain_doit(root, env, args.runs, nothing)
+        (ours, rss, cpu), plain = against_plain_doit(root, env, args.runs, nothing)
         fastest = min(plain, key=lambda backend: plain[backend][0])
         print(f"no-op build, {units:,} units, medians of {args.runs} (load {load()}):")
-        print(f"  nkibuild build --toolchain fake: {ours:.3f} s, peak RSS {rss:.0f} MiB")
-        for backend, (seconds, peak) in plain.items():
-            print(f"  plain doit, {backend:8} backend: {seconds:.3f} s, peak RSS {peak:.0f} MiB")
+        print(f"  nkibuild build --toolchain fake: {ours:.3f} s ({cpu:.3f} s CPU), {rss:.0f} MiB")
+        for backend, (seconds, peak, used) in plain.items():
+            print(
+                f"  plain doit, {backend:8} backend: {seconds:.3f} s ({used:.3f} s CPU), "
+                f"{peak:.0f} MiB"
+            )
         result: dict[str, object] = {
             "benchmark": "noop_build",
             "ratio": round(ours / plain[fastest][0], 3),
@@ -243,9 +253,12 @@ def main() -> None:
             else f"none at this scale; peak RSS <= {RSS_TARGET_MIB} MiB",
             "units": units,
             "nkibuild_noop_s": round(ours, 3),
-            **{f"plain_doit_{backend}_s": round(s, 3) for backend, (s, _) in plain.items()},
+            **{f"plain_doit_{backend}_s": round(s, 3) for backend, (s, _, _) in plain.items()},
+            "cpu_ratio": round(cpu / min(used for _, _, used in plain.values()), 3),
+            "nkibuild_noop_cpu_s": round(cpu, 3),
+            **{f"plain_doit_{b}_cpu_s": round(c, 3) for b, (_, _, c) in plain.items()},
             "peak_rss_mib": round(rss, 1),
-            **{f"plain_doit_{b}_peak_rss_mib": round(r, 1) for b, (_, r) in plain.items()},
+            **{f"plain_doit_{b}_peak_rss_mib": round(r, 1) for b, (_, r, _) in plain.items()},
             "load": load(),
         }
         print(json.dumps(result))

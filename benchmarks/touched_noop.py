@@ -40,12 +40,12 @@ def main() -> None:
         def touch() -> None:
             touched.write_bytes(touched.read_bytes())
 
-        (ours, rss), plain = against_plain_doit(root, env, args.runs, touch)
+        (ours, rss, cpu), plain = against_plain_doit(root, env, args.runs, touch)
     fastest = min(plain, key=lambda backend: plain[backend][0])
     print(f"one source touched, {args.units:,} units, medians of {args.runs} (load {load()}):")
-    print(f"  nkibuild build --toolchain fake: {ours:.3f} s, peak RSS {rss:.0f} MiB")
-    for backend, (seconds, _) in plain.items():
-        print(f"  plain doit, {backend:8} backend: {seconds:.3f} s")
+    print(f"  nkibuild build --toolchain fake: {ours:.3f} s ({cpu:.3f} s CPU), {rss:.0f} MiB")
+    for backend, (seconds, _, used) in plain.items():
+        print(f"  plain doit, {backend:8} backend: {seconds:.3f} s ({used:.3f} s CPU)")
     result = {
         "benchmark": "touched_noop",
         "ratio": round(ours / plain[fastest][0], 3),
@@ -54,7 +54,9 @@ def main() -> None:
         "target": f"<= {RATIO_TARGET}",
         "units": args.units,
         "nkibuild_touched_s": round(ours, 3),
-        **{f"plain_doit_{backend}_s": round(s, 3) for backend, (s, _) in plain.items()},
+        **{f"plain_doit_{backend}_s": round(s, 3) for backend, (s, _, _) in plain.items()},
+        "cpu_ratio": round(cpu / min(used for _, _, used in plain.values()), 3),
+        "nkibuild_touched_cpu_s": round(cpu, 3),
         "peak_rss_mib": round(rss, 1),
         "load": load(),
     }

@@ -121,8 +121,8 @@ def main() -> None:
             dict(os.environ),
             RUNS,
         )
-        (cold_s, cold_rss), (warm_s, warm_rss) = figures[:2]
-        baseline_s, help_s, doit_s = (seconds for seconds, _ in figures[2:])
+        (cold_s, cold_rss, _), (warm_s, warm_rss, _) = figures[:2]
+        baseline_s, help_s, doit_s = (seconds for seconds, _, _ in figures[2:])
     print(f"nkibuild validate, {units:,} units, medians of {RUNS} (load {load()}):")
     print(f"nkibuild validate, cold:               {cold_s:.3f} s, peak RSS {cold_rss:.0f} MiB")
     print(f"nkibuild validate, plan cached:        {warm_s:.3f} s, peak RSS {warm_rss:.0f} MiB")
