@@ -8,7 +8,8 @@ jsonschema against nkibuild's own schema. That baseline checks less (no position
 source files, no function lookups, no semantic checks) and is the floor a complete
 check can approach. `nkibuild --help` is timed against `python -c "import doit"`.
 Runs alternate between the sides so background load hits each alike; medians.
-The last line is a JSON object: `ratio` = cold nkibuild validate / the baseline.
+The peak RSS of the validate runs is reported (target <= 300 MiB). The last line
+is a JSON object: `ratio` = cold nkibuild validate / the baseline.
 """
 
 from __future__ import annotations
@@ -16,15 +17,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from installed_bytecode import compile_nkibuild
+from noop_build import RSS_TARGET_MIB, interleaved_medians, load, nothing
 
 KERNELS = 1_000
 VARIANTS = 5
@@ -87,22 +87,6 @@ def timed(command: list[str], cwd: Path) -> tuple[float, str]:
     return elapsed, proc.stdout
 
 
-def interleaved_medians(
-    commands: list[tuple[list[str], Callable[[], None]]], cwd: Path
-) -> list[float]:
-    """Alternate the commands run by run, so background load hits every side alike."""
-    samples: list[list[float]] = [[] for _ in commands]
-    for _ in range(RUNS):
-        for (command, prepare), times in zip(commands, samples, strict=True):
-            prepare()
-            times.append(timed(command, cwd)[0])
-    return [statistics.median(times) for times in samples]
-
-
-def nothing() -> None:
-    pass
-
-
 def main() -> None:
     compile_nkibuild()
     python = sys.executable
@@ -125,7 +109,7 @@ def main() -> None:
         baseline = [python, "-c", BASELINE, "nkibuild.yaml", os.fspath(SCHEMA)]
         help_command = [python, "-m", "nkibuild", "--help"]
         import_doit = [python, "-c", "import doit"]
-        cold_s, warm_s, baseline_s, help_s, doit_s = interleaved_medians(
+        figures = interleaved_medians(
             [
                 (cold, forget_the_plan),
                 (warm, nothing),
@@ -134,9 +118,14 @@ def main() -> None:
                 (import_doit, nothing),
             ],
             root,
+            dict(os.environ),
+            RUNS,
         )
-    print(f"nkibuild validate, {units:,} units, cold: {cold_s:.3f} s (median of {RUNS})")
-    print(f"nkibuild validate, plan cached:        {warm_s:.3f} s")
+        (cold_s, cold_rss, _), (warm_s, warm_rss, _) = figures[:2]
+        baseline_s, help_s, doit_s = (seconds for seconds, _, _ in figures[2:])
+    print(f"nkibuild validate, {units:,} units, medians of {RUNS} (load {load()}):")
+    print(f"nkibuild validate, cold:               {cold_s:.3f} s, peak RSS {cold_rss:.0f} MiB")
+    print(f"nkibuild validate, plan cached:        {warm_s:.3f} s, peak RSS {warm_rss:.0f} MiB")
     print(f"CSafeLoader + jsonschema (baseline):   {baseline_s:.3f} s")
     print(f"nkibuild --help:                       {help_s:.3f} s")
     print(f'python -c "import doit":               {doit_s:.3f} s')
@@ -145,7 +134,7 @@ def main() -> None:
         "ratio": round(cold_s / baseline_s, 3),
         "baseline": "fresh python: yaml.CSafeLoader + jsonschema against nkibuild's schema",
         "target": f"validate_seconds <= {VALIDATE_TARGET_S}, "
-        f"help_startup_ratio <= {STARTUP_TARGET_RATIO}",
+        f"help_startup_ratio <= {STARTUP_TARGET_RATIO}, peak RSS <= {RSS_TARGET_MIB} MiB",
         "units": units,
         "validate_seconds": round(cold_s, 3),
         "validate_cached_seconds": round(warm_s, 3),
@@ -153,6 +142,9 @@ def main() -> None:
         "help_seconds": round(help_s, 3),
         "import_doit_seconds": round(doit_s, 3),
         "help_startup_ratio": round(help_s / doit_s, 3),
+        "peak_rss_mib": round(cold_rss, 1),
+        "peak_rss_mib_plan_cached": round(warm_rss, 1),
+        "load": load(),
     }
     print(json.dumps(result))
 

@@ -144,7 +144,11 @@ class Display(Protocol):
 
 
 class BuildReporter:
-    """doit reporter API (see doit.reporter.ConsoleReporter); group tasks are not reported."""
+    """doit reporter API (see doit.reporter.ConsoleReporter); group tasks are not reported.
+
+    A group task is told by `has_subtask`, not by its empty `actions`: doit creates a
+    task's action objects when `actions` is first read, which for tasks that do not
+    run is work spent only on the report."""
 
     desc = "nkibuild progress reporter"
 
@@ -154,7 +158,8 @@ class BuildReporter:
         self._started: dict[str, float] = {}
 
     def initialize(self, tasks: dict[str, Any], selected_tasks: list[str]) -> None:
-        self.start(sum(1 for name in _closure(tasks, selected_tasks) if tasks[name].actions))
+        closure = _closure(tasks, selected_tasks)
+        self.start(sum(1 for name in closure if not tasks[name].has_subtask))
 
     def start(self, tasks: int) -> None:
         self.summary.selected = tasks
@@ -167,12 +172,12 @@ class BuildReporter:
         pass
 
     def execute_task(self, task: Any) -> None:
-        if task.actions:
+        if not task.has_subtask:
             self._started[task.name] = time.monotonic()
             self.display.task_started(task.name)
 
     def add_success(self, task: Any) -> None:
-        if task.actions:
+        if not task.has_subtask:
             values = task.values if isinstance(task.values, dict) else {}
             detail = str(values.get("origin", ""))
             notices = tuple(map(str, values.get("notices", ())))
@@ -193,11 +198,11 @@ class BuildReporter:
         self._record(TaskOutcome(task.name, "failed", self._elapsed(task), str(message).rstrip()))
 
     def skip_uptodate(self, task: Any) -> None:
-        if task.actions:
+        if not task.has_subtask:
             self.up_to_date(task.name)
 
     def skip_ignore(self, task: Any) -> None:
-        if task.actions:
+        if not task.has_subtask:
             self._record(TaskOutcome(task.name, "skipped"))
 
     def cleanup_error(self, exception: Any) -> None:

@@ -19,7 +19,12 @@ from doit.tools import config_changed
 from nkibuild import __version__
 from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError, storage_error
-from nkibuild.graph.intact import OutputsIntact, outputs_checked, outputs_record
+from nkibuild.graph.intact import (
+    DOIT_CHECK_SIGNATURE,
+    OutputsIntact,
+    outputs_checked,
+    outputs_record,
+)
 from nkibuild.manifest.model import Manifest
 from nkibuild.plan import BuildUnit, ExtractSpec, extract_specs
 from nkibuild.settings import BuildOptions
@@ -27,6 +32,14 @@ from nkibuild.toolchain.worker_pool import user_variables
 
 BUNDLE_TASK = "bundle"
 EXTRACT_TASK = "extract"  # the basename of every extraction's task
+
+
+class ConfigChanged(config_changed):
+    """doit's `config_changed`, its signature declared (intact.DOIT_CHECK_SIGNATURE)."""
+
+    def __init__(self, config: dict[str, Any] | str) -> None:
+        super().__init__(config)
+        self.__signature__ = DOIT_CHECK_SIGNATURE
 
 
 def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
@@ -159,7 +172,7 @@ def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
         "actions": [(run_extract, (context, spec, config, files)), record],
         "file_dep": files,
         "targets": targets,
-        "uptodate": [config_changed(config), intact],
+        "uptodate": [ConfigChanged(config), intact],
         "clean": True,
     }
 
@@ -203,7 +216,7 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
         "actions": [(run_compile, (context, unit))],  # which records its outputs too
         "file_dep": [f"{extract_dir}/{name}" for name in ARTIFACT_FILES],
         "targets": targets,
-        "uptodate": [config_changed(config), OutputsIntact(targets)],
+        "uptodate": [ConfigChanged(config), OutputsIntact(targets)],
         "clean": True,
     }
 
@@ -253,7 +266,7 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
         "actions": [(run_bundle, (context,))],
         "file_dep": [*compiled, *shipped],
         "targets": [os.path.join(bundle_dir, STAMP_FILE)],
-        "uptodate": [config_changed(_bundle_config(manifest)), intact],
+        "uptodate": [ConfigChanged(_bundle_config(manifest)), intact],
         "clean": True,
     }
 
@@ -290,7 +303,7 @@ def _wheel_task(context: BuildContext) -> dict[str, Any]:
         # bad one fails it, naming the variable, as when it runs for another reason);
         # so does another wheel writer, whose bytes may differ for the same bundle.
         "uptodate": [
-            config_changed(
+            ConfigChanged(
                 {
                     "source_date_epoch": os.environ.get("SOURCE_DATE_EPOCH", "").strip(),
                     "writer": generator_digest(),
