@@ -5,18 +5,28 @@
 publishes results to every writable tier.
 """
 
-from nkibuild.cache.chain import CacheChain, open_cache_chain
-from nkibuild.cache.key import CacheKey, file_sha256
-from nkibuild.cache.local import UNFINISHED_AFTER_S, CacheEntry, LocalCache
-from nkibuild.cache.store import NeffStore
+from __future__ import annotations
 
-__all__ = [
-    "UNFINISHED_AFTER_S",
-    "CacheChain",
-    "CacheEntry",
-    "CacheKey",
-    "LocalCache",
-    "NeffStore",
-    "file_sha256",
-    "open_cache_chain",
-]
+import importlib
+from typing import Any
+
+# Each public name and the module that defines it, imported on first use (PEP 562): a
+# build that compiles nothing does not load the tiers.
+_HOMES = {
+    "CacheChain": "chain",
+    "open_cache_chain": "chain",
+    "CacheKey": "key",
+    "file_sha256": "key",
+    "UNFINISHED_AFTER_S": "local",
+    "CacheEntry": "local",
+    "LocalCache": "local",
+    "NeffStore": "store",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)

@@ -17,8 +17,10 @@ from typing import Any
 from doit.tools import config_changed
 
 from nkibuild import __version__
+from nkibuild.compiler.record import COMPILE_OUTPUTS, NEFF_FILE, RESULT_FILE
 from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError, storage_error
+from nkibuild.frontends import ARTIFACT_FILES, SIDECAR_DIR
 from nkibuild.graph.intact import (
     DOIT_CHECK_SIGNATURE,
     OutputsIntact,
@@ -49,8 +51,9 @@ def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
         from nkibuild.verify.task import verify_task  # not imported by other builds
 
         verify = verify_task(context)
+    passed_env = user_variables()  # the environment is read once per build
     return [
-        *(_extract_task(context, spec) for spec in extract_specs(context.units)),
+        *(_extract_task(context, spec, passed_env) for spec in extract_specs(context.units)),
         *(_compile_task(context, unit) for unit in context.units),
         _bundle_task(context),
         *([verify] if verify else []),
@@ -110,8 +113,11 @@ def _frontend_versions(context: BuildContext, frontend: str) -> dict[str, str]:
     return versions[frontend]
 
 
-def extract_config(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
-    """Everything besides files that decides an extraction's output (its doit `uptodate`)."""
+def extract_config(
+    context: BuildContext, spec: ExtractSpec, passed_env: dict[str, str | None] | None = None
+) -> dict[str, Any]:
+    """Everything besides files that decides an extraction's output (its doit `uptodate`);
+    `passed_env`: `user_variables()`, if the caller read them already."""
     # Source positions are left out on purpose: moving a kernel within the
     # manifest must not re-extract it.
     return {
@@ -123,7 +129,7 @@ def extract_config(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
         "lnc": spec.lnc,
         "versions": _frontend_versions(context, spec.frontend),
         "toolchain": context.toolchain.name,  # the double's frontends trace differently
-        "passed_env": user_variables(),
+        "passed_env": user_variables() if passed_env is None else passed_env,
         "nkibuild": __version__,
     }
 
@@ -158,11 +164,11 @@ def run_extract(
     return {"content_hash": artifact.content_hash}
 
 
-def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
-    from nkibuild.frontends import ARTIFACT_FILES, SIDECAR_DIR
-
+def _extract_task(
+    context: BuildContext, spec: ExtractSpec, passed_env: dict[str, str | None]
+) -> dict[str, Any]:
     out_dir = context.layout.extract_path(spec)
-    config, files = extract_config(context, spec), extract_files(context, spec)
+    config, files = extract_config(context, spec, passed_env), extract_files(context, spec)
     targets = [f"{out_dir}/{name}" for name in ARTIFACT_FILES]  # see Layout.extract_path
     record, intact = outputs_checked(targets, [f"{out_dir}/{SIDECAR_DIR}"])
     return {
@@ -185,7 +191,7 @@ def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
     # The outputs check's record, with the sha256 the stage verified the NEFF by (a NEFF
     # may be hundreds of MB: it is not read again).
     out_dir = context.layout.compile_path(unit)
-    neff, record = f"{out_dir}/{compiler.NEFF_FILE}", f"{out_dir}/{compiler.RESULT_FILE}"
+    neff, record = f"{out_dir}/{NEFF_FILE}", f"{out_dir}/{RESULT_FILE}"
     return {
         "origin": result.origin,
         "notices": list(result.notices),
@@ -196,9 +202,6 @@ def run_compile(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
 
 
 def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
-    from nkibuild.compiler import COMPILE_OUTPUTS
-    from nkibuild.frontends import ARTIFACT_FILES
-
     extract_dir = context.layout.extract_path(unit.extract)
     out_dir = context.layout.compile_path(unit)
     toolchain = context.toolchain
@@ -245,7 +248,6 @@ def _bundle_config(manifest: Manifest) -> dict[str, Any]:
 
 def _bundle_task(context: BuildContext) -> dict[str, Any]:
     from nkibuild.bundle import STAMP_FILE
-    from nkibuild.compiler import RESULT_FILE
 
     manifest = context.manifest
     # The compile records, not the NEFFs: the bundle takes a NEFF as its record's sha256

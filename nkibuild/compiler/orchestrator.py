@@ -1,0 +1,165 @@
+"""The compile orchestrator: where a unit's NEFF comes from (see the package docstring)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from nkibuild.cache import CacheChain, CacheKey
+from nkibuild.compiler.budget import KeyLocks, MemoryBudget
+from nkibuild.compiler.checks import checked_neff, verified_result
+from nkibuild.compiler.job import CompileJob, Produced
+from nkibuild.compiler.key import cache_key
+from nkibuild.compiler.local import LocalExecutor
+from nkibuild.compiler.process import ProcessRegistry
+from nkibuild.compiler.record import (
+    KEY_FILE,
+    LOG_FILE,
+    NEFF_FILE,
+    RESULT_FILE,
+    CompiledNeff,
+    is_finished,
+    last_result,
+    write_result,
+)
+from nkibuild.frontends import HloArtifact
+from nkibuild.fsutil import atomic_write_text, reported_at
+from nkibuild.plan import BuildUnit
+from nkibuild.toolchain import Toolchain
+
+if TYPE_CHECKING:
+    from nkibuild.context import BuildContext
+
+
+class Executor(Protocol):
+    """Puts a NEFF for `job.unit` at `job.out_dir/model.neff`, or raises BuildError."""
+
+    def produce(self, job: CompileJob, options: CompileOptions, notices: list[str]) -> Produced: ...
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How compiles run (not what they produce): the session's budget, key locks and
+    process registry, or fresh ones for a lone compile (e.g. on a Ray worker)."""
+
+    cache: CacheChain | None = None
+    timeout: float | None = None  # for units whose manifest sets none
+    retries: int = 1  # of a compile that was OOM-killed or hit an internal error
+    executor: Executor = field(default_factory=LocalExecutor)
+    budget: MemoryBudget = field(default_factory=MemoryBudget)
+    key_locks: KeyLocks = field(default_factory=KeyLocks)
+    processes: ProcessRegistry = field(default_factory=ProcessRegistry)
+
+
+def run(context: BuildContext, unit: BuildUnit) -> CompiledNeff:
+    """The compile stage of a build: the unit's extracted artifact -> its NEFF."""
+    from nkibuild.frontends import load_extracted
+
+    layout = context.layout
+    artifact = load_extracted(layout.extract_dir(unit.extract), unit.name)
+    out_dir = layout.compile_dir(unit)
+    return compile_unit(unit, artifact, context.toolchain, out_dir, compile_options(context))
+
+
+def compile_options(context: BuildContext) -> CompileOptions:
+    from nkibuild.cache import open_cache_chain
+
+    settings, session = context.settings, context.session
+    cache = settings.cache
+    executor: Executor = LocalExecutor()
+    if settings.executor == "ray":
+        from nkibuild.compiler.ray_executor import RayExecutor
+
+        executor = RayExecutor(session.ray, cache, settings.ray_address)
+    return CompileOptions(
+        cache=open_cache_chain(
+            cache.local_dir, cache.remote_url, read_only=cache.read_only, stats=session.cache_stats
+        ),
+        timeout=settings.compile_timeout,
+        retries=settings.compile_retries,
+        executor=executor,
+        budget=session.budget,
+        key_locks=session.key_locks,
+        processes=session.processes,
+    )
+
+
+def compile_unit(
+    unit: BuildUnit,
+    artifact: HloArtifact,
+    toolchain: Toolchain,
+    out_dir: Path,
+    options: CompileOptions,
+) -> CompiledNeff:
+    with reported_at(out_dir):  # a failed write (disk full) names the unit's directory
+        return _compile_unit(unit, artifact, toolchain, out_dir, options)
+
+
+def _compile_unit(
+    unit: BuildUnit,
+    artifact: HloArtifact,
+    toolchain: Toolchain,
+    out_dir: Path,
+    options: CompileOptions,
+) -> CompiledNeff:
+    key = cache_key(unit, artifact.content_hash, toolchain)
+    previous = last_result(out_dir)
+    if previous is not None and is_finished(previous, key.digest):
+        return replace(previous, origin="build-dir")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / RESULT_FILE).unlink(missing_ok=True)
+    key_json = json.dumps(key.to_json(), sort_keys=True)  # one line: the C encoder
+    atomic_write_text(out_dir / KEY_FILE, key_json, durable=False)  # for `explain` only
+    cache = options.cache
+    notices: list[str] = []
+    # Units with equal keys (the same kernel in two projects of a release) compile once:
+    # the second waits here, then finds the first's NEFF in the cache.
+    with options.key_locks.lock(key.digest):
+        produced = _cache_hit(cache, key, unit, artifact, out_dir, notices)
+        if produced is None:
+            last_peak = previous.peak_memory if previous is not None else 0
+            job = CompileJob(unit, artifact, toolchain, out_dir, key, last_peak)
+            produced = options.executor.produce(job, options, notices)
+        result = verified_result(unit, toolchain, out_dir, key.digest, produced)
+        if produced.origin == "compiled" and cache is not None:
+            _publish(cache, key, unit, result, out_dir)
+    result = replace(result, notices=(*notices, *(cache.notices if cache else ())))
+    write_result(out_dir, result)
+    return result
+
+
+def _publish(
+    cache: CacheChain, key: CacheKey, unit: BuildUnit, result: CompiledNeff, out_dir: Path
+) -> None:
+    meta = {
+        "unit": unit.name,
+        "compile_seconds": result.compile_seconds,
+        "peak_memory": result.peak_memory,
+        "compiler_version": result.compiler_version,
+    }
+    cache.publish(key, out_dir / NEFF_FILE, meta, out_dir / LOG_FILE, result.sha256)
+
+
+def _cache_hit(
+    cache: CacheChain | None,
+    key: CacheKey,
+    unit: BuildUnit,
+    artifact: HloArtifact,
+    out_dir: Path,
+    notices: list[str],
+) -> Produced | None:
+    """A fetched NEFF, checked like a compiled one; a wrong one is dropped and compiled anew."""
+    if cache is None:
+        return None
+    hit = cache.fetch(key, out_dir / NEFF_FILE)
+    if hit is None:
+        return None
+    info, problem = checked_neff(unit, artifact, out_dir / NEFF_FILE)
+    if info is not None and problem is None:
+        return Produced.from_cache(f"cache-{hit.kind}", hit.meta, info)  # local or remote
+    (out_dir / NEFF_FILE).unlink()
+    cache.discard(key, hit.location)
+    notices.append(f"the cache at {hit.location} held {problem}; discarded, compiling instead")
+    return None
