@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -13,6 +14,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The Ctrl-C tests rely on SIGINT raising KeyboardInterrupt here and killing the
+    builds they start: a launcher that ignores SIGINT (nohup, some CI runners, `trap ''
+    INT`) passes that on to every process, so the disposition is set, not assumed."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

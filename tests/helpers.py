@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,3 +195,20 @@ class RemovesWhenLoaded:
 
     def __reduce__(self) -> tuple[object, tuple[str]]:
         return os.remove, (str(self.path),)
+
+
+def venv_with_this_environment(directory: Path) -> Path:
+    """A virtualenv that sees what this interpreter sees (nkibuild, jax, numpy, pip), also
+    when this interpreter is itself a virtualenv's: `--system-site-packages` would give
+    the base interpreter's only. Returns its python."""
+    import venv
+
+    venv.EnvBuilder(with_pip=False).create(directory)
+    python = directory / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    entries = [entry for entry in sys.path if entry and Path(entry).is_dir()]
+    Path(site, "_this_environment.pth").write_text("\n".join(entries) + "\n")
+    return python

@@ -84,7 +84,6 @@ def test_a_compiler_started_as_ctrl_c_arrives_is_killed(
         run_process(["sleep", "60"], tmp_path, tmp_path / "out.log", None, registry)
     (child,) = popen.started
     assert child.returncode is not None  # killed and reaped, not sleeping on
-    assert registry.running() == 0
 
 
 def test_a_version_query_started_as_ctrl_c_arrives_is_killed(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_nkibuild
-from helpers import write_project
+from helpers import venv_with_this_environment, write_project
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -142,24 +142,6 @@ def test_init_refuses_before_writing_anything(tmp_path: Path) -> None:
     assert "would overwrite pyproject.toml; nothing was written" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pyproject.toml"]
     assert (tmp_path / "pyproject.toml").read_text() == "[project]\nname = 'mine'\n"
-
-
-def venv_with_this_environment(directory: Path) -> Path:
-    """A virtualenv that sees what this interpreter sees (nkibuild, jax, numpy, pip), also
-    when this interpreter is itself a virtualenv's: `--system-site-packages` would give
-    the base interpreter's only. Returns its python."""
-    import sys
-    import venv
-
-    venv.EnvBuilder(with_pip=False).create(directory)
-    python = directory / "bin" / "python"
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    entries = [entry for entry in sys.path if entry and Path(entry).is_dir()]
-    Path(site, "_this_environment.pth").write_text("\n".join(entries) + "\n")
-    return python
 
 
 def test_init_says_how_to_install_editable_and_clean_says_what_to_run(tmp_path: Path) -> None:

@@ -7,13 +7,12 @@ import os
 import subprocess
 import sys
 import tarfile
-import venv
 import zipfile
 from pathlib import Path
 
 import pytest
 from conftest import run_nkibuild
-from helpers import softmax_manifest, softmax_project
+from helpers import softmax_manifest, softmax_project, venv_with_this_environment
 
 from nkibuild import build as backend
 from nkibuild.toolchain_double.hlo_writer import build_hlo_module
@@ -246,10 +245,9 @@ WIDE_KERNEL = """\
 
 
 def editable_env(tmp_path: Path, project: Path) -> Path:
-    """A virtualenv (NumPy from the system's site-packages) with `pip install -e project`."""
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    python = env_dir / "bin" / "python"
+    """A virtualenv that sees this interpreter's packages (NumPy, nkibuild for the
+    backend), with `pip install -e project`."""
+    python = venv_with_this_environment(tmp_path / "venv")
     command = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps"]
     command += ["--no-build-isolation", "-C", "toolchain=fake", "-e", str(project)]
     installed = subprocess.run(

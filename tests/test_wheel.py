@@ -10,12 +10,11 @@ import os
 import shutil
 import subprocess
 import sys
-import venv
 import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import build
+from helpers import build, venv_with_this_environment
 
 pytest.importorskip("jax")
 
@@ -75,10 +74,8 @@ def test_record_lists_every_file_with_its_hash(wheel: Path) -> None:
 def test_pip_installs_the_wheel_and_kernels_run_in_reference_mode(
     wheel: Path, tmp_path: Path
 ) -> None:
-    env_dir = tmp_path / "venv"
-    # System site packages provide NumPy: the bundle's only dependency.
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    python = env_dir / "bin" / "python"
+    # This interpreter's packages provide NumPy: the bundle's only dependency.
+    python = venv_with_this_environment(tmp_path / "venv")
     install = subprocess.run(
         [
             sys.executable,
