@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import _compression
 import bz2
-import functools
 import gzip
 import hashlib
 import io
@@ -402,10 +401,8 @@ class _BoundedTarInfo(tarfile.TarInfo):
     _proc_gnusparse_01 = _proc_gnusparse_10 = _proc_gnusparse_00
 
 
-@functools.cache
 def _bounded_tarinfo(limits: NeffLimits) -> type[_BoundedTarInfo]:
-    """The TarInfo class that applies `limits` (one per limits: a class is not made per
-    NEFF read)."""
+    """The TarInfo class that applies `limits`."""
     return type("BoundedTarInfo", (_BoundedTarInfo,), {"limits": limits})
 
 
