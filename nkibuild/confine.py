@@ -70,52 +70,16 @@ def file_problem(
 def confined_stats(
     paths: Sequence[str | os.PathLike[str]], roots: Sequence[str | os.PathLike[str]]
 ) -> list[os.stat_result] | None:
-    """The stat of each of `paths` if every one passes `file_problem`, else None.
-
-    For many files in few directories (a manifest's sources): each directory is
-    resolved once, and a file that is not itself a symlink is then its directory's
-    real path plus its name, which one lstat confirms. Anything else (a symlinked
-    file, a name such as `..`, a problem) gets `file_problem`'s full check."""
-    real_roots = [os.path.realpath(root) for root in roots]
-    real_dirs: dict[str, str | None] = {}
+    """The stat of each of `paths` if every one passes `file_problem`, else None."""
     stats = []
     for path in paths:
-        info = _plain_file_stat(os.fspath(path), real_dirs, real_roots)
-        if info is None:
-            if file_problem(path, roots) is not None:
-                return None
-            try:
-                info = os.stat(path)
-            except OSError:
-                return None
-        stats.append(info)
-    return stats
-
-
-def _plain_file_stat(
-    path: str, real_dirs: dict[str, str | None], real_roots: Sequence[str]
-) -> os.stat_result | None:
-    """The lstat of `path` if it is a regular file (not a symlink) inside `real_roots`,
-    found through its directory's real path (resolved once per directory)."""
-    head, name = os.path.split(path)
-    if name in ("", ".", ".."):
-        return None
-    if head not in real_dirs:
+        if file_problem(path, roots) is not None:
+            return None
         try:
-            real_dirs[head] = os.path.realpath(head, strict=True)
-        except (OSError, ValueError, RuntimeError):
-            real_dirs[head] = None
-    real_dir = real_dirs[head]
-    if real_dir is None:
-        return None
-    real = os.path.join(real_dir, name)
-    try:
-        info = os.lstat(real)
-    except (OSError, ValueError):
-        return None
-    if stat.S_ISREG(info.st_mode) and any(_under(real, root) for root in real_roots):
-        return info
-    return None
+            stats.append(os.stat(path))
+        except OSError:
+            return None
+    return stats
 
 
 def _outside(

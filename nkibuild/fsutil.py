@@ -36,8 +36,7 @@ def stat_stamp(path: str | os.PathLike[str]) -> str | None:
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
-    """`atomic_output` for bytes in hand, written through the temp file's own descriptor
-    (no second open, none for the fsync): builds write several small files per unit."""
+    """`atomic_output` for bytes in hand, written through the temp file's own descriptor."""
     with reported_at(path):
         fd, tmp = _temp_file_beside(path)
         try:
@@ -55,8 +54,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None
 
 
 def _temp_file_beside(path: Path) -> tuple[int, str]:
-    """A new temp file in `path`'s directory, made first if it is missing (tried after
-    the file: builds write several files per unit into directories that exist)."""
+    """A new temp file in `path`'s directory, made first if it is missing."""
     try:
         return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except FileNotFoundError:

@@ -75,9 +75,9 @@ def test_a_float_past_1e308_without_an_exponent_is_still_refused_where_infinity_
     assert load_json(b"[1" + b"0" * 307 + b".5]", lenient_ints) == [1e307]
 
 
-def test_depth_is_walked_only_where_the_brackets_allow_it() -> None:
+def test_depth_is_bounded_wherever_the_brackets_are() -> None:
     shallow = JsonLimits(max_depth=3)
-    # Many brackets, but inside strings or side by side: walked, and accepted.
+    # Many brackets, but inside strings or side by side: accepted.
     assert load_json(b'{"a": "[[[[[", "b": [[1], [2], [3]]}', shallow)["a"] == "[[[[["
     with pytest.raises(JsonLimitError, match="nested more than 3"):
         load_json(b"[[[[1]]]]", shallow)

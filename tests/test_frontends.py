@@ -16,12 +16,11 @@ from helpers import build, write_project
 
 from nkibuild.compiler import CompileOptions, compile_unit
 from nkibuild.errors import BuildError
+from nkibuild.formats.backend_config import NKI_CUSTOM_CALLS, decode, map_strings
 from nkibuild.formats.hlo import read_hlo
 from nkibuild.frontends import load_artifact
 from nkibuild.frontends.relocation import (
     MARKER,
-    NKI_CUSTOM_CALLS,
-    local_references,
     materialize,
     normalized_hash,
     relocate,
@@ -33,10 +32,28 @@ from nkibuild.toolchain.harvest import DumpedModule, choose_kernel_module, find_
 from nkibuild.toolchain_double import FAKES_DIR
 from nkibuild.toolchain_double.hlo_writer import build_hlo_module
 
+
+def local_references(data: bytes) -> list[tuple[str, str]]:
+    """(instruction, absolute path) pairs still present in NKI custom-calls."""
+    found: list[tuple[str, str]] = []
+
+    def note(instruction: str, value: str) -> str:
+        if os.path.isabs(value):
+            found.append((instruction, value))
+        return value
+
+    for call in read_hlo(data).custom_calls:
+        config = decode(call.backend_config) if call.target in NKI_CUSTOM_CALLS else None
+        if config is not None:
+            map_strings(config[0], lambda value, name=call.instruction: note(name, value))
+    return found
+
+
 KERNELS = """\
 import nki
 import nki.language as nl
 import numpy as np
+
 
 
 @nki.jit

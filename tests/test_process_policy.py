@@ -14,7 +14,7 @@ from nkibuild.cli.main import main
 
 @pytest.fixture
 def unfrozen() -> Iterator[None]:
-    """The collector as the test found it (the CLI also sets its thresholds)."""
+    """The collector as the test found it."""
     thresholds = gc.get_threshold()
     gc.unfreeze()
     yield

@@ -1,6 +1,5 @@
-"""What makes validate fast (issue 17) changes no answer: libyaml's parser gives the
-positions the pure-Python loader gives, refused documents are worded as before, and the
-inlined schema finds the same problems."""
+"""validate at scale: the YAML loader's positions and wording of refused documents, the
+schema's diagnostics, and the benchmark's 10,000-unit manifest."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from conftest import run_nkibuild
 
 from nkibuild.errors import ManifestError
 from nkibuild.manifest import load_manifest, schema, yamlsource
-from nkibuild.manifest.schemagen import load_schema
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,30 +41,20 @@ kernels:
 """
 
 
-def parsed(monkeypatch: pytest.MonkeyPatch, text: str, fast: bool) -> yamlsource.YamlDocument:
-    if not fast:
-        monkeypatch.setattr(yamlsource, "_FAST_LOADER", None)
-    try:
-        return yamlsource.parse_yaml(text.encode(), "m.yaml")
-    finally:
-        monkeypatch.undo()
+def parsed(text: str) -> yamlsource.YamlDocument:
+    return yamlsource.parse_yaml(text.encode(), "m.yaml")
 
 
-@pytest.mark.skipif(yamlsource._FAST_LOADER is None, reason="PyYAML without libyaml")
-def test_libyaml_gives_the_data_and_positions_of_the_pure_loader(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    fast = parsed(monkeypatch, DOCUMENT, fast=True)
-    pure = parsed(monkeypatch, DOCUMENT, fast=False)
-    assert fast.data == pure.data
-    assert fast.values == pure.values
-    assert fast.keys == pure.keys
+def test_the_loader_gives_data_and_positions() -> None:
+    doc = parsed(DOCUMENT)
     # An alias is located where it is used, not at its anchor.
-    assert str(fast.location(("kernels", "k", "inputs", "x"))) == "m.yaml:11:10"
-    assert fast.data["kernels"]["k"]["when"] == "2024-01-01"
+    assert str(doc.location(("kernels", "k", "inputs", "x"))) == "m.yaml:11:10"
+    assert str(doc.location(("kernels", "k", "inputs", "z", 1, 1))) == "m.yaml:16:13"
+    assert doc.data["kernels"]["k"]["when"] == "2024-01-01"
+    assert doc.data["kernels"]["k"]["inputs"]["y"] == {"shape": [4, 4], "dtype": "bfloat16"}
+    assert doc.data["package"]["name"] == "d\u00e9mo"
 
 
-@pytest.mark.skipif(yamlsource._FAST_LOADER is None, reason="PyYAML without libyaml")
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -76,16 +64,10 @@ def test_libyaml_gives_the_data_and_positions_of_the_pure_loader(
         ("a: 1\n---\nb: 2\n", "a second YAML document starts here"),
     ],
 )
-def test_documents_libyaml_refuses_are_worded_by_the_pure_loader(
-    monkeypatch: pytest.MonkeyPatch, text: str, message: str
-) -> None:
-    def diagnostics(fast: bool) -> list[str]:
-        with pytest.raises(ManifestError) as info:
-            parsed(monkeypatch, text, fast)
-        return [d.render() for d in info.value.diagnostics]
-
-    assert diagnostics(fast=True) == diagnostics(fast=False)
-    assert message in diagnostics(fast=True)[0]
+def test_refused_documents_are_worded(text: str, message: str) -> None:
+    with pytest.raises(ManifestError) as info:
+        parsed(text)
+    assert message in info.value.diagnostics[0].render()
 
 
 def test_deep_nesting_is_refused_without_crashing_the_process(tmp_path: Path) -> None:
@@ -120,16 +102,11 @@ kernels:
 """
 
 
-def test_the_inlined_schema_finds_what_the_generated_one_finds(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_schema_finds_every_problem() -> None:
     doc = yamlsource.parse_yaml(BROKEN.encode(), "m.yaml")
-    inlined = [p.diagnostic.render() for p in schema.schema_problems(doc)]
-    strict = type(schema._validator())  # the same type checks, on the schema as generated
-    monkeypatch.setattr(schema, "_validator", lambda: strict(load_schema()))
-    assert "'$ref': '#/$defs/compileSettings'" in str(schema._validator().schema)
-    assert [p.diagnostic.render() for p in schema.schema_problems(doc)] == inlined
-    assert len(inlined) >= 15
+    found = [p.diagnostic.render() for p in schema.schema_problems(doc)]
+    assert len(found) >= 15
+    assert len(set(found)) == len(found)
 
 
 def test_validate_where_the_plan_cannot_be_cached_still_validates(

@@ -335,9 +335,7 @@ class BuildInfo:
 
 
 def encode(value: object) -> str:
-    """JSON as `_build.json` spells it: compact, keys sorted, so that json's C encoder
-    writes it (indenting, pure Python, took seconds for 10,000 NEFFs; `python -m
-    json.tool` shows it indented)."""
+    """JSON as `_build.json` spells it: compact, keys sorted."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 

@@ -191,8 +191,7 @@ def _py_tuple(items: Sequence[str]) -> str:
 
 
 def _py_items(items: Sequence[str]) -> str:
-    """`", ".join(_py(item) for item in items)`, in one call of the encoder (a JSON
-    list separates its items so): the package's `__init__` names thousands of kernels."""
+    """`", ".join(_py(item) for item in items)` (a JSON list separates its items so)."""
     return json.dumps(list(items))[1:-1]
 
 

@@ -28,7 +28,7 @@ def material_files(manifest: Manifest) -> list[Path]:
     from nkibuild.confine import glob_files
 
     root = manifest.root
-    # Each distinct name once: thousands of kernels share a few files and patterns.
+    # Each distinct name once: kernels share files and patterns.
     named: set[str] = set()
     patterns: set[str] = set()
     for kernel in manifest.kernels:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import math
 import os
 import sys
@@ -47,10 +46,6 @@ def _main(argv: Sequence[str] | None) -> int:
             os.chdir(args.directory)
         except OSError as error:
             parser.error(f"-C {args.directory}: {error.strerror}")
-    # A build checks thousands of tasks: millions of objects, few cycles, which CPython's
-    # default GC threshold would scan dozens of times. The CLI owns its process, so it
-    # sets this once; a library caller's process is left as it is.
-    gc.set_threshold(50_000, 20, 20)
     try:
         _export_cache_trust(args)
         code = int(args.handler(args))

@@ -86,12 +86,6 @@ def decode(backend_config: bytes) -> tuple[Any, bytes | None] | None:
         raise BackendConfigError(f"a custom-call backend_config is {error}") from None
 
 
-def strings(value: Any) -> list[str]:
-    found: list[str] = []
-    map_strings(value, lambda text: found.append(text) or text)
-    return found
-
-
 def map_strings(value: Any, function: Callable[[str], str]) -> Any:
     if isinstance(value, str):
         return function(value)

@@ -9,10 +9,8 @@ cache entry supplies goes through `load_json`, which raises only `JsonLimitError
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,60 +32,24 @@ class JsonLimits:
 
 
 def load_json(data: bytes | str, limits: JsonLimits = JsonLimits()) -> Any:
-    """Parse `data`; raise JsonLimitError (never RecursionError, never OverflowError).
-
-    The bounds cost nothing where the text cannot break them: a text without a digit run
-    longer than an integer may be (nor, where non-numbers are refused, `NaN`, `Infinity`
-    or an exponent) is parsed by json's C decoder alone, which gives the same values as
-    the checking parsers; a text with no more `[` and `{` than the depth allowed cannot
-    nest deeper, so its value is not walked. Metadata of NEFFs and cache entries is read
-    once per unit of a build, and is such text."""
+    """Parse `data`; raise JsonLimitError (never RecursionError, never OverflowError)."""
     if len(data) > limits.max_bytes:
         raise JsonLimitError(f"{len(data)} bytes long, more than the {limits.max_bytes} allowed")
     try:
-        text = _text(data)
-        if _beyond_plain(limits.max_int_digits, limits.allow_nonfinite).search(text) is None:
-            value = json.loads(text)
-        else:
-            value = json.loads(
-                text,
-                parse_int=_int_parser(limits.max_int_digits),
-                parse_float=_float_parser(limits.allow_nonfinite),
-                parse_constant=_constant_parser(limits.allow_nonfinite),
-            )
+        value = json.loads(
+            data,
+            parse_int=_int_parser(limits.max_int_digits),
+            parse_float=_float_parser(limits.allow_nonfinite),
+            parse_constant=_constant_parser(limits.allow_nonfinite),
+        )
     except JsonLimitError:
         raise
     except RecursionError:
         raise JsonLimitError(f"nested more than {limits.max_depth} levels deep") from None
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
         raise JsonSyntaxError(str(error)) from None
-    if text.count("[") + text.count("{") > limits.max_depth:  # else it cannot nest deeper
-        check_depth(value, limits.max_depth)
+    check_depth(value, limits.max_depth)
     return value
-
-
-def _text(data: bytes | str) -> str:
-    """`data` as json.loads decodes bytes (UTF-8, -16 or -32, by its first bytes): decoded
-    once, for the checks and the parse."""
-    if isinstance(data, (bytes, bytearray)):
-        return data.decode(json.detect_encoding(data), "surrogatepass")
-    return data
-
-
-_FLOAT_DIGITS = 308  # 1e308 is finite, 1e309 is not
-
-
-@functools.cache  # one pattern per kind of bound: compiled once, never changed
-def _beyond_plain(max_int_digits: int, allow_nonfinite: bool) -> re.Pattern[str]:
-    """What a text must hold for the checking parsers to refuse anything in it: a run of
-    more digits than an integer may have (in a number or not), and where non-numbers are
-    refused, the constants, an exponent (`1e400` is infinite) and a run of more than 308
-    digits (a float's integer part past 1e308 is infinite too)."""
-    longest = max_int_digits if allow_nonfinite else min(max_int_digits, _FLOAT_DIGITS)
-    beyond = f"[0-9]{{{longest + 1},}}"
-    if not allow_nonfinite:
-        beyond += "|NaN|Infinity|[0-9.][eE]"
-    return re.compile(beyond)
 
 
 def check_depth(value: Any, max_depth: int) -> None:

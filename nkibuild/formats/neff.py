@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import _compression
 import bz2
-import functools
 import gzip
 import hashlib
 import io
@@ -180,8 +179,7 @@ def read_neff(
 
     A checksum that was verified and does not match raises when `verify_checksum`, else
     yields `checksum_ok=False`. One that cannot be verified only adds a warning. Memory
-    stays bounded whatever the input: the payload is streamed, or held whole only when
-    it is small (`_gunzipped_whole`).
+    stays bounded whatever the input: the payload is streamed.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
@@ -354,9 +352,6 @@ def _decompressed(stream: IO[bytes], limits: NeffLimits) -> Any:
     magic = stream.read(6)
     stream.seek(start)
     if magic.startswith(b"\x1f\x8b"):
-        whole = _gunzipped_whole(stream, min(limits.payload_bytes, _WHOLE_TAR_BYTES))
-        if whole is not None:
-            return io.BytesIO(whole)
         return gzip.GzipFile(fileobj=stream, mode="rb")
     if magic.startswith(b"BZh"):
         return bz2.BZ2File(stream, mode="rb")
@@ -366,31 +361,6 @@ def _decompressed(stream: IO[bytes], limits: NeffLimits) -> Any:
         )
         return io.BufferedReader(reader)
     return stream
-
-
-# A gzip payload this small is inflated in one call, into at most that much memory.
-_WHOLE_GZIP_BYTES = 256 << 10
-_WHOLE_TAR_BYTES = 4 << 20
-
-
-def _gunzipped_whole(stream: IO[bytes], most: int) -> bytes | None:
-    """The tar inside a small gzip payload, inflated in one call (GzipFile's many small
-    reads are ~10% of a small NEFF's check, once per compile), or None, the stream where
-    it was: a larger payload, more than `most` bytes inflated, or anything but one whole
-    gzip member (several members, padding, any error) is left to GzipFile, which reads it
-    exactly as before. The tar reader then sees the same bytes either way."""
-    start = stream.tell()
-    compressed = stream.read(_WHOLE_GZIP_BYTES + 1)
-    if len(compressed) <= _WHOLE_GZIP_BYTES:
-        inflater = zlib.decompressobj(wbits=31)  # a gzip member: header, CRC and size checked
-        try:
-            tar = inflater.decompress(compressed, most + 1)
-        except zlib.error:
-            tar = None
-        if tar is not None and inflater.eof and not inflater.unused_data and len(tar) <= most:
-            return tar
-    stream.seek(start)
-    return None
 
 
 class _Budget:
@@ -431,10 +401,8 @@ class _BoundedTarInfo(tarfile.TarInfo):
     _proc_gnusparse_01 = _proc_gnusparse_10 = _proc_gnusparse_00
 
 
-@functools.cache
 def _bounded_tarinfo(limits: NeffLimits) -> type[_BoundedTarInfo]:
-    """The TarInfo class that applies `limits` (one per limits: a class is not made per
-    NEFF read)."""
+    """The TarInfo class that applies `limits`."""
     return type("BoundedTarInfo", (_BoundedTarInfo,), {"limits": limits})
 
 

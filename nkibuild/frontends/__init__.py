@@ -225,7 +225,7 @@ def frontend_versions(frontend: str) -> dict[str, str]:
         "nki": ("nki", "torch-xla", "torch-neuronx"),
         "nkipy": ("nkipy",),
     }.get(frontend, ())
-    if not packages:  # hlo: no package; importlib.metadata costs a no-op build ~15 ms
+    if not packages:  # hlo: no package
         return {}
     from importlib import metadata
 

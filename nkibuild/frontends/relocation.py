@@ -18,13 +18,7 @@ from pathlib import Path
 
 from nkibuild.confine import OutsideProject, read_confined
 from nkibuild.errors import BuildError
-from nkibuild.formats.backend_config import (
-    NKI_CUSTOM_CALLS,
-    decode,
-    rewrite_paths,
-    strings,
-)
-from nkibuild.formats.hlo import read_hlo
+from nkibuild.formats.backend_config import rewrite_paths
 from nkibuild.frontends import SIDECAR_DIR
 from nkibuild.text import printable
 
@@ -80,15 +74,3 @@ def normalized_hash(data: bytes, artifact_dir: Path, sidecars: Sequence[str]) ->
         digest.update(b"\0" + relative.encode() + b"\0")
         digest.update((artifact_dir / relative).read_bytes())
     return digest.hexdigest()
-
-
-def local_references(data: bytes) -> list[tuple[str, str]]:
-    """(instruction, absolute path) pairs still present in NKI custom-calls."""
-    found: list[tuple[str, str]] = []
-    for call in read_hlo(data).custom_calls:
-        config = decode(call.backend_config) if call.target in NKI_CUSTOM_CALLS else None
-        if config is not None:
-            found += [
-                (call.instruction, value) for value in strings(config[0]) if os.path.isabs(value)
-            ]
-    return found

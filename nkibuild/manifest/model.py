@@ -9,7 +9,6 @@ here and nowhere else. `VALUE_TYPES` are the YAML value types that are not class
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -660,13 +659,7 @@ class Kernel:
 
     def config(self) -> dict[str, Any]:
         """What of the kernel decides a bundle's loader and its checks (a task's doit
-        `config_changed`); positions are left out: moving a kernel rebuilds nothing.
-        Made once per kernel (the graph and the bundle stage each ask, for thousands of
-        kernels); not to be changed by the caller."""
-        return self._config
-
-    @functools.cached_property
-    def _config(self) -> dict[str, Any]:
+        `config_changed`); positions are left out: moving a kernel rebuilds nothing."""
         return {
             "name": self.name,
             "frontend": self.frontend,

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 @cache
 def _strict() -> tuple[type[Validator], dict[str, Any]]:
-    """The validator class and the schema (its $refs inlined) every check uses."""
+    """The validator class and the schema every check uses."""
     from jsonschema import Draft202012Validator, validators
 
     # JSON Schema counts 2.0 as an integer; a shape or optlevel written 2.0 is a typo.
@@ -42,40 +42,12 @@ def _strict() -> tuple[type[Validator], dict[str, Any]]:
 
     checker = Draft202012Validator.TYPE_CHECKER.redefine("integer", is_integer)
     strict = validators.extend(Draft202012Validator, type_checker=checker)
-    schema = load_schema()
-    return strict, _inlined(schema, schema["$defs"], frozenset())
+    return strict, load_schema()
 
 
 def _validator() -> Validator:
     strict, schema = _strict()
     return strict(schema)
-
-
-# Keywords that only describe: a $ref beside nothing else can be merged into its site.
-_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment"})
-
-
-def _inlined(node: Any, defs: Mapping[str, Any], within: frozenset[str]) -> Any:
-    """The schema with its local $refs inlined, except where one recurses.
-
-    jsonschema resolves a $ref each time it validates a value (a third of the time of a
-    10,000-unit manifest). A $ref beside validation keywords becomes an allOf, which
-    validates alike (unevaluatedProperties counts what allOf evaluated) and which
-    `properties_of` reads like a $ref.
-    """
-    if isinstance(node, list):
-        return [_inlined(item, defs, within) for item in node]
-    if not isinstance(node, dict):
-        return node
-    site = {key: _inlined(value, defs, within) for key, value in node.items() if key != "$ref"}
-    ref = node.get("$ref")
-    name = ref.removeprefix("#/$defs/") if isinstance(ref, str) else None
-    if ref is None or name is None or name in within or name not in defs:
-        return node if ref is not None else site
-    target = _inlined(defs[name], defs, within | {name})
-    if set(site) <= _ANNOTATIONS:
-        return {**target, **site}  # the site's title wins, as in inline_ref
-    return {**site, "allOf": [target, *site.get("allOf", ())]}
 
 
 def schema_problems(doc: YamlDocument) -> list[SchemaProblem]:

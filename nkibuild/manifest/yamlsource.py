@@ -3,14 +3,11 @@
 PyYAML's own constructors lose positions, accept duplicate keys silently and
 expand aliases without bound, so documents are composed into nodes (safe
 resolution, PyYAML's composer) and converted here. Only JSON-like data comes out:
-dict, list, str, int, float, bool and None. libyaml parses when PyYAML has it (about
-4x faster than the pure-Python parser, same positions); the pure-Python loader
-parses otherwise, and words the error of any document libyaml refuses.
+dict, list, str, int, float, bool and None.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from collections.abc import Iterator
@@ -18,11 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import yaml
-from yaml.composer import Composer, ComposerError
-from yaml.constructor import SafeConstructor
+from yaml.composer import ComposerError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.reader import ReaderError
-from yaml.resolver import Resolver
 
 from nkibuild.errors import Diagnostic, Location, ManifestError
 
@@ -103,32 +98,6 @@ class _Loader(_Positions, yaml.SafeLoader):
     """The pure-Python loader: checks every character and words every syntax error."""
 
 
-def _fast_loader() -> type[_Positions] | None:
-    """libyaml's parser with PyYAML's (Python) composer on top, or None without libyaml.
-
-    libyaml parses several times faster; its own composer is not used because it
-    recurses in C without a depth limit (deep nesting crashes the process) and hides
-    where aliases are used. Its error messages differ, so a document it refuses is
-    parsed again by `_Loader`, which words the problem.
-    """
-    try:
-        from yaml._yaml import CParser
-    except ImportError:
-        return None
-
-    class _FastLoader(_Positions, CParser, Composer, SafeConstructor, Resolver):  # type: ignore[misc]
-        def __init__(self, stream: str) -> None:
-            super().__init__(stream)
-            Composer.__init__(self)
-            SafeConstructor.__init__(self)
-            Resolver.__init__(self)
-
-    return _FastLoader
-
-
-_FAST_LOADER = _fast_loader()
-
-
 def _child_key(parent: Node, index: Any) -> tuple[int, int]:
     # Mapping values are composed with their key node as index, sequence items with an int.
     if isinstance(index, Node):
@@ -170,9 +139,6 @@ def parse_yaml(raw: bytes, file: str) -> YamlDocument:
 
 
 def _compose(text: str, file: str) -> tuple[Node | None, _Positions]:
-    if _FAST_LOADER is not None:
-        with contextlib.suppress(yaml.YAMLError):  # _Loader words the problem
-            return _compose_with(_FAST_LOADER, text, file)
     try:
         return _compose_with(_Loader, text, file)  # checks that every character is printable
     except yaml.MarkedYAMLError as error:
