@@ -212,3 +212,17 @@ def venv_with_this_environment(directory: Path) -> Path:
     entries = [entry for entry in sys.path if entry and Path(entry).is_dir()]
     Path(site, "_this_environment.pth").write_text("\n".join(entries) + "\n")
     return python
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def failed(
+    result: subprocess.CompletedProcess[str], exit_code: int
+) -> subprocess.CompletedProcess[str]:
+    """A failure nkibuild reports itself: the expected exit code and no traceback."""
+    assert result.returncode == exit_code, f"{result.stdout}\n{result.stderr}"
+    assert "Traceback" not in result.stdout + result.stderr
+    return result

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, run_nkibuild
-from helpers import write_project
+from helpers import failed, ok, write_project
 
 from nkibuild import __version__
 
@@ -63,20 +63,6 @@ def hlo_only(name: str = "other-kernels") -> str:
 
 def wheel_of(name: str) -> str:
     return f"{name.replace('-', '_')}-0.1.0-py3-none-any.whl"
-
-
-def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-    return result
-
-
-def failed(
-    result: subprocess.CompletedProcess[str], exit_code: int
-) -> subprocess.CompletedProcess[str]:
-    """A failure nkibuild reports itself: the expected exit code and no traceback."""
-    assert result.returncode == exit_code, f"{result.stdout}\n{result.stderr}"
-    assert "Traceback" not in result.stdout + result.stderr
-    return result
 
 
 def done_tasks(output: str) -> list[str]:

@@ -11,23 +11,9 @@ from pathlib import Path
 
 import pytest
 from conftest import run_nkibuild
-from helpers import venv_with_this_environment, write_project
+from helpers import failed, ok, venv_with_this_environment, write_project
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-
-
-def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-    return result
-
-
-def failed(
-    result: subprocess.CompletedProcess[str], exit_code: int
-) -> subprocess.CompletedProcess[str]:
-    """A failure nkibuild reports itself: the expected exit code and no traceback."""
-    assert result.returncode == exit_code, f"{result.stdout}\n{result.stderr}"
-    assert "Traceback" not in result.stdout + result.stderr
-    return result
 
 
 def git(repo: Path, *args: str) -> str:
