@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nkibuild"
 
 # Bottom first; names in one tuple are one layer and may not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("text", "plaindata"),  # escaping of file-derived text; pickles read without code
+    ("text", "plaindata", "exports"),  # escaping of file-derived text; pickles read without code
     ("errors", "quantities", "dtypes", "interrupts"),
     ("fsutil", "confine"),
     ("formats",),
@@ -203,3 +203,14 @@ def test_the_loop_finder_finds_a_loop(tmp_path: Path, monkeypatch: pytest.Monkey
     (package / "b.py").write_text("def y():\n    from nkibuild.a import x\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
     assert import_cycles() == [["nkibuild.a.x", "nkibuild.b"]]
+
+
+def test_packages_hand_on_their_names_when_first_used() -> None:
+    import nkibuild.cache
+    import nkibuild.compiler
+    from nkibuild.compiler.record import RESULT_FILE
+
+    assert nkibuild.compiler.RESULT_FILE == RESULT_FILE
+    assert callable(nkibuild.cache.open_cache_chain)
+    with pytest.raises(AttributeError, match="has no attribute 'missing'"):
+        nkibuild.compiler.missing  # noqa: B018

@@ -7,11 +7,9 @@ publishes results to every writable tier.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from nkibuild.exports import lazy_exports
 
-# Each public name and the module that defines it, imported on first use (PEP 562): a
-# build that compiles nothing does not load the tiers.
+# Each public name and the module that defines it (nkibuild.exports).
 _HOMES = {
     "CacheChain": "chain",
     "open_cache_chain": "chain",
@@ -24,9 +22,4 @@ _HOMES = {
 }
 __all__ = sorted(_HOMES)
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+__getattr__ = lazy_exports(__name__, _HOMES)

@@ -13,11 +13,9 @@ Modules: `record` (what a finished compile leaves), `key` (the cache key),
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from nkibuild.exports import lazy_exports
 
-# Each public name and the module that defines it. Imported on first use (PEP 562), so
-# that a build which compiles nothing does not load the executors, checks and caches.
+# Each public name and the module that defines it (nkibuild.exports).
 _HOMES = {
     "COMPILE_OUTPUTS": "record",
     "KEY_FILE": "record",
@@ -39,9 +37,4 @@ _HOMES = {
 }
 __all__ = sorted(_HOMES)
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+__getattr__ = lazy_exports(__name__, _HOMES)

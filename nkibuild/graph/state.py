@@ -43,9 +43,7 @@ class AtomicJsonDB:
         try:
             with open(self.name, encoding="utf-8") as handle:
                 data = self.codec.decode(handle.read())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, RecursionError):
+        except (OSError, ValueError, RecursionError):  # missing, unreadable or damaged
             return {}
         if not isinstance(data, dict):
             return {}
