@@ -51,13 +51,16 @@ def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
         from nkibuild.verify.task import verify_task  # not imported by other builds
 
         verify = verify_task(context)
+    from nkibuild.bundle import generator_digest
+
     passed_env = user_variables()  # the environment is read once per build
+    generator = generator_digest()  # the bundle's and the wheel's writer: read once
     return [
         *(_extract_task(context, spec, passed_env) for spec in extract_specs(context.units)),
         *(_compile_task(context, unit) for unit in context.units),
-        _bundle_task(context),
+        _bundle_task(context, generator),
         *([verify] if verify else []),
-        _wheel_task(context),
+        _wheel_task(context, generator),
     ]
 
 
@@ -235,18 +238,16 @@ def run_bundle(context: BuildContext) -> dict[str, Any]:
     return outputs_record({os.path.join(root, name): sha for name, sha in written.sha256.items()})
 
 
-def _bundle_config(manifest: Manifest) -> dict[str, Any]:
-    from nkibuild.bundle import generator_digest
-
+def _bundle_config(manifest: Manifest, generator: str) -> dict[str, Any]:
     return {
         "package": vars(manifest.package),
         "kernels": [kernel.config() for kernel in manifest.kernels],
         "nkibuild": __version__,
-        "generator": generator_digest(),
+        "generator": generator,
     }
 
 
-def _bundle_task(context: BuildContext) -> dict[str, Any]:
+def _bundle_task(context: BuildContext, generator: str) -> dict[str, Any]:
     from nkibuild.bundle import STAMP_FILE
 
     manifest = context.manifest
@@ -268,7 +269,7 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
         "actions": [(run_bundle, (context,))],
         "file_dep": [*compiled, *shipped],
         "targets": [os.path.join(bundle_dir, STAMP_FILE)],
-        "uptodate": [ConfigChanged(_bundle_config(manifest)), intact],
+        "uptodate": [ConfigChanged(_bundle_config(manifest, generator)), intact],
         "clean": True,
     }
 
@@ -280,8 +281,8 @@ def run_wheel(context: BuildContext) -> dict[str, Any]:
     return {"wheels": [str(path) for path in wheel.run(context)]}
 
 
-def _wheel_task(context: BuildContext) -> dict[str, Any]:
-    from nkibuild.bundle import STAMP_FILE, distributions, generator_digest
+def _wheel_task(context: BuildContext, generator: str) -> dict[str, Any]:
+    from nkibuild.bundle import STAMP_FILE, distributions
     from nkibuild.bundle.wheel import wheel_file_name
 
     manifest = context.manifest
@@ -308,7 +309,7 @@ def _wheel_task(context: BuildContext) -> dict[str, Any]:
             ConfigChanged(
                 {
                     "source_date_epoch": os.environ.get("SOURCE_DATE_EPOCH", "").strip(),
-                    "writer": generator_digest(),
+                    "writer": generator,
                 }
             ),
             intact,
