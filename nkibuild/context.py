@@ -89,6 +89,7 @@ def load_context(
 ) -> BuildContext:
     """The project's context, in `session` (a new one unless a release shares its own)."""
     from nkibuild.toolchain import cancel_unanswered, resolve_toolchain, start_version_query
+    from nkibuild.toolchain.nki import check_manifest
 
     session = session if session is not None else BuildSession()
     layout = Layout(build_dir.resolve(), dist_dir.resolve())
@@ -101,6 +102,7 @@ def load_context(
         toolchain = resolve_toolchain(
             settings.toolchain, layout.state_dir, settings.compiler, versions
         )
+        check_manifest(manifest, toolchain.nki)  # what the NKI in use refuses
     finally:  # a guess the manifest overrode, a manifest in error, or Ctrl-C
         cancel_unanswered(versions)
     return BuildContext(

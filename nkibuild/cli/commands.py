@@ -293,7 +293,11 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def validate(args: argparse.Namespace) -> int:
+    from nkibuild.settings import resolve_settings
+    from nkibuild.toolchain.nki import check_manifest, detect
+
     manifest, units = _checked_plan(args)
+    check_manifest(manifest, detect(resolve_settings(_build_options(args), manifest).toolchain))
     kernels, units_count = len(manifest.kernels), len(units)
     print(
         f"{args.manifest}: ok ({kernels} kernel{'s' * (kernels != 1)}, "

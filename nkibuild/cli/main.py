@@ -210,7 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the statement [default: provenance.intoto.json next to each wheel]",
     )  # fmt: skip
     provenance.add_argument("--json", action="store_true", help="print the checks as JSON")
-    _add(commands, "validate", cmd.validate, "check the manifest and report every problem", project)
+    _add(
+        commands, "validate", cmd.validate, "check the manifest and report every problem",
+        project, _toolchain_option(),
+    )  # fmt: skip
     _add(commands, "list", cmd.list_tasks, "list the build's tasks", project, _toolchain_option())
     clean = _add(commands, "clean", cmd.clean, "remove the build directory", project)
     clean.add_argument("--all", action="store_true", help="also remove the dist directory")

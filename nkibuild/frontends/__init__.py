@@ -222,7 +222,7 @@ def frontend_versions(frontend: str) -> dict[str, str]:
     """Installed versions of a frontend's packages, without importing them."""
     packages = {
         "jax": ("jax", "jaxlib"),
-        "nki": ("nki", "torch-xla", "torch-neuronx"),
+        "nki": ("nki", "torch-xla", "torch-neuronx", "nkipy"),
         "nkipy": ("nkipy",),
     }.get(frontend, ())
     if not packages:  # hlo: no package
@@ -251,6 +251,10 @@ def _produce_hlo(
         raise BuildError(f"the {spec.frontend!r} frontend is not available yet", unit=spec.name)
     from nkibuild.toolchain.worker_pool import WorkerKey
 
+    if spec.frontend == "nki" and toolchain.nki.route is None:
+        from nkibuild.toolchain.nki import NO_ROUTE
+
+        raise BuildError(NO_ROUTE, unit=spec.name)
     key = WorkerKey(str(root), toolchain.python, spec.frontend, spec.target, toolchain.worker_path)
     job = {
         "frontend": spec.frontend,
@@ -260,6 +264,8 @@ def _produce_hlo(
         "inputs": [t.to_json() for t in spec.inputs],
         "constants": [[name, value] for name, value in spec.constants],
         "lnc": spec.lnc,
+        "nki_route": toolchain.nki.route,
+        "lnc_grid": toolchain.nki.launch_grid,
         "output": str(output),
         "own_modules": list(toolchain.worker_path),
     }

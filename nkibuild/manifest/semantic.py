@@ -8,6 +8,7 @@ key or value to change.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import keyword
 import posixpath
@@ -18,7 +19,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from nkibuild.confine import file_problem
-from nkibuild.errors import Diagnostic
+from nkibuild.errors import Diagnostic, Location
 from nkibuild.manifest.buckets import padding_diagnostics
 from nkibuild.manifest.model import (
     DISTRIBUTION_NAME_PATTERN,
@@ -43,6 +44,73 @@ _LISTED = 8  # names of a file's functions shown when the one named is missing
 
 # What the real nkipy tracer turns 64-bit inputs into (NeuronCores have no 64-bit types).
 NKIPY_NARROWED = {"float64": "float32", "int64": "int32"}
+
+
+# NKI from 0.3 (Neuron SDK 2.29) supports Trn2 and Trn3 only; from 0.3 on, nki.jit raises
+# on `platform_target=` and ignores `mode=`.
+NKI_TRN2_FROM = (0, 3)
+NKI_DROPPED = {
+    "platform_target": "NKI 0.3 removed it (it raises); nkibuild sets each unit's target "
+    "through NEURON_PLATFORM_TARGET_OVERRIDE",
+    "mode": "NKI 0.3 ignores it (nki.jit picks how to run from the arguments' types)",
+}
+LNC_FLAGS = ("--lnc", "--logical-nc-config")
+
+
+def nki_diagnostics(
+    manifest: Manifest, version: str | None, release: tuple[int, ...] | None
+) -> list[Diagnostic]:
+    """What NKI `version` (the toolchain's; `release` its major and minor) refuses in the
+    manifest's nki kernels: nothing before 0.3, or with no nki known."""
+    if release is None or release < NKI_TRN2_FROM:
+        return []
+    kernels = [kernel for kernel in manifest.kernels if kernel.frontend == "nki"]
+    found = [d for kernel in kernels for d in _nki_targets(manifest, kernel, version)]
+    by_file = {kernel.source.path: kernel for kernel in kernels}  # each file reported once
+    found += [
+        d for kernel in by_file.values() for d in _dropped_keywords(manifest, kernel, version)
+    ]
+    return sorted(found, key=position)
+
+
+def _nki_targets(manifest: Manifest, kernel: Kernel, version: str | None) -> Iterator[Diagnostic]:
+    if "trn1" in (kernel.targets or manifest.default_targets):
+        yield Diagnostic(
+            f"kernel {kernel.name!r} (frontend: nki) targets trn1, which NKI {version} does "
+            "not support: NKI supports Trn2 and Trn3 only from NKI 0.3 (Neuron SDK 2.29)",
+            kernel.location,
+            json_path((*_base(kernel), "targets")),
+            expected="trn2 or trn3",
+            hint="give the kernel `targets: [trn2, trn3]`, or build its trn1 NEFFs with "
+            "Neuron SDK 2.28 or earlier (NKI before 0.3)",
+        )
+
+
+def _dropped_keywords(
+    manifest: Manifest, kernel: Kernel, version: str | None
+) -> Iterator[Diagnostic]:
+    """`nki.jit(..., platform_target=...)` or `mode=` in the kernel's file, found with
+    `ast` (never imported); a file that does not parse is the sources check's report."""
+    try:
+        tree = ast.parse((manifest.root / kernel.source.path).read_bytes())
+    except (SyntaxError, ValueError, OSError, RecursionError):
+        return
+    shown = (
+        posixpath.join(posixpath.dirname(kernel.location.file), kernel.source.path)
+        if kernel.location
+        else kernel.source.path
+    )
+    for node in ast.walk(tree):
+        function = node.func if isinstance(node, ast.Call) else None
+        if getattr(function, "attr", getattr(function, "id", None)) != "jit":
+            continue
+        for keyword_ in node.keywords:  # type: ignore[union-attr]
+            if keyword_.arg in NKI_DROPPED:
+                yield Diagnostic(
+                    f"nki.jit({keyword_.arg}=...) is not supported by NKI {version}",
+                    Location(shown, keyword_.lineno, keyword_.col_offset + 1),
+                    hint=f"remove it: {NKI_DROPPED[keyword_.arg]}",
+                )
 
 
 def semantic_diagnostics(manifest: Manifest, doc: YamlDocument) -> list[Diagnostic]:
@@ -112,6 +180,7 @@ class _Checks:
             self.constant_names,
             self.override_targets,
             self.lnc_on_trn1,
+            self.nki_lnc_flags,
             self.deps,
             self.encodable,
             lambda: padding_diagnostics(self.manifest, self.doc),
@@ -356,6 +425,28 @@ class _Checks:
                 expected="lnc auto or 1 on trn1",
                 hint="trn1 supports only lnc 1 (neuronx-cc refuses lnc 2 there with NCC_EARG001): "
                 "set lnc: 1 under overrides.trn1, or lnc: 2 only under overrides of trn2/trn3",
+            )
+
+    def nki_lnc_flags(self) -> Iterator[Diagnostic]:
+        """An nki kernel is extracted with its unit's lnc (NEURON_LOGICAL_NC_CONFIG, the
+        launch grid) and compiled with `--lnc` of the same: compiler-args must not set
+        another (neuronx-cc refuses the mismatch, NCC_EVRF066)."""
+        offenders: dict[JsonPath, list[str]] = defaultdict(list)
+        for kernel in (k for k in self.manifest.kernels if k.frontend == "nki"):
+            base = _base(kernel)
+            layers = [(("defaults",), self.manifest.defaults), (base, kernel.settings)]
+            layers += [((*base, "overrides", t), layer) for t, layer in kernel.overrides]
+            for path, layer in layers:
+                for index, arg in enumerate(layer.compiler_args or ()):
+                    if arg.split("=")[0] in LNC_FLAGS:
+                        offenders[(*path, "compiler-args", index)].append(kernel.name)
+        for path, names in offenders.items():
+            yield self.at(
+                f"compiler-args set the lnc of {_kernels_phrase(names)} (frontend: nki)",
+                path,
+                expected="the lnc key",
+                hint="set `lnc:` instead: nkibuild extracts an nki kernel with its lnc "
+                "(NEURON_LOGICAL_NC_CONFIG) and compiles it with the same --lnc",
             )
 
     def _trn1_lnc(self, kernel: Kernel) -> tuple[JsonPath, int | None]:

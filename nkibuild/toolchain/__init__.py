@@ -13,13 +13,14 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nkibuild import interrupts
 from nkibuild.errors import ToolchainError, UsageError
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.text import printable
+from nkibuild.toolchain.nki import NkiFrontend, detect, has_nkipy_tracer
 
 TOOLCHAIN_MODES = ("auto", "neuron", "fake")
 COMPILER_NAME = "neuronx-cc"
@@ -55,6 +56,7 @@ class Toolchain:
     placeholder_neffs: bool = False  # its NEFFs hold no executable code
     label: str = ""  # how `describe` qualifies the compiler
     notices: tuple[str, ...] = ()  # said once at the start of a build
+    nki: NkiFrontend = field(default_factory=NkiFrontend)  # the NKI and route of nki kernels
 
     def describe(self) -> str:
         return f"neuronx-cc {self.compiler_version}{self.label}"
@@ -145,6 +147,7 @@ def resolve_toolchain(
         python=sys.executable,
         neuron_cc_flags=flags,
         notices=notices,
+        nki=detect(mode),
     )
 
 
@@ -237,7 +240,7 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
 
     flags, notices = neuron_cc_flags()
     worker_path = [str(toolchain_double.FAKES_DIR)]
-    if not _has_nkipy_tracer():
+    if not has_nkipy_tracer():
         worker_path.append(str(toolchain_double.FAKE_NKIPY_DIR))
 
     command, identity = _compiler_identity("fake", None)
@@ -252,17 +255,8 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
         placeholder_neffs=True,
         label=toolchain_double.LABEL,
         notices=notices,
+        nki=detect("fake"),
     )
-
-
-def _has_nkipy_tracer() -> bool:
-    """Whether an installed `nkipy` has its tracer (PyPI's placeholder has none), found
-    without importing it: a no-op build must not pay for a frontend's import."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("nkipy")
-    locations = (spec.submodule_search_locations or []) if spec else []
-    return any(Path(location, "core", "trace.py").is_file() for location in locations)
 
 
 def _cached_version(

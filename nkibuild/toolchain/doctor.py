@@ -16,14 +16,15 @@ from typing import Any
 from nkibuild import __version__
 from nkibuild.errors import ToolchainError
 from nkibuild.toolchain import NO_COMPILER_HELP, find_compiler, read_compiler_version
+from nkibuild.toolchain.nki import NO_ROUTE, detect
 
 PRODUCT_NAME_FILE = "/sys/devices/virtual/dmi/id/product_name"
 # (import name, distribution, what nkibuild uses it for)
 PIECES = (
     ("jax", "jax", "jax frontend (traces on CPU)"),
     ("nki", "nki", "nki frontend, simulate mode"),
-    ("nkipy", "nkipy", "nkipy frontend"),
-    ("torch_xla", "torch-xla", "nki frontend (graph extraction)"),
+    ("nkipy", "nkipy", "nkipy frontend; nki kernels with nki >= 0.4 (its NKI op)"),
+    ("torch_xla", "torch-xla", "nki kernels with Neuron SDK 2.29 or earlier (graph extraction)"),
     ("spike", None, "running NEFFs on a device (from aws-neuron/nkipy, not PyPI)"),
 )
 # nkibuild's optional extras (pyproject.toml): (extra, (import name, distribution)..., use)
@@ -47,6 +48,7 @@ def diagnose(toolchain: str = "auto") -> dict[str, Any]:
     a piece the toolchain double stands in for is not missing."""
     compiler = find_compiler()
     stand_ins = double_stand_ins() if toolchain == "fake" else frozenset()
+    nki = detect(toolchain)
     return {
         "nkibuild": __version__,
         "python": {"version": platform.python_version(), "executable": sys.executable},
@@ -69,6 +71,11 @@ def diagnose(toolchain: str = "auto") -> dict[str, Any]:
             }
             for extra, packages, purpose in EXTRAS
         },
+        "nki_route": {
+            "nki": nki.version,
+            "route": nki.route,
+            "says": nki.describe() if nki.route else f"nki kernels: {NO_ROUTE}",
+        },
         "toolchain_auto": {
             "compiler": str(compiler) if compiler else None,
             "stops_with": None if compiler else NO_COMPILER_HELP,
@@ -86,6 +93,7 @@ def render(report: dict[str, Any]) -> list[str]:
     ]
     lines += [_package_line(module, piece) for module, piece in report["packages"].items()]
     lines += [_extra_line(name, extra) for name, extra in report["extras"].items()]
+    lines += report["nki_route"]["says"].splitlines()
     auto = report["toolchain_auto"]
     if auto["compiler"] is None:
         lines.append("--toolchain auto: would stop with this message:")

@@ -8,6 +8,7 @@ or nkipy. Each returns the module bytes and the versions of the packages it used
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -144,11 +145,59 @@ def trace_nkipy(job: Job) -> tuple[bytes, dict[str, str]]:
 
 
 def trace_nki(job: Job) -> tuple[bytes, dict[str, str]]:
-    """Run the kernel on XLA tensors with graph extraction on, then harvest its module.
+    """An NKI kernel into an HLO module by the route the toolchain chose (`nki_route`),
+    with the unit's LNC in NEURON_LOGICAL_NC_CONFIG, where NKI reads it (0.7 on) and
+    where it must equal the runtime's; before NKI 0.7 (`lnc_grid`) also as `kernel[lnc]`.
 
-    The worker was started with NEURON_EXTRACT_GRAPHS_ONLY=1,
-    NEURON_COMPILE_CACHE_URL=job["cache_dir"] and NEURON_PLATFORM_TARGET_OVERRIDE.
+    The worker was started with NEURON_PLATFORM_TARGET_OVERRIDE (the unit's target),
+    NEURON_EXTRACT_GRAPHS_ONLY=1 and NEURON_COMPILE_CACHE_URL=job["cache_dir"].
     """
+    os.environ["NEURON_LOGICAL_NC_CONFIG"] = str(job["lnc"] or 1)
+    kernel = load_function(job["root"], job["path"], job["function"])
+    grid = job["lnc"] if job["lnc_grid"] and (job["lnc"] or 1) > 1 else None
+    constants = {name: freeze(value) for name, value in job["constants"]}
+    route = trace_nki_nkipy if job["nki_route"] == "nkipy" else trace_nki_torch_xla
+    return route(job, nki_launcher(kernel, grid), constants)
+
+
+def trace_nki_nkipy(
+    job: Job, kernel: Any, constants: dict[str, Any]
+) -> tuple[bytes, dict[str, str]]:
+    """nkipy's NKI op compiles the kernel for the unit's target (given explicitly: nkipy
+    would take the host's) and, called in a function nkipy traces, embeds it as a
+    custom-call; the function takes the kernel's parameters, so the module's do too."""
+    import nki
+    import nkipy
+    from nkipy.core.nki_op import wrap_nki_kernel
+    from nkipy.core.trace import NKIPyKernel
+
+    function = getattr(kernel, "func", kernel)
+    signature = inspect.signature(function)
+    arrays = sample_arrays(job)
+    bound = signature.bind(*arrays, **constants)
+    bound.apply_defaults()  # the op maps its operands to the kernel's parameters in order
+    target = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")
+    op = wrap_nki_kernel(
+        kernel, list(bound.arguments.values()), is_nki_beta_3_version=True, platform_target=target
+    )
+
+    @functools.wraps(function)
+    def embedded(*args: Any, **kwargs: Any) -> Any:
+        return op(*signature.bind(*args, **kwargs).arguments.values())
+
+    traced = NKIPyKernel.trace(embedded)
+    traced.specialize(*arrays, **constants)
+    versions = {
+        "nki": package_version(nki, "nki", job),
+        "nkipy": package_version(nkipy, "nkipy", job),
+    }
+    return traced._code.to_proto().SerializeToString(), versions
+
+
+def trace_nki_torch_xla(
+    job: Job, kernel: Any, constants: dict[str, Any]
+) -> tuple[bytes, dict[str, str]]:
+    """Run the kernel on XLA tensors with graph extraction on, then harvest its module."""
     import nki
     import torch
     import torch_xla.core.xla_model as xm
@@ -157,14 +206,12 @@ def trace_nki(job: Job) -> tuple[bytes, dict[str, str]]:
 
     cache_dir = Path(job["cache_dir"])
     seen = module_dirs(cache_dir)
-    kernel = load_function(job["root"], job["path"], job["function"])
-    constants = {name: freeze(value) for name, value in job["constants"]}
     device = xm.xla_device()
     tensors = [
         torch.zeros(tuple(t["shape"]), dtype=getattr(torch, t["dtype"])).to(device)
         for t in job["inputs"]
     ]
-    nki_launcher(kernel, job.get("lnc"))(*tensors, **constants)
+    kernel(*tensors, **constants)
     xm.mark_step()
     dumped = find_modules(cache_dir, since=seen)
     module = choose_kernel_module(dumped, job["function"])
@@ -179,15 +226,12 @@ def trace_nki(job: Job) -> tuple[bytes, dict[str, str]]:
     }
 
 
-def nki_launcher(kernel: Any, lnc: int | None) -> Callable[..., Any]:
-    """What to call on XLA tensors: the kernel, on a launch grid of `lnc` if above 1.
-
-    An `nki.jit` kernel dispatches on XLA tensors by itself and takes its grid as
-    `kernel[lnc]`. A plain function is wrapped as the installed NKI expects, found by
-    probing: before NKI 0.3 as `nki._torch_xla.PyTorchXLAKernel(func=f, grid=lnc)`; from
-    0.3 on (Neuron SDK 2.29), which removed that module, with `nki.jit(f)[lnc]`.
+def nki_launcher(kernel: Any, grid: int | None) -> Callable[..., Any]:
+    """The kernel as NKI launches it, on a launch grid of `grid` if given. A plain
+    function is wrapped as the installed NKI expects, found by probing: before NKI 0.3 as
+    `nki._torch_xla.PyTorchXLAKernel(func=f, grid=lnc)`; from 0.3 on (Neuron SDK 2.29),
+    which removed that module, with `nki.jit(f)`.
     """
-    grid = lnc if lnc is not None and lnc > 1 else None
     if inspect.isfunction(kernel):
         try:
             from nki._torch_xla import PyTorchXLAKernel

@@ -7,6 +7,7 @@ these doubles; a real build never uses them unless `--toolchain fake` is chosen.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,3 +19,9 @@ FAKE_NKIPY_DIR = HERE / "fake_nkipy"
 FAKE_RUNTIME_DIR = HERE / "fake_runtime"  # spike, for running bundles
 COMPILER_COMMAND = (sys.executable, "-m", "nkibuild.toolchain_double.fake_neuronxcc")
 LABEL = " (nkibuild toolchain double: placeholder NEFFs)"
+NKI_VERSION_ENV = "NKIBUILD_FAKE_NKI_VERSION"
+
+
+def fake_nki_version() -> str:
+    """The NKI release the double's nki imitates: NKI_VERSION_ENV, else the newest it knows."""
+    return os.environ.get(NKI_VERSION_ENV) or "0.7.0"

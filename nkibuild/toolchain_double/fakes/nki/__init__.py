@@ -1,7 +1,11 @@
-"""nkibuild toolchain double: fake `nki` (NKI 0.3-style public API, NumPy underneath).
+"""nkibuild toolchain double: fake `nki` (public API of the NKI release it imitates, NumPy
+underneath).
 
-`NKIBUILD_FAKE_NKI_LAYOUT=0.2` makes it the pre-0.3 layout instead: it then also has
-`nki._torch_xla.PyTorchXLAKernel`, which NKI 0.3 removed.
+`NKIBUILD_FAKE_NKI_VERSION` names that release (default: the newest the double knows,
+see `nkibuild.toolchain_double.fake_nki_version`), and the fake follows what changed:
+before 0.3 it also has `nki._torch_xla.PyTorchXLAKernel`; from 0.3 `platform_target=`
+raises and `mode=` is ignored; before 0.7 the launch grid (LNC) is `kernel[lnc]`, from
+0.7 on it is read from `NEURON_LOGICAL_NC_CONFIG` when the kernel runs.
 
 `nki.jit` kernels run on NumPy through `nki.simulate`, as the real CPU simulator
 runs them; called on (fake) torch XLA tensors they are traced through the fake
@@ -18,22 +22,36 @@ from collections.abc import Callable
 from typing import Any
 
 from nki import isa, language  # noqa: F401 - `import nki; nki.language` works as in NKI
+from nkibuild.toolchain_double import fake_nki_version
 
-LAYOUT = os.environ.get("NKIBUILD_FAKE_NKI_LAYOUT", "0.3")
-__version__ = f"{LAYOUT}.0+nkibuild.fake"
+__version__ = f"{fake_nki_version()}+nkibuild.fake"
+RELEASE = tuple(int(part) for part in fake_nki_version().split(".")[:2])
 
 
 class JitKernel:
-    """What `@nki.jit` returns: callable, and `kernel[grid]` picks the launch grid."""
+    """What `@nki.jit` returns: callable; before NKI 0.7 `kernel[grid]` picks the launch grid."""
 
-    def __init__(self, func: Callable[..., Any], grid: int = 1, mode: str = "auto") -> None:
+    def __init__(
+        self, func: Callable[..., Any], grid: int | None = None, mode: str = "auto"
+    ) -> None:
         self.func = func
-        self.grid = grid
-        self.mode = mode
+        self._grid = grid
+        self.mode = mode if RELEASE < (0, 3) else "auto"  # ignored from 0.3 on
         self.__name__ = getattr(func, "__name__", "kernel")
         self.__wrapped__ = func
 
+    @property
+    def grid(self) -> int:
+        if RELEASE >= (0, 7):
+            return int(os.environ.get("NEURON_LOGICAL_NC_CONFIG") or 1)
+        return self._grid or 1
+
     def __getitem__(self, grid: int) -> JitKernel:
+        if RELEASE >= (0, 7):
+            raise TypeError(
+                f"{self.__name__}[{grid}]: NKI {fake_nki_version()} takes the launch grid "
+                "from NEURON_LOGICAL_NC_CONFIG (1 or 2), set before the kernel runs"
+            )
         return JitKernel(self.func, int(grid), self.mode)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -58,17 +76,22 @@ def _has_torch_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return any(torch.is_tensor(value) for value in (*args, *kwargs.values()))
 
 
-def jit(func: Callable[..., Any] | None = None, mode: str = "auto", **_options: Any) -> Any:
+def jit(func: Callable[..., Any] | None = None, mode: str = "auto", **options: Any) -> Any:
+    if "platform_target" in options and RELEASE >= (0, 3):
+        raise TypeError(
+            "nki.jit() got an unexpected keyword argument 'platform_target' (NKI 0.3 removed "
+            "it: set NEURON_PLATFORM_TARGET_OVERRIDE)"
+        )
     if func is None:
         return lambda inner: JitKernel(inner, mode=mode)
     return JitKernel(func, mode=mode)
 
 
 def simulate(kernel: Any) -> Callable[..., Any]:
-    """Run a kernel on NumPy arrays (like nki.simulate, `nki.simulate(kernel[2])` for a
-    launch grid of 2); returns its outputs."""
+    """Run a kernel on NumPy arrays (like nki.simulate, with the launch grid the kernel
+    would run with); returns its outputs."""
     func = kernel.func if isinstance(kernel, JitKernel) else kernel
-    grid = kernel.grid if isinstance(kernel, JitKernel) else 1
+    grid = kernel.grid if isinstance(kernel, JitKernel) else JitKernel(func).grid
 
     def run(*args: Any, **kwargs: Any) -> Any:
         token = language.GRID.set(grid)

@@ -1,13 +1,14 @@
-"""nkibuild toolchain double: how the fake nki traces a kernel on XLA tensors.
+"""nkibuild toolchain double: how the fake nki puts a kernel into an HLO module.
 
-`PyTorchXLAKernel` is public as `nki._torch_xla.PyTorchXLAKernel` in the pre-0.3 layout
-(see `_torch_xla.py`); in NKI 0.3 an `nki.jit` kernel does this itself when called on
-XLA tensors. Calling it on (fake) XLA tensors records one graph on the fake XLA device: its
-kernel module holds an `AwsNeuronCustomNativeKernel` custom-call whose
-backend_config is base64 JSON naming the kernel's "compiled" file by absolute
-path, in a temp dir of its own outside the dump directory, as the real toolchain
-does. The output shapes come from running the kernel once under `nki.simulate`
-on zeros of the tensors' shapes and dtypes.
+`compile_kernel` is what both extraction routes share: the kernel runs once under
+`nki.simulate` on zeros of its tensors' shapes and dtypes (how the double learns its
+outputs), and is "compiled" into a file in a temp dir of its own, outside any dump
+directory, which an `AwsNeuronCustomNativeKernel` custom-call names by absolute path
+in its backend_config (base64 JSON), as the real toolchain does. The fake nkipy's NKI
+op puts that custom-call into the module it traces; `PyTorchXLAKernel` records it as a
+graph on the fake XLA device. `PyTorchXLAKernel` is public as
+`nki._torch_xla.PyTorchXLAKernel` before NKI 0.3 (see `_torch_xla.py`); from 0.3 an
+`nki.jit` kernel does this itself when called on XLA tensors.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch_xla.core import xla_model
 
 from nki import JitKernel, simulate
 from nki.language import numpy_dtype
@@ -31,6 +30,50 @@ from nki.language import numpy_dtype
 CUSTOM_CALL_TARGET = "AwsNeuronCustomNativeKernel"
 
 Signature = list[tuple[str, str, tuple[int, ...]]]
+
+
+def compile_kernel(
+    kernel: JitKernel, arguments: dict[str, Any], is_tensor: Callable[[Any], bool], target: str
+) -> tuple[Any, Signature, list[tuple[str, tuple[int, ...]]], tuple[str, bytes], str]:
+    """The kernel's outputs on zeros, its tensor inputs and results, its custom-call and
+    what its compilation depends on (kernel source, signature, target, launch grid).
+    `arguments` by parameter name: tensors, and anything else that specializes the kernel."""
+    tensors = [value for value in arguments.values() if is_tensor(value)]
+    constants = sorted((k, v) for k, v in arguments.items() if not is_tensor(v))
+    samples = {k: _zeros_like(v) if is_tensor(v) else v for k, v in arguments.items()}
+    result = simulate(kernel)(**samples)
+    if result is None:
+        raise TypeError(
+            f"{kernel.__name__} returned nothing: the toolchain double supports "
+            "kernels that return their outputs (nl.ndarray(..., buffer=nl.shared_hbm))"
+        )
+    outputs = result if isinstance(result, tuple) else (result,)
+    inputs = [(f"p{i}", t.dtype.name, tuple(t.shape)) for i, t in enumerate(tensors)]
+    results = [(np.dtype(o.dtype).name, tuple(o.shape)) for o in outputs]
+    key = [inspect.getsource(kernel.func), inputs, constants, target, kernel.grid]
+    identity = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()
+    return result, inputs, results, _custom_call(kernel, identity, target), identity
+
+
+def bind(kernel: JitKernel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A call's arguments by parameter name, defaults included."""
+    bound = inspect.signature(kernel.func).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def _custom_call(kernel: JitKernel, identity: str, target: str) -> tuple[str, bytes]:
+    # The real toolchain leaves the compiled kernel in a temp dir of its own,
+    # named by absolute path: the HLO alone is not relocatable.
+    bir = Path(tempfile.mkdtemp(prefix="nki-")) / f"{kernel.__name__}.klir"
+    bir.write_bytes(b"nkibuild toolchain double: placeholder BIR " + identity.encode())
+    config = {
+        "func_name": kernel.__name__,
+        "bir_path": str(bir),
+        "grid": kernel.grid,
+        "platform_target": target,
+    }
+    return CUSTOM_CALL_TARGET, base64.b64encode(json.dumps(config).encode())
 
 
 class PyTorchXLAKernel:
@@ -42,49 +85,17 @@ class PyTorchXLAKernel:
         return PyTorchXLAKernel(self.kernel, grid)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        tensors = [a for a in args if torch.is_tensor(a)]  # anything else specializes the kernel
-        result = self._simulate(args, kwargs)
-        outputs = result if isinstance(result, tuple) else (result,)
-        inputs = [(f"p{i}", t.dtype.name, tuple(t.shape)) for i, t in enumerate(tensors)]
-        results = [(np.dtype(o.dtype).name, tuple(o.shape)) for o in outputs]
-        identity = self._identity(inputs, kwargs)
-        graph = xla_model.Graph(
-            self.kernel.__name__, inputs, results, self._custom_call(identity), identity
+        import torch
+        from torch_xla.core import xla_model
+
+        arguments = bind(self.kernel, args, kwargs)
+        result, inputs, results, call, identity = compile_kernel(
+            self.kernel, arguments, torch.is_tensor, xla_model.target()
         )
-        xla_model.record(graph)
+        xla_model.record(xla_model.Graph(self.kernel.__name__, inputs, results, call, identity))
         device = xla_model.xla_device()
         fakes = tuple(torch.Tensor(dims, getattr(torch, dtype), device) for dtype, dims in results)
         return fakes if isinstance(result, tuple) else fakes[0]
-
-    def _simulate(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The kernel's outputs on zeros: how the double learns their shapes and dtypes."""
-        samples = [_zeros_like(a) if torch.is_tensor(a) else a for a in args]
-        result = simulate(self.kernel)(*samples, **kwargs)
-        if result is None:
-            raise TypeError(
-                f"{self.kernel.__name__} returned nothing: the toolchain double supports "
-                "kernels that return their outputs (nl.ndarray(..., buffer=nl.shared_hbm))"
-            )
-        return result
-
-    def _identity(self, inputs: Signature, constants: dict[str, Any]) -> str:
-        """What the real trace depends on: kernel source, signature, target, grid."""
-        source = inspect.getsource(self.kernel.func)
-        key = [source, inputs, sorted(constants.items()), xla_model.target(), self.kernel.grid]
-        return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()
-
-    def _custom_call(self, identity: str) -> tuple[str, bytes]:
-        # The real toolchain leaves the compiled kernel in a temp dir of its own,
-        # named by absolute path: the HLO alone is not relocatable.
-        bir = Path(tempfile.mkdtemp(prefix="nki-")) / f"{self.kernel.__name__}.klir"
-        bir.write_bytes(b"nkibuild toolchain double: placeholder BIR " + identity.encode())
-        config = {
-            "func_name": self.kernel.__name__,
-            "bir_path": str(bir),
-            "grid": self.kernel.grid,
-            "platform_target": xla_model.target(),
-        }
-        return CUSTOM_CALL_TARGET, base64.b64encode(json.dumps(config).encode())
 
 
 def _zeros_like(tensor: Any) -> np.ndarray:

@@ -62,7 +62,10 @@ class NKIPyKernel:
         constants = tuple(
             (name, _as_json(value)) for name, value in bound.arguments.items() if name not in arrays
         )
-        result = self.fn(*args, **kwargs)
+        from nkipy.core.nki_op import recording
+
+        with recording() as nki_calls:  # an NKI kernel's custom-call becomes the root
+            result = self.fn(*args, **kwargs)
         outputs = result if isinstance(result, tuple) else (result,)
         results = [(np.asarray(output).dtype.name, np.shape(output)) for output in outputs]
         kernel = inspect.unwrap(self.fn)  # a decorated kernel's own code
@@ -72,7 +75,8 @@ class NKIPyKernel:
             code_digest=code_digest(kernel),
             constants=constants,
         )
-        module = build_hlo_module(self.fn.__name__, parameters, results, origin=origin)
+        call = nki_calls[-1] if nki_calls else None
+        module = build_hlo_module(self.fn.__name__, parameters, results, call, origin=origin)
         self._code = _Code(module)
         return self
 
