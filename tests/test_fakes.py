@@ -18,7 +18,7 @@ import pytest
 
 from nkibuild.formats.backend_config import NKI_CUSTOM_CALLS
 from nkibuild.formats.hlo import HloModuleInfo, read_hlo
-from nkibuild.toolchain_double import FAKE_NKIPY_DIR, FAKES_DIR
+from nkibuild.toolchain_double import FAKE_NKIPY_DIR, FAKES_DIR, fake_nki_version
 
 KERNELS = Path(__file__).resolve().parents[1] / "examples" / "nki-nkipy" / "kernels"
 
@@ -114,6 +114,7 @@ def test_every_fake_module_says_it_is_the_toolchain_double() -> None:
 
 
 def test_simulate_runs_the_example_tiled_matmul_and_an_elementwise_kernel(tmp_path: Path) -> None:
+    # NKI 0.3: the launch grid as matmul[2] (NKI 0.7 takes it from the environment)
     (tmp_path / "elementwise.py").write_text(ELEMENTWISE)
     script = f"""
         import sys
@@ -140,7 +141,63 @@ def test_simulate_runs_the_example_tiled_matmul_and_an_elementwise_kernel(tmp_pa
         except RuntimeError as error:
             print(error)
     """
-    assert "cannot run matmul_tiled on a device" in run_python(script)
+    assert "cannot run matmul_tiled on a device" in run_python(
+        script, {"NKIBUILD_FAKE_NKI_VERSION": "0.3.0"}
+    )
+
+
+LNC_PROBE = """
+    import nki, nki.language as nl
+
+    @nki.jit
+    def probe(a):
+        return a * nl.num_programs()
+
+    def grid(make):
+        try:
+            return int(nki.simulate(make())(1))
+        except TypeError as error:
+            return "refused: " + str(error)
+
+    print(grid(lambda: probe), "|", grid(lambda: probe[2]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("version", "config", "expected"),
+    [
+        ("0.3.0", None, ["1", "2"]),  # NKI 0.3-0.6: the bracket grid, 1 by default
+        ("0.3.0", "2", ["1", "2"]),  # ... and the variable is the runtime's only
+        ("0.7.0", "2", ["2", "refused: probe[2]: NKI 0.7.0 takes the launch grid from"]),
+    ],
+)
+def test_the_fake_nki_takes_the_lnc_where_its_release_does(
+    version: str, config: str | None, expected: list[str]
+) -> None:
+    env = {"NKIBUILD_FAKE_NKI_VERSION": version}
+    env.update({"NEURON_LOGICAL_NC_CONFIG": config} if config else {})
+    found = [part.strip() for part in run_python(LNC_PROBE, env).split("|")]
+    assert [part[: len(want)] for part, want in zip(found, expected, strict=True)] == expected
+
+
+def test_the_fake_nki_refuses_platform_target_from_0_3_and_ignores_mode() -> None:
+    script = """
+        import numpy as np, nki
+        kernel = nki.jit(lambda a: a + 1, mode="simulation")
+        try:
+            print(kernel(np.zeros(2)))
+        except RuntimeError as error:
+            print("ignored:", error)
+        try:
+            nki.jit(lambda a: a, platform_target="trn2")
+        except TypeError as error:
+            print(error)
+    """
+    old = run_python(script, {"NKIBUILD_FAKE_NKI_VERSION": "0.2.0"})
+    assert old.startswith("[1. 1.]")  # before 0.3, mode="simulation" ran it on NumPy
+    new = run_python(script, {"NKIBUILD_FAKE_NKI_VERSION": "0.3.0"})
+    assert new.startswith("ignored: nkibuild's toolchain double cannot run")
+    assert "unexpected keyword argument 'platform_target'" in new
 
 
 def test_isa_instructions_of_the_nki_tutorials_simulate() -> None:
@@ -266,7 +323,12 @@ def test_nkipy_trace_names_parameters_after_the_python_arguments(tmp_path: Path)
 # --- tracers end to end in a worker --------------------------------------------------------
 
 
-def test_tracers_run_in_a_fake_toolchain_worker(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("version", "route", "grid"), [("0.3.0", "torch-xla", True), ("0.7.0", "nkipy", False)]
+)
+def test_tracers_run_in_a_fake_toolchain_worker(
+    tmp_path: Path, version: str, route: str, grid: bool
+) -> None:
     cache = tmp_path / "worker-cache"
     cache.mkdir()
     matmul = {
@@ -280,6 +342,8 @@ def test_tracers_run_in_a_fake_toolchain_worker(tmp_path: Path) -> None:
         ],
         "constants": [],
         "lnc": 2,
+        "nki_route": route,
+        "lnc_grid": grid,
         "cache_dir": str(cache),
         "own_modules": [str(FAKES_DIR), str(FAKE_NKIPY_DIR)],  # as a Toolchain value says
     }
@@ -302,7 +366,7 @@ def test_tracers_run_in_a_fake_toolchain_worker(tmp_path: Path) -> None:
     ]
     stdout = run_python(
         "import sys; from nkibuild.toolchain.worker import main; main(['--serve'])",
-        extraction_env(cache),
+        {**extraction_env(cache), "NKIBUILD_FAKE_NKI_VERSION": version},
         stdin="".join(json.dumps(job) + "\n" for job in jobs),
     )
     results = [json.loads(line) for line in stdout.splitlines()]
@@ -310,14 +374,19 @@ def test_tracers_run_in_a_fake_toolchain_worker(tmp_path: Path) -> None:
 
     first, again = (tmp_path / "first.pb").read_bytes(), (tmp_path / "again.pb").read_bytes()
     module = read_hlo(first)
-    assert nki_config(module)["grid"] == 2
+    # The LNC reached the kernel: kernel[2] before NKI 0.7, NEURON_LOGICAL_NC_CONFIG from 0.7.
+    assert nki_config(module)["grid"] == 2 and nki_config(module)["platform_target"] == "trn2"
     assert [str(o) for o in module.outputs()] == ["float32[128,512]"]
     assert read_hlo(again).parameters == module.parameters
     versions = results[0]["versions"]
     # Versions the double's modules declare, not those of a same-named installed package.
-    assert versions["nki"].endswith("+nkibuild.fake")
-    assert versions["torch_xla"].endswith("+nkibuild.fake")
-    assert json.loads(versions["compile_flags"]) == ["--target=trn2", "--framework=XLA"]
+    assert versions["nki"] == f"{version}+nkibuild.fake"
+    if route == "torch-xla":
+        assert versions["torch_xla"].endswith("+nkibuild.fake")
+        assert json.loads(versions["compile_flags"]) == ["--target=trn2", "--framework=XLA"]
+    else:  # nkipy's NKI op: the module's parameters are the kernel's, by name
+        assert versions["nkipy"].endswith("+nkibuild.fake") and "torch_xla" not in versions
+        assert [p.name for p in module.parameters] == ["lhsT", "rhs"]
 
     norm = read_hlo((tmp_path / "rmsnorm.pb").read_bytes())
     assert [(p.name, str(p.shape)) for p in norm.parameters] == [
@@ -342,7 +411,7 @@ def test_nki_launcher_leaves_single_core_kernels_alone(lnc: int | None) -> None:
 
 @pytest.mark.parametrize(
     ("layout", "wrapper"),
-    [("0.2", "PyTorchXLAKernel"), ("0.3", "JitKernel")],  # NKI 0.3 removed nki._torch_xla
+    [("0.2.0", "PyTorchXLAKernel"), ("0.3.0", "JitKernel")],  # NKI 0.3 removed nki._torch_xla
 )
 def test_nki_launcher_wraps_plain_functions_as_the_installed_nki_expects(
     layout: str, wrapper: str
@@ -356,11 +425,11 @@ def test_nki_launcher_wraps_plain_functions_as_the_installed_nki_expects(
         launched = nki_launcher(kernel, 2)
         print(type(launched).__name__, getattr(launched, "kernel", launched).grid)
     """
-    env = {"NKIBUILD_FAKE_NKI_LAYOUT": layout}
+    env = {"NKIBUILD_FAKE_NKI_VERSION": layout}
     assert run_python(script, env).strip() == f"{wrapper} 2"
 
 
-def test_the_nki_0_3_double_has_no_torch_xla_module() -> None:
+def test_the_nki_0_3_and_later_double_has_no_torch_xla_module() -> None:
     script = """
         import nki
         try:
@@ -369,4 +438,5 @@ def test_the_nki_0_3_double_has_no_torch_xla_module() -> None:
             print(nki.__version__, "|", error)
     """
     version, _, error = run_python(script).strip().partition(" | ")
-    assert version == "0.3.0+nkibuild.fake" and "removed in NKI 0.3" in error
+    # The release the toolchain value reports for the double is the fake's.
+    assert version == f"{fake_nki_version()}+nkibuild.fake" and "removed in NKI 0.3" in error

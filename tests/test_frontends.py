@@ -70,7 +70,7 @@ def softplus(x, beta):
 MANIFEST = """\
 format-version: 1
 package: {name: frontends, version: 1.0.0}
-defaults: {targets: [trn1, trn2]}
+defaults: {targets: [trn2, trn3]}
 kernels:
   add_kernel:
     frontend: nki
@@ -99,7 +99,7 @@ def artifact_dir(project: Path, name: str) -> Path:
 def test_nki_kernel_is_extracted_per_target_and_made_relocatable(project: Path) -> None:
     summary = build(project)
     assert summary.ok, summary.to_json()
-    assert {"extract:add_kernel/default/trn1", "extract:add_kernel/default/trn2"} <= set(
+    assert {"extract:add_kernel/default/trn2", "extract:add_kernel/default/trn3"} <= set(
         summary.executed
     )
     artifact = load_artifact(artifact_dir(project, "add_kernel/default/trn2"))
@@ -127,27 +127,59 @@ def scale(a, factor):
 """
 
 
-@pytest.mark.parametrize("layout", ["0.2", "0.3"])
-def test_a_plain_nki_function_builds_with_either_nki_layout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+@pytest.mark.parametrize(
+    ("nki", "route"),
+    # before 0.3 through nki._torch_xla.PyTorchXLAKernel; 0.3 (SDK 2.29) on XLA tensors
+    # through nki.jit; from 0.4 through nkipy's NKI op, with the LNC from the environment in 0.7
+    [("0.2.0", "torch_xla"), ("0.3.0", "torch_xla"), ("0.5.0", "nkipy"), ("0.7.0", "nkipy")],
+)
+def test_a_plain_nki_function_builds_by_the_route_of_the_nki_in_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nki: str, route: str
 ) -> None:
-    # NKI 0.3 removed nki._torch_xla.PyTorchXLAKernel; the launcher probes for it.
-    monkeypatch.setenv("NKIBUILD_FAKE_NKI_LAYOUT", layout)
+    monkeypatch.setenv("NKIBUILD_FAKE_NKI_VERSION", nki)
     manifest = (
         "format-version: 1\npackage: {name: plain, version: 1.0.0}\n"
-        "defaults: {targets: [trn2], lnc: 2}\nkernels:\n  scale:\n    frontend: nki\n"
+        "defaults: {targets: [trn3], lnc: 2}\nkernels:\n  scale:\n    frontend: nki\n"
         "    source: k.py:scale\n    inputs:\n      a: {shape: [128, 64], dtype: float32}\n"
         "    constants: {factor: 3.0}\n"
     )
     project = write_project(tmp_path / "p", manifest, {"k.py": PLAIN_NKI})
     summary = build(project)
     assert summary.ok, summary.to_json()
-    artifact = load_artifact(artifact_dir(project, "scale/default/trn2"))
-    assert dict(artifact.toolchain)["nki"] == f"{layout}.0+nkibuild.fake"
+    artifact = load_artifact(artifact_dir(project, "scale/default/trn3"))
+    versions = dict(artifact.toolchain)
+    assert versions["nki"] == f"{nki}+nkibuild.fake" and route in versions
     (call,) = [
         c for c in read_hlo(artifact.portable_hlo()).custom_calls if c.target in NKI_CUSTOM_CALLS
     ]
-    assert json.loads(base64.b64decode(call.backend_config))["grid"] == 2  # lnc as the grid
+    config = json.loads(base64.b64decode(call.backend_config))
+    # The kernel ran with the unit's LNC and target; its compile got the same --lnc.
+    assert (config["grid"], config["platform_target"]) == (2, "trn3")
+    args = json.loads((project / "build/compile/scale/default/trn3/result.json").read_text())[
+        "compile_args"
+    ]
+    assert args[args.index("--lnc") + 1] == "2"
+
+
+def test_an_nki_kernel_without_a_route_fails_naming_both(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from nkibuild.frontends import Tracing, extract
+    from nkibuild.frontends.failures import TraceFailures
+    from nkibuild.toolchain.nki import detect
+    from nkibuild.toolchain.worker_pool import WorkerPool
+
+    host = detect("auto")
+    if host.route is not None:
+        pytest.skip(f"this host extracts NKI kernels ({host.describe()})")
+    project = write_project(tmp_path / "p", MANIFEST, {"k.py": KERNELS})
+    manifest = load_manifest(project / "nkibuild.yaml")
+    spec = next(u.extract for u in resolve(manifest) if u.kernel == "add_kernel")
+    toolchain = replace(resolve_toolchain("fake", tmp_path / "state"), nki=host)
+    with pytest.raises(BuildError) as refused:
+        extract(spec, project, tmp_path / "out", toolchain, Tracing(WorkerPool(), TraceFailures()))
+    message = refused.value.message
+    assert "nkipy" in message and "nki >= 0.4" in message and "torch-xla" in message
 
 
 def test_nkipy_kernel_uses_python_parameter_names_and_constants(project: Path) -> None:

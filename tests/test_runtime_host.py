@@ -132,7 +132,7 @@ def probe(a):
 MANIFEST = """\
 format-version: 1
 package: {name: probe-kernels, version: 1.0.0}
-defaults: {targets: [trn1, trn2]}
+defaults: {targets: [TARGET]}
 kernels:
   probe:
     frontend: nki
@@ -142,11 +142,17 @@ kernels:
 """
 
 
-@pytest.mark.parametrize(("target", "expected"), [("trn1", 11.0), ("trn2", 22.0)])
+@pytest.mark.parametrize(
+    ("nki", "target", "expected"),
+    # NKI 0.3 dropped trn1; NKI 0.7 takes the grid from NEURON_LOGICAL_NC_CONFIG, not kernel[2]
+    [("0.2.0", "trn1", 11.0), ("0.3.0", "trn2", 22.0), ("0.7.0", "trn3", 32.0)],
+)
 def test_simulate_runs_with_the_units_lnc_and_target(
-    tmp_path: Path, target: str, expected: float
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nki: str, target: str, expected: float
 ) -> None:
-    project = write_project(tmp_path / "p", MANIFEST, {"kernels/k.py": KERNEL})
+    monkeypatch.setenv("NKIBUILD_FAKE_NKI_VERSION", nki)
+    files = {"kernels/k.py": KERNEL}
+    project = write_project(tmp_path / "p", MANIFEST.replace("TARGET", target), files)
     summary = build(project, "bundle")
     assert summary.ok, summary.to_json()
     (bundle,) = (project / "build" / "bundle").iterdir()

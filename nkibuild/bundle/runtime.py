@@ -472,9 +472,10 @@ class Kernel:
         target = self._signature_target()
         lnc = int(self._neff(target, variant)["lnc"])
         kernel = self._function("source", source)
-        if lnc > 1:
+        # From NKI 0.7 the variable alone says it; an unknown version is taken as older.
+        if lnc > 1 and _release(str(getattr(nki, "__version__", ""))) < (0, 7):
             kernel = (kernel if hasattr(kernel, "__getitem__") else nki.jit(kernel))[lnc]
-        with _platform_target(target):
+        with _platform_target(target, lnc):
             return nki.simulate(kernel)(*arrays, **self._constant_values)
 
     def _signature_target(self) -> str:
@@ -698,17 +699,21 @@ def _check_sdk(what: str, required: str | None) -> None:
 
 
 @contextlib.contextmanager
-def _platform_target(target: str) -> Iterator[None]:
-    """NEURON_PLATFORM_TARGET_OVERRIDE set to `target` for one simulated call, unless the
-    user set it: NKI reads it to lower (and simulate) for a target."""
-    if os.environ.get(PLATFORM_TARGET_ENV):
-        yield
-        return
-    os.environ[PLATFORM_TARGET_ENV] = target
+def _platform_target(target: str, lnc: int) -> Iterator[None]:
+    """For one simulated call: NEURON_PLATFORM_TARGET_OVERRIDE set to `target` unless the
+    user set it (NKI reads it to lower, and simulate, for a target), and the NEFF's lnc
+    as NEURON_LOGICAL_NC_CONFIG (NKI 0.7 takes the launch grid from it)."""
+    wanted = {LNC_ENV: str(lnc), PLATFORM_TARGET_ENV: os.environ.get(PLATFORM_TARGET_ENV) or target}
+    saved = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
     try:
         yield
     finally:
-        os.environ.pop(PLATFORM_TARGET_ENV, None)
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def _version_ok(installed: str, required: str) -> bool:

@@ -154,7 +154,7 @@ def trace_nki(job: Job) -> tuple[bytes, dict[str, str]]:
     """
     os.environ["NEURON_LOGICAL_NC_CONFIG"] = str(job["lnc"] or 1)
     kernel = load_function(job["root"], job["path"], job["function"])
-    grid = job["lnc"] if job["lnc_grid"] and (job["lnc"] or 1) > 1 else None
+    grid = job["lnc"] if job["lnc_grid"] else None
     constants = {name: freeze(value) for name, value in job["constants"]}
     route = trace_nki_nkipy if job["nki_route"] == "nkipy" else trace_nki_torch_xla
     return route(job, nki_launcher(kernel, grid), constants)
@@ -227,11 +227,12 @@ def trace_nki_torch_xla(
 
 
 def nki_launcher(kernel: Any, grid: int | None) -> Callable[..., Any]:
-    """The kernel as NKI launches it, on a launch grid of `grid` if given. A plain
+    """The kernel as NKI launches it, on a launch grid of `grid` if above 1. A plain
     function is wrapped as the installed NKI expects, found by probing: before NKI 0.3 as
     `nki._torch_xla.PyTorchXLAKernel(func=f, grid=lnc)`; from 0.3 on (Neuron SDK 2.29),
     which removed that module, with `nki.jit(f)`.
     """
+    grid = grid if grid and grid > 1 else None
     if inspect.isfunction(kernel):
         try:
             from nki._torch_xla import PyTorchXLAKernel

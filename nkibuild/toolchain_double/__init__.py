@@ -23,5 +23,6 @@ NKI_VERSION_ENV = "NKIBUILD_FAKE_NKI_VERSION"
 
 
 def fake_nki_version() -> str:
-    """The NKI release the double's nki imitates: NKI_VERSION_ENV, else the newest it knows."""
+    """The NKI release the double's nki imitates: NKI_VERSION_ENV, else the newest it knows
+    (the default fakes/nki/__init__.py has too)."""
     return os.environ.get(NKI_VERSION_ENV) or "0.7.0"

@@ -1,8 +1,9 @@
 """nkibuild toolchain double: fake `nki` (public API of the NKI release it imitates, NumPy
 underneath).
 
-`NKIBUILD_FAKE_NKI_VERSION` names that release (default: the newest the double knows,
-see `nkibuild.toolchain_double.fake_nki_version`), and the fake follows what changed:
+`NKIBUILD_FAKE_NKI_VERSION` names that release (default: the newest the double knows, as
+`nkibuild.toolchain_double.fake_nki_version` says; this module imports no nkibuild, so
+that a bundle run in isolation finds it), and the fake follows what changed:
 before 0.3 it also has `nki._torch_xla.PyTorchXLAKernel`; from 0.3 `platform_target=`
 raises and `mode=` is ignored; before 0.7 the launch grid (LNC) is `kernel[lnc]`, from
 0.7 on it is read from `NEURON_LOGICAL_NC_CONFIG` when the kernel runs.
@@ -22,10 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 from nki import isa, language  # noqa: F401 - `import nki; nki.language` works as in NKI
-from nkibuild.toolchain_double import fake_nki_version
 
-__version__ = f"{fake_nki_version()}+nkibuild.fake"
-RELEASE = tuple(int(part) for part in fake_nki_version().split(".")[:2])
+VERSION = os.environ.get("NKIBUILD_FAKE_NKI_VERSION") or "0.7.0"
+__version__ = f"{VERSION}+nkibuild.fake"
+RELEASE = tuple(int(part) for part in VERSION.split(".")[:2])
 
 
 class JitKernel:
@@ -49,7 +50,7 @@ class JitKernel:
     def __getitem__(self, grid: int) -> JitKernel:
         if RELEASE >= (0, 7):
             raise TypeError(
-                f"{self.__name__}[{grid}]: NKI {fake_nki_version()} takes the launch grid "
+                f"{self.__name__}[{grid}]: NKI {VERSION} takes the launch grid "
                 "from NEURON_LOGICAL_NC_CONFIG (1 or 2), set before the kernel runs"
             )
         return JitKernel(self.func, int(grid), self.mode)
