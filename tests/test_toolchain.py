@@ -143,3 +143,78 @@ def test_the_double_fakes_nkipy_only_without_a_real_tracer(
         monkeypatch.delitem(sys.modules, name)
     toolchain = resolve_toolchain("fake", tmp_path / "state")
     assert str(toolchain_double.FAKE_NKIPY_DIR) in toolchain.worker_path
+
+
+# --- the NKI in use and its extraction route ---------------------------------------------
+
+
+def installed(site: Path, nki: str | None = None, *packages: str) -> None:
+    """A site dir holding an `nki` distribution of version `nki` and bare packages."""
+    if nki:
+        info = site / f"nki-{nki}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nki\nVersion: {nki}\n")
+    for package in packages:  # "nkipy/core/trace.py": a tracer, "torch_xla/__init__.py"
+        (site / package).parent.mkdir(parents=True, exist_ok=True)
+        (site / package).write_text("")
+
+
+@pytest.mark.parametrize(
+    ("nki", "packages", "route"),
+    [
+        ("0.5.0", ["nkipy/__init__.py", "nkipy/core/trace.py"], "nkipy"),
+        ("0.7.0", ["nkipy/__init__.py", "nkipy/core/trace.py", "torch_xla/__init__.py"], "nkipy"),
+        (
+            "0.3.0",
+            ["nkipy/__init__.py", "nkipy/core/trace.py", "torch_xla/__init__.py"],
+            "torch-xla",
+        ),
+        ("0.5.0", ["torch_xla/__init__.py"], "torch-xla"),  # no nkipy: torch-xla as before
+        ("0.5.0", ["nkipy/__init__.py"], None),  # PyPI's placeholder nkipy has no tracer
+        (None, ["torch_xla/__init__.py"], None),  # torch-xla without nki
+    ],
+)
+def test_the_route_is_chosen_by_what_is_installed(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    nki: str | None,
+    packages: list,
+    route: str | None,
+) -> None:
+    from nkibuild.toolchain.nki import NkiFrontend, detect
+
+    installed(tmp_path, nki, *packages)
+    monkeypatch.setattr(
+        sys, "path", [str(tmp_path), *[p for p in sys.path if "site-packages" not in p]]
+    )
+    for name in [m for m in sys.modules if m.split(".")[0] in ("nkipy", "torch_xla")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert detect("neuron") == NkiFrontend(nki, route)
+
+
+@pytest.mark.parametrize(
+    ("version", "route", "grid"),
+    [("0.2.0", "torch-xla", True), ("0.3.0", "torch-xla", True), ("0.4.0", "nkipy", True),
+     ("0.6.0", "nkipy", True), ("0.7.0", "nkipy", False)],
+)  # fmt: skip
+def test_the_double_reports_the_nki_release_it_imitates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, route: str, grid: bool
+) -> None:
+    monkeypatch.setenv("NKIBUILD_FAKE_NKI_VERSION", version)
+    nki = resolve_toolchain("fake", tmp_path / "state").nki
+    assert (nki.version, nki.route, nki.launch_grid) == (version, route, grid)
+
+
+def test_doctor_says_which_route_nki_kernels_take(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nkibuild.toolchain.doctor import diagnose, render
+
+    monkeypatch.setenv("NKIBUILD_FAKE_NKI_VERSION", "0.3.0")
+    lines = render(diagnose("fake"))
+    assert "nki kernels: extracted through torch-xla graph extraction (nki 0.3.0)" in lines
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if "site-packages" not in p])
+    report = diagnose("auto")["nki_route"]  # this interpreter without its packages: neither
+    assert report["route"] is None
+    assert "install either" in report["says"] and "nkipy" in report["says"]
+    assert "torch-xla" in report["says"]
