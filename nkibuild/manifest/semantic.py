@@ -46,9 +46,7 @@ _LISTED = 8  # names of a file's functions shown when the one named is missing
 NKIPY_NARROWED = {"float64": "float32", "int64": "int32"}
 
 
-# NKI from 0.3 (Neuron SDK 2.29) supports Trn2 and Trn3 only; from 0.3 on, nki.jit raises
-# on `platform_target=` and ignores `mode=`.
-NKI_TRN2_FROM = (0, 3)
+NKI_TRN2_FROM = (0, 3)  # NKI 0.3 (SDK 2.29): Trn2/Trn3 only; nki.jit drops these keywords
 NKI_DROPPED = {
     "platform_target": "NKI 0.3 removed it (it raises); nkibuild sets each unit's target "
     "through NEURON_PLATFORM_TARGET_OVERRIDE",
@@ -95,11 +93,8 @@ def _dropped_keywords(
         tree = ast.parse((manifest.root / kernel.source.path).read_bytes())
     except (SyntaxError, ValueError, OSError, RecursionError):
         return
-    shown = (
-        posixpath.join(posixpath.dirname(kernel.location.file), kernel.source.path)
-        if kernel.location
-        else kernel.source.path
-    )
+    manifest_dir = posixpath.dirname(kernel.location.file) if kernel.location else ""
+    shown = posixpath.join(manifest_dir, kernel.source.path)
     for node in ast.walk(tree):
         function = node.func if isinstance(node, ast.Call) else None
         if getattr(function, "attr", getattr(function, "id", None)) != "jit":

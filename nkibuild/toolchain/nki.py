@@ -46,8 +46,7 @@ class NkiFrontend:
     @property
     def launch_grid(self) -> bool:
         """Whether the kernel takes its LNC as `kernel[lnc]` too (NKI before 0.7)."""
-        release = self.release
-        return release is None or release < GRID_UNTIL
+        return (self.release or (0,)) < GRID_UNTIL
 
     def describe(self) -> str:
         how = "nkipy's NKI op" if self.route == "nkipy" else "torch-xla graph extraction"
@@ -55,20 +54,17 @@ class NkiFrontend:
 
 
 def detect(mode: str) -> NkiFrontend:
-    """What a worker of this interpreter uses under toolchain `mode`, found without
-    importing anything: with `fake` the double's nki (NKIBUILD_FAKE_NKI_VERSION) and its
-    nkipy or torch-xla, else the installed packages. `validate` asks it as well, as it
-    resolves no compiler."""
+    """What a worker of this interpreter uses under toolchain `mode` (`validate` asks too:
+    it resolves no compiler), found without importing anything: with `fake` the double's
+    nki (NKIBUILD_FAKE_NKI_VERSION) and its nkipy or torch-xla, else what is installed."""
     from importlib import metadata
 
     nkipy = has_nkipy_tracer()
     if mode == "fake":
         from nkibuild.toolchain_double import fake_nki_version
 
-        found = NkiFrontend(fake_nki_version())
-        # A real nkipy's NKI op needs the real nki: with one installed the double stays on
-        # its torch-xla route.
-        beta3 = not nkipy and (found.release or ()) >= NKIPY_OP_FROM
+        found = NkiFrontend(fake_nki_version())  # a real nkipy's NKI op needs the real nki:
+        beta3 = not nkipy and (found.release or ()) >= NKIPY_OP_FROM  # with one, torch-xla
         return NkiFrontend(found.version, "nkipy" if beta3 else "torch-xla")
     try:
         found = NkiFrontend(metadata.version("nki"))

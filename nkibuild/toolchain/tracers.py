@@ -152,12 +152,15 @@ def trace_nki(job: Job) -> tuple[bytes, dict[str, str]]:
     The worker was started with NEURON_PLATFORM_TARGET_OVERRIDE (the unit's target),
     NEURON_EXTRACT_GRAPHS_ONLY=1 and NEURON_COMPILE_CACHE_URL=job["cache_dir"].
     """
+    import nki
+
     os.environ["NEURON_LOGICAL_NC_CONFIG"] = str(job["lnc"] or 1)
     kernel = load_function(job["root"], job["path"], job["function"])
-    grid = job["lnc"] if job["lnc_grid"] else None
+    kernel = nki_launcher(kernel, job["lnc"] if job["lnc_grid"] else None)
     constants = {name: freeze(value) for name, value in job["constants"]}
     route = trace_nki_nkipy if job["nki_route"] == "nkipy" else trace_nki_torch_xla
-    return route(job, nki_launcher(kernel, grid), constants)
+    proto, versions = route(job, kernel, constants)
+    return proto, {"nki": package_version(nki, "nki", job), **versions}
 
 
 def trace_nki_nkipy(
@@ -166,7 +169,6 @@ def trace_nki_nkipy(
     """nkipy's NKI op compiles the kernel for the unit's target (given explicitly: nkipy
     would take the host's) and, called in a function nkipy traces, embeds it as a
     custom-call; the function takes the kernel's parameters, so the module's do too."""
-    import nki
     import nkipy
     from nkipy.core.nki_op import wrap_nki_kernel
     from nkipy.core.trace import NKIPyKernel
@@ -187,18 +189,15 @@ def trace_nki_nkipy(
 
     traced = NKIPyKernel.trace(embedded)
     traced.specialize(*arrays, **constants)
-    versions = {
-        "nki": package_version(nki, "nki", job),
-        "nkipy": package_version(nkipy, "nkipy", job),
+    return traced._code.to_proto().SerializeToString(), {
+        "nkipy": package_version(nkipy, "nkipy", job)
     }
-    return traced._code.to_proto().SerializeToString(), versions
 
 
 def trace_nki_torch_xla(
     job: Job, kernel: Any, constants: dict[str, Any]
 ) -> tuple[bytes, dict[str, str]]:
     """Run the kernel on XLA tensors with graph extraction on, then harvest its module."""
-    import nki
     import torch
     import torch_xla.core.xla_model as xm
 
@@ -220,7 +219,6 @@ def trace_nki_torch_xla(
     for each in dumped:
         shutil.rmtree(each.directory, ignore_errors=True)
     return module.hlo, {
-        "nki": package_version(nki, "nki", job),
         "torch_xla": package_version(sys.modules["torch_xla"], "torch-xla", job),
         "compile_flags": json.dumps(list(module.flags)),
     }
