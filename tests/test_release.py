@@ -26,7 +26,15 @@ def test_discovery_skips_hidden_build_venv_and_ignored_dirs(tmp_path: Path) -> N
     assert found == ["kernels/alpha/nkibuild.yaml", "kernels/beta/nkibuild.yaml"]
 
 
-HOSTILE_DIR_NAMES = ("ignorés", "日本語", "with space", "tab\there", 'quo"te', "back\\slash", "new\nline")
+HOSTILE_DIR_NAMES = (
+    "ignorés",
+    "日本語",
+    "with space",
+    "tab\there",
+    'quo"te',
+    "back\\slash",
+    "new\nline",
+)
 
 
 def test_discovery_honours_gitignore_for_any_directory_name(tmp_path: Path) -> None:
@@ -116,7 +124,8 @@ def test_a_version_already_in_dist_from_elsewhere_is_refused_before_building(
     (root / "dist-all" / "beta_kernels-1.0.0-py3-none-any.whl").write_bytes(b"from elsewhere")
     result = run_nkibuild(RELEASE, root)
     assert result.returncode == 2
-    assert "beta_kernels-1.0.0-py3-none-any.whl, not published by a release" in result.stderr
+    assert "holds beta_kernels-1.0.0-py3-none-any.whl: the same versions" in result.stderr
+    assert "not published as these files by a release into it" in result.stderr
     assert not (root / "kernels" / "alpha" / "build" / "compile").exists()  # nothing built
 
 

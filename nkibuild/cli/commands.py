@@ -244,11 +244,9 @@ def release(args: argparse.Namespace) -> int:
 
 def verify_provenance(args: argparse.Namespace) -> int:
     """Exit 0 when every wheel is one the statement vouches for, 1 otherwise."""
-    from nkibuild.verify.provenance import STATEMENT_FILE, check_wheel
+    from nkibuild.verify.provenance import check_wheel, statement_for
 
-    checks = [
-        check_wheel(wheel, args.statement or wheel.parent / STATEMENT_FILE) for wheel in args.wheels
-    ]
+    checks = [check_wheel(wheel, args.statement or statement_for(wheel)) for wheel in args.wheels]
     if args.json:
         print(json.dumps([c.to_json() for c in checks], indent=2))
     else:
