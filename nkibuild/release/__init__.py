@@ -106,11 +106,10 @@ def _selected(contexts: list[BuildContext], options: ReleaseOptions) -> list[Bui
     chosen = [c for c in contexts if not options.only or c.manifest.package.name in options.only]
     if not options.targets:
         return chosen
-    chosen = [_narrowed(c, options.targets) for c in chosen]
     idle = [t for t in options.targets if all(u.target != t for c in chosen for u in c.units)]
     if idle:
         raise UsageError(f"--targets {', '.join(idle)}: no selected project builds for it")
-    return chosen
+    return [_narrowed(c, options.targets) for c in chosen]
 
 
 def _narrowed(project: BuildContext, targets: tuple[str, ...]) -> BuildContext:
