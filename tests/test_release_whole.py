@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -205,8 +206,9 @@ def test_a_release_killed_while_publishing_reruns_to_completion(
 def bump(root: Path, version: str) -> None:
     for name in ("alpha", "beta"):
         manifest = root / "kernels" / name / "nkibuild.yaml"
-        text = manifest.read_text()
-        manifest.write_text(text.replace(text.split("version: ")[1].split("}")[0], version))
+        manifest.write_text(
+            re.sub(r"version: [0-9.]+}", f"version: {version}}}", manifest.read_text())
+        )
         reference = root / "kernels" / name / "kernels" / "reference.py"
         reference.write_text(reference.read_text() + f"# {version}\n")  # other materials
 
@@ -265,7 +267,8 @@ def test_release_check_fails_on_a_wheel_no_release_into_out_built(
         wheel.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip
     resummed(out)
     result = failed(run_nkibuild(check, built), 1)
-    assert f"{wheel.name}: sha256 " in result.stdout and "is not a subject" in result.stdout
+    assert f"{wheel.name}: sha256 " in result.stdout
+    assert "is not a subject" in result.stdout or "published it under that name" in result.stdout
 
 
 # --- dirty names the materials that are not as committed -------------------------------------

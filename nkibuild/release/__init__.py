@@ -387,11 +387,22 @@ def _sums_problems(out: Path) -> list[str]:
 
 
 def _provenance_problems(out: Path) -> list[str]:
-    """Each wheel in OUT must be one a release into OUT built: a subject of its latest
-    statement or of an earlier one kept there, and as that statement describes it."""
-    from nkibuild.verify.provenance import STATEMENT_FILE, check_wheel, statement_for
+    """Each wheel in OUT must be one a release into OUT built: a subject, by name and
+    digest, of its latest statement or of an earlier one kept there, and as that
+    statement describes it."""
+    from nkibuild.verify.provenance import STATEMENT_FILE, check_wheel, read_statement
+    from nkibuild.verify.provenance import statement_for as statement_of
 
     if not (out / STATEMENT_FILE).exists():
         return [f"{out / STATEMENT_FILE} is missing"]
-    checks = [check_wheel(wheel, statement_for(wheel)) for wheel in sorted(out.glob("*.whl"))]
-    return [f"{check.statement}: {problem}" for check in checks for problem in check.problems]
+    problems = []
+    for wheel in sorted(out.glob("*.whl")):
+        check = check_wheel(wheel, statement_of(wheel))
+        problems += [f"{check.statement}: {problem}" for problem in check.problems]
+        names = {s.get("name") for s in read_statement(check.statement)["subject"]}
+        if check.ok and wheel.name not in names:
+            problems.append(
+                f"{check.statement}: {wheel.name}: sha256 is a subject's, "
+                "but no release into OUT published it under that name"
+            )
+    return problems
