@@ -282,28 +282,58 @@ def _run(context: BuildContext, jobs: int) -> None:
 
 
 def check_pyproject(project: Project, manifest: Manifest) -> None:
-    """A [project] table, if present, must name the distribution the manifest builds."""
+    """A [project] table, if present, must be one PEP 621 allows (a table; a valid,
+    static `name`; `version` given or listed in `dynamic`, not both) and name the
+    distribution and version the manifest builds."""
     from packaging.utils import canonicalize_name
-    from packaging.version import InvalidVersion, Version
+    from packaging.version import Version
 
     pyproject = project.root / PYPROJECT
-    table = _read_toml(pyproject).get("project", {})
+    table = _read_toml(pyproject).get("project")
+    if table is None:
+        return
+    name, version, dynamic = _project_fields(table, f"{pyproject}: [project]")
     package = manifest.package
-    name, version = table.get("name"), table.get("version")
-    if name is not None and canonicalize_name(name) != canonicalize_name(package.name):
+    if canonicalize_name(name) != canonicalize_name(package.name):
         raise UsageError(
             f"{pyproject} names the project {name!r} but {manifest.path} builds "
             f"{package.name!r}; make them agree (or drop [project] from {PYPROJECT})"
         )
-    try:
-        mismatch = version is not None and Version(version) != Version(package.version)
-    except InvalidVersion:
-        mismatch = True
-    if mismatch:
+    if "version" not in dynamic and Version(version) != Version(package.version):
         raise UsageError(
             f"{pyproject} says version {version!r} but {manifest.path} says "
             f"{package.version!r}; make them agree"
         )
+
+
+def _project_fields(table: Any, where: str) -> tuple[str, Any, list[str]]:
+    """The [project] table's name, version and dynamic list, checked as PEP 621 says."""
+    import re
+
+    from packaging.version import InvalidVersion, Version
+
+    from nkibuild.manifest.model import DISTRIBUTION_NAME_PATTERN
+
+    if not isinstance(table, dict):
+        raise UsageError(f"{where} is a {type(table).__name__}, not a table")
+    name, version, dynamic = table.get("name"), table.get("version"), table.get("dynamic", [])
+    problem = None
+    if not isinstance(dynamic, list) or not all(isinstance(d, str) for d in dynamic):
+        problem = "dynamic must be a list of field names"
+    elif not isinstance(name, str) or not re.fullmatch(DISTRIBUTION_NAME_PATTERN, name):
+        problem = f"name must be a valid distribution name (a string), not {name!r}"
+    elif "name" in dynamic:
+        problem = "name cannot be dynamic (PEP 621)"
+    elif (version is None) == ("version" not in dynamic):
+        problem = "give a version or list it in dynamic, one of the two (PEP 621)"
+    elif version is not None:
+        try:
+            Version(version)
+        except (TypeError, InvalidVersion):
+            problem = f"version must be a PEP 440 version (a string), not {version!r}"
+    if problem is not None:
+        raise UsageError(f"{where}: {problem}")
+    return name, version, dynamic
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import functools
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -13,8 +13,11 @@ from pathlib import Path
 
 from nkibuild.errors import refused_path, storage_error
 
-# Names of the temp files and dirs nkibuild writes through; a killed writer leaves them.
-LEFTOVER_PATTERNS = (".*.tmp", ".*.new", ".*.old-*", ".work-*", ".worker-*")
+# The names of the temp files and dirs nkibuild writes through (a killed writer leaves
+# them): tempfile's 8 random characters between nkibuild's fixed prefixes and suffixes
+# (atomic_output, bundle.tree, compiler work dirs, worker scratch dirs). Exact, so a
+# user's `.notes.tmp` or `.work-in-progress` is never taken for one.
+LEFTOVER_PATTERNS = re.compile(r"\..+\.[a-z0-9_]{8}\.(?:tmp|new)|\.work(?:er)?-[a-z0-9_]{8}")
 
 
 def stamp_of(info: os.stat_result) -> str:
@@ -134,11 +137,21 @@ def atomic_copy(source: Path, destination: Path, *, durable: bool = True) -> Non
         shutil.copyfile(source, tmp)
 
 
-def leftovers(root: Path, patterns: tuple[str, ...]) -> list[Path]:
-    """Entries under `root` whose names match `patterns` (matching dirs are not entered)."""
+def leftovers(
+    root: Path, pattern: re.Pattern[str], *, since: int = 0, recursive: bool = True
+) -> list[Path]:
+    """Entries under `root` whose names match `pattern` and whose ctime is not before
+    `since` (ns); matching dirs are not entered, symlinked dirs never."""
     found = []
     for directory, dirs, files in os.walk(root):
-        matched = {n for n in (*dirs, *files) if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
-        found.extend(Path(directory, name) for name in sorted(matched))
-        dirs[:] = [d for d in dirs if d not in matched]
+        matched = {n for n in (*dirs, *files) if pattern.fullmatch(n)}
+        found += [p for n in sorted(matched) if _changed_since(p := Path(directory, n), since)]
+        dirs[:] = [d for d in dirs if d not in matched] if recursive else []
     return found
+
+
+def _changed_since(path: Path, since: int) -> bool:
+    try:
+        return os.lstat(path).st_ctime_ns >= since
+    except OSError:
+        return False

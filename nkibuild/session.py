@@ -10,8 +10,9 @@ threads, two PEP 517 hook calls) share nothing.
 `BuildSession.running()` is the build's lifetime: it takes the build
 directories' locks, keeps a marker in each while it runs (a marker found by the
 next session means the last one was killed before its cleanup ran, so the temp
-files and staging directories it was writing are swept away; nothing else can
-be using them, since the sweeping session holds the lock), and on the way out
+files and staging directories it was writing are swept away: only names nkibuild's
+writers make, only those made since that session began; nothing else can be using
+them, since the sweeping session holds the lock), and on the way out
 stops every compiler, worker and Ray connection it started.
 
 doit constructs its state backend itself; the backend finds the session of the
@@ -174,19 +175,22 @@ def acquire_build_lock(build_dir: Path, timeout: float = 0.0) -> BaseFileLock:
 
 
 def _recover(entry: SessionDirs) -> None:
+    """Sweep what a killed session left: only names nkibuild's writers make, only made
+    after that session began (its marker's ctime), and in the swept (dist, out) dirs
+    only at the top, where alone nkibuild writes; a user's files are never touched."""
     marker = entry.locked / "state" / RUNNING_FILE
-    if marker.exists():
-        for directory in (entry.locked, *entry.swept):
-            remove_leftovers(directory)
+    with contextlib.suppress(FileNotFoundError):
+        began = marker.stat().st_ctime_ns
+        remove_leftovers(entry.locked, since=began)
+        for directory in entry.swept:
+            remove_leftovers(directory, since=began, recursive=False)
     atomic_write_text(marker, f'{{"pid": {os.getpid()}}}\n', durable=False)
 
 
-def remove_leftovers(directory: Path) -> int:
-    """Delete what an interrupted writer left under `directory`; how many were removed."""
-    found = leftovers(directory, LEFTOVER_PATTERNS)
-    for path in found:
+def remove_leftovers(directory: Path, *, since: int, recursive: bool = True) -> None:
+    """Delete what an interrupted writer left under `directory`."""
+    for path in leftovers(directory, LEFTOVER_PATTERNS, since=since, recursive=recursive):
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
-    return len(found)

@@ -382,9 +382,14 @@ def test_build_and_dist_dirs_are_honoured(hlo_project: Path) -> None:
 
 
 def _fake_outputs(project: Path) -> None:
-    for directory in ("build/compile/k", "dist"):
-        (project / directory).mkdir(parents=True)
-        (project / directory / "file").write_text("x")
+    """A build dir marked as nkibuild's (its lock file) and dist/ with the project's wheel."""
+    for name in (
+        "build/state/build.lock",
+        "build/compile/k/file",
+        f"dist/{wheel_of('other-kernels')}",
+    ):
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text("x")
 
 
 def test_clean_removes_the_build_dir_only(hlo_project: Path) -> None:
@@ -392,7 +397,7 @@ def test_clean_removes_the_build_dir_only(hlo_project: Path) -> None:
     result = ok(run_nkibuild(["clean"], hlo_project))
     assert result.stdout.strip() == "removed build"
     assert not (hlo_project / "build").exists()
-    assert (hlo_project / "dist" / "file").is_file()
+    assert (hlo_project / "dist" / wheel_of("other-kernels")).is_file()
 
 
 def test_clean_all_also_removes_dist(hlo_project: Path) -> None:
@@ -410,6 +415,7 @@ def test_clean_with_nothing_to_remove_says_nothing(hlo_project: Path) -> None:
 
 def test_clean_all_reports_only_what_existed(hlo_project: Path) -> None:
     (hlo_project / "dist").mkdir()
+    (hlo_project / "dist" / wheel_of("other-kernels")).write_text("x")
     result = ok(run_nkibuild(["clean", "--all"], hlo_project))
     assert result.stdout.splitlines() == ["removed dist"]
     assert not (hlo_project / "build").exists()

@@ -96,6 +96,59 @@ def test_hook_errors_carry_nkibuilds_message(
     assert not (tmp_path / "out").exists()
 
 
+BUILD_SYSTEM = PYPROJECT.partition("[project]")[0]
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        ('project = "pep-kernels"', "[project] is a str, not a table"),
+        ('[[project]]\nname = "pep-kernels"', "[project] is a list, not a table"),
+        ("[project]", "name must be a valid distribution name (a string), not None"),
+        ('[project]\nversion = "0.3.0"', "not None"),
+        ('[project]\nname = 5\nversion = "0.3.0"', "not 5"),
+        ('[project]\nname = "pep kernels!"\nversion = "0.3.0"', "not 'pep kernels!'"),
+        ('[project]\nname = ["pep-kernels"]\nversion = "0.3.0"', "not ['pep-kernels']"),
+        (
+            '[project]\nname = "pep-kernels"\nversion = 0.3',
+            "version must be a PEP 440 version (a string), not 0.3",
+        ),
+        ('[project]\nname = "pep-kernels"', "give a version or list it in dynamic"),
+        (
+            '[project]\nname = "pep-kernels"\nversion = "0.3.0"\ndynamic = ["version"]',
+            "give a version or list it in dynamic, one of the two",
+        ),
+        ('[project]\nname = "pep-kernels"\ndynamic = ["name", "version"]', "name cannot be"),
+        ('[project]\nname = "pep-kernels"\ndynamic = "version"', "dynamic must be a list"),
+        ('[project]\nname = "pep-kernels"\ndynamic = [1]', "dynamic must be a list"),
+        ('[project]\nname = "pep-kernels"\nversion = "three"', "not 'three'"),
+    ],
+)
+def test_a_malformed_project_table_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: str, expected: str
+) -> None:
+    root = softmax_project(
+        tmp_path / "p", MANIFEST, {"pyproject.toml": f"{table}\n\n{BUILD_SYSTEM}"}
+    )
+    monkeypatch.chdir(root)
+    for hook in (backend.build_sdist, backend.build_wheel, backend.build_editable):
+        with pytest.raises(backend.BackendError) as raised:
+            hook(str(tmp_path / "out"), {"toolchain": "fake"})
+        assert "pyproject.toml: [project]" in str(raised.value) and expected in str(raised.value)
+    assert not (tmp_path / "out").exists() and not (root / "build" / "compile").exists()
+
+
+@pytest.mark.parametrize("table", ["", '[project]\nname = "PEP_kernels"\ndynamic = ["version"]'])
+def test_a_project_table_may_be_absent_or_leave_the_version_to_the_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: str
+) -> None:
+    root = softmax_project(
+        tmp_path / "p", MANIFEST, {"pyproject.toml": f"{table}\n\n{BUILD_SYSTEM}"}
+    )
+    monkeypatch.chdir(root)
+    assert backend.build_sdist(str(tmp_path / "out")) == "pep_kernels-0.3.0.tar.gz"
+
+
 def test_pep_503_equal_names_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(kernel_project(tmp_path / "p", name="PEP.Kernels"))
     assert backend.build_sdist(str(tmp_path / "out")) == "pep_kernels-0.3.0.tar.gz"

@@ -65,7 +65,7 @@ def test_the_statement_names_each_wheel_and_what_it_was_built_from(released: Pat
     ]
     definition = statement["predicate"]["buildDefinition"]
     commit = git(released, "rev-parse", "HEAD")
-    source = {"revision": commit, "dirty": False, "detail": commit}
+    source = {"revision": commit, "dirty": False, "detail": commit, "dirtyMaterials": {}}
     assert definition["externalParameters"]["source"] == source
     dependencies = definition["resolvedDependencies"]
     assert dependencies[0] == {
@@ -234,6 +234,7 @@ def test_a_commit_changes_the_statement_but_not_the_wheels(tmp_path: Path) -> No
         "revision": head,
         "dirty": True,
         "detail": f"{head} + 1 uncommitted or untracked paths",
+        "dirtyMaterials": {},  # the README is no material
     }
     git(root, "add", "README.md")
     git(root, "commit", "-q", "-m", "docs")
@@ -299,6 +300,7 @@ def test_a_release_without_git_says_so_in_the_statement(tmp_path: Path) -> None:
         "revision": None,
         "dirty": None,
         "detail": "no revision (not in a git work tree)",
+        "dirtyMaterials": {},
     }
     assert all(d.get("name") != "source" for d in definition["resolvedDependencies"])
 

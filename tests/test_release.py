@@ -26,6 +26,35 @@ def test_discovery_skips_hidden_build_venv_and_ignored_dirs(tmp_path: Path) -> N
     assert found == ["kernels/alpha/nkibuild.yaml", "kernels/beta/nkibuild.yaml"]
 
 
+HOSTILE_DIR_NAMES = (
+    "ignorés",
+    "日本語",
+    "with space",
+    "tab\there",
+    'quo"te',
+    "back\\slash",
+    "new\nline",
+)
+
+
+def test_discovery_honours_gitignore_for_any_directory_name(tmp_path: Path) -> None:
+    """git quotes such names in its plain answer; each ignored one must still be skipped,
+    and the same names not ignored still found."""
+    import subprocess
+
+    from nkibuild.release.discover import discover
+
+    root = tmp_path / "repo"
+    for name in HOSTILE_DIR_NAMES:
+        for place in ("ignored", "kept"):
+            (root / place / name).mkdir(parents=True)
+            (root / place / name / "nkibuild.yaml").write_text("format-version: 1\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (root / ".gitignore").write_bytes(b"/ignored/*\n")
+    found = {p.parent.relative_to(root) for p in discover(root)}
+    assert found == {Path("kept", name) for name in HOSTILE_DIR_NAMES}
+
+
 def test_release_builds_everything_once_and_writes_dist(tmp_path: Path) -> None:
     root = monorepo(tmp_path / "repo")
     counter = tmp_path / "compiles"
@@ -95,7 +124,8 @@ def test_a_version_already_in_dist_from_elsewhere_is_refused_before_building(
     (root / "dist-all" / "beta_kernels-1.0.0-py3-none-any.whl").write_bytes(b"from elsewhere")
     result = run_nkibuild(RELEASE, root)
     assert result.returncode == 2
-    assert "beta_kernels-1.0.0-py3-none-any.whl, not published by a release" in result.stderr
+    assert "holds beta_kernels-1.0.0-py3-none-any.whl: the same versions" in result.stderr
+    assert "not published as these files by a release into it" in result.stderr
     assert not (root / "kernels" / "alpha" / "build" / "compile").exists()  # nothing built
 
 

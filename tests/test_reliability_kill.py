@@ -14,12 +14,15 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from campaign import Project, finished_tasks, record, trial_counts, wait_for_no_processes
+
+from nkibuild.session import BuildSession, SessionDirs
 
 # How each trial prepares the project, and the kill moments that can occur after it.
 AIMS = {
@@ -129,3 +132,57 @@ def test_sigkill_at_random_moments(project: Project, tmp_path: Path, trials: int
         result="wheel byte-identical, 0 corrupt cache entries, no stale lock, "
         "no temp files, no surviving process",
     )
+
+
+KILLED_WHILE_WRITING = """
+import os, signal, sys
+from pathlib import Path
+from nkibuild.fsutil import atomic_output
+from nkibuild.session import BuildSession, SessionDirs
+
+build, dist = Path(sys.argv[1]), Path(sys.argv[2])
+with BuildSession().running([SessionDirs(build, swept=(dist,))], max_compile_memory=None, jobs=1):
+    with atomic_output(dist / "k-1.0-py3-none-any.whl") as wheel:
+        wheel.write_bytes(b"half a wheel")
+        work = build / "compile" / "k" / ".work-abcd1234"
+        work.mkdir(parents=True)
+        (work / "model.neff").write_bytes(b"half a neff")
+        with atomic_output(build / "state" / "doit-state.json"):
+            os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+# Names a user may give files where nkibuild writes, none of them nkibuild's.
+USERS_NAMES = (".notes.tmp", ".work-in-progress", ".worker-log", ".draft.new", ".x.tmp.bak")
+
+
+def test_the_sweep_after_a_kill_removes_only_what_the_killed_build_wrote(tmp_path: Path) -> None:
+    build, dist, outside = tmp_path / "build", tmp_path / "dist", tmp_path / "outside"
+    for directory in (build / "compile", dist / "old", outside):
+        directory.mkdir(parents=True)
+    mine = [d / n for d in (build, build / "compile", dist, dist / "old") for n in USERS_NAMES]
+    # Shaped exactly like nkibuild's temp names, but there before the build began.
+    mine += [dist / ".a-1.0-py3-none-any.whl.abcd1234.tmp", build / ".work-zzzz9999"]
+    # Made by nkibuild, but not at the top of the dist dir, or behind a symlink out.
+    mine += [dist / "old" / ".b.whl.abcd1234.tmp", outside / ".c.whl.abcd1234.tmp"]
+    for path in mine:
+        path.write_text("keep me")
+    (build / "compile" / "linked").symlink_to(outside)
+    before = {path: path.stat().st_ctime_ns for path in mine}
+
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_WHILE_WRITING, str(build), str(dist)], check=False
+    )
+    assert killed.returncode == -signal.SIGKILL
+    began = (build / "state" / "running.json").stat().st_ctime_ns
+    assert max(before.values()) < began  # the user's files are older than the killed run
+    left = sorted(p.name for p in (*dist.iterdir(), *(build / "state").iterdir()))
+    assert any(n.startswith(".k-1.0-py3-none-any.whl.") for n in left)
+    assert any(n.startswith(".doit-state.json.") for n in left)
+
+    acquire = [SessionDirs(build, swept=(dist,))]
+    with BuildSession().running(acquire, max_compile_memory=None, jobs=1):
+        pass
+    assert all(path.read_text() == "keep me" for path in mine)
+    assert not (build / "compile" / "k" / ".work-abcd1234").exists()
+    assert sorted(p.name for p in (build / "state").iterdir()) == ["build.lock"]
+    assert {p for p in dist.iterdir()} == {p for p in mine if p.parent == dist} | {dist / "old"}

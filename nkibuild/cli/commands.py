@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -245,11 +244,9 @@ def release(args: argparse.Namespace) -> int:
 
 def verify_provenance(args: argparse.Namespace) -> int:
     """Exit 0 when every wheel is one the statement vouches for, 1 otherwise."""
-    from nkibuild.verify.provenance import STATEMENT_FILE, check_wheel
+    from nkibuild.verify.provenance import check_wheel, statement_for
 
-    checks = [
-        check_wheel(wheel, args.statement or wheel.parent / STATEMENT_FILE) for wheel in args.wheels
-    ]
+    checks = [check_wheel(wheel, args.statement or statement_for(wheel)) for wheel in args.wheels]
     if args.json:
         print(json.dumps([c.to_json() for c in checks], indent=2))
     else:
@@ -316,19 +313,11 @@ def list_tasks(args: argparse.Namespace) -> int:
 
 
 def clean(args: argparse.Namespace) -> int:
-    from nkibuild.session import acquire_build_lock
+    from nkibuild.cli.clean import clean as remove_outputs
 
-    build_dir = Path(args.build_dir)
-    doomed = [d for d in [build_dir, Path(args.dist_dir)][: 2 if args.all else 1] if d.exists()]
-    # Refuse while a build is running; holding the lock keeps one from starting.
-    lock = acquire_build_lock(build_dir) if build_dir.exists() else None
-    try:
-        for directory in doomed:
-            shutil.rmtree(directory)
-            print(f"removed {directory}")
-    finally:
-        if lock is not None:
-            lock.release()
+    dist_dir = Path(args.dist_dir) if args.all else None
+    for line in remove_outputs(Path(args.build_dir), dist_dir, Path(args.manifest)):
+        print(line)
     return EXIT_OK
 
 

@@ -104,27 +104,54 @@ def _selected(contexts: list[BuildContext], options: ReleaseOptions) -> list[Bui
             f"--only {', '.join(unknown)}: no such project (found {', '.join(sorted(names))})"
         )
     chosen = [c for c in contexts if not options.only or c.manifest.package.name in options.only]
-    if options.targets:
-        chosen = [
-            replace(c, units=tuple(u for u in c.units if u.target in options.targets))
-            for c in chosen
-        ]
-    return chosen
+    if not options.targets:
+        return chosen
+    idle = [t for t in options.targets if all(u.target != t for c in chosen for u in c.units)]
+    if idle:
+        raise UsageError(f"--targets {', '.join(idle)}: no selected project builds for it")
+    return [_narrowed(c, options.targets) for c in chosen]
+
+
+def _narrowed(project: BuildContext, targets: tuple[str, ...]) -> BuildContext:
+    """The project's units for `targets` only; UsageError if one of its wheels would then
+    lack NEFFs: a kernel variant none of whose targets is selected, or the split part of
+    a target that is not (a release is whole or not at all)."""
+    from nkibuild.bundle import split_targets
+
+    units = tuple(u for u in project.units if u.target in targets)
+    kept = {(u.kernel, u.variant) for u in units}
+    lacking = sorted(
+        {f"{u.kernel}/{u.variant}" for u in project.units if (u.kernel, u.variant) not in kept}
+    )
+    lacking += [f"its {t} part" for t in split_targets(project.manifest) if t not in targets]
+    if lacking:
+        raise UsageError(
+            f"--targets {','.join(targets)}: {project.manifest.package.name}'s wheels would "
+            f"have no NEFF for {', '.join(lacking)}; select their targets too, or leave the "
+            "project out (--only)"
+        )
+    return replace(project, units=units)
 
 
 def preflight(projects: Sequence[BuildContext], options: ReleaseOptions) -> None:
     """Refuse a release that cannot be published consistently, before building anything."""
     from packaging.utils import canonicalize_name
 
-    seen: dict[str, Path] = {}
-    for project in projects:
-        name = canonicalize_name(project.manifest.package.name)
-        if name in seen:
-            raise UsageError(
-                f"two projects build the distribution {name!r}: {seen[name]} and "
-                f"{project.manifest.path}; rename one"
-            )
-        seen[name] = project.manifest.path
+    from nkibuild.bundle import distributions
+
+    claimed: dict[tuple[str, str], Path] = {}  # what a wheel installs -> whose it is
+    for project, package in ((p, d) for p in projects for d in distributions(p.manifest)):
+        path = project.manifest.path
+        for claim in (
+            ("distribution", canonicalize_name(package.name)),
+            ("import package", package.import_name.lower()),  # one on case-blind disks
+        ):
+            other = claimed.setdefault(claim, path)
+            if other != path:
+                raise UsageError(
+                    f"two projects build the {claim[0]} {claim[1]!r}: {other} and {path}; "
+                    "rename one"
+                )
     _check_out_dir(projects, options.out)
     versions = {p.toolchain.compiler_version for p in projects}
     if len(versions) > 1 and not options.allow_mixed_compilers:
@@ -135,22 +162,38 @@ def preflight(projects: Sequence[BuildContext], options: ReleaseOptions) -> None
 
 
 def _check_out_dir(projects: Sequence[BuildContext], out: Path) -> None:
-    """A wheel of a version about to be built that OUT holds but no earlier release into OUT
-    published (it is not in SHA256SUMS) came from elsewhere: refuse before building.
-    Wheels an earlier release published are compared after the build instead (a rerun
-    that produces the same bytes is fine; other bytes are refused then)."""
+    """A version about to be built that OUT holds already under another file name (PEP
+    440: `1.0` is `1.0.0`), or under the same name but not published by an earlier release
+    into OUT (not in its SHA256SUMS), came from elsewhere: refuse before building. Wheels
+    an earlier release published are compared after the build instead (a rerun that
+    produces the same bytes is fine; other bytes are refused then)."""
     listed = _listed_wheels(out)
-    foreign = [
-        wheel.name
+    released: dict[object, list[str]] = {}
+    for wheel in out.glob("*.whl"):
+        released.setdefault(_release_of(wheel.name), []).append(wheel.name)
+    clashes = [
+        name if name == wheel.name else f"{name} (the version of {wheel.name})"
         for project in projects
         for wheel in staged_wheels(project)
-        if (out / wheel.name).exists() and wheel.name not in listed
+        for name in released.get(_release_of(wheel.name), [])
+        if name != wheel.name or name not in listed
     ]
-    if foreign:
+    if clashes:
         raise UsageError(
-            f"{out} already holds {', '.join(foreign)}, not published by a release into it "
-            f"(not in its {SUMS_FILE}): those versions exist; bump them or use another --out"
+            f"{out} already holds {', '.join(sorted(clashes))}: the same versions (PEP 440), "
+            f"not published as these files by a release into it (its {SUMS_FILE}); bump "
+            "them or use another --out"
         )
+
+
+def _release_of(wheel_name: str) -> object:
+    """(canonical name, Version) of a wheel file name: equal for equal releases."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    try:
+        return parse_wheel_filename(wheel_name)[:2]
+    except InvalidWheelFilename:
+        return wheel_name
 
 
 def _listed_wheels(out: Path) -> set[str]:
@@ -265,29 +308,35 @@ def _prefix(project: BuildContext) -> str:
 
 def _publish(result: ReleaseResult, options: ReleaseOptions) -> None:
     """Copy staged wheels to OUT; a different wheel already there under the same name
-    (the same version with other contents) is never replaced."""
+    (the same version with other contents) is never replaced. SHA256SUMS is written
+    first, listing what is about to be copied: a release stopped in between leaves no
+    wheel in OUT that SHA256SUMS does not list, so its rerun takes them for its own
+    (preflight) and completes."""
     from nkibuild.fsutil import atomic_copy
 
+    staged = {w.name: (w, file_sha256(w)) for p in result.projects for w in staged_wheels(p)}
     options.out.mkdir(parents=True, exist_ok=True)
-    for project in result.projects:
-        for staged in staged_wheels(project):
-            published = options.out / staged.name
-            if published.exists() and file_sha256(published) != file_sha256(staged):
-                result.refused.append(
-                    f"{published} already exists with other contents: this version was "
-                    "released before; bump the version"
-                )
-                continue
-            atomic_copy(staged, published)
-            result.published.append(published)
-    _write_sums(options.out)
+    _write_sums(options.out, {name: digest for name, (_, digest) in staged.items()})
+    for name, (wheel, digest) in staged.items():
+        published = options.out / name
+        if not published.exists():
+            atomic_copy(wheel, published)
+        elif file_sha256(published) != digest:
+            result.refused.append(
+                f"{published} already exists with other contents: this version was "
+                "released before; bump the version"
+            )
+            continue
+        result.published.append(published)
 
 
-def _write_sums(out: Path) -> None:
+def _write_sums(out: Path, pending: dict[str, str]) -> None:
+    """SHA256SUMS of every wheel in OUT, and of the `pending` ones not there yet."""
     from nkibuild.fsutil import atomic_write_text
 
-    wheels = sorted(out.glob("*.whl"))
-    atomic_write_text(out / SUMS_FILE, "".join(f"{file_sha256(w)}  {w.name}\n" for w in wheels))
+    sums = {**pending, **{w.name: file_sha256(w) for w in out.glob("*.whl")}}
+    text = "".join(f"{sums[name]}  {name}\n" for name in sorted(sums))
+    atomic_write_text(out / SUMS_FILE, text)
 
 
 def check(options: ReleaseOptions) -> list[str]:
@@ -305,7 +354,7 @@ def check(options: ReleaseOptions) -> list[str]:
                 problems.append(f"{published} is missing")
             elif not staged.exists() or file_sha256(published) != file_sha256(staged):
                 problems.append(f"{published} differs from what the build produced")
-    return problems + _sums_problems(options.out) + _provenance_problems(projects, options.out)
+    return problems + _sums_problems(options.out) + _provenance_problems(options.out)
 
 
 def staged_wheels(project: BuildContext) -> list[Path]:
@@ -337,13 +386,23 @@ def _sums_problems(out: Path) -> list[str]:
     return problems
 
 
-def _provenance_problems(projects: Sequence[BuildContext], out: Path) -> list[str]:
-    """Each published wheel must be one the provenance statement vouches for."""
-    from nkibuild.verify.provenance import STATEMENT_FILE, check_wheel
+def _provenance_problems(out: Path) -> list[str]:
+    """Each wheel in OUT must be one a release into OUT built: a subject, by name and
+    digest, of its latest statement or of an earlier one kept there, and as that
+    statement describes it."""
+    from nkibuild.verify.provenance import STATEMENT_FILE, check_wheel, read_statement
+    from nkibuild.verify.provenance import statement_for as statement_of
 
-    statement = out / STATEMENT_FILE
-    if not statement.exists():
-        return [f"{statement} is missing"]
-    published = [out / w.name for p in projects for w in staged_wheels(p)]
-    checks = [check_wheel(wheel, statement) for wheel in published if wheel.exists()]
-    return [f"{statement}: {problem}" for check in checks for problem in check.problems]
+    if not (out / STATEMENT_FILE).exists():
+        return [f"{out / STATEMENT_FILE} is missing"]
+    problems = []
+    for wheel in sorted(out.glob("*.whl")):
+        check = check_wheel(wheel, statement_of(wheel))
+        problems += [f"{check.statement}: {problem}" for problem in check.problems]
+        names = {s.get("name") for s in read_statement(check.statement)["subject"]}
+        if check.ok and wheel.name not in names:
+            problems.append(
+                f"{check.statement}: {wheel.name}: sha256 is a subject's, "
+                "but no release into OUT published it under that name"
+            )
+    return problems

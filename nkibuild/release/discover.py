@@ -38,10 +38,11 @@ def _git_ignored(root: Path, paths: list[Path]) -> set[Path]:
         return set()
     try:
         proc = subprocess.run(
-            ["git", "-C", str(root), "check-ignore", "--stdin"],
-            input="\n".join(str(p) for p in paths),
+            # -z: NUL-separated both ways; otherwise git quotes and escapes non-ASCII
+            # and control characters in its answer, which then matches no path.
+            ["git", "-C", str(root), "check-ignore", "-z", "--stdin"],
+            input=b"\0".join(os.fsencode(p) for p in paths),
             capture_output=True,
-            text=True,
             timeout=60,
             check=False,
         )
@@ -50,4 +51,4 @@ def _git_ignored(root: Path, paths: list[Path]) -> set[Path]:
     # Exit 1: nothing ignored; 128: not a repository. Only 0 lists ignored paths.
     if proc.returncode != 0:
         return set()
-    return {Path(line) for line in proc.stdout.splitlines() if line}
+    return {Path(os.fsdecode(name)) for name in proc.stdout.split(b"\0") if name}

@@ -10,12 +10,13 @@ for the ambient OIDC identity, Rekor entry) into `<statement>.sigstore.json`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
 import subprocess
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 from nkibuild import __version__
 from nkibuild.cache.key import file_sha256
 from nkibuild.errors import NkibuildError, UsageError
-from nkibuild.fsutil import atomic_write_text
+from nkibuild.fsutil import atomic_copy, atomic_write_text
 from nkibuild.verify.provenance import (
     PREDICATE_TYPE,
     STATEMENT_FILE,
     STATEMENT_TYPE,
+    digests_of,
     project_dependencies,
+    read_statement,
     wheel_build_info,
 )
 
@@ -54,11 +57,18 @@ class SourceRevision:
     """The commit a release started from; `commit` None: why there is none."""
 
     commit: str | None
-    dirty: bool | None  # uncommitted changes or untracked files (`git status --porcelain`)
+    dirty: bool | None  # uncommitted changes, untracked files, or materials not committed
     detail: str
+    # Materials (path from the root -> why) that are not as the commit holds them.
+    materials: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"revision": self.commit, "dirty": self.dirty, "detail": self.detail}
+        return {
+            "revision": self.commit,
+            "dirty": self.dirty,
+            "detail": self.detail,
+            "dirtyMaterials": dict(self.materials),
+        }
 
 
 @dataclass(frozen=True)
@@ -116,7 +126,7 @@ def statement(
     result: ReleaseResult, options: ReleaseOptions, began: ReleaseStart
 ) -> dict[str, Any]:
     """The statement for the wheels `result` published."""
-    subjects, dependencies = [], _revision_dependencies(began.revision)
+    subjects, materials = [], []
     root = options.root.resolve()
     for project in result.projects:
         directory = Path(os.path.relpath(project.manifest.root, root)).as_posix()
@@ -124,7 +134,9 @@ def statement(
             subjects.append({"name": wheel.name, "digest": {"sha256": file_sha256(wheel)}})
             info = wheel_build_info(wheel)
             if info is not None and info.provenance is not None:
-                dependencies += project_dependencies(info, directory)
+                materials += project_dependencies(info, directory)
+    began = replace(began, revision=_with_materials(began.revision, root, materials))
+    dependencies = _revision_dependencies(began.revision) + materials
     return {
         "_type": STATEMENT_TYPE,
         "subject": subjects,
@@ -154,6 +166,50 @@ def _published(result: ReleaseResult, project: BuildContext) -> list[Path]:
     published = set(result.published)
     names = {staged.name for staged in staged_wheels(project)}
     return sorted(path for path in published if path.name in names)
+
+
+def _with_materials(
+    revision: SourceRevision, root: Path, materials: list[dict[str, Any]]
+) -> SourceRevision:
+    """The revision, dirty if a material the wheels recorded is not what the commit holds
+    at its path: untracked or ignored (not in the commit), or other bytes."""
+    if revision.commit is None:
+        return revision
+    recorded = {m["name"]: m["digest"]["sha256"] for m in materials if "digest" in m}
+    committed = _committed_blobs(root, revision.commit)
+    if committed is None:
+        return replace(revision, dirty=None, detail=f"{revision.commit} (git could not list it)")
+    as_built = [name for name in recorded if _sha256_of(root / name) == recorded[name]]
+    hashed = _git(root, "hash-object", "--", *as_built)  # as the commit would store them
+    blobs = dict(zip(as_built, getattr(hashed, "stdout", "").split(), strict=False))
+    dirty = tuple(
+        (name, "differs from the commit" if name in committed else "not in the commit")
+        for name in sorted(recorded)
+        if name not in committed or committed[name] != blobs.get(name)
+    )
+    if not dirty:
+        return revision
+    listed = ", ".join(name for name, _ in dirty)
+    detail = (
+        f"{revision.detail}; materials not as committed (untracked, ignored or changed): {listed}"
+    )
+    return replace(revision, dirty=True, detail=detail, materials=dirty)
+
+
+def _committed_blobs(root: Path, commit: str) -> dict[str, str] | None:
+    """Path from `root` -> git blob id of every file the commit holds under `root`."""
+    listed = _git(root, "ls-tree", "-r", "-z", commit)
+    if isinstance(listed, str) or listed.returncode != 0:
+        return None
+    entries = (line.partition("\t") for line in listed.stdout.split("\0") if line)
+    return {path: meta.split()[2] for meta, _, path in entries}
+
+
+def _sha256_of(path: Path) -> str | None:
+    try:
+        return file_sha256(path)
+    except OSError:
+        return None
 
 
 def _revision_dependencies(revision: SourceRevision) -> list[dict[str, Any]]:
@@ -194,10 +250,35 @@ def _timestamp(moment: datetime) -> str:
 
 
 def write_statement(result: ReleaseResult, options: ReleaseOptions, began: ReleaseStart) -> Path:
+    """The release's statement, as OUT's latest; the one it replaces is kept under a
+    name of its own (`provenance-<sha256>.intoto.json`, with its signature) while it
+    vouches for a wheel in OUT the new one does not, so every wheel stays verifiable."""
     path = options.out / STATEMENT_FILE
-    text = json.dumps(statement(result, options, began), indent=2) + "\n"
-    atomic_write_text(path, text)
+    document = statement(result, options, began)
+    _keep_earlier(path, digests_of(document))
+    _signature(path).unlink(missing_ok=True)  # it signed the statement being replaced
+    atomic_write_text(path, json.dumps(document, indent=2) + "\n")
     return path
+
+
+def _keep_earlier(path: Path, covered: set[str]) -> None:
+    try:
+        earlier = digests_of(read_statement(path))
+    except (UsageError, ValueError):
+        return  # none, or not a statement nkibuild wrote
+    if not earlier & ({file_sha256(w) for w in path.parent.glob("*.whl")} - covered):
+        return
+    name = f"provenance-{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}.intoto.json"
+    for source, kept in (
+        (path, path.with_name(name)),
+        (_signature(path), _signature(path.with_name(name))),
+    ):
+        if source.exists():
+            atomic_copy(source, kept)
+
+
+def _signature(statement_path: Path) -> Path:
+    return statement_path.with_name(statement_path.name + SIGNATURE_SUFFIX)
 
 
 def signing_identity() -> IdentityToken:
@@ -227,7 +308,7 @@ def sign_statement(path: Path, identity: IdentityToken) -> Path:
     from sigstore.models import ClientTrustConfig
     from sigstore.sign import SigningContext
 
-    signature = path.with_name(path.name + SIGNATURE_SUFFIX)
+    signature = _signature(path)
     try:
         payload = Statement(path.read_bytes())
         context = SigningContext.from_trust_config(ClientTrustConfig.production())

@@ -23,6 +23,8 @@ from nkibuild.cache.key import file_sha256
 from nkibuild.errors import UsageError
 
 STATEMENT_FILE = "provenance.intoto.json"
+# Earlier releases' statements, which a later release into the same folder keeps.
+KEPT_STATEMENTS = "provenance-*.intoto.json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 # What zipfile raises for a damaged wheel: besides BadZipFile, zlib.error (corrupt
@@ -127,6 +129,28 @@ def read_statement(path: Path) -> dict[str, Any]:
     _require_list(statement, ("predicate", "buildDefinition", "resolvedDependencies"), path)
     _require_digest_sets(statement["subject"], path)
     return statement
+
+
+def digests_of(statement: dict[str, Any]) -> set[str]:
+    """The sha256 of every subject of a statement `read_statement` returned."""
+    return {digest for subject in statement["subject"] if (digest := _sha256(subject))}
+
+
+def statement_for(wheel: Path) -> Path:
+    """The statement in the wheel's folder that lists its digest: the latest release's,
+    else a kept earlier one; the latest release's if none does (it then says why not)."""
+    latest = wheel.parent / STATEMENT_FILE
+    try:
+        digest = file_sha256(wheel)
+    except OSError:
+        return latest
+    for path in (latest, *sorted(wheel.parent.glob(KEPT_STATEMENTS))):
+        try:
+            if digest in digests_of(read_statement(path)):
+                return path
+        except (UsageError, ValueError):
+            continue
+    return latest
 
 
 def _require_list(document: dict[str, Any], keys: tuple[str, ...], path: Path) -> None:
