@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from golden_data import golden_path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +24,7 @@ from nkibuild.formats.neff import NeffFormatError, NeffInfo, NeffTensor, read_ne
 from nkibuild.toolchain_double.neff_writer import write_neff
 
 # A NEFF compiled by a real neuronx-cc 2.23 (../shared/testdata/neff/README.md).
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "testdata" / "neff" / "matmul_small.neff"
+GOLDEN = "neff/matmul_small.neff"
 
 INPUTS = (NeffTensor("x", "float16", (128, 256)), NeffTensor("y", "float16", (256, 128)))
 OUTPUTS = (NeffTensor("output0", "float16", (128, 128)), NeffTensor("output1", "bfloat16", ()))
@@ -371,9 +372,7 @@ def test_file_errors_name_the_file(tmp_path: Path, neff_bytes: bytes) -> None:
 
 @pytest.fixture(scope="module")
 def golden() -> bytes:
-    if not GOLDEN.is_file():
-        pytest.skip(f"{GOLDEN} is absent (real NEFF samples live in ../shared/testdata/neff)")
-    return GOLDEN.read_bytes()
+    return golden_path(GOLDEN).read_bytes()
 
 
 def test_golden_neff_from_a_real_compiler(golden: bytes) -> None:

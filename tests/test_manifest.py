@@ -1142,7 +1142,7 @@ def test_names_the_generated_bundle_uses_are_refused(
 
 
 def test_nkipy_64_bit_inputs_are_refused_with_the_dtype_it_traces(tmp_path: Path) -> None:
-    # The real nkipy traces float64 as float32 and int64 as int32 (../shared/thirdparty).
+    # The real nkipy traces float64 as float32 and int64 as int32 (../shared/testdata).
     (tmp_path / "k.py").write_text("def f(x, n, y):\n    return x\n")
     path = tmp_path / "nkibuild.yaml"
     path.write_text(

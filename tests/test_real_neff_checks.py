@@ -7,19 +7,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from golden_data import golden_path
 
 from nkibuild.compiler.checks import checked_neff
 from nkibuild.frontends import HloArtifact
 from nkibuild.manifest.model import TensorSpec
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "testdata" / "neff" / "matmul_small.neff"
-
 
 @pytest.fixture
 def golden() -> Path:
-    if not GOLDEN.exists():
-        pytest.skip(f"{GOLDEN} is absent (real NEFF samples live in ../shared/testdata/neff)")
-    return GOLDEN
+    return golden_path("neff/matmul_small.neff")
 
 
 def artifact(x_dtype: str = "float16") -> HloArtifact:

@@ -65,6 +65,8 @@ def test_record_lists_every_file_with_its_hash(wheel: Path) -> None:
         metadata = archive.read("acme_kernels-0.1.0.dist-info/METADATA").decode()
         assert "Name: acme-kernels" in metadata and "Version: 0.1.0" in metadata
         assert "spike" not in metadata.lower().split("requires-dist")[-1]
+        # spike is the host's runtime: a bundle never ships (a copy of) it.
+        assert not [n for n in names if n.split("/")[0] == "spike"]
         entry_points = archive.read("acme_kernels-0.1.0.dist-info/entry_points.txt").decode()
         assert "[nkibuild.bundles]" in entry_points
         neffs = [n for n in names if n.endswith(".neff")]

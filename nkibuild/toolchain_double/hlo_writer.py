@@ -39,6 +39,10 @@ class Origin:
     source_line: int
     code_digest: str
     constants: tuple[tuple[str, str], ...] = ()  # (name, value as JSON)
+    # The NEFF's output names and (result index, parameter) aliases, as nkipy records
+    # them: in `neff_output_names` / `neff_input_names` attributes and the alias table.
+    output_names: tuple[str, ...] = ()
+    aliases: tuple[tuple[int, int], ...] = ()
 
 
 def build_hlo_module(
@@ -63,9 +67,12 @@ def build_hlo_module(
     program = module.host_program_shape
     for number, (param_name, dtype, dims) in enumerate(parameters):
         shape = _array_shape(dtype, dims)
-        entry.instructions.add(
+        parameter = entry.instructions.add(
             name=param_name, opcode="parameter", parameter_number=number, id=number + 1
-        ).shape.CopyFrom(shape)
+        )
+        parameter.shape.CopyFrom(shape)
+        if origin is not None:
+            _set_attribute(parameter, "neff_input_names", param_name)
         program.parameters.add().CopyFrom(shape)
         program.parameter_names.append(param_name)
     if origin is not None:
@@ -75,6 +82,11 @@ def build_hlo_module(
     root.operand_ids.extend(range(1, len(entry.instructions)))
     if origin is not None:
         _set_metadata(root, origin, f"kernel_code:{origin.code_digest}")
+        _set_attribute(root, "neff_output_names", ",".join(origin.output_names))
+        for result_index, parameter_number in origin.aliases:
+            module.input_output_alias.entries.add(
+                output_shape_index=[result_index], parameter_number=parameter_number
+            )
     if custom_call is not None:
         root.opcode, root.custom_call_target = "custom-call", custom_call[0]
         root.backend_config = custom_call[1]
@@ -110,6 +122,10 @@ def _add_constants(entry: Any, origin: Origin) -> None:
         )
         constant.shape.element_type = TUPLE_TYPE  # no literal: the value is in the metadata
         _set_metadata(constant, origin, f"{constant_name}={value}")
+
+
+def _set_attribute(instruction: Any, key: str, value: str) -> None:
+    instruction.frontend_attributes.map.add(key=key, value=value)
 
 
 def _set_metadata(instruction: Any, origin: Origin, op_name: str) -> None:

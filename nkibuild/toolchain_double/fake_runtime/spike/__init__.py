@@ -1,11 +1,10 @@
 """nkibuild's toolchain double for `spike`, the Neuron runtime binding from aws-neuron/nkipy.
 
-Only spike's native core is faked: `spike._spike` is a CPU stand-in implementing the
-core's interface (`_spike.pyi`) that never computes a kernel (every output is zeros) and
-never touches a device. The Python layer around it (`SpikeModel`, `SpikeTensor`,
-`configure`, ...) is nkibuild's own code with the same public signatures as spike's, so
-what runs here runs against the real layer too; nkibuild's tests also run spike's real
-Python files on this core.
+`spike._spike` is a CPU stand-in for spike's native core that never computes a kernel
+(every output is zeros) and never touches a device. The Python layer around it
+(`SpikeModel`, `SpikeTensor`, `configure`, ...) is nkibuild's own code. Both offer the
+public names, parameters and defaults that `../shared/testdata/spike-api.json` records
+of spike (nkibuild's tests check them), so code written for spike runs here unchanged.
 
 Labelled: `IS_TOOLCHAIN_DOUBLE` (here and on `spike._spike`, which is what bundles check
 before loading a placeholder NEFF); `CALLS` lists what the core received (see `_spike`).

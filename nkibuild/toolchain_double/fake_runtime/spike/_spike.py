@@ -1,19 +1,18 @@
 """nkibuild's CPU stand-in for `spike._spike`, spike's native core (nanobind over libnrt).
 
-It implements the core's interface exactly as `_spike.pyi` (aws-neuron/nkipy) declares
-it, so spike's own Python layer (`SpikeModel`, `SpikeTensor`, ...) runs on top of it
-unchanged. It is NOT the Neuron runtime: it never computes a kernel and never touches a
-device. "Device memory" is host memory; `execute` checks the tensor sets as the runtime
-would and fills every output with zeros.
+It offers the core's interface as `../shared/testdata/spike-api.json` records it (class
+and method names, parameters and defaults), so a Python layer written for spike runs on
+it. It is NOT the Neuron runtime: it never computes a kernel and never touches a device.
+"Device memory" is host memory; `execute` checks the tensor sets as the runtime would and
+fills every output with zeros.
 
-What it imitates from spike's C++ sources (`spike.cpp`, `tensor.cpp`, `model.cpp`,
-`sys_trace.cpp`, `python_bindings.cpp`):
+Behaviours it imitates (spike's C++ and libnrt):
 
 - `load_model` reads the NEFF (a file that cannot be opened: `SpikeError`; one that is
   not a NEFF, or compiled for another lnc than NEURON_LOGICAL_NC_CONFIG: `NrtError`);
-- `get_tensor_info` reports the NEFF's non-const I/O with spike's dtype names (anything
-  else is "unknown"), in no meaningful order (the runtime fills them from an
-  unordered_map; here they come in reverse tensor-map order);
+- `get_tensor_info` reports the NEFF's non-const I/O with the runtime's dtype names
+  (anything else is "unknown"), in no meaningful order (the runtime fills them from an
+  unordered_map; here they come in reverse NEFF order);
 - tensor reads and writes are bounds-checked (`SpikeError`), freed tensors and tensors
   of a closed runtime refuse every use (`SpikeError`), `*_pybuffer` take any C-contiguous
   buffer as raw bytes, as `PyBUF_SIMPLE` does;
@@ -21,8 +20,7 @@ What it imitates from spike's C++ sources (`spike.cpp`, `tensor.cpp`, `model.cpp
   unknown or wrongly sized tensor, a tensor on another core); the runtime knows bytes,
   not dtypes, so dtype checks are the Python layer's;
 - `SystemTraceSession` records an `nc_exec_running` start/stop pair per execute on its
-  core, as the runtime's system trace does, so device-mode benchmarks work (the times
-  are of the double's own call);
+  core, so device-mode benchmarks work (the times are of the double's own call);
 - only one `Spike` may be alive at a time.
 
 It is labelled (`IS_TOOLCHAIN_DOUBLE = True`): a bundle loads placeholder NEFFs only into
@@ -51,7 +49,7 @@ LOG_ENV = "NKIBUILD_FAKE_SPIKE_LOG"
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 CALLS: list[dict[str, Any]] = []
 
-# The only names the runtime's TensorMetadata.dtype takes (spike's dtype_to_string).
+# The only names the runtime's TensorMetadata.dtype takes.
 RUNTIME_DTYPES = frozenset(
     {"float32", "float16", "bfloat16", "int8", "uint8", "int16", "uint16", "int32"}
     | {"uint32", "int64", "uint64"}
@@ -81,23 +79,34 @@ class NrtError(SpikeRuntimeError):
 
 
 def _spike_error(message: str) -> SpikeError:
-    return SpikeError(f"Spike Error: {message}")
+    return SpikeError(f"Spike Error (toolchain double): {message}")
 
 
 def _nrt_error(message: str) -> NrtError:
     return NrtError(f"NRT Error (toolchain double): {message}")
 
 
-def _no_constructor(cls: type) -> None:
-    # nanobind classes without a bound constructor cannot be created from Python.
-    raise TypeError(f"{cls.__name__}: No constructor defined!")
+def _made_by_the_runtime(self: object) -> None:
+    # The native classes bind no constructor: their objects come from the runtime only.
+    raise TypeError(f"{type(self).__name__} objects are handed out by Spike; none is made here")
+
+
+def _reader(attribute: str) -> property:
+    """A read-only property over a private attribute (the native objects' getters)."""
+    return property(lambda self: getattr(self, attribute))
+
+
+def _made(cls: type, **attributes: Any) -> Any:
+    made = object.__new__(cls)
+    for name, value in attributes.items():
+        setattr(made, f"_{name}", value)
+    return made
 
 
 class _Runtime:
     """What a Spike instance's models and tensors share: whether it was closed."""
 
-    def __init__(self) -> None:
-        self.closed = False
+    closed = False
 
 
 # --- trace sessions (the runtime's system trace is process-wide) ----------------------
@@ -108,29 +117,24 @@ _tracking_ids = iter(range(1, 2**62))
 
 class SystemTraceSession:
     def __init__(self, core_id: int | None = None) -> None:
-        """Start recording executions on `core_id` (every core if None)."""
+        """Record the executions on `core_id` (every core if None) until stopped."""
         self._core_id = core_id
         self._events: list[dict[str, Any]] = []
-        self._started = True
         _TRACES.append(self)
 
     def stop(self) -> None:
-        """Stop recording (also done by leaving the `with` block)."""
-        if self._started:
-            self._started = False
+        """Stop recording (also done on leaving a `with` block)."""
+        if self in _TRACES:
             _TRACES.remove(self)
 
     def fetch_events_json(self) -> str:
-        """The recorded events as JSON (`{"events": [...]}`), removing them; "" if none."""
-        if not self._started:
-            raise _spike_error("Cannot fetch events: sys trace is not started")
-        events, self._events = self._events, []
+        """The events recorded since the last fetch or drain, as JSON; "" if none."""
+        events, self._events = self._checked_events("fetch"), []
         return json.dumps({"events": events}) if events else ""
 
     def drain_events(self) -> None:
         """Forget the events recorded so far."""
-        if not self._started:
-            raise _spike_error("Cannot drain events: sys trace is not started")
+        self._checked_events("drain")
         self._events = []
 
     def __enter__(self) -> SystemTraceSession:
@@ -139,104 +143,59 @@ class SystemTraceSession:
     def __exit__(self, *args) -> None:
         self.stop()
 
+    def _checked_events(self, action: str) -> list[dict[str, Any]]:
+        if self not in _TRACES:
+            raise _spike_error(f"cannot {action} the events of a stopped trace session")
+        return self._events
+
     def _record(self, core_id: int, start_ns: int, stop_ns: int) -> None:
-        if self._core_id is not None and self._core_id != core_id:
+        if self._core_id not in (None, core_id):
             return
         tracking_id = next(_tracking_ids)
         for phase, stamp in (("start", start_ns), ("stop", stop_ns)):
+            data = {"nc_timestamp_ns": stamp, "toolchain_double": True}
             self._events.append(
-                {
-                    "event_type": _EXEC_EVENT,
-                    "phase": phase,
-                    "tracking_id": tracking_id,
-                    "nc_idx": core_id,
-                    "data": {"nc_timestamp_ns": stamp, "toolchain_double": True},
-                }
+                {"event_type": _EXEC_EVENT, "phase": phase, "tracking_id": tracking_id}
+                | {"nc_idx": core_id, "data": data}
             )
 
 
-# --- metadata ----------------------------------------------------------------------------
+# --- metadata, tensors and models --------------------------------------------------------
 
 
 class TensorMetadata:
-    def __init__(self) -> None:
-        _no_constructor(type(self))
-
-    @property
-    def size(self) -> int:
-        """Bytes."""
-        return self._size
-
-    @property
-    def dtype(self) -> str:
-        """The runtime's name for the element type, or "unknown"."""
-        return self._dtype
-
-    @property
-    def shape(self) -> list[int]:
-        """Dimensions."""
-        return list(self._shape)
-
-    def __repr__(self) -> str:
-        shape = ", ".join(str(d) for d in self._shape)
-        return f"TensorMetadata(size={self._size}, dtype='{self._dtype}', shape=[{shape}])"
+    __init__ = _made_by_the_runtime
+    size = _reader("_size")  # bytes
+    dtype = _reader("_dtype")  # the runtime's name, or "unknown"
+    shape = property(lambda self: list(self._shape))
 
 
 def _metadata(tensor: _neff.NeffTensor) -> TensorMetadata:
-    metadata = object.__new__(TensorMetadata)
-    metadata._size = math.prod(tensor.shape) * _ITEMSIZE[tensor.dtype]
-    metadata._dtype = tensor.dtype if tensor.dtype in RUNTIME_DTYPES else UNKNOWN_DTYPE
-    metadata._shape = tuple(tensor.shape)
-    return metadata
+    return _made(
+        TensorMetadata,
+        size=math.prod(tensor.shape) * _ITEMSIZE[tensor.dtype],
+        dtype=tensor.dtype if tensor.dtype in RUNTIME_DTYPES else UNKNOWN_DTYPE,
+        shape=tuple(tensor.shape),
+    )
 
 
 class ModelTensorInfo:
-    def __init__(self) -> None:
-        _no_constructor(type(self))
-
-    @property
-    def inputs(self) -> dict[str, TensorMetadata]:
-        """Input name -> metadata."""
-        return dict(self._inputs)  # a new dict per access, as nanobind converts the map
-
-    @property
-    def outputs(self) -> dict[str, TensorMetadata]:
-        """Output name -> metadata."""
-        return dict(self._outputs)
-
-    def __repr__(self) -> str:
-        return (
-            f"ModelTensorInfo(inputs={len(self._inputs)} tensors, "
-            f"outputs={len(self._outputs)} tensors)"
-        )
-
-
-# --- tensors and models ------------------------------------------------------------------
+    __init__ = _made_by_the_runtime
+    # A new dict per access, as nanobind converts the runtime's map each time.
+    inputs = property(lambda self: dict(self._inputs))
+    outputs = property(lambda self: dict(self._outputs))
 
 
 class NrtTensor:
-    def __init__(self) -> None:
-        _no_constructor(type(self))
-
-    @property
-    def core_id(self) -> int:
-        """The (logical) NeuronCore it lives on."""
-        return self._core_id
-
-    @property
-    def size(self) -> int:
-        """Bytes."""
-        return self._size
-
-    @property
-    def name(self) -> str:
-        """The name it was allocated with."""
-        return self._name
+    __init__ = _made_by_the_runtime
+    core_id = _reader("_core_id")
+    size = _reader("_size")  # bytes
+    name = _reader("_name")
 
     @property
     def va(self) -> int:
         """Address of its bytes (host memory here, not device HBM)."""
-        self._check_usable("get the address of")
+        self._check_usable()
         if self._size == 0:
             return 0
         window = (ctypes.c_char * self._size).from_buffer(self._memory, self._offset)
@@ -245,11 +204,9 @@ class NrtTensor:
     def _freed(self) -> bool:
         return self._memory is None or (self._owner and self._runtime.closed)
 
-    def _check_usable(self, action: str) -> None:
+    def _check_usable(self) -> None:
         if self._freed() or self._runtime.closed:
-            raise _spike_error(
-                f"Unable to {action} a freed tensor. Please check the lifetime of the tensor."
-            )
+            raise _spike_error(f"tensor {self._name!r} was freed (or its runtime closed)")
 
     def _bytes(self) -> memoryview:
         assert self._memory is not None
@@ -257,54 +214,38 @@ class NrtTensor:
 
 
 def _tensor(
-    runtime: _Runtime, memory: bytearray, offset: int, size: int, core_id: int, name: str
+    runtime: _Runtime, memory: bytearray, offset: int, size: int, core_id: int, name: str | None
 ) -> NrtTensor:
-    tensor = object.__new__(NrtTensor)
-    tensor._runtime, tensor._memory, tensor._offset = runtime, memory, offset
-    tensor._size, tensor._core_id, tensor._name = size, core_id, name
-    tensor._owner = offset == 0 and size == len(memory)
-    tensor._written = {"bytes": size}  # what was last written into it, for the log
-    return tensor
+    return _made(
+        NrtTensor,
+        runtime=runtime,
+        memory=memory,
+        offset=offset,
+        size=size,
+        core_id=core_id,
+        name="unnamed_tensor" if name is None else name,  # the runtime's default name
+        owner=offset == 0 and size == len(memory),
+        written={"bytes": size},  # what was last written into it, for the log
+    )
 
 
 class NrtModel:
-    def __init__(self) -> None:
-        _no_constructor(type(self))
-
-    @property
-    def neff_path(self) -> str:
-        """The NEFF it was loaded from."""
-        return self._neff_path
-
-    @property
-    def core_id(self) -> int:
-        """The NeuronCore it is loaded on."""
-        return self._core_id
-
-    @property
-    def rank_id(self) -> int:
-        """Rank in a collective group."""
-        return self._rank_id
-
-    @property
-    def world_size(self) -> int:
-        """Size of the collective group."""
-        return self._world_size
-
-    @property
-    def is_collective(self) -> bool:
-        """Loaded with collectives enabled."""
-        return self._is_collective
+    __init__ = _made_by_the_runtime
+    neff_path = _reader("_neff_path")
+    core_id = _reader("_core_id")
+    rank_id = _reader("_rank_id")
+    world_size = _reader("_world_size")
+    is_collective = _reader("_is_collective")
 
     def __repr__(self) -> str:
-        return (
-            f"NrtModel(neff={self._neff_path!r}, core_id={self._core_id}, "
-            f"rank_id={self._rank_id}, world_size={self._world_size}, "
-            f"is_collective={self._is_collective}) [{_DOUBLE}]"
-        )
+        return f"<NrtModel of {self._neff_path} on core {self._core_id}: {_DOUBLE}>"
 
     def _unloaded(self) -> bool:
         return self._contents is None or self._runtime.closed
+
+    def _check_loaded(self) -> None:
+        if self._unloaded():
+            raise _spike_error(f"the model of {self._neff_path} is no longer loaded")
 
 
 # --- the runtime -------------------------------------------------------------------------
@@ -317,19 +258,19 @@ class Spike:
         """The runtime; only one may exist at a time."""
         global _alive
         if _alive:
-            raise _spike_error(
-                "Cannot create Spike instance: a previous instance still exists. "
-                "Call close() on the existing instance or delete spike with all "
-                "tensors/models first."
-            )
-        self._verbose_level = verbose_level
+            raise _spike_error("a Spike runtime already exists in this process; close it first")
         self._runtime = _Runtime()
         _alive = True
 
     @staticmethod
     def get_visible_neuron_core_count() -> int:
-        """NeuronCores this process may use."""
-        return _visible_core_count()
+        """From NEURON_RT_VISIBLE_CORES ("0-3,6") or NEURON_RT_NUM_CORES; else one core."""
+        visible = os.environ.get("NEURON_RT_VISIBLE_CORES", "").strip()
+        if visible:
+            spans = [part.partition("-") for part in visible.split(",")]
+            return sum(int(high) - int(low) + 1 if high else 1 for low, _, high in spans)
+        number = os.environ.get("NEURON_RT_NUM_CORES", "").strip()
+        return int(number) if number.isdigit() else 1
 
     def close(self) -> int:
         """Close the runtime: its tensors and models become unusable. Returns 0."""
@@ -347,13 +288,9 @@ class Spike:
         rank_id: int = 0,
         world_size: int = 1,
     ) -> NrtModel:
-        """Read a NEFF and load it on `core_id`."""
+        """Read a NEFF and "load" it on `core_id`."""
         self._check_open()
         contents = _load_neff(str(neff_file))
-        model = object.__new__(NrtModel)
-        model._runtime, model._contents, model._neff_path = self._runtime, contents, str(neff_file)
-        model._core_id, model._rank_id, model._world_size = core_id, rank_id, world_size
-        model._is_collective = cc_enabled
         placeholder = contents.info.get("nkibuild_placeholder") is True
         _record(
             {
@@ -363,10 +300,18 @@ class Spike:
                 "placeholder": placeholder,
             }
         )
-        return model
+        return _made(
+            NrtModel,
+            runtime=self._runtime,
+            contents=contents,
+            neff_path=str(neff_file),
+            core_id=core_id,
+            rank_id=rank_id,
+            world_size=world_size,
+            is_collective=cc_enabled,
+        )
 
     def unload_model(self, model: NrtModel) -> None:
-        """Release a loaded model."""
         model._contents = None
 
     def execute(
@@ -378,66 +323,45 @@ class Spike:
         save_trace: bool = False,
     ) -> None:
         """Run `model` once: check the tensor sets, zero the outputs, record the call."""
-        if model._unloaded():
-            raise _spike_error(
-                "Unable to execute an unloaded model. Please check the lifetime of the model."
-            )
-        tensor_sets = {"input": _tensor_set(inputs), "output": _tensor_set(outputs)}
+        model._check_loaded()
+        sets = {"input": _tensor_set(inputs), "output": _tensor_set(outputs)}
+        call = {"path": model._neff_path, "inputs": _specs(sets["input"])}
         try:
-            _check_tensor_sets(model, tensor_sets)
+            _check_tensor_sets(model, sets)
         except NrtError as error:
-            _record(
-                {
-                    "event": "rejected",
-                    "path": model._neff_path,
-                    "inputs": _specs(tensor_sets["input"]),
-                    "error": f"NrtError: {error}",
-                }
-            )
+            _record({"event": "rejected"} | call | {"error": f"NrtError: {error}"})
             raise
         started = time.perf_counter_ns()
-        for tensor in tensor_sets["output"].values():  # the whole "kernel"
+        for tensor in sets["output"].values():  # the whole "kernel"
             tensor._bytes()[:] = bytes(tensor.size)
         stopped = time.perf_counter_ns()
         for trace in list(_TRACES):
             trace._record(model._core_id, started, stopped)
         if save_trace:
-            _write_profile(ntff_name or "profile.ntff", model)
-        _record(
-            {
-                "event": "call",
-                "path": model._neff_path,
-                "inputs": _specs(tensor_sets["input"]),
-                "outputs": list(tensor_sets["output"]),
-                "save_trace": save_trace,
-            }
-        )
+            with open(ntff_name or "profile.ntff", "w", encoding="utf-8") as profile:
+                profile.write(f"not a profile: {model._neff_path} ran on the {_DOUBLE}\n")
+        outputs_called = {"outputs": list(sets["output"]), "save_trace": save_trace}
+        _record({"event": "call"} | call | outputs_called)
 
     def allocate_tensor(self, size: int, core_id: int = 0, name: str | None = None) -> NrtTensor:
         """`size` zeroed bytes on `core_id`."""
         self._check_open()
-        if size < 0:
-            raise OverflowError(f"can't convert negative int to unsigned: {size}")
-        name = "unnamed_tensor" if name is None else name
+        if size < 0:  # the binding takes a size_t
+            raise OverflowError(f"a tensor size cannot be negative ({size})")
         return _tensor(self._runtime, bytearray(size), 0, size, core_id, name)
 
     def slice_from_tensor(
         self, source: NrtTensor, offset: int = 0, size: int = 0, name: str | None = None
     ) -> NrtTensor:
         """A view of `size` bytes (0: the rest) of `source` from `offset`."""
-        if source._freed():
-            raise _spike_error(
-                "Unable to allocate tensor slice from a source tensor that is freed. "
-                "Please check the lifetime of the source tensor."
-            )
+        source._check_usable()
         size = source.size - offset if size == 0 else size
         if offset < 0 or size < 0 or offset + size > source.size:
             raise _nrt_error(
-                f"Failed to allocate tensor slice: offset {offset} + size {size} exceeds "
-                f"the {source.size}-byte source"
+                f"a slice of {size} bytes at offset {offset} does not fit in "
+                f"{source.name!r} ({source.size} bytes)"
             )
         assert source._memory is not None
-        name = "unnamed_tensor" if name is None else name
         return _tensor(
             source._runtime, source._memory, source._offset + offset, size, source.core_id, name
         )
@@ -448,9 +372,8 @@ class Spike:
             tensor._memory = None
 
     def tensor_write(self, tensor: NrtTensor, data: bytes, offset: int = 0) -> None:
-        """Copy `data` (bytes) into the tensor at `offset`."""
         if not isinstance(data, bytes):
-            raise TypeError(f"tensor_write(): data must be bytes, not {type(data).__name__}")
+            raise TypeError(f"tensor_write takes bytes, not {type(data).__name__}")
         _write(tensor, memoryview(data), offset)
         tensor._written = {"bytes": len(data)}
 
@@ -461,7 +384,6 @@ class Spike:
     def tensor_write_from_pybuffer(
         self, tensor: NrtTensor, buffer: object, offset: int = 0
     ) -> None:
-        """Copy any C-contiguous buffer's bytes into the tensor at `offset`."""
         view = _byte_view(buffer, writable=False)
         _write(tensor, view, offset)
         tensor._written = _written_spec(buffer, view.nbytes)
@@ -469,89 +391,63 @@ class Spike:
     def tensor_read_to_pybuffer(
         self, tensor: NrtTensor, buffer: object, offset: int = 0, size: int = 0
     ) -> None:
-        """Copy the tensor's bytes (from `offset`, `size` or the rest) into a writable
-        buffer at least that large."""
         view = _byte_view(buffer, writable=True)
         data = _read(tensor, offset, size)
         if view.nbytes < len(data):
-            raise RuntimeError("Buffer too small for tensor data")
+            raise RuntimeError(f"a {view.nbytes}-byte buffer cannot take {len(data)} bytes")
         view[: len(data)] = data
 
     def get_tensor_info(self, model: NrtModel) -> ModelTensorInfo:
         """The model's inputs and outputs (non-const tensors of its NEFF)."""
-        if model._unloaded():
-            raise _spike_error(
-                "Unable to get model tensor info from an unloaded model. "
-                "Please check the lifetime of the model."
-            )
-        info = object.__new__(ModelTensorInfo)
-        info._inputs = _unordered(model._contents, "input")
-        info._outputs = _unordered(model._contents, "output")
-        return info
+        model._check_loaded()
+        contents = model._contents
+        assert contents is not None
+        return _made(
+            ModelTensorInfo,
+            inputs=_unordered(contents, "input"),
+            outputs=_unordered(contents, "output"),
+        )
 
     def _check_open(self) -> None:
         if self._runtime.closed:
-            raise _spike_error("the Spike runtime is closed")
+            raise _spike_error("this Spike runtime was closed")
 
 
 # --- helpers -----------------------------------------------------------------------------
-
-
-def _visible_core_count() -> int:
-    """From NEURON_RT_VISIBLE_CORES ("0-3,6") or NEURON_RT_NUM_CORES; else one core."""
-    visible = os.environ.get("NEURON_RT_VISIBLE_CORES", "").strip()
-    if visible:
-        count = 0
-        for part in visible.split(","):
-            low, _, high = part.partition("-")
-            count += int(high) - int(low) + 1 if high else 1
-        return count
-    number = os.environ.get("NEURON_RT_NUM_CORES", "").strip()
-    return int(number) if number.isdigit() else 1
 
 
 def _load_neff(path: str) -> _neff.NeffContents:
     try:
         with open(path, "rb") as handle:
             data = handle.read()
-    except OSError:
-        raise _spike_error(
-            f"Failed to open NEFF file: {path}. Please check if the file exists and have "
-            "read permission."
-        ) from None
+    except OSError as error:
+        raise _spike_error(f"cannot open NEFF file {path}: {error.strerror}") from None
     try:
         contents = _neff.read(data)
     except _neff.NeffReadError as error:
-        raise _nrt_error(f"Failed to load model {path}: not a NEFF: {error}") from None
+        raise _nrt_error(f"cannot load {path}: not a NEFF: {error}") from None
     for tensor in contents.tensors:
         if tensor.dtype not in _ITEMSIZE:
             raise _nrt_error(
-                f"Failed to load model {path}: {tensor.name!r} has dtype {tensor.dtype!r}"
+                f"cannot load {path}: tensor {tensor.name!r} has dtype {tensor.dtype!r}"
             )
     configured, lnc = os.environ.get(LNC_ENV, "").strip(), contents.info.get("num_tpb")
     # A NEFF runs on as many physical cores as it was compiled for (its lnc).
     if configured and isinstance(lnc, int) and configured != str(lnc):
         raise _nrt_error(
-            f"Failed to load model {path}: it was compiled for lnc={lnc} but {LNC_ENV}={configured}"
+            f"cannot load {path}: it was compiled for lnc={lnc} but {LNC_ENV}={configured}"
         )
     return contents
 
 
 def _tensor_set(tensors: object) -> dict[str, NrtTensor]:
-    """What nanobind accepts for Mapping[str, NrtTensor]; freed tensors are refused."""
+    """What the binding accepts for Mapping[str, NrtTensor]; freed tensors are refused."""
     if not isinstance(tensors, Mapping) or not all(
         isinstance(k, str) and isinstance(v, NrtTensor) for k, v in tensors.items()
     ):
-        raise TypeError(
-            f"execute(): incompatible function arguments: expected Mapping[str, NrtTensor], "
-            f"got {tensors!r}"
-        )
-    for name, tensor in tensors.items():
-        if tensor._freed():
-            raise _spike_error(
-                f"Tensor '{name}' is freed. Unable to add it into the tensor set. "
-                "Please check the lifetime of the tensor."
-            )
+        raise TypeError(f"execute takes a mapping of names to NrtTensor, not {tensors!r}")
+    for tensor in tensors.values():
+        tensor._check_usable()
     return dict(tensors)
 
 
@@ -563,15 +459,14 @@ def _check_tensor_sets(model: NrtModel, sets: dict[str, dict[str, NrtTensor]]) -
         unknown, missing = sorted(set(given) - set(expected)), sorted(set(expected) - set(given))
         if unknown or missing:
             raise _nrt_error(
-                f"Failed to execute model {model._neff_path}: {kind} tensor set has "
-                f"unknown {unknown} and is missing {missing}; the NEFF's {kind}s are "
-                f"{sorted(expected)}"
+                f"cannot execute {model._neff_path}: the {kind} tensors name unknown "
+                f"{unknown} and leave out {missing} of the NEFF's {sorted(expected)}"
             )
         for name, tensor in given.items():
             size = _metadata(expected[name]).size
             if tensor.size != size or tensor.core_id != model._core_id:
                 raise _nrt_error(
-                    f"Failed to execute model {model._neff_path}: {kind} {name!r} is "
+                    f"cannot execute {model._neff_path}: {kind} {name!r} is "
                     f"{tensor.size} bytes on core {tensor.core_id}; the NEFF expects "
                     f"{size} bytes on core {model._core_id}"
                 )
@@ -596,36 +491,34 @@ def _unordered(contents: _neff.NeffContents, kind: str) -> dict[str, TensorMetad
 
 
 def _write(tensor: NrtTensor, data: memoryview, offset: int) -> None:
-    tensor._check_usable("write to")
-    if tensor.size < offset + data.nbytes:
-        raise _spike_error(
-            "The write operation exceeds the tensor bound. "
-            f"Tensor size: {tensor.size} bytes; Input size: {data.nbytes} bytes; "
-            f"Offset: {offset} bytes."
-        )
+    _check_bounds(tensor, "write", offset, data.nbytes)
     tensor._bytes()[offset : offset + data.nbytes] = data
 
 
 def _read(tensor: NrtTensor, offset: int, size: int) -> bytes:
-    tensor._check_usable("read from")
     size = tensor.size - offset if size == 0 else size
+    _check_bounds(tensor, "read", offset, size)
+    return bytes(tensor._bytes()[offset : offset + size])
+
+
+def _check_bounds(tensor: NrtTensor, action: str, offset: int, size: int) -> None:
+    tensor._check_usable()
     if tensor.size < offset + size:
         raise _spike_error(
-            "The read operation exceeds the tensor bound. "
-            f"Tensor size: {tensor.size} bytes; Read size: {size} bytes; Offset: {offset} bytes."
+            f"a {size}-byte {action} at offset {offset} exceeds the tensor bound of "
+            f"{tensor.name!r} ({tensor.size} bytes)"
         )
-    return bytes(tensor._bytes()[offset : offset + size])
 
 
 def _byte_view(buffer: object, *, writable: bool) -> memoryview:
     """The buffer's bytes, as PyBUF_SIMPLE (or PyBUF_WRITABLE) gives them to C."""
-    protocol = "writable buffer protocol" if writable else "buffer protocol"
     try:
         view = memoryview(buffer)  # type: ignore[arg-type]
     except (TypeError, ValueError, BufferError):
         view = _numpy_bytes(buffer)  # NumPy cannot describe ml_dtypes' formats to memoryview
     if view is None or not view.c_contiguous or (writable and view.readonly):
-        raise RuntimeError(f"Object does not support {protocol}")
+        wanted = "a writable C-contiguous buffer" if writable else "a C-contiguous buffer"
+        raise RuntimeError(f"expected {wanted}, got {type(buffer).__name__}")
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view
 
 
@@ -645,11 +538,6 @@ def _written_spec(buffer: object, nbytes: int) -> dict[str, Any]:
 
 def _specs(tensors: Mapping[str, NrtTensor]) -> dict[str, Any]:
     return {name: dict(tensor._written) for name, tensor in tensors.items()}
-
-
-def _write_profile(path: str, model: NrtModel) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(f"not a profile: {model._neff_path} ran on the {_DOUBLE}\n")
 
 
 def _record(event: dict[str, Any]) -> None:

@@ -1,5 +1,5 @@
-"""`SpikeProfiler`: a runtime whose executes note where they were called from (spike's
-`profiler_adapter.py`): rank 0 appends PID, call site and kernel to `debug_rank_0.txt`."""
+"""`SpikeProfiler`: a runtime whose executes note where they were called from: on rank 0,
+each execute appends its PID, call site and kernel to `debug_rank_0.txt`."""
 
 from __future__ import annotations
 
@@ -26,41 +26,33 @@ class SpikeProfiler:
         ntff_name: str | None = None,
         save_trace: bool = False,
     ) -> None:
-        rank = _rank()
-        if rank == 0:
-            file, line = self._find_source_loc()
-            with open(f"debug_rank_{rank}.txt", "a", encoding="utf-8") as debug:
+        if _rank() == 0:  # one record per call, not one per rank
+            file, line = self._call_site()
+            kernel = os.path.basename(getattr(model, "neff_path", "") or "").replace(".neff", "")
+            with open("debug_rank_0.txt", "a", encoding="utf-8") as debug:
                 debug.write(f"PID: {os.getpid()}\nSOURCE: {file}:{line}\n")
-                if getattr(model, "neff_path", None):
-                    kernel = os.path.basename(model.neff_path).replace(".neff", "")
-                    debug.write(f"KERNEL: {kernel}\n")
-                debug.write("---\n")
+                debug.write(f"KERNEL: {kernel}\n---\n" if kernel else "---\n")
         return self._spike.execute(model, inputs, outputs, ntff_name, save_trace)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._spike, name)
 
-    def _find_source_loc(self) -> tuple[str, int]:
+    def _call_site(self) -> tuple[str, int]:
         """The innermost caller frame in the target file (default: the main script)."""
-        target = self.target_file or (os.path.basename(sys.argv[0]) if sys.argv else None)
-        if not target:
-            raise RuntimeError(
-                "Error finding target profiling file. Manually specify it in "
-                "SpikeProfiler(target_file='your_file.py'): no sys.argv"
-            )
+        target = self.target_file or (os.path.basename(sys.argv[0]) if sys.argv else "")
         frame = inspect.currentframe()
-        while frame:
+        while target and frame:
             if target in frame.f_code.co_filename:
                 return frame.f_code.co_filename, frame.f_lineno
             frame = frame.f_back
         raise RuntimeError(
-            f"Error finding target profiling file: {target}. "
-            "Manually specify it in SpikeProfiler(target_file='your_file.py')"
+            f"no caller in {target or 'the main script'!r} on the stack: name the file that "
+            "calls the kernels with SpikeProfiler(target_file=...)"
         )
 
 
 def _rank() -> int:
-    # Imported only here: importing spike must not import torch.
+    # Looked up, not imported: importing spike must not import torch.
     distributed = sys.modules.get("torch.distributed")
     if distributed is not None and distributed.is_available() and distributed.is_initialized():
         return int(distributed.get_rank())

@@ -1,9 +1,9 @@
-"""`SpikeModel`: a NEFF loaded into the runtime, called with named tensors (spike's
-`spike_model.py`), and `BenchmarkResult`.
+"""`SpikeModel`: a NEFF loaded into the runtime, called with named tensors, and the
+`BenchmarkResult` of timing it.
 
-The checks a call goes through are spike's: unknown names raise ValueError; a tensor on
-another core, of another shape or dtype raises AssertionError (spike asserts; here the
-errors are raised explicitly, so also under `python -O`); fp8 arrays (ml_dtypes
+A call is checked as spike checks it: names the NEFF does not have raise ValueError; a
+tensor on another core, of another shape or dtype raises AssertionError (spike asserts;
+here the errors are raised explicitly, so also under `python -O`); fp8 arrays (ml_dtypes
 float8_e4m3 / float8_e5m2) pass for the int8 tensors that carry fp8 in a NEFF; a name
 left out fails in the runtime's execute (NrtError).
 """
@@ -33,7 +33,7 @@ _DEVICE_EXECUTION = "nc_exec_running"
 
 @dataclass
 class BenchmarkResult:
-    """Timing of repeated executions, in milliseconds."""
+    """Milliseconds per execution of a benchmark, and their summary."""
 
     mean_ms: float
     min_ms: float
@@ -42,13 +42,6 @@ class BenchmarkResult:
     iterations: int
     warmup_iterations: int
     durations_ms: list[float] = field(default_factory=list)
-
-    def __repr__(self) -> str:
-        return (
-            f"BenchmarkResult(mean={self.mean_ms:.4f}ms, min={self.min_ms:.4f}ms, "
-            f"max={self.max_ms:.4f}ms, std_dev={self.std_dev_ms:.4f}ms, "
-            f"iterations={self.iterations}, warmup_iterations={self.warmup_iterations})"
-        )
 
 
 class SpikeModel:
@@ -74,7 +67,7 @@ class SpikeModel:
     ) -> SpikeModel:
         """Load `neff_path` on `core_id`; the model's name defaults to the file's stem."""
         path = Path(neff_path)
-        logger.info("Loading model from: %s", path)
+        logger.info("toolchain double: loading %s", path)
         ref = get_spike_singleton().load_model(str(path), core_id, cc_enabled, rank_id, world_size)
         return cls(ref, path.stem if name is None else name, path)
 
@@ -82,16 +75,17 @@ class SpikeModel:
         """Zeroed tensors of the NEFF's outputs, on the model's core."""
         tensors = []
         for name, info in self.output_tensors_info.items():
-            # spike does np.dtype(info.dtype): the runtime's "unknown" raises TypeError.
+            # spike makes np.dtype(info.dtype): the runtime's "unknown" is a TypeError.
             if info.dtype == "unknown":
                 raise TypeError(
-                    f"data type 'unknown' not understood: the runtime has no dtype name for "
-                    f"output {name!r} of {self.neff_path}"
+                    f"output {name!r} of {self.neff_path} has a dtype the runtime cannot "
+                    "name ('unknown'): no array can be allocated for it"
                 )
             array = np.zeros(info.shape, dtype=_numpy_dtype(info.dtype))
             if array.nbytes != info.size:
                 raise AssertionError(
-                    f"Size mismatch: tensor.nbytes={array.nbytes}, expected={info.size}"
+                    f"output {name!r}: {info.dtype}{info.shape} is {array.nbytes} bytes, "
+                    f"the runtime says {info.size}"
                 )
             tensors.append(SpikeTensor.from_numpy(array, name, core_id=self.model_ref.core_id))
         return tensors
@@ -105,17 +99,11 @@ class SpikeModel:
     ) -> dict[str, SpikeTensor] | None:
         """Execute; returns the outputs it allocated, or None when `outputs` were given."""
         allocated = outputs is None
-        if outputs is None:
-            outputs = {t.name: t for t in self.allocate_output_tensors()}
-        self._validate_io(inputs, outputs)
-        if ntff_name is None:  # next to the NEFF, as spike does
+        input_refs, output_refs, outputs = self._refs(inputs, outputs)
+        if ntff_name is None:  # the profile goes next to the NEFF, as spike puts it
             ntff_name = str(Path(self.neff_path).with_suffix("")) + ".ntff"
         get_spike_singleton().execute(
-            self.model_ref,
-            inputs={k: v.tensor_ref for k, v in inputs.items()},
-            outputs={k: v.tensor_ref for k, v in outputs.items()},
-            save_trace=save_trace,
-            ntff_name=ntff_name,
+            self.model_ref, input_refs, output_refs, save_trace=save_trace, ntff_name=ntff_name
         )
         return dict(outputs) if allocated else None
 
@@ -130,56 +118,53 @@ class SpikeModel:
         """Time `benchmark_iter` executions after `warmup_iter`: "device" reads the runtime's
         execution trace, "host" the wall clock."""
         if mode not in ("device", "host"):
-            raise ValueError(f"Invalid benchmark mode '{mode}'. Use 'device' or 'host'.")
-        if outputs is None:
-            outputs = {t.name: t for t in self.allocate_output_tensors()}
-        self._validate_io(inputs, outputs)
-        input_refs = {k: v.tensor_ref for k, v in inputs.items()}
-        output_refs = {k: v.tensor_ref for k, v in outputs.items()}
+            raise ValueError(f"benchmark mode must be 'device' or 'host', not {mode!r}")
+        input_refs, output_refs, _ = self._refs(inputs, outputs)
         runtime = get_spike_singleton()
-        if mode == "host":
+        with SystemTraceSession(self.model_ref.core_id) as trace:
             for _ in range(warmup_iter):
                 runtime.execute(self.model_ref, input_refs, output_refs)
+            trace.drain_events()
             durations = []
             for _ in range(benchmark_iter):
                 started = time.perf_counter()
                 runtime.execute(self.model_ref, input_refs, output_refs)
                 durations.append((time.perf_counter() - started) * 1000.0)
-            return _result(durations, warmup_iter)
-        with SystemTraceSession(self.model_ref.core_id) as trace:
-            for _ in range(warmup_iter):
-                runtime.execute(self.model_ref, input_refs, output_refs)
-            trace.drain_events()
-            for _ in range(benchmark_iter):
-                runtime.execute(self.model_ref, input_refs, output_refs)
             events = trace.fetch_events_json()
-        durations = _device_durations(events)
+        if mode == "device":
+            durations = _device_durations(events)
         if not durations:
-            raise RuntimeError(
-                "No nc_exec_running events captured during benchmark. "
-                "Cannot compute device-side timing."
-            )
+            raise RuntimeError(f"the {mode} benchmark of {self.name!r} timed no execution")
         return _result(durations, warmup_iter)
+
+    def _refs(
+        self, inputs: Mapping[str, SpikeTensor], outputs: Mapping[str, SpikeTensor] | None
+    ) -> tuple[dict[str, Any], dict[str, Any], Mapping[str, SpikeTensor]]:
+        """The runtime's input and output tensors of a checked call, and the outputs
+        (allocated when not given)."""
+        if outputs is None:
+            outputs = {t.name: t for t in self.allocate_output_tensors()}
+        self._validate_io(inputs, outputs)
+        refs = [{k: v.tensor_ref for k, v in given.items()} for given in (inputs, outputs)]
+        return refs[0], refs[1], outputs
 
     def _validate_io(
         self, inputs: Mapping[str, SpikeTensor], outputs: Mapping[str, SpikeTensor]
     ) -> None:
         """spike's order: unknown names (ValueError), then each tensor's core, shape and
         dtype (AssertionError); names left out only fail in the runtime's execute."""
-        for kind, given, expected in (
+        kinds = (
             ("input", inputs, self.input_tensors_info),
             ("output", outputs, self.output_tensors_info),
-        ):
-            unknown = set(given) - set(expected)
+        )
+        for kind, given, expected in kinds:
+            unknown = sorted(set(given) - set(expected))
             if unknown:
                 raise ValueError(
-                    f"Unknown {kind}(s) {sorted(unknown)} for model '{self.name}'. "
-                    f"Expected {kind}s: {list(expected)}"
+                    f"model {self.name!r} has no {kind} named {', '.join(unknown)}; "
+                    f"its {kind}s are {', '.join(expected)}"
                 )
-        for kind, given, expected in (
-            ("input", inputs, self.input_tensors_info),
-            ("output", outputs, self.output_tensors_info),
-        ):
+        for kind, given, expected in kinds:
             for name, tensor in given.items():
                 self._check_tensor(kind, name, tensor, expected[name])
 
@@ -192,7 +177,7 @@ class SpikeModel:
             )
         if ref.core_id != self.model_ref.core_id:
             raise AssertionError(
-                f"{kind} {name!r} is on core {ref.core_id} but model '{self.name}' is "
+                f"{kind} {name!r} is on core {ref.core_id} but model {self.name!r} is "
                 f"loaded on core {self.model_ref.core_id}"
             )
         dtype = np.dtype(tensor.dtype).name
@@ -202,12 +187,6 @@ class SpikeModel:
                 f"{kind} {name!r} is {dtype}{list(tensor.shape)}; the NEFF expects "
                 f"{want.dtype}{want.shape}"
             )
-
-    def __repr__(self) -> str:
-        return (
-            f"SpikeModel(name={self.name!r}, neff={str(self.neff_path)!r}, "
-            f"core_id={self.model_ref.core_id})"
-        )
 
 
 def _numpy_dtype(name: str) -> np.dtype:

@@ -1,8 +1,8 @@
-"""The one runtime of the process, created on first use, as in spike's `spike_singleton.py`.
+"""The one runtime of the process, made on first use.
 
 `configure(visible_cores=...)` sets NEURON_RT_VISIBLE_CORES before the runtime exists;
 `reset()` closes it (every tensor and model made so far becomes unusable);
-`get_spike_singleton()` returns it, creating it on first use. The runtime is closed at
+`get_spike_singleton()` returns it, making it on first use. The runtime is closed at
 interpreter exit.
 """
 
@@ -24,33 +24,26 @@ _lock = threading.Lock()
 
 
 def configure(visible_cores: Iterable[int] | None = None) -> None:
-    """Choose the visible NeuronCores; only before the runtime is created (or after reset())."""
+    """Choose the visible NeuronCores; only before the runtime is made (or after reset())."""
     with _lock:
         if _runtime is not None:
             raise RuntimeError(
-                "Cannot configure: Spike runtime is already active. "
-                "Call spike.reset() first to close the runtime, then configure()."
+                "the runtime is running, so its visible cores are fixed: "
+                "spike.reset() it before configure()"
             )
-    if visible_cores is not None:
-        cores = _core_list(visible_cores)
-        if cores:
-            os.environ["NEURON_RT_VISIBLE_CORES"] = ",".join(map(str, cores))
-            logger.info("NEURON_RT_VISIBLE_CORES=%s", os.environ["NEURON_RT_VISIBLE_CORES"])
-
-
-def _core_list(visible_cores: Iterable[int]) -> list[int]:
+    if visible_cores is None:
+        return
     if isinstance(visible_cores, int):
-        raise TypeError(
-            f"visible_cores must be an iterable, not int. "
-            f"Use [{visible_cores}] or ({visible_cores},)"
-        )
+        raise TypeError(f"visible_cores takes an iterable of core ids, such as [{visible_cores}]")
     cores = list(visible_cores)
     for core in cores:
         if not isinstance(core, int):
-            raise TypeError(f"visible_cores must contain integers, got {type(core)}: {core}")
+            raise TypeError(f"visible_cores holds {core!r}, which is not an int core id")
         if core < 0:
-            raise ValueError(f"Core ID must be non-negative, got {core}")
-    return cores
+            raise ValueError(f"visible_cores holds {core}: core ids start at 0")
+    if cores:
+        os.environ["NEURON_RT_VISIBLE_CORES"] = ",".join(map(str, cores))
+        logger.info("toolchain double: visible cores %s", os.environ["NEURON_RT_VISIBLE_CORES"])
 
 
 def reset() -> None:
@@ -60,8 +53,7 @@ def reset() -> None:
         if _runtime is None:
             return
         warnings.warn(
-            "spike.reset() called. All existing SpikeTensor and SpikeModel objects are now "
-            "invalid and should not be used.",
+            "spike.reset() closed the runtime: tensors and models made before it are unusable",
             UserWarning,
             stacklevel=2,
         )
@@ -70,11 +62,8 @@ def reset() -> None:
 
 
 def get_spike_singleton() -> Spike:
-    """The process's runtime, created on first use (thread-safe)."""
+    """The process's runtime, made on first use (thread-safe)."""
     global _runtime
-    runtime = _runtime
-    if runtime is not None:
-        return runtime
     with _lock:
         if _runtime is None:
             _runtime = Spike()

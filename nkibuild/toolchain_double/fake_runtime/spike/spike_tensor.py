@@ -1,4 +1,4 @@
-"""`SpikeTensor`: a NumPy-typed handle on a tensor of the runtime (spike's `spike_tensor.py`)."""
+"""`SpikeTensor`: a NumPy-typed handle on a tensor of the runtime."""
 
 from __future__ import annotations
 
@@ -45,8 +45,7 @@ class SpikeTensor:
         array = np.ascontiguousarray(array)
         expected = math.prod(self.shape) * np.dtype(self.dtype).itemsize
         if array.nbytes != expected:
-            raise ValueError(f"Size mismatch: source {array.nbytes} bytes, target {expected} bytes")
+            raise ValueError(
+                f"tensor {self.name!r} holds {expected} bytes; the array has {array.nbytes}"
+            )
         get_spike_singleton().tensor_write_from_pybuffer(self.tensor_ref, array)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype}, name={self.name})"

@@ -1,8 +1,10 @@
 """nkibuild toolchain double: fake `nkipy.core.trace.NKIPyKernel`.
 
-nkipy kernels are NumPy functions: `specialize` runs the function on the sample
-arrays to learn its outputs, then describes the signature as an HLO module whose
-parameters are the function's array arguments, by their Python names.
+nkipy kernels are NumPy functions: `specialize` runs the function on sample arrays to
+learn its outputs, then describes the signature as an HLO module named as the real
+tracer names it (`../shared/testdata/hlo/nkipy/`): parameters by their Python names,
+float64 and int64 inputs traced as float32 and int32, an input the kernel writes into
+renamed `<name>.must_alias_input` and returned as an extra output aliased to it.
 
 The real tracer's module holds the computation: it changes when the kernel's body, a
 helper it calls or a constant changes, and not when only a comment does. The double
@@ -20,12 +22,18 @@ import json
 import os
 import sysconfig
 import types
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from nkibuild.toolchain_double.hlo_writer import Origin, build_hlo_module
+
+# What the real tracer narrows 64-bit inputs to (it warns when it does).
+_TRACED_AS = {"float64": np.dtype(np.float32), "int64": np.dtype(np.int32)}
+# The suffix of a parameter the kernel writes into, as the real tracer names it.
+WRITTEN_SUFFIX = ".must_alias_input"
 
 
 class _Proto:
@@ -57,28 +65,59 @@ class NKIPyKernel:
     def specialize(self, *args: Any, **kwargs: Any) -> NKIPyKernel:
         bound = inspect.signature(self.fn).bind(*args, **kwargs)
         bound.apply_defaults()  # the real tracer bakes a default's value in as well
-        arrays = {k: v for k, v in bound.arguments.items() if isinstance(v, np.ndarray)}
-        parameters = [(name, np.dtype(a.dtype).name, a.shape) for name, a in arrays.items()]
+        arrays = {k: _traced(k, v) for k, v in bound.arguments.items() if isinstance(v, np.ndarray)}
         constants = tuple(
             (name, _as_json(value)) for name, value in bound.arguments.items() if name not in arrays
         )
         from nkipy.core.nki_op import recording
 
+        samples = {name: _sample(array) for name, array in arrays.items()}
+        bound.arguments.update({name: sample.copy() for name, sample in samples.items()})
         with recording() as nki_calls:  # an NKI kernel's custom-call becomes the root
-            result = self.fn(*args, **kwargs)
-        outputs = result if isinstance(result, tuple) else (result,)
-        results = [(np.asarray(output).dtype.name, np.shape(output)) for output in outputs]
+            result = self.fn(*bound.args, **bound.kwargs)
+        returned = result if isinstance(result, tuple) else (result,)
+        # An input whose bytes changed was written into (a write of the values it already
+        # held goes unseen: random samples make that unlikely).
+        written = [n for n in arrays if bound.arguments[n].tobytes() != samples[n].tobytes()]
+        outputs = [*map(np.asarray, returned), *(bound.arguments[n] for n in written)]
         kernel = inspect.unwrap(self.fn)  # a decorated kernel's own code
         origin = Origin(
             source_file=os.path.realpath(kernel.__code__.co_filename),
             source_line=kernel.__code__.co_firstlineno,
             code_digest=code_digest(kernel),
             constants=constants,
+            output_names=(*(f"output{i}" for i in range(len(returned))), *written),
+            aliases=tuple(
+                (len(returned) + i, list(arrays).index(n)) for i, n in enumerate(written)
+            ),
         )
-        call = nki_calls[-1] if nki_calls else None
-        module = build_hlo_module(self.fn.__name__, parameters, results, call, origin=origin)
+        module = build_hlo_module(
+            self.fn.__name__,
+            [
+                (n + WRITTEN_SUFFIX * (n in written), a.dtype.name, a.shape)
+                for n, a in arrays.items()
+            ],
+            [(output.dtype.name, output.shape) for output in outputs],
+            nki_calls[-1] if nki_calls else None,
+            origin=origin,
+        )
         self._code = _Code(module)
         return self
+
+
+def _traced(name: str, array: np.ndarray) -> np.ndarray:
+    """The array as the real tracer takes it: 64-bit types narrowed, with a warning."""
+    narrowed = _TRACED_AS.get(array.dtype.name)
+    if narrowed is None:
+        return array
+    warnings.warn(f"nkipy (toolchain double): {name} is traced as {narrowed}", stacklevel=3)
+    return array.astype(narrowed)
+
+
+def _sample(array: np.ndarray) -> np.ndarray:
+    """Nonzero values of the array's dtype and shape, so that a write into it shows."""
+    values = np.random.default_rng(0).uniform(1, 100, array.shape)
+    return values.astype(array.dtype)
 
 
 def code_digest(fn: Callable[..., Any]) -> str:
