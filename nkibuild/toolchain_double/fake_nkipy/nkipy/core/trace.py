@@ -69,7 +69,7 @@ class NKIPyKernel:
         constants = tuple(
             (name, _as_json(value)) for name, value in bound.arguments.items() if name not in arrays
         )
-        from nkipy.core.nki_op import recording
+        from .nki_op import recording  # relative: also loaded under nkibuild.toolchain_double
 
         samples = {name: _sample(array) for name, array in arrays.items()}
         bound.arguments.update({name: sample.copy() for name, sample in samples.items()})
