@@ -196,8 +196,10 @@ def test_bad_calls_are_clear_errors(python: Path, tmp_path: Path, call: str, mes
 
 
 def test_a_placeholder_neff_is_never_run_by_a_real_runtime(python: Path, tmp_path: Path) -> None:
-    # A stand-in for the real spike: importable, not the double, and it must not be used.
+    # A stand-in for the real spike: its core imports, it is not the double, and it must
+    # not be used.
     (tmp_path / "spike").mkdir()
+    (tmp_path / "spike" / "_spike.py").write_text("IS_NATIVE = True\n")
     (tmp_path / "spike" / "__init__.py").write_text(
         "class SpikeModel:\n"
         "    @staticmethod\n"

@@ -661,16 +661,16 @@ def _load_model(package: str, kernel: str, target: str, variant: str) -> Any:
     info, binding, what = _document(package), runtime_binding(), f"{package}.{kernel}"
     neffs = info["kernels"][kernel]["neffs"]
     neff = neffs[target][variant]
+    if binding.name is None:
+        raise KernelError(
+            f"{what}: no Neuron runtime binding can run NEFFs here: {binding.why}; "
+            f"or run in reference mode ({MODE_ENV}=reference)"
+        )
     if neff["placeholder"] and not binding.double:
         raise KernelError(
             f"{what}: the NEFF for {target}/{variant} is a placeholder written by "
             "nkibuild's toolchain double, not a real compiled kernel; rebuild the bundle with "
             "`nkibuild build --toolchain neuron` on a host with neuronx-cc"
-        )
-    if binding.name is None:
-        raise KernelError(
-            f"{what}: no Neuron runtime binding can run NEFFs here: {binding.why}; "
-            f"or run in reference mode ({MODE_ENV}=reference)"
         )
     _preflight(what, target, neff, binding, sorted(neffs))
     _check_sdk(what, info.get("neuron_sdk"), binding)
