@@ -51,8 +51,7 @@ BINDING_HELP = {
 }
 LEGACY_NEFF_ENV = "NEURON_RT_ALLOW_LEGACY_NEFF"  # lets a trn2 runtime load a trn1 NEFF
 DEFAULT_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}  # the runtime's when LNC_ENV is unset
-NEFF_MIN_RUNTIME = {2: (1, 6, 5)}  # NEFF format major version -> the oldest runtime loading it
-DOUBLE_HOST_MODULE = "_nkibuild_double_host"  # where the toolchain double says what host it is
+NEFF_MIN_RUNTIME = {(2,): (1, 6, 5)}  # NEFF format's major -> the oldest runtime loading it
 
 logger = logging.getLogger("nkibuild.bundle")
 
@@ -64,9 +63,7 @@ class KernelError(RuntimeError):
 def build_info(package: str) -> dict[str, Any]:
     """The bundle's build metadata (units, compiler version, flags, NEFF sha256s), and under
     `runtime` the binding this host runs its NEFFs through, and why."""
-    binding = runtime_binding()
-    report = {"binding": binding.name, "why": binding.why, "double": binding.double}
-    return {**_document(package), "runtime": report}
+    return {**_document(package), "runtime": runtime_binding().report()}
 
 
 @cache
@@ -120,11 +117,13 @@ class Binding(NamedTuple):
 
     @property
     def double(self) -> bool:
-        """Whether its core is nkibuild's CPU double, the only core a placeholder NEFF may
-        be loaded into (for spike the mark is on the native core, which the double replaces:
-        spike's real Python layer on that core counts, a real core never)."""
+        """Whether its core is nkibuild's CPU double, the only one a placeholder NEFF may be
+        loaded into (spike's real Python layer on the double's core counts)."""
         core = sys.modules.get(BINDINGS.get(self.name or "", ""))
         return bool(getattr(core, "IS_TOOLCHAIN_DOUBLE", False))
+
+    def report(self) -> dict[str, Any]:
+        return {"binding": self.name, "why": self.why, "double": self.double}
 
     def api(self, kind: str) -> Any:
         """`NrtpyModel`/`SpikeModel` (kind "Model") or the Tensor class: nrtpy has spike's shape."""
@@ -706,7 +705,7 @@ def _host(binding: Binding) -> tuple[str | None, str | None]:
     runtime's version."""
     if binding.double:
         with contextlib.suppress(ImportError):
-            return importlib.import_module(DOUBLE_HOST_MODULE).reported_host()
+            return importlib.import_module("_nkibuild_double_host").reported_host()
     return _instance_type(), None
 
 
@@ -733,11 +732,8 @@ def _lnc_problem(lnc: int, family: str | None) -> str | None:
     runtime = configured or str(DEFAULT_LNC.get(family or "", ""))
     if runtime in ("", str(lnc)):
         return None
-    setting = (
-        f"is set to {LNC_ENV}={configured}"
-        if configured
-        else (f"runs {family}'s default lnc={runtime} ({LNC_ENV} unset)")
-    )
+    default = f"runs {family}'s default lnc={runtime} ({LNC_ENV} unset)"
+    setting = f"is set to {LNC_ENV}={configured}" if configured else default
     return (
         f"this NEFF was compiled for lnc={lnc} but the Neuron runtime {setting}; "
         f"set {LNC_ENV}={lnc} or rebuild with lnc: {runtime} in nkibuild.yaml"
@@ -746,7 +742,7 @@ def _lnc_problem(lnc: int, family: str | None) -> str | None:
 
 def _version_problem(neff: dict[str, Any], version: str | None, binding: Binding) -> str | None:
     written = neff.get("neff_version")  # absent in bundles from before it was recorded
-    needed = NEFF_MIN_RUNTIME.get(_release(written or "0")[0])
+    needed = NEFF_MIN_RUNTIME.get(_release(str(written))[:1])
     if version is None or needed is None or _release(version) >= needed:
         return None
     oldest = ".".join(map(str, needed))

@@ -17,8 +17,7 @@ def report(toolchain: str | None = None, environ: Mapping[str, str] = os.environ
     from nkibuild.toolchain.doctor import diagnose
 
     selected = value_before_manifest(BuildOptions(toolchain=toolchain), "toolchain", environ)
-    binding = resolve_binding(environ)
-    runtime = {"binding": binding.name, "why": binding.why, "double": binding.double}
+    runtime = resolve_binding(environ).report()
     return {**diagnose(selected), "caches": caches(environ), "runtime": runtime}
 
 
