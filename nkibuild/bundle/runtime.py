@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -132,15 +132,10 @@ class Binding(NamedTuple):
 
 @cache
 def runtime_binding() -> Binding:
-    """The binding of this process, resolved once."""
-    return resolve_binding(os.environ)
-
-
-def resolve_binding(environ: Mapping[str, str]) -> Binding:
     """nrtpy where it is importable, else spike; NKIBUILD_RUNTIME=nrtpy|spike forces one.
-    Importable means its native core loads: PyPI's unrelated `spike` has none, and either
-    binding fails to load it without libnrt."""
-    forced = environ.get(BINDING_ENV, "").strip()
+    Resolved once. Importable means its native core loads: PyPI's unrelated `spike` has
+    none, and either binding fails to load it without libnrt."""
+    forced = os.environ.get(BINDING_ENV, "").strip()
     if forced and forced not in BINDINGS:
         return Binding(None, f"{BINDING_ENV}={forced!r} is not a binding; use nrtpy or spike")
     problems: list[str] = []

@@ -12,12 +12,12 @@ from typing import Any
 def report(toolchain: str | None = None, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The JSON document of `doctor --json`, for the toolchain `--toolchain` (None: not
     given) selects as a build would: the option, else NKIBUILD_TOOLCHAIN, else auto."""
-    from nkibuild.bundle.runtime import resolve_binding
+    from nkibuild.bundle.runtime import runtime_binding
     from nkibuild.settings import BuildOptions, value_before_manifest
     from nkibuild.toolchain.doctor import diagnose
 
     selected = value_before_manifest(BuildOptions(toolchain=toolchain), "toolchain", environ)
-    runtime = resolve_binding(environ).report()
+    runtime = runtime_binding().report()  # this interpreter's, as a bundle run here gets it
     return {**diagnose(selected), "caches": caches(environ), "runtime": runtime}
 
 
