@@ -1,7 +1,7 @@
 """End to end: build the examples, pip install the wheel into a fresh virtualenv that has
 only NumPy, ml_dtypes and torch (no nkibuild, no jax), and use the kernels there:
 reference mode against NumPy, torch in/torch out, errors, and neuron mode through the
-toolchain double's spike with the exact names, dtypes and shapes it receives."""
+toolchain double's nrtpy and spike with the exact names, dtypes and shapes they receive."""
 
 from __future__ import annotations
 
@@ -196,8 +196,10 @@ def test_bad_calls_are_clear_errors(python: Path, tmp_path: Path, call: str, mes
 
 
 def test_a_placeholder_neff_is_never_run_by_a_real_runtime(python: Path, tmp_path: Path) -> None:
-    # A stand-in for the real spike: importable, not the double, and it must not be used.
+    # A stand-in for the real spike: its core imports, it is not the double, and it must
+    # not be used.
     (tmp_path / "spike").mkdir()
+    (tmp_path / "spike" / "_spike.py").write_text("IS_NATIVE = True\n")
     (tmp_path / "spike" / "__init__.py").write_text(
         "class SpikeModel:\n"
         "    @staticmethod\n"
@@ -235,8 +237,9 @@ def neff_io(project: Path, member: str) -> tuple[list, list]:
     return pairs[0], pairs[1]
 
 
+@pytest.mark.parametrize("binding", ["nrtpy", "spike"])
 def test_neuron_mode_through_the_double_passes_exact_names_dtypes_and_shapes(
-    python: Path, project: Path, tmp_path: Path
+    python: Path, project: Path, tmp_path: Path, binding: str
 ) -> None:
     log = tmp_path / "spike.jsonl"
     script = """
@@ -249,6 +252,7 @@ def test_neuron_mode_through_the_double_passes_exact_names_dtypes_and_shapes(
         b = np.ones((128, 512), ml_dtypes.bfloat16)
         outs = matmul_rowsum(a, b, mode="neuron")
         print(json.dumps([[o.dtype.name, list(o.shape)] for o in outs]))
+        print(type(scaled_add.load("trn2", "large")).__name__)
         """
     result = run_in_venv(
         python,
@@ -257,8 +261,10 @@ def test_neuron_mode_through_the_double_passes_exact_names_dtypes_and_shapes(
         PYTHONPATH=str(FAKE_SPIKE),
         NKIBUILD_TARGET="trn2",
         NKIBUILD_FAKE_SPIKE_LOG=str(log),
+        NKIBUILD_RUNTIME=binding,
     )
-    lines = ok(result).splitlines()
+    *lines, model = ok(result).splitlines()
+    assert model == f"{binding.title()}Model"
     events = [json.loads(line) for line in log.read_text().splitlines()]
     loads = [e for e in events if e["event"] == "load"]
     calls = [e for e in events if e["event"] == "call"]
@@ -283,7 +289,10 @@ def test_neuron_mode_through_the_double_passes_exact_names_dtypes_and_shapes(
         assert returned == [[dtype, shape] for _, dtype, shape in outputs]
 
 
-def test_the_runtime_lnc_setting_must_match_the_neff(python: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("binding", ["nrtpy", "spike"])
+def test_the_runtime_lnc_setting_must_match_the_neff(
+    python: Path, tmp_path: Path, binding: str
+) -> None:
     script = """
         import numpy as np
         from acme_kernels import softmax
@@ -300,6 +309,7 @@ def test_the_runtime_lnc_setting_must_match_the_neff(python: Path, tmp_path: Pat
         PYTHONPATH=str(FAKE_SPIKE),
         NKIBUILD_TARGET="trn2",
         NEURON_LOGICAL_NC_CONFIG="1",
+        NKIBUILD_RUNTIME=binding,
     )
     assert "compiled for lnc=2 but the Neuron runtime is set to NEURON_LOGICAL_NC_CONFIG=1" in ok(
         result

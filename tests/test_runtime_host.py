@@ -1,5 +1,5 @@
 """The bundle runtime on real hosts: which target an instance type means, what counts as
-a usable spike, the Neuron SDK check, and simulate mode with the unit's lnc and target."""
+a usable runtime binding, the Neuron SDK check, and simulate mode with the unit's lnc and target."""
 
 from __future__ import annotations
 
@@ -75,20 +75,22 @@ def test_the_sdk_range_is_checked_only_against_a_known_version(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(runtime.SDK_VERSION_ENV, raising=False)
-    monkeypatch.setattr(runtime, "_core_is_double", lambda: False)
-    runtime._check_sdk("pkg.kernel", ">=2.29,<3")  # spike reports no version: not checked
+    monkeypatch.delitem(sys.modules, "spike._spike", raising=False)  # not the double's core
+    real = runtime.Binding("spike", "spike is importable")
+    runtime._check_sdk("pkg.kernel", ">=2.29,<3", real)  # no version reported: not checked
     monkeypatch.setenv(runtime.SDK_VERSION_ENV, "2.30.1")
-    runtime._check_sdk("pkg.kernel", ">=2.29,<3")
+    runtime._check_sdk("pkg.kernel", ">=2.29,<3", real)
     monkeypatch.setenv(runtime.SDK_VERSION_ENV, "2.28.0")
     with pytest.raises(KernelError, match=r"built for Neuron SDK >=2\.29,<3, but this host has"):
-        runtime._check_sdk("pkg.kernel", ">=2.29,<3")
+        runtime._check_sdk("pkg.kernel", ">=2.29,<3", real)
 
 
-def spike_problem_with(tmp_path: Path, files: dict[str, str]) -> str:
+def binding_with(tmp_path: Path, files: dict[str, str]) -> str:
+    """The binding a process gets with `files` on its path: name, then why."""
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    script = "from nkibuild.bundle.runtime import spike_problem; print(spike_problem())"
+    script = "from nkibuild.bundle.runtime import runtime_binding as b; print(*b(), sep='\\n')"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     return subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
@@ -96,20 +98,21 @@ def spike_problem_with(tmp_path: Path, files: dict[str, str]) -> str:
 
 
 def test_pypis_unrelated_spike_does_not_count(tmp_path: Path) -> None:
-    problem = spike_problem_with(tmp_path, {"spike/__init__.py": "'an unrelated simulator'\n"})
-    assert problem.startswith("the Neuron runtime binding 'spike' is not importable")
+    found = binding_with(tmp_path, {"spike/__init__.py": "'an unrelated simulator'\n"})
+    assert found.startswith("None\nnrtpy is not importable")
+    assert "spike is not importable (not PyPI's unrelated 'spike'" in found
 
 
 def test_a_spike_whose_native_core_cannot_load_does_not_count(tmp_path: Path) -> None:
     # As a spike built without libnrt: the extension module fails to load.
     broken = "raise ImportError('libnrt.so.1: cannot open shared object file')\n"
-    problem = spike_problem_with(tmp_path, {"spike/__init__.py": "", "spike/_spike.py": broken})
-    assert "libnrt.so.1" in problem
+    found = binding_with(tmp_path, {"spike/__init__.py": "", "spike/_spike.py": broken})
+    assert found.startswith("None\n") and "libnrt.so.1" in found
 
 
 def test_a_spike_with_its_native_core_counts(tmp_path: Path) -> None:
     files = {"spike/__init__.py": "", "spike/_spike.py": "IS_NATIVE = True\n"}
-    assert spike_problem_with(tmp_path, files) == "None"
+    assert binding_with(tmp_path, files).splitlines()[0] == "spike"
 
 
 KERNEL = """\

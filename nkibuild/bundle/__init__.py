@@ -304,6 +304,7 @@ def _neff_info(manifest: Manifest, neff: CompiledNeff) -> NeffInfo:
         output_names=tuple(t.name for t in neff.outputs),
         outputs=tuple(TensorInfo(t.name, t.dtype, tuple(t.shape)) for t in neff.outputs),
         compile_args=tuple(neff.compile_args),
+        neff_version=neff.neff_version or None,
     )
 
 

@@ -133,6 +133,9 @@ class NeffInfo:
     output_names: tuple[str, ...]
     outputs: tuple[TensorInfo, ...]
     compile_args: tuple[str, ...]
+    # The NEFF format ("2.0") the runtime must read; None in documents written before it
+    # was recorded (an optional key: older readers ignore it, so the format version stays)
+    neff_version: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -147,6 +150,7 @@ class NeffInfo:
             "output_names": list(self.output_names),
             "outputs": [t.to_json() for t in self.outputs],
             "compile_args": list(self.compile_args),
+            "neff_version": self.neff_version,
         }
 
     @classmethod
@@ -163,6 +167,7 @@ class NeffInfo:
             output_names=data.texts("output_names"),
             outputs=data.objects("outputs", TensorInfo.from_json),
             compile_args=data.texts("compile_args"),
+            neff_version=data.optional_text("neff_version", absent=True),
         )
 
 
@@ -388,8 +393,8 @@ class _Reader:
     def text(self, key: str) -> str:
         return self._typed(key, self.value(key), str, "a string")
 
-    def optional_text(self, key: str) -> str | None:
-        value = self.value(key)
+    def optional_text(self, key: str, *, absent: bool = False) -> str | None:
+        value = self.data.get(key) if absent else self.value(key)
         return None if value is None else self._typed(key, value, str, "a string or null")
 
     def integer(self, key: str) -> int:

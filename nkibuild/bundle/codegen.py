@@ -166,7 +166,7 @@ def _docstring(kernel: Kernel) -> str:
         ]
     lines += [
         "",
-        "mode: 'neuron' (spike on this host's device), 'simulate' (nki.simulate, NKI kernels),",
+        "mode: 'neuron' (nrtpy or spike on this device), 'simulate' (nki.simulate, NKI kernels),",
         "'reference' (NumPy on the CPU) or 'auto' (default: neuron where possible, else",
         "reference; also set by NKIBUILD_MODE). NumPy arrays in give arrays out; torch",
         "tensors in give tensors out, on the device of the first one.",

@@ -1,9 +1,10 @@
 """Runtime shared by every kernel bundle; copied verbatim into each bundle as `_runtime.py`.
 
 It is vendored rather than depended on so that an installed bundle needs only
-NumPy: not nkibuild, not the compiler, not jax. It must stay importable on
-Python >= 3.10 with the standard library and NumPy alone. It imports spike only
-when a kernel first runs in `neuron` mode, nki only in `simulate` mode, torch
+NumPy: not nkibuild, not the compiler, not nki, not jax (nrtpy and nki cannot even
+share an environment). It must stay importable on Python >= 3.10 with the standard
+library and NumPy alone. It imports a runtime binding (nrtpy, else spike) only when a
+kernel first runs in `neuron` mode, nki only in `simulate` mode, torch
 only when asked for the kernels as torch ops (`<package>.torch_ops`; otherwise a
 torch tensor passed in brings its module along), and ml_dtypes only to convert a
 bfloat16 torch tensor.
@@ -21,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 MODES = ("auto", "neuron", "simulate", "reference")
 MODE_ENV = "NKIBUILD_MODE"
@@ -40,11 +41,17 @@ TARGET_OF_FAMILY = {
     "trn3": "trn3",
 }
 NEURON_FAMILY_PREFIXES = ("trn", "inf")
-SPIKE_HELP = (
-    "the Neuron runtime binding 'spike' is not importable. It is not the PyPI project named "
-    "'spike' (an unrelated simulator): install it from the aws-neuron/nkipy repository on a "
-    "Neuron host (it needs libnrt), or run in reference mode (NKIBUILD_MODE=reference)."
-)
+BINDING_ENV = "NKIBUILD_RUNTIME"
+# Each binding, in the order `auto` tries them, and the module whose import proves it can
+# reach libnrt (and which carries the toolchain double's label).
+BINDINGS = {"nrtpy": "nrtpy", "spike": "spike._spike"}
+BINDING_HELP = {
+    "nrtpy": "install it from the Neuron pip repository, in an environment without nki",
+    "spike": "not PyPI's unrelated 'spike': install it from aws-neuron/nkipy",
+}
+LEGACY_NEFF_ENV = "NEURON_RT_ALLOW_LEGACY_NEFF"  # lets a trn2 runtime load a trn1 NEFF
+DEFAULT_LNC = {"trn1": 1, "trn2": 2, "trn3": 2}  # the runtime's when LNC_ENV is unset
+NEFF_MIN_RUNTIME = {(2,): (1, 6, 5)}  # NEFF format's major -> the oldest runtime loading it
 
 logger = logging.getLogger("nkibuild.bundle")
 
@@ -53,9 +60,15 @@ class KernelError(RuntimeError):
     """A kernel could not run as asked (bad arguments, no matching variant, no runtime)."""
 
 
-@cache
 def build_info(package: str) -> dict[str, Any]:
-    """The bundle's build metadata: units, compiler version, flags, NEFF sha256s."""
+    """The bundle's build metadata (units, compiler version, flags, NEFF sha256s), and under
+    `runtime` the binding this host runs its NEFFs through, and why."""
+    return {**_document(package), "runtime": runtime_binding().report()}
+
+
+@cache
+def _document(package: str) -> dict[str, Any]:
+    """The bundle's `_build.json`, read once."""
     from importlib import resources
 
     return json.loads(resources.files(package).joinpath("_build.json").read_text("utf-8"))
@@ -96,15 +109,45 @@ def _instance_type() -> str | None:
         return None
 
 
+class Binding(NamedTuple):
+    """The runtime binding this process runs NEFFs through, and why that one."""
+
+    name: str | None  # "nrtpy" or "spike"; None: neither can run NEFFs here (`why` says why)
+    why: str
+
+    @property
+    def double(self) -> bool:
+        """Whether its core is nkibuild's CPU double, the only one a placeholder NEFF may be
+        loaded into (spike's real Python layer on the double's core counts)."""
+        core = sys.modules.get(BINDINGS.get(self.name or "", ""))
+        return bool(getattr(core, "IS_TOOLCHAIN_DOUBLE", False))
+
+    def report(self) -> dict[str, Any]:
+        return {"binding": self.name, "why": self.why, "double": self.double}
+
+    def api(self, kind: str) -> Any:
+        """`NrtpyModel`/`SpikeModel` (kind "Model") or the Tensor class: nrtpy has spike's shape."""
+        return getattr(importlib.import_module(str(self.name)), str(self.name).title() + kind)
+
+
 @cache
-def spike_problem() -> str | None:
-    """Why spike cannot run NEFFs here, or None. Its native core must import: PyPI's
-    unrelated `spike` has none, and a spike built without libnrt fails to load it."""
-    try:
-        importlib.import_module("spike._spike")
-    except ImportError as error:
-        return f"{SPIKE_HELP} ({error})"
-    return None
+def runtime_binding() -> Binding:
+    """nrtpy where it is importable, else spike; NKIBUILD_RUNTIME=nrtpy|spike forces one.
+    Resolved once. Importable means its native core loads: PyPI's unrelated `spike` has
+    none, and either binding fails to load it without libnrt."""
+    forced = os.environ.get(BINDING_ENV, "").strip()
+    if forced and forced not in BINDINGS:
+        return Binding(None, f"{BINDING_ENV}={forced!r} is not a binding; use nrtpy or spike")
+    problems: list[str] = []
+    for name in [forced] if forced else BINDINGS:
+        try:
+            importlib.import_module(BINDINGS[name])
+        except ImportError as error:
+            problems.append(f"{name} is not importable ({BINDING_HELP[name]}; {error})")
+            continue
+        chosen = f"{BINDING_ENV}={name}" if forced else f"{name} is importable"
+        return Binding(name, "; ".join([*problems, chosen]))
+    return Binding(None, "; ".join(problems) + (f" ({BINDING_ENV}={forced})" if forced else ""))
 
 
 class Padding:
@@ -174,7 +217,7 @@ class Kernel:
     def __init__(self, package: str, name: str, padding: dict[str, Any] | None = None) -> None:
         self.package = package
         self.name = name
-        self._info = build_info(package)["kernels"][name]
+        self._info = _document(package)["kernels"][name]
         self._announced: str | None = None
         self.last_mode: str | None = None  # the mode the latest call ran in
         # Precomputed: every call checks against these, so they must cost nothing.
@@ -230,7 +273,8 @@ class Kernel:
         return result if device is None else _as_torch(result, device)
 
     def load(self, target: str | None = None, variant: str | None = None) -> Any:
-        """The spike.SpikeModel for a (target, variant); loaded once and cached."""
+        """The binding's model (NrtpyModel or SpikeModel) for a (target, variant); loaded
+        once and cached."""
         target = self._target(target)
         variant = variant or next(iter(self._info["variants"]))
         if variant not in self._info["variants"]:
@@ -241,12 +285,12 @@ class Kernel:
     def benchmark(
         self, *args: Any, warmup_iter: int = 5, benchmark_iter: int = 5, **kwargs: Any
     ) -> Any:
-        """spike's benchmark of the NEFF that `args` select, on this host's device."""
+        """The binding's benchmark of the NEFF that `args` select, on this host's device."""
         arrays, _ = self._bind(args, kwargs)
         variant, fitted = self._fitted(arrays)
         target = self._target(None)
         model = self.load(target, variant)
-        inputs = self._spike_inputs(fitted, target, variant)
+        inputs = self._device_inputs(fitted, target, variant)
         return model.benchmark(
             inputs, outputs=None, warmup_iter=warmup_iter, benchmark_iter=benchmark_iter
         )
@@ -424,7 +468,8 @@ class Kernel:
             return "the NEFFs are placeholders from nkibuild's toolchain double"
         if _neff_package_missing(self.package, neff):
             return _install_hint(self.package, target)
-        return spike_problem()
+        binding = runtime_binding()
+        return None if binding.name else binding.why
 
     def _announce(self, mode: str, reason: str) -> None:
         if self._announced != mode:
@@ -488,17 +533,16 @@ class Kernel:
         target = self._target(None)
         model = self.load(target, variant)
         neff = self._neff(target, variant)
-        outputs = model(inputs=self._spike_inputs(arrays, target, variant), outputs=None)
+        outputs = model(inputs=self._device_inputs(arrays, target, variant), outputs=None)
         results = tuple(outputs[name].numpy() for name in neff["output_names"])
         return results[0] if len(results) == 1 else results
 
-    def _spike_inputs(self, arrays: Sequence[Any], target: str, variant: str) -> dict[str, Any]:
-        import spike
-
+    def _device_inputs(self, arrays: Sequence[Any], target: str, variant: str) -> dict[str, Any]:
+        tensor = runtime_binding().api("Tensor")
         # The NEFF's own input names, in parameter order: input0..., parameter names, ...
         names = self._neff(target, variant)["input_names"]
         return {
-            name: spike.SpikeTensor.from_numpy(as_neff_storage(array), name)
+            name: tensor.from_numpy(as_neff_storage(array), name)
             for name, array in zip(names, arrays, strict=True)
         }
 
@@ -530,7 +574,7 @@ def torch_ops(package: str) -> Any:
     except ImportError:
         raise KernelError(f"{package}.torch_ops needs torch: pip install torch") from None
     bundle = importlib.import_module(package)
-    kernels = [getattr(bundle, name).kernel for name in build_info(package)["kernels"]]
+    kernels = [getattr(bundle, name).kernel for name in _document(package)["kernels"]]
     return types.SimpleNamespace(**{k.name: _torch_op(torch, k) for k in kernels})
 
 
@@ -609,27 +653,100 @@ def _unaliased(result: Any, inputs: Sequence[Any]) -> Any:
 
 @cache
 def _load_model(package: str, kernel: str, target: str, variant: str) -> Any:
-    info = build_info(package)
-    neff = info["kernels"][kernel]["neffs"][target][variant]
-    try:
-        import spike
-    except ImportError as error:
-        raise KernelError(f"{package}.{kernel}: {SPIKE_HELP} ({error})") from None
-    if neff["placeholder"] and not _core_is_double():
+    info, binding, what = _document(package), runtime_binding(), f"{package}.{kernel}"
+    neffs = info["kernels"][kernel]["neffs"]
+    neff = neffs[target][variant]
+    if binding.name is None:
         raise KernelError(
-            f"{package}.{kernel}: the NEFF for {target}/{variant} is a placeholder written by "
+            f"{what}: no Neuron runtime binding can run NEFFs here: {binding.why}; "
+            f"or run in reference mode ({MODE_ENV}=reference)"
+        )
+    if neff["placeholder"] and not binding.double:
+        raise KernelError(
+            f"{what}: the NEFF for {target}/{variant} is a placeholder written by "
             "nkibuild's toolchain double, not a real compiled kernel; rebuild the bundle with "
             "`nkibuild build --toolchain neuron` on a host with neuronx-cc"
         )
-    _check_lnc(f"{package}.{kernel}", neff["lnc"])
-    _check_sdk(f"{package}.{kernel}", info.get("neuron_sdk"))
+    _preflight(what, target, neff, binding, sorted(neffs))
+    _check_sdk(what, info.get("neuron_sdk"), binding)
     if _neff_package_missing(package, neff):
-        raise KernelError(f"{package}.{kernel}: {_install_hint(package, target)}")
+        raise KernelError(f"{what}: {_install_hint(package, target)}")
     from importlib import resources
 
     home = neff.get("package", package)
     with resources.as_file(resources.files(home).joinpath(neff["path"])) as path:
-        return spike.SpikeModel.load_from_neff(str(path))
+        return binding.api("Model").load_from_neff(str(path))
+
+
+def _preflight(
+    what: str, target: str, neff: dict[str, Any], binding: Binding, built: list[str]
+) -> None:
+    """What the runtime would refuse with an opaque error, said before the first load in one
+    KernelError: the NEFF's target against the instance family, its lnc against the
+    runtime's, its NEFF format against the runtime's version (where known)."""
+    instance, version = _host(binding)
+    family = TARGET_OF_FAMILY.get((instance or "").split(".")[0])
+    problems = [
+        _target_problem(target, instance, family, built),
+        _lnc_problem(neff["lnc"], family),
+        _version_problem(neff, version, binding),
+    ]
+    if any(problems):
+        raise KernelError(f"{what}: " + "; ".join(filter(None, problems)))
+
+
+def _host(binding: Binding) -> tuple[str | None, str | None]:
+    """(instance type, runtime version). The double reports what a test configured; a real
+    host's instance type is its DMI product name, and neither spike nor nrtpy reports the
+    runtime's version."""
+    if binding.double:
+        with contextlib.suppress(ImportError):
+            return importlib.import_module("_nkibuild_double_host").reported_host()
+    return _instance_type(), None
+
+
+def _target_problem(
+    target: str, instance: str | None, family: str | None, built: list[str]
+) -> str | None:
+    legacy = (target, family) == ("trn1", "trn2")
+    if family in (None, target) or (legacy and os.environ.get(LEGACY_NEFF_ENV) == "1"):
+        return None
+    ways = [
+        f"run its {family} NEFF ({TARGET_ENV}={family} or unset)"
+        if family in built
+        else f"rebuild it for {family} (built: {', '.join(built)})",
+        *([f"set {LEGACY_NEFF_ENV}=1 to run the trn1 NEFF on trn2"] if legacy else []),
+    ]
+    return (
+        f"this is the {target} NEFF but this host is a {instance} ({family}) instance; "
+        + " or ".join(ways)
+    )
+
+
+def _lnc_problem(lnc: int, family: str | None) -> str | None:
+    configured = os.environ.get(LNC_ENV, "").strip()
+    runtime = configured or str(DEFAULT_LNC.get(family or "", ""))
+    if runtime in ("", str(lnc)):
+        return None
+    default = f"runs {family}'s default lnc={runtime} ({LNC_ENV} unset)"
+    setting = f"is set to {LNC_ENV}={configured}" if configured else default
+    return (
+        f"this NEFF was compiled for lnc={lnc} but the Neuron runtime {setting}; "
+        f"set {LNC_ENV}={lnc} or rebuild with lnc: {runtime} in nkibuild.yaml"
+    )
+
+
+def _version_problem(neff: dict[str, Any], version: str | None, binding: Binding) -> str | None:
+    written = neff.get("neff_version")  # absent in bundles from before it was recorded
+    needed = NEFF_MIN_RUNTIME.get(_release(str(written))[:1])
+    if version is None or needed is None or _release(version) >= needed:
+        return None
+    oldest = ".".join(map(str, needed))
+    return (
+        f"this NEFF (format {written}, from neuronx-cc {neff['compiler_version']}) needs a "
+        f"Neuron runtime >= {oldest}, but {binding.name} runs on runtime {version}; upgrade "
+        "the Neuron runtime or rebuild with a compiler that writes an older NEFF format"
+    )
 
 
 def as_neff_storage(array: Any) -> Any:
@@ -641,13 +758,6 @@ def as_neff_storage(array: Any) -> Any:
     return array if stored is None else array.view(stored)
 
 
-def _core_is_double() -> bool:
-    """Whether spike's native core is nkibuild's CPU double, the only core a placeholder
-    NEFF may be loaded into. The mark is on the core (`spike._spike`), which is what the
-    double replaces: spike's real Python layer on that core counts, a real core never."""
-    return bool(getattr(sys.modules.get("spike._spike"), "IS_TOOLCHAIN_DOUBLE", False))
-
-
 def _neff_package_missing(package: str, neff: dict[str, Any]) -> bool:
     """A split bundle keeps each target's NEFFs in a package installed by an extra."""
     home = neff.get("package", package)
@@ -655,35 +765,25 @@ def _neff_package_missing(package: str, neff: dict[str, Any]) -> bool:
 
 
 def _install_hint(package: str, target: str) -> str:
-    distribution = build_info(package)["package"]
+    distribution = _document(package)["package"]
     return (
         f"the {target} NEFFs are in a separate package that is not installed: "
         f"pip install '{distribution}[{target}]'"
     )
 
 
-def _check_lnc(what: str, lnc: int) -> None:
-    configured = os.environ.get(LNC_ENV)
-    if configured is not None and configured.strip() != str(lnc):
-        raise KernelError(
-            f"{what}: this NEFF was compiled for lnc={lnc} but the Neuron runtime is "
-            f"set to {LNC_ENV}={configured}; set it to {lnc} or rebuild with lnc: "
-            f"{configured} in nkibuild.yaml"
-        )
-
-
-def _check_sdk(what: str, required: str | None) -> None:
+def _check_sdk(what: str, required: str | None, binding: Binding) -> None:
     """Refuse to load NEFFs into a runtime older than the bundle says it needs.
 
     A newer compiler's NEFF may be refused by an older runtime with an obscure error;
-    this says which versions disagree instead. spike does not report the runtime's
+    this says which versions disagree instead. Neither binding reports the SDK's
     version, so the host's Neuron SDK version is what NKIBUILD_NEURON_SDK_VERSION says;
     unset, nothing is checked (and a debug log says so).
     """
     if not required:
         return
     installed = os.environ.get(SDK_VERSION_ENV)
-    if not installed or _core_is_double():
+    if not installed or binding.double:
         logger.debug(
             "%s: neuron-sdk %s not checked: set %s to the host's Neuron SDK version",
             what,

@@ -1,4 +1,5 @@
-"""`nkibuild doctor`: the toolchain report plus where this host's NEFF caches are."""
+"""`nkibuild doctor`: the toolchain report, where this host's NEFF caches are, and the
+runtime binding bundles get in this environment."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from typing import Any
 def report(toolchain: str | None = None, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The JSON document of `doctor --json`, for the toolchain `--toolchain` (None: not
     given) selects as a build would: the option, else NKIBUILD_TOOLCHAIN, else auto."""
+    from nkibuild.bundle.runtime import runtime_binding
     from nkibuild.settings import BuildOptions, value_before_manifest
     from nkibuild.toolchain.doctor import diagnose
 
     selected = value_before_manifest(BuildOptions(toolchain=toolchain), "toolchain", environ)
-    return {**diagnose(selected), "caches": caches(environ)}
+    runtime = runtime_binding().report()  # this interpreter's, as a bundle run here gets it
+    return {**diagnose(selected), "caches": caches(environ), "runtime": runtime}
 
 
 def caches(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
@@ -63,6 +66,13 @@ def render(document: dict[str, Any]) -> list[str]:
         lines.append(f"remote NEFF cache: {remote['url']} (from {remote['from']})")
     if document["caches"]["read_only"]:
         lines.append("caches are read-only (NKIBUILD_CACHE_READ_ONLY)")
+    runtime = document["runtime"]
+    double = " (nkibuild's toolchain double)" if runtime["double"] else ""
+    lines.append(
+        f"runtime binding for bundles here: {runtime['binding'] or 'none'}{double}: "
+        f"{runtime['why']}"
+        + ("" if runtime["binding"] else "; bundles run their references (auto mode)")
+    )
     return [*render_toolchain(document), *lines]
 
 

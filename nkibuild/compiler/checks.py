@@ -93,4 +93,5 @@ def verified_result(
         compile_seconds=round(produced.seconds, 3),
         peak_memory=produced.peak_memory,
         compile_args=tuple(unit.compile_args()),
+        neff_version="{}.{}".format(*info.format_version),
     )

@@ -44,6 +44,7 @@ class CompiledNeff:
     peak_memory: int = 0  # bytes, of the compile that made the NEFF (0: unknown)
     compile_args: tuple[str, ...] = ()
     notices: tuple[str, ...] = ()  # e.g. a corrupt cache entry that was discarded
+    neff_version: str = ""  # the NEFF format, "2.0" ("": a record from before it was kept)
 
     def to_json(self) -> dict[str, object]:
         data = dict(vars(self))

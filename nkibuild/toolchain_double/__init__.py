@@ -16,7 +16,7 @@ FAKES_DIR = HERE / "fakes"  # nki, torch, torch_xla stand-ins for frontend worke
 # nkipy's tracer runs on any CPU: the double adds this stand-in only where the real
 # nkipy is not installed.
 FAKE_NKIPY_DIR = HERE / "fake_nkipy"
-FAKE_RUNTIME_DIR = HERE / "fake_runtime"  # spike, for running bundles
+FAKE_RUNTIME_DIR = HERE / "fake_runtime"  # nrtpy and spike, for running bundles
 COMPILER_COMMAND = (sys.executable, "-m", "nkibuild.toolchain_double.fake_neuronxcc")
 LABEL = " (nkibuild toolchain double: placeholder NEFFs)"
 NKI_VERSION_ENV = "NKIBUILD_FAKE_NKI_VERSION"
