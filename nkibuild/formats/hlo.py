@@ -20,9 +20,9 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from nkibuild.confine import UnreadableFile, read_regular
 from nkibuild.dtypes import BY_HLO_TYPE, hlo_type_name
 from nkibuild.errors import NkibuildError
-from nkibuild.confine import UnreadableFile, read_regular
 
 TUPLE_TYPE = 13  # xla PrimitiveType.TUPLE
 

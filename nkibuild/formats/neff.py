@@ -56,9 +56,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, NamedTuple
 
+from nkibuild.confine import UnreadableFile, open_regular
 from nkibuild.errors import NkibuildError
 from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, load_json
-from nkibuild.confine import UnreadableFile, open_regular
 
 HEADER_SIZE = 1024
 # The packaging version whose header layout (and checksum layout) is documented.
