@@ -158,12 +158,13 @@ def open_regular(
         if error.errno == errno.ELOOP and not follow:
             raise UnreadableFile(path, "a symbolic link (not followed)") from None
         raise
-    with os.fdopen(fd, "rb") as handle:
-        status = os.fstat(fd)
+    status = os.fstat(fd)  # before fdopen, which refuses a directory in its own words
+    if not stat.S_ISREG(status.st_mode) or status.st_size > max_bytes:
+        os.close(fd)
         if not stat.S_ISREG(status.st_mode):
             raise UnreadableFile(path, f"not a regular file ({file_kind(status.st_mode)})")
-        if status.st_size > max_bytes:
-            raise UnreadableFile(path, f"{status.st_size} bytes, more than the {max_bytes} allowed")
+        raise UnreadableFile(path, f"{status.st_size} bytes, more than the {max_bytes} allowed")
+    with os.fdopen(fd, "rb") as handle:
         yield handle
 
 
