@@ -179,16 +179,9 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int, *, follow: bool =
 
 
 def file_kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a plain file"
+    kinds = {"d": "a directory", "p": "a FIFO", "s": "a socket"}
+    kinds |= {"c": "a character device", "b": "a block device"}
+    return kinds.get(stat.filemode(mode)[0], "not a plain file")
 
 
 def glob_files(root: Path, pattern: str) -> list[Path]:

@@ -260,23 +260,15 @@ def verify_timeout() -> float:
 
 
 def _answer_lines(answer: Path) -> list[dict[str, Any]]:
-    """The answer's JSON lines up to the first that is not a JSON object (none if absent)."""
-    from nkibuild.formats.jsonlimits import JsonLimitError, load_json
+    """The answer's JSON objects, one a line; none if it is absent or not runner.py's."""
+    from nkibuild.formats.jsonlimits import load_json
 
     try:
         text = read_regular(answer, MAX_ANSWER_BYTES).decode("utf-8", errors="replace")
-    except OSError:
+        lines = [load_json(line) for line in text.splitlines()]
+    except (OSError, ValueError):  # ValueError: JsonLimitError
         return []
-    lines = []
-    for line in text.splitlines():
-        try:
-            value = load_json(line)
-        except JsonLimitError:
-            break
-        if not isinstance(value, dict):
-            break
-        lines.append(value)
-    return lines
+    return [line for line in lines if isinstance(line, dict)]
 
 
 def _log_tail(log: Path) -> str:
