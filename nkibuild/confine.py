@@ -6,18 +6,29 @@ path is followed through every symlink to the file it really is, and that file m
 be a regular file under one of the allowed roots. A symlink under the project that
 leads to `~/.ssh/id_rsa` or `/proc/self/environ` is refused with the path and the
 reason, never read.
+
+Below that check, `open_regular`/`read_regular` are how nkibuild opens any file that a
+user or another machine supplied (project files, NEFFs, HLO modules, wheels,
+statements, the manifest, a verify run's results): never blocking on a FIFO, only a
+regular file, never more than a stated number of bytes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import BinaryIO, Literal, NamedTuple
 
 from nkibuild.errors import NkibuildError
 from nkibuild.text import printable
+
+# A project file read whole (a source, a reference, a prebuilt HLO module: protobuf's
+# 2 GiB limit); a larger one is refused, not loaded into memory.
+MAX_PROJECT_FILE_BYTES = (2 << 30) - 1
 
 
 class OutsideProject(NkibuildError):
@@ -102,22 +113,75 @@ def checked_file(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike
     return Path(path)
 
 
-def read_confined(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike[str]]) -> bytes:
+def read_confined(
+    path: str | os.PathLike[str],
+    roots: Sequence[str | os.PathLike[str]],
+    max_bytes: int = MAX_PROJECT_FILE_BYTES,
+) -> bytes:
     """The bytes of a regular file inside `roots`. The file is opened at its resolved
     path without following a symlink there, and checked again through the open
     descriptor, so one swapped in after the check is not read either."""
     checked_file(path, roots)
-    real = os.path.realpath(path)
     try:
-        fd = os.open(
-            real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-        )
+        return read_regular(os.path.realpath(path), max_bytes, follow=False)
+    except UnreadableFile as error:
+        raise OutsideProject(path, f"is {error.strerror}") from None
     except OSError as error:
         raise OutsideProject(path, f"cannot be read ({error.strerror})") from None
+
+
+class UnreadableFile(OSError):
+    """A file refused by `open_regular`: not a regular file, a symlink where none may be,
+    or past the reader's size bound. An OSError, so "cannot read" paths handle it too."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        super().__init__(reason)
+        self.filename, self.strerror = os.fspath(path), reason
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+@contextlib.contextmanager
+def open_regular(
+    path: str | os.PathLike[str], max_bytes: int, *, follow: bool = True
+) -> Iterator[BinaryIO]:
+    """The one way nkibuild opens a file someone else supplied (a NEFF, an HLO module, a
+    statement, a wheel, a manifest, a report): O_NONBLOCK, so a FIFO cannot hang the
+    open; fstat, so only a regular file of at most `max_bytes` is read (no /dev/zero, no
+    10 GiB sparse file); with `follow=False`, O_NOFOLLOW refuses a symlink in the last
+    component. Other OSErrors (missing, no permission) are raised as they are."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as error:
+        if error.errno == errno.ELOOP and not follow:
+            raise UnreadableFile(path, "a symbolic link (not followed)") from None
+        raise
+    status = os.fstat(fd)  # before fdopen, which refuses a directory in its own words
+    if not stat.S_ISREG(status.st_mode) or status.st_size > max_bytes:
+        os.close(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise UnreadableFile(path, f"not a regular file ({file_kind(status.st_mode)})")
+        raise UnreadableFile(path, f"{status.st_size} bytes, more than the {max_bytes} allowed")
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OutsideProject(path, "is not a regular file")
-        return handle.read()
+        yield handle
+
+
+def read_regular(path: str | os.PathLike[str], max_bytes: int, *, follow: bool = True) -> bytes:
+    """The bytes of `path` through `open_regular`; a file that grows past the bound while
+    it is read is refused too (fstat's size was only a first answer)."""
+    with open_regular(path, max_bytes, follow=follow) as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UnreadableFile(path, f"more than the {max_bytes} bytes allowed")
+    return data
+
+
+def file_kind(mode: int) -> str:
+    kinds = {"d": "a directory", "p": "a FIFO", "s": "a socket"}
+    kinds |= {"c": "a character device", "b": "a block device"}
+    return kinds.get(stat.filemode(mode)[0], "not a plain file")
 
 
 def glob_files(root: Path, pattern: str) -> list[Path]:

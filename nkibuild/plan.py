@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from nkibuild import __version__, plaindata
+from nkibuild.confine import MAX_PROJECT_FILE_BYTES, read_regular
 from nkibuild.fsutil import atomic_write_bytes, stamp_ctime_ns, stamp_of
 from nkibuild.manifest.model import (
     CompileSettings,
@@ -264,7 +265,7 @@ def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[Bui
 
 def _plan_key(path: Path) -> str | None:
     try:
-        digest = hashlib.sha256(path.read_bytes())
+        digest = hashlib.sha256(read_regular(path, MAX_PROJECT_FILE_BYTES))  # no FIFO hang
     except OSError:
         return None  # let the manifest loader report it
     # A `~` in a setting (the compiler's path) is expanded against the home directory.

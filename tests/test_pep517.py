@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -340,7 +342,7 @@ def test_an_editable_install_follows_each_build(tmp_path: Path) -> None:
     pth = sorted((tmp_path / "venv").glob("lib/python*/site-packages/__editable__.*.pth"))
     assert [p.name for p in pth] == ["__editable__.pep_kernels-0.3.0.pth"]
     finder = "import __editable___nkibuild_pep_kernels_finder\n"  # says what to run after clean
-    assert pth[0].read_text() == f"{bundle_dir}\n{finder}"
+    assert pth[0].read_text() == finder  # the path is a literal in that module, not a line
     before = installed_state(python, tmp_path)
     assert before == {
         "file": str(bundle_dir / "pep_kernels" / "__init__.py"),
@@ -358,7 +360,7 @@ def test_an_editable_install_follows_each_build(tmp_path: Path) -> None:
     assert after["file"] == before["file"]
     assert after["sha256"] == {k: compiled_sha256(root, k) for k in ("softmax", "wide_softmax")}
     assert after["sha256"]["softmax"] != before["sha256"]["softmax"]  # the edited kernel's NEFF
-    assert [p.read_text() for p in pth] == [f"{bundle_dir}\n{finder}"]  # not reinstalled
+    assert [p.read_text() for p in pth] == [finder]  # not reinstalled
 
 
 def test_editable_hooks_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -389,8 +391,9 @@ def test_editable_hooks_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_an_editable_split_bundle_puts_its_target_parts_on_the_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The parts are not installed separately: the .pth names their directories, and
-    the metadata does not require them (pip would look for them on an index)."""
+    """The parts are not installed separately: the editable finder module puts their
+    directories on the path, and the metadata does not require them (pip would look for
+    them on an index)."""
     manifest = softmax_manifest("{name: pep-kernels, version: 0.3.0, split-targets: true}")
     root = softmax_project(
         tmp_path / "p", manifest, {"pyproject.toml": PYPROJECT.format(name="pep-kernels")}
@@ -398,15 +401,17 @@ def test_an_editable_split_bundle_puts_its_target_parts_on_the_path(
     monkeypatch.chdir(root)
     name = backend.build_editable(str(tmp_path / "wheels"), {"toolchain": "fake"})
     with zipfile.ZipFile(tmp_path / "wheels" / name) as archive:
-        paths = archive.read("__editable__.pep_kernels-0.3.0.pth").decode().splitlines()
+        pth = archive.read("__editable__.pep_kernels-0.3.0.pth").decode()
+        finder = archive.read("__editable___nkibuild_pep_kernels_finder.py").decode()
         metadata = archive.read("pep_kernels-0.3.0.dist-info/METADATA").decode()
     bundle_dir = root / "build" / "bundle" / "pep-kernels"
+    assert pth == "import __editable___nkibuild_pep_kernels_finder\n"
+    paths = ast.literal_eval(re.search(r"^DIRECTORIES = (.*)$", finder, re.MULTILINE)[1])
     assert paths == [
         str(bundle_dir),
         *(str(bundle_dir / "parts" / f"pep_kernels_{t}") for t in ("trn1", "trn2")),
-        "import __editable___nkibuild_pep_kernels_finder",
     ]
-    for target, part in zip(("trn1", "trn2"), paths[1:-1], strict=True):
+    for target, part in zip(("trn1", "trn2"), paths[1:], strict=True):
         package = Path(part) / f"pep_kernels_{target}"
         assert (package / "neff" / target / "softmax" / "default.neff").is_file()
     assert "pep-kernels-trn" not in metadata and "Provides-Extra" not in metadata

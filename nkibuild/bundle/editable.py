@@ -1,10 +1,12 @@
-"""What an editable install of a bundle says when its bundle directory is gone.
+"""The module an editable install of a bundle runs at startup.
 
-An editable install's `.pth` file puts the bundle's directory under `build/` on
-`sys.path`; `nkibuild clean` removes it, and the import then fails with a bare
-"No module named ...". The editable wheel also installs the module `finder_module`
-writes, which the `.pth` file imports at startup: a finder consulted after every other
-one, which turns that failure into one that says what to run.
+The editable wheel's `.pth` file holds one line, `import <this module>`; the module
+puts the bundle's directory under `build/` (and its target parts') on `sys.path`. The
+directories are string literals in it (`repr`), never lines of the `.pth` file: site
+runs any `.pth` line that starts with `import`, so a project path holding a newline
+would otherwise add lines of code to every interpreter start. `nkibuild clean`
+removes the bundle directory, and the import then fails with a bare "No module named
+..."; the module's finder, consulted after every other one, says what to run instead.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import sys
 from importlib.abc import MetaPathFinder
 
 PACKAGE = {import_name!r}
-DIRECTORY = {directory!r}
+DIRECTORIES = {directories!r}
+DIRECTORY = DIRECTORIES[0]
 
 
 class MissingBundle(MetaPathFinder):
@@ -35,12 +38,14 @@ class MissingBundle(MetaPathFinder):
         )
 
 
+sys.path.extend(d for d in DIRECTORIES if d not in sys.path)
 sys.meta_path.append(MissingBundle())
 '''
 
 
-def finder_module(import_name: str, directory: Path) -> tuple[str, str, str]:
-    """The finder's file name in the wheel, its source, and the `.pth` line importing it."""
+def finder_module(import_name: str, directories: list[Path]) -> tuple[str, str, str]:
+    """The module's file name in the wheel, its source, and the `.pth` line importing it."""
     module = f"__editable___nkibuild_{import_name}_finder"
-    source = FINDER_SOURCE.format(import_name=import_name, directory=str(directory.resolve()))
+    resolved = [str(directory.resolve()) for directory in directories]
+    source = FINDER_SOURCE.format(import_name=import_name, directories=resolved)
     return f"{module}.py", source, f"import {module}\n"

@@ -82,14 +82,12 @@ def build_editable_wheel(project: BundleProject, wheel_dir: Path) -> Path:
     are on that path, not requirements: there is no separate install of them."""
     dist_info, generated = dist_info_files(project, editable=True)
     directories = [project.directory, *(part.directory for part in project.parts)]
-    paths = "".join(f"{directory.resolve()}\n" for directory in directories)
-    # A finder that says what to run once `nkibuild clean` removed the bundle directory.
+    # The .pth file only imports a module holding the paths as literals (editable.py).
     from nkibuild.bundle.editable import finder_module
 
-    finder, source, import_line = finder_module(project.package.import_name, project.directory)
+    finder, source, import_line = finder_module(project.package.import_name, directories)
     generated[finder] = source.encode()
-    pth = paths + import_line
-    generated[f"__editable__.{dist_info.removesuffix('.dist-info')}.pth"] = pth.encode()
+    generated[f"__editable__.{dist_info.removesuffix('.dist-info')}.pth"] = import_line.encode()
     destination = wheel_dir / wheel_file_name(project.package)
     with atomic_output(destination) as tmp:
         _write_zip(tmp, _hashed(generated), f"{dist_info}/RECORD")

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import functools
 import os
-import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from nkibuild.confine import UnreadableFile, read_regular
 from nkibuild.dtypes import BY_HLO_TYPE, hlo_type_name
 from nkibuild.errors import NkibuildError
 
@@ -110,15 +110,9 @@ def read_hlo_file(path: str | os.PathLike[str]) -> HloModuleInfo:
     """Parse an HloModuleProto file; errors name the file."""
     origin = os.fspath(path)
     try:
-        # O_NONBLOCK: a FIFO must not hang the reader; only a regular file is read.
-        fd = os.open(origin, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        with os.fdopen(fd, "rb") as f:
-            status = os.fstat(f.fileno())
-            if not stat.S_ISREG(status.st_mode):
-                raise HloFormatError(f"{origin}: not a regular file")
-            if status.st_size > MAX_MODULE_BYTES:
-                raise HloFormatError(f"{origin}: {_too_large(status.st_size)}")
-            data = f.read(MAX_MODULE_BYTES + 1)
+        data = read_regular(origin, MAX_MODULE_BYTES)
+    except UnreadableFile as exc:
+        raise HloFormatError(str(exc)) from None
     except OSError as exc:
         raise HloFormatError(f"cannot read HLO module {origin}: {exc.strerror}") from None
     return _read(data, origin)

@@ -48,7 +48,6 @@ import io
 import lzma
 import os
 import re
-import stat
 import struct
 import tarfile
 import uuid
@@ -57,6 +56,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, NamedTuple
 
+from nkibuild.confine import UnreadableFile, open_regular
 from nkibuild.errors import NkibuildError
 from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, load_json
 
@@ -69,8 +69,8 @@ PLACEHOLDER_MEMBER = "PLACEHOLDER.txt"
 _INFO, _NEFF, _KELF = "info.json", "neff.json", "kelf-0.json"
 # `sgLnk/` is accepted before a subgraph directory; the subgraph keeps its `sgNN` name.
 _TENSOR_MAP = re.compile(r"(?:sgLnk/)?(sg\d+)/tensor_map\.json")
-_INPUT_NAME = re.compile(r"input(\d+)")
-_OUTPUT_NAME = re.compile(r"output(\d+)")
+_INPUT_NAME = re.compile(r"input([0-9]+)")
+_OUTPUT_NAME = re.compile(r"output([0-9]+)")
 _SUBGRAPH_PREFIX = "sgLnk/"
 
 # Header fields in file order; see the module docstring for offsets.
@@ -185,24 +185,14 @@ def read_neff(
         data = bytes(source)
         return _parse_named(io.BytesIO(data), len(data), "NEFF data", verify_checksum, limits)
     origin = os.fspath(source)
-    with _open_regular(origin) as stream:
-        size = os.fstat(stream.fileno()).st_size
-        return _parse_named(stream, size, origin, verify_checksum, limits)
-
-
-def _open_regular(path: str) -> io.BufferedReader:
-    """Open for reading without blocking on a FIFO; only a regular file is a NEFF."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with open_regular(origin, limits.file_bytes) as stream:
+            size = os.fstat(stream.fileno()).st_size
+            return _parse_named(stream, size, origin, verify_checksum, limits)
+    except UnreadableFile as exc:
+        raise NeffFormatError(f"{origin}: not a valid NEFF: {exc.strerror}") from None
     except OSError as exc:
-        raise NeffFormatError(f"cannot read NEFF {path}: {exc.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NeffFormatError(f"{path}: not a valid NEFF: not a regular file")
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+        raise NeffFormatError(f"cannot read NEFF {origin}: {exc.strerror or exc}") from None
 
 
 def _parse_named(
@@ -527,10 +517,15 @@ def _io_tensors(
 def _numbered_first(numbered: re.Pattern[str]) -> Any:
     """Sort key: output0, output1, ..., output10 numerically; other names after, in map order."""
 
-    def key(index_name: tuple[int, str]) -> tuple[int, int]:
+    def key(index_name: tuple[int, str]) -> tuple[int, int, str]:
         index, name = index_name
         match = numbered.fullmatch(name)
-        return (0, int(match.group(1))) if match else (1, index)
+        if not match:
+            return (1, index, "")
+        # Compared as digit strings (shorter is smaller), never through int(): a name of
+        # 5000 digits is past Python's int() limit, and ASCII digits only (\d is Unicode).
+        digits = match.group(1).lstrip("0")
+        return (0, len(digits), digits)
 
     return key
 

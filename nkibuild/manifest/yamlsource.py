@@ -19,6 +19,7 @@ from yaml.composer import ComposerError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.reader import ReaderError
 
+from nkibuild.confine import read_regular
 from nkibuild.errors import Diagnostic, Location, ManifestError
 
 MAX_BYTES = 1 << 20
@@ -114,19 +115,16 @@ def load_yaml(
     """
     file = display if display is not None else os.fspath(path)
     try:
-        with open(path, "rb") as stream:
-            raw = stream.read(MAX_BYTES + 1)
-    except OSError as error:
+        raw = read_regular(path, MAX_BYTES)
+    except OSError as error:  # missing, a FIFO or device, larger than MAX_BYTES
         raise _fatal(file, f"cannot read the manifest: {error.strerror or error}") from None
-    if len(raw) > MAX_BYTES:
-        raise _fatal(file, f"the manifest is larger than {MAX_BYTES // 1024} KiB")
     return parse_yaml(raw, file), raw
 
 
 def parse_yaml(raw: bytes, file: str) -> YamlDocument:
     """Parse one YAML document from UTF-8 bytes; every problem raises ManifestError."""
     if len(raw) > MAX_BYTES:
-        raise _fatal(file, f"the manifest is larger than {MAX_BYTES // 1024} KiB")
+        raise _fatal(file, f"{len(raw)} bytes, more than the {MAX_BYTES} allowed in a manifest")
     text = _decode(raw, file)
     root, loader = _compose(text, file)
     if root is None:
@@ -227,6 +225,21 @@ class _BudgetExceeded(Exception):
         self.diagnostic = diagnostic
 
 
+def _count_nodes(root: Node | None, limit: int) -> int:
+    """The distinct nodes under `root` (each alias target once), counted up to `limit`."""
+    seen: set[int] = set()
+    stack = [] if root is None else [root]
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            if isinstance(node, SequenceNode):
+                stack.extend(node.value)
+            elif isinstance(node, MappingNode):
+                stack.extend(item for pair in node.value for item in pair)
+    return len(seen)
+
+
 class _Converter:
     """Nodes -> plain data, recording locations and collecting (not raising) key problems."""
 
@@ -237,9 +250,11 @@ class _Converter:
         self.keys: dict[JsonPath, Location] = {}
         self.diagnostics: list[Diagnostic] = []
         self.visited = 0
+        self.root: Node | None = None
         self.active: set[int] = set()  # nodes being converted: a repeat is a recursive alias
 
     def convert(self, node: Node, path: JsonPath) -> Any:
+        self.root = node
         try:
             return self._value(node, path, self._where(node))
         except _BudgetExceeded as error:
@@ -272,14 +287,7 @@ class _Converter:
     def _count(self, node: Node, path: JsonPath, where: Location) -> None:
         self.visited += 1
         if self.visited > MAX_NODES:
-            raise _BudgetExceeded(
-                Diagnostic(
-                    f"the document expands to more than {MAX_NODES} values",
-                    where,
-                    json_path=json_path(path),
-                    hint="anchors and aliases (&name, *name) are repeated too often",
-                )
-            )
+            raise _BudgetExceeded(self._too_many(path, where))
         if id(node) in self.active:
             raise _BudgetExceeded(
                 Diagnostic("an alias refers to a value that contains it", where, json_path(path))
@@ -288,6 +296,16 @@ class _Converter:
             raise _BudgetExceeded(
                 Diagnostic(f"nesting deeper than {MAX_DEPTH} levels", where, json_path(path))
             )
+
+    def _too_many(self, path: JsonPath, where: Location) -> Diagnostic:
+        """Aliases are blamed only if the document's own values are within the limit."""
+        own = _count_nodes(self.root, MAX_NODES + 1)
+        if own > MAX_NODES:
+            message, hint = f"the manifest holds more than {MAX_NODES} values (the limit)", None
+        else:
+            message = f"the document expands to more than {MAX_NODES} values (the limit)"
+            hint = f"it has {own} values of its own; anchors and aliases (&name, *name) repeat them"
+        return Diagnostic(message, where, json_path=json_path(path), hint=hint)
 
     def _scalar(self, node: ScalarNode, path: JsonPath, where: Location) -> Any:
         if node.tag not in _SCALAR_TAGS:

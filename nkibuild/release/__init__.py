@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nkibuild.cache.key import file_sha256
+from nkibuild.confine import read_regular
 from nkibuild.context import BuildContext
 from nkibuild.errors import ManifestError, UsageError
 from nkibuild.graph.report import BuildSummary, Display
@@ -198,7 +199,7 @@ def _release_of(wheel_name: str) -> object:
 
 def _listed_wheels(out: Path) -> set[str]:
     try:
-        lines = (out / SUMS_FILE).read_text().splitlines()
+        lines = read_regular(out / SUMS_FILE, 64 << 20).decode(errors="replace").splitlines()
     except OSError:
         return set()
     return {line.partition("  ")[2] for line in lines}

@@ -203,7 +203,13 @@ def neuron_cc_flags() -> tuple[str, tuple[str, ...]]:
     and changes no NEFF, so workers never see it and keys never include it.
     """
     flags = os.environ.get("NEURON_CC_FLAGS", "")
-    kept, dropped = without_cache_dir(flags)
+    try:
+        kept, dropped = without_cache_dir(flags)
+    except ValueError as error:  # an unbalanced quote, a trailing backslash
+        raise ToolchainError(
+            f"NEURON_CC_FLAGS={printable(flags)!r} cannot be split into words as a shell "
+            f"would ({error}); neuronx-cc reads it that way"
+        ) from None
     if not dropped:
         return flags, ()
     notice = (

@@ -11,17 +11,19 @@ baseline (numeric error, spike benchmark time) that the first verify recorded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Sequence
+import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nkibuild.confine import open_regular, read_regular
 from nkibuild.errors import BuildError, UsageError
 from nkibuild.fsutil import atomic_write_text
 
@@ -35,6 +37,16 @@ BUILD_INFO = "_build.json"
 ERROR_GROWTH = 2.0  # an error this many times the baseline's is a regression
 SLOWDOWN = 1.10  # and so is a benchmark this much slower
 VERIFY_TIMEOUT_S = 1800
+ENV_TIMEOUT = "NKIBUILD_VERIFY_TIMEOUT"
+MAX_ANSWER_BYTES = 256 << 20  # runner.py's answer: a few hundred bytes per variant
+LOG_TAIL_BYTES = 4000
+MAX_WHEEL_BYTES = 8 << 30  # a wheel handed to verify (its NEFFs are at most 4 GiB each)
+MAX_UNPACKED_BYTES = 16 << 30  # what its members may declare in total
+MAX_BUILD_INFO_BYTES = 64 << 20
+# What zipfile raises for a damaged wheel: besides BadZipFile, zlib.error (corrupt
+# deflated data), NotImplementedError (an unknown compression method; a
+# RuntimeError like an encrypted member's), EOFError (data cut short).
+UNREADABLE_WHEEL = (OSError, EOFError, RuntimeError, zipfile.BadZipFile, zlib.error)
 
 
 @dataclass(frozen=True)
@@ -94,21 +106,38 @@ def bundle_of_project(
 
 def bundle_of_wheel(wheel: Path, scratch: Path) -> BundleUnderTest:
     """Unpack a wheel (bundles are pure Python) to import it without installing it."""
-    try:
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(scratch)
-    except (OSError, zipfile.BadZipFile) as error:
-        raise UsageError(f"{wheel}: not a readable wheel ({error})") from None
-    packages = [p.parent.name for p in scratch.glob(f"*/{BUILD_INFO}")]
-    if len(packages) != 1:
-        raise UsageError(f"{wheel}: not an nkibuild bundle (no single package with {BUILD_INFO})")
     from nkibuild.bundle.buildinfo import BuildInfo, BuildInfoError
 
     try:
-        info = BuildInfo.from_text((scratch / packages[0] / BUILD_INFO).read_text())
+        with opened_wheel(wheel) as archive:
+            archive.extractall(scratch)
+        packages = [p.parent.name for p in scratch.glob(f"*/{BUILD_INFO}")]
+        if len(packages) != 1:
+            raise UsageError(
+                f"{wheel}: not an nkibuild bundle (no single package with {BUILD_INFO})"
+            )
+        text = read_regular(scratch / packages[0] / BUILD_INFO, MAX_BUILD_INFO_BYTES)
+        info = BuildInfo.from_text(text.decode("utf-8", errors="replace"))
+    except UNREADABLE_WHEEL as error:
+        raise UsageError(f"{wheel}: not a readable wheel ({error})") from None
     except BuildInfoError as error:
         raise UsageError(f"{wheel}: {error.of(f'{packages[0]}/{BUILD_INFO}')}") from None
     return BundleUnderTest(packages[0], (scratch,), info, wheel.with_suffix(".verify.json"))
+
+
+@contextlib.contextmanager
+def opened_wheel(wheel: Path) -> Iterator[zipfile.ZipFile]:
+    """A wheel someone handed over, as an archive: opened by the bounded reader (a FIFO
+    or a device is refused, not waited on) and refused when its members declare more
+    than MAX_UNPACKED_BYTES (zipfile never unpacks a member past its declared size).
+    Raises what UNREADABLE_WHEEL lists."""
+    with open_regular(wheel, MAX_WHEEL_BYTES) as handle, zipfile.ZipFile(handle) as archive:
+        declared = sum(member.file_size for member in archive.infolist())
+        if declared > MAX_UNPACKED_BYTES:
+            raise zipfile.BadZipFile(
+                f"its members unpack to {declared} bytes, more than {MAX_UNPACKED_BYTES}"
+            )
+        yield archive
 
 
 def verify(
@@ -183,26 +212,75 @@ def _run(
     kernels = bundle.info.kernels.items()
     tolerances = {n: k.tolerance.to_json() for n, k in kernels if target in (None, *k.neffs)}
     request = {"package": bundle.package, "mode": mode, "tolerances": tolerances}
+    path = os.pathsep.join(str(p) for p in (*bundle.paths, *extra_path))
+    # -I: no user site, no PYTHONPATH, no cwd on sys.path; the bootstrap adds `path`.
+    command = [sys.executable, "-I", "-c", _BOOTSTRAP, path, str(RUNNER)]
+    environment = {**os.environ, **env, "NKIBUILD_MODE": ""}
+    return run_runner(command, request, f"verifying {bundle.package}", None, environment)
+
+
+def run_runner(
+    command: list[str], request: dict[str, Any], what: str, cwd: Path | None, env: dict[str, str]
+) -> dict[str, Any]:
+    """Run runner.py (`command` without its request file) in its own process group and
+    return its answer: `{"results": [...], **its last line}`. The answer comes through a
+    file (runner.py's docstring), never stdout: what a kernel or reference prints goes to
+    a log whose tail errors show. BuildError when the run outlasts the timeout (naming
+    what was running; the process group is killed), fails, or leaves no complete answer."""
+    from nkibuild.compiler.process import run_process
+
+    timeout = verify_timeout()
     with tempfile.TemporaryDirectory(prefix="nkibuild-verify-") as scratch:
-        request_file = Path(scratch) / "request.json"
-        request_file.write_text(json.dumps(request))
-        path = os.pathsep.join(str(p) for p in (*bundle.paths, *extra_path))
-        # -I: no user site, no PYTHONPATH, no cwd on sys.path; the bootstrap adds `path`.
-        command = [sys.executable, "-I", "-c", _BOOTSTRAP, path, str(RUNNER), str(request_file)]
-        proc = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            env={**os.environ, **env, "NKIBUILD_MODE": ""},
-            timeout=VERIFY_TIMEOUT_S,
-            check=False,
-        )
-    if proc.returncode != 0:
+        answer, log, request_file = (Path(scratch, n) for n in ("answer", "log", "request"))
+        request_file.write_text(json.dumps({**request, "output": str(answer)}))
+        command = [*command, str(request_file)]
+        outcome = run_process(command, cwd or Path(scratch), log, timeout, env=env)
+        lines, tail = _answer_lines(answer), _log_tail(log)
+    if outcome.timed_out:
+        running = next((line["running"] for line in reversed(lines) if "running" in line), None)
         raise BuildError(
-            f"verifying {bundle.package} failed to run (exit {proc.returncode})",
-            log_tail=proc.stderr[-4000:],
+            f"{what}: {running or 'the check'} did not finish within {timeout:g} s "
+            f"({ENV_TIMEOUT}); it was stopped, and the checks after it did not run",
+            log_tail=tail,
         )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    if outcome.returncode != 0 or not lines or "done" not in lines[-1]:
+        raise BuildError(
+            f"{what} failed (exit {outcome.returncode}; a kernel or reference may have ended "
+            "the process)",
+            log_tail=tail,
+        )
+    return {"results": [line for line in lines if "kernel" in line], **lines[-1]}
+
+
+def verify_timeout() -> float:
+    """How long one run of runner.py may take: NKIBUILD_VERIFY_TIMEOUT, else 30 minutes."""
+    from nkibuild.quantities import parse_duration
+
+    try:
+        return parse_duration(os.environ.get(ENV_TIMEOUT, VERIFY_TIMEOUT_S))
+    except ValueError as error:
+        raise UsageError(f"{ENV_TIMEOUT}: {error}") from None
+
+
+def _answer_lines(answer: Path) -> list[dict[str, Any]]:
+    """The answer's JSON objects, one a line; none if it is absent or not runner.py's."""
+    from nkibuild.formats.jsonlimits import load_json
+
+    try:
+        text = read_regular(answer, MAX_ANSWER_BYTES).decode("utf-8", errors="replace")
+        lines = [load_json(line) for line in text.splitlines()]
+    except (OSError, ValueError):  # ValueError: JsonLimitError
+        return []
+    return [line for line in lines if isinstance(line, dict)]
+
+
+def _log_tail(log: Path) -> str:
+    try:
+        with open_regular(log, sys.maxsize) as handle:
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - LOG_TAIL_BYTES))
+            return handle.read(LOG_TAIL_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 # Runs the runner with only the bundle (and, for the double, the fake spike) added to
@@ -282,9 +360,11 @@ def _key(check: Check) -> str:
 
 
 def _read_baseline(path: Path) -> dict[str, Any]:
+    from nkibuild.formats.jsonlimits import load_json
+
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = load_json(read_regular(path, MAX_BUILD_INFO_BYTES))
+    except (OSError, ValueError):  # none yet, or not one nkibuild wrote: start afresh
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -11,26 +11,29 @@ summary to the statement's entries; the release writes with it, this module read
 
 from __future__ import annotations
 
+import hashlib
 import zipfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from nkibuild.bundle.buildinfo import FILE_NAME, BuildInfo, BuildInfoError
-from nkibuild.cache.key import file_sha256
+from nkibuild.confine import open_regular, read_regular
 from nkibuild.errors import UsageError
+from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, load_json
+from nkibuild.verify import (
+    MAX_BUILD_INFO_BYTES,
+    MAX_WHEEL_BYTES,
+    UNREADABLE_WHEEL,
+    opened_wheel,
+)
 
 STATEMENT_FILE = "provenance.intoto.json"
 # Earlier releases' statements, which a later release into the same folder keeps.
 KEPT_STATEMENTS = "provenance-*.intoto.json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
-# What zipfile raises for a damaged wheel: besides BadZipFile, zlib.error (corrupt
-# deflated data), NotImplementedError (an unknown compression method; a
-# RuntimeError like an encrypted member's), EOFError (data cut short).
-UNREADABLE_WHEEL = (OSError, EOFError, RuntimeError, zipfile.BadZipFile, zlib.error)
 
 
 @dataclass(frozen=True)
@@ -87,13 +90,15 @@ def wheel_build_info(wheel: Path) -> BuildInfo | None:
     """The `_build.json` of a bundle wheel; None for a wheel without one (a split
     bundle's per-target NEFF part). UsageError if it is not a readable wheel."""
     try:
-        with zipfile.ZipFile(wheel) as archive:
+        with opened_wheel(wheel) as archive:
             members = [n for n in archive.namelist() if n.count("/") == 1]
             records = [n for n in members if n.endswith(f"/{FILE_NAME}")]
             if not records:
                 return None
             if len(records) > 1:
                 raise UsageError(f"{wheel}: more than one package with {FILE_NAME}")
+            if archive.getinfo(records[0]).file_size > MAX_BUILD_INFO_BYTES:
+                raise zipfile.BadZipFile(f"{records[0]} is larger than {MAX_BUILD_INFO_BYTES}")
             text = archive.read(records[0]).decode("utf-8", errors="replace")
     except UNREADABLE_WHEEL as error:
         raise UsageError(f"{wheel}: not a readable wheel ({error})") from None
@@ -109,14 +114,12 @@ def read_statement(path: Path) -> dict[str, Any]:
     UsageError if it cannot be read; ValueError (the problem) if it is not a
     provenance statement nkibuild wrote."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path, JsonLimits().max_bytes)
     except OSError as error:
         raise UsageError(
             f"{path}: cannot read the provenance statement ({error.strerror or error}); "
             f"a release writes {STATEMENT_FILE} next to its wheels, or pass --statement FILE"
         ) from None
-    from nkibuild.formats.jsonlimits import JsonLimitError, load_json
-
     try:  # bounded: a statement is a file anyone can hand over
         statement = load_json(text)
     except JsonLimitError as error:
@@ -174,13 +177,11 @@ def _require_digest_sets(subjects: list[dict[str, Any]], path: Path) -> None:
 
 def check_wheel(wheel: Path, statement_path: Path) -> ProvenanceCheck:
     """Check one wheel against the statement; every disagreement is a problem."""
-    if not wheel.is_file():
-        raise UsageError(f"{wheel}: no such wheel")
+    digest = _wheel_sha256(wheel)
     try:
         statement = read_statement(statement_path)
     except ValueError as error:
         return ProvenanceCheck(wheel, statement_path, (str(error),))
-    digest = file_sha256(wheel)
     problems = _subject_problems(wheel.name, digest, statement["subject"])
     if problems:
         return ProvenanceCheck(wheel, statement_path, tuple(problems))
@@ -202,6 +203,20 @@ def check_wheel(wheel: Path, statement_path: Path) -> ProvenanceCheck:
         tools = sum(role == "tool" for role, _ in recorded)
         notes.append(f"{len(recorded) - tools} materials and {tools} tools agree")
     return ProvenanceCheck(wheel, statement_path, tuple(problems), tuple(notes))
+
+
+def _wheel_sha256(wheel: Path) -> str:
+    """Hashed through the bounded reader; UsageError for a missing or unreadable wheel."""
+    try:
+        with open_regular(wheel, MAX_WHEEL_BYTES) as handle:
+            digest = hashlib.sha256()
+            while block := handle.read(1 << 20):
+                digest.update(block)
+    except FileNotFoundError:
+        raise UsageError(f"{wheel}: no such wheel") from None
+    except OSError as error:
+        raise UsageError(f"{wheel}: not a readable wheel ({error.strerror or error})") from None
+    return digest.hexdigest()
 
 
 def _subject_problems(name: str, digest: str, subjects: list[dict[str, Any]]) -> list[str]:

@@ -1,16 +1,20 @@
 """Run a bundle's kernels on sample inputs, in the interpreter that has the bundle installed.
 
 Executed as a script (`python runner.py REQUEST.json`), so it needs only NumPy and the
-bundle, never nkibuild: what it measures is the bundle as users get it. Prints one
-JSON document: per kernel and variant, the reference's outputs' signature, the error
-of the requested mode against the reference, and timings.
+bundle, never nkibuild: what it measures is the bundle as users get it. Per kernel
+and variant: the reference's outputs' signature, the error of the requested mode
+against the reference, and timings.
 
 `python runner.py --sources REQUEST.json` instead runs a project's kernels from their
 own source on the CPU (JAX under jax.jit, nkipy as the NumPy functions they are, NKI
 under nki.simulate where it is installed) on the same sample inputs, and compares
 each with its reference. It is started in a fresh interpreter per project, with the
-project root first on sys.path, and writes its JSON document to the request's
-`output` file, so whatever user code prints cannot garble it.
+project root first on sys.path.
+
+Both write their answer to the request's `output` file, never to stdout (whatever
+user code prints cannot garble it): one JSON object per line, flushed as it is
+written: `{"running": WHAT}` before each reference or kernel call (so a run stopped
+for its timeout says what hung), a record per variant, and `{"done": true, ...}` last.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -94,12 +99,26 @@ def timed(call: Any) -> tuple[Any, float]:
     return result, best
 
 
+Announce = Callable[[str], None]  # says what runs next, before it runs
+
+
+def emit(out: IO[str], record: dict[str, Any]) -> None:
+    out.write(json.dumps(record) + "\n")
+    out.flush()  # on disk before the next call, which may hang or end the process
+
+
 def check_variant(
-    kernel: Any, name: str, variant: str, mode: str, tolerance: dict[str, float | None]
+    kernel: Any,
+    name: str,
+    variant: str,
+    mode: str,
+    tolerance: dict[str, float | None],
+    announce: Announce,
 ) -> dict[str, Any]:
     shapes = kernel.variants[variant]
     specs = [{"dtype": dtype, "shape": shapes[arg]} for arg, dtype in kernel.signature]
     inputs = sample_inputs(name, variant, specs)
+    announce(f"the reference of {name}/{variant}")
     expected, reference_s = timed(lambda: as_tuple(kernel(*inputs, mode="reference")))
     record: dict[str, Any] = {
         "kernel": name,
@@ -109,6 +128,7 @@ def check_variant(
     }
     if mode == "reference" or (mode == "simulate" and kernel.frontend != "nki"):
         return record  # simulate applies to NKI kernels only: the others are checked as such
+    announce(f"{name}/{variant} in {mode} mode")
     result, seconds = timed(lambda: as_tuple(kernel(*inputs, mode=mode)))
     resolved = kernel.kernel.last_mode
     if resolved == "reference":
@@ -137,25 +157,24 @@ def spike_core_is_double() -> bool:
 def main(request_path: str) -> None:
     with open(request_path, encoding="utf-8") as handle:
         request = json.load(handle)
-    package = importlib.import_module(request["package"])
-    tolerances = request["tolerances"]
-    results = []
-    for name in (name for name in package.KERNELS if name in tolerances):  # those asked for
-        kernel = getattr(package, name)
-        for variant in kernel.variants:
-            try:
-                results.append(
-                    check_variant(kernel, name, variant, request["mode"], tolerances[name])
-                )
-            except Exception as error:  # reported per variant; the others still run
-                results.append(
-                    {
-                        "kernel": name,
-                        "variant": variant,
-                        "error": f"{type(error).__name__}: {error}",
-                    }
-                )
-    print(json.dumps({"results": results, "spike_double": spike_core_is_double()}))
+    with open(request["output"], "w", encoding="utf-8") as out:
+        package = importlib.import_module(request["package"])
+        mode, tolerances = request["mode"], request["tolerances"]
+        for name in (name for name in package.KERNELS if name in tolerances):  # those asked
+            kernel = getattr(package, name)
+            for variant in kernel.variants:
+                try:
+                    record = check_variant(
+                        kernel, name, variant, mode, tolerances[name], _announcer(out)
+                    )
+                except Exception as error:  # reported per variant; the others still run
+                    record = {"kernel": name, "variant": variant, "error": _failure(error)}
+                emit(out, record)
+        emit(out, {"done": True, "spike_double": spike_core_is_double()})
+
+
+def _announcer(out: IO[str]) -> Announce:
+    return lambda what: emit(out, {"running": what})
 
 
 # ---------------------------------------------------------------------------
@@ -305,17 +324,19 @@ def _failure(error: BaseException) -> str:
 
 
 def check_source_variant(
-    kernel: dict[str, Any], variant: dict[str, Any], call: Any, reference: Any
+    kernel: dict[str, Any], variant: dict[str, Any], call: Any, reference: Any, announce: Announce
 ) -> dict[str, Any]:
     name, specs = kernel["name"], variant["inputs"]
     constants = {key: freeze(value) for key, value in kernel["constants"]}
     record: dict[str, Any] = {"kernel": name, "variant": variant["name"]}
     # Fresh arrays for each call: a function that writes into its inputs must not
     # change what the other one sees.
+    announce(f"the reference of {name}/{variant['name']} ({kernel['reference']['path']})")
     try:
         expected = as_outputs(reference(*sample_inputs(name, variant["name"], specs), **constants))
     except USER_ERRORS as error:
         return {**record, "error": f"the reference raised {_failure(error)}"}
+    announce(f"the {kernel['frontend']} kernel {name}/{variant['name']} on the CPU")
     try:
         started = time.perf_counter()
         result = as_outputs(call(sample_inputs(name, variant["name"], specs)))
@@ -325,7 +346,9 @@ def check_source_variant(
     return {**record, **compare_outputs(result, expected, kernel["tolerance"])}
 
 
-def check_kernel_source(root: str, kernel: dict[str, Any]) -> list[dict[str, Any]]:
+def check_kernel_source(
+    root: str, kernel: dict[str, Any], announce: Announce
+) -> list[dict[str, Any]]:
     """One record per variant: compared, skipped (with the reason) or an error."""
     names = [variant["name"] for variant in kernel["variants"]]
     reason = why_not_runnable(kernel)
@@ -334,6 +357,7 @@ def check_kernel_source(root: str, kernel: dict[str, Any]) -> list[dict[str, Any
     constants = {key: freeze(value) for key, value in kernel["constants"]}
     loaded: dict[str, Any] = {}
     for role in ("source", "reference"):
+        announce(f"loading {kernel[role]['path']}")
         try:
             loaded[role] = load_user_function(root, kernel[role])
         except USER_ERRORS as error:
@@ -342,7 +366,7 @@ def check_kernel_source(root: str, kernel: dict[str, Any]) -> list[dict[str, Any
             return [{"kernel": kernel["name"], "variant": v, "error": problem} for v in names]
     call = kernel_call(kernel["frontend"], loaded["source"], constants)
     return [
-        check_source_variant(kernel, variant, call, loaded["reference"])
+        check_source_variant(kernel, variant, call, loaded["reference"], announce)
         for variant in kernel["variants"]
     ]
 
@@ -353,11 +377,11 @@ def main_sources(request_path: str) -> None:
     root = request["root"]
     if root not in sys.path:
         sys.path.insert(0, root)  # so kernel files can import their siblings
-    results = [
-        record for kernel in request["kernels"] for record in check_kernel_source(root, kernel)
-    ]
-    with open(request["output"], "w", encoding="utf-8") as handle:
-        json.dump({"results": results}, handle)
+    with open(request["output"], "w", encoding="utf-8") as out:
+        for kernel in request["kernels"]:
+            for record in check_kernel_source(root, kernel, _announcer(out)):
+                emit(out, record)
+        emit(out, {"done": True})
 
 
 if __name__ == "__main__":

@@ -15,18 +15,14 @@ nkibuild process, and never sharing a module with another project.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nkibuild.errors import BuildError
 from nkibuild.manifest.model import Kernel, Manifest, SourceRef, TensorSpec
-from nkibuild.verify import RUNNER, VERIFY_TIMEOUT_S, Check
+from nkibuild.verify import RUNNER, Check, run_runner
 
 # How each frontend's source runs on the CPU (a check's `mode`).
 MODES = {
@@ -119,29 +115,11 @@ def _where(ref: SourceRef) -> dict[str, str | None]:
 
 def run_sources(sources: ProjectSources) -> list[dict[str, Any]]:
     """Run the check in a fresh interpreter; its JSON answer, one record per variant."""
-    with tempfile.TemporaryDirectory(prefix="nkibuild-verify-") as scratch:
-        request = {**source_request(sources), "output": str(Path(scratch) / "results.json")}
-        request_file = Path(scratch) / "request.json"
-        request_file.write_text(json.dumps(request))
-        path = os.pathsep.join(map(str, (*sources.extra_path, sources.root)))
-        command = [sources.python, "-c", _BOOTSTRAP, path, str(RUNNER), "--sources"]
-        proc = subprocess.run(
-            [*command, str(request_file)],
-            capture_output=True,
-            text=True,
-            cwd=sources.root,
-            env=_environment(),
-            timeout=VERIFY_TIMEOUT_S,
-            check=False,
-        )
-        answer = Path(request["output"])
-        if proc.returncode != 0 or not answer.is_file():
-            raise BuildError(
-                f"running the kernels of {sources.root} on the CPU failed "
-                f"(exit {proc.returncode}; a kernel or reference may have ended the process)",
-                log_tail=(proc.stdout + proc.stderr)[-4000:],
-            )
-        return json.loads(answer.read_text())["results"]
+    path = os.pathsep.join(map(str, (*sources.extra_path, sources.root)))
+    command = [sources.python, "-c", _BOOTSTRAP, path, str(RUNNER), "--sources"]
+    what = f"running the kernels of {sources.root} on the CPU"
+    answer = run_runner(command, source_request(sources), what, sources.root, _environment())
+    return answer["results"]
 
 
 def _environment() -> dict[str, str]:
