@@ -144,8 +144,8 @@ def statement_for(wheel: Path) -> Path:
     else a kept earlier one; the latest release's if none does (it then says why not)."""
     latest = wheel.parent / STATEMENT_FILE
     try:
-        digest = file_sha256(wheel)
-    except OSError:
+        digest = _wheel_sha256(wheel)
+    except UsageError:
         return latest
     for path in (latest, *sorted(wheel.parent.glob(KEPT_STATEMENTS))):
         try:
