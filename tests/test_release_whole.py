@@ -299,3 +299,37 @@ def test_dirty_names_each_material_not_as_committed(tmp_path: Path) -> None:
     assert "kernels/beta/nkibuild.yaml" in source["detail"]
     dependencies = statement_of(root)["predicate"]["buildDefinition"]["resolvedDependencies"]
     assert dependencies[0]["annotations"] == {"dirty": True}
+
+
+# --- what is hashed is read as a bounded regular file ----------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
+def test_a_planted_wheel_that_is_no_regular_file_is_refused_not_hashed_forever(
+    built: Path, tmp_path: Path, kind: str
+) -> None:
+    """Every sha256 nkibuild takes (outputs, cache entries, wheels in --out) goes through
+    the bounded reader: a FIFO or a device named *.whl is an error, never a hang."""
+    import os
+
+    out = tmp_path / "out"
+    shutil.copytree(built / "dist-first", out)
+    planted = out / ALPHA  # listed in SHA256SUMS: --check hashes it
+    planted.unlink()
+    if kind == "fifo":
+        os.mkfifo(planted)
+    elif kind == "dev-zero":
+        planted.symlink_to("/dev/zero")
+    else:
+        planted.mkdir()
+    check = [*RELEASE[:3], str(out), *RELEASE[4:], "--check"]
+    result = subprocess.run(
+        [sys.executable, "-m", "nkibuild", *check],
+        cwd=built,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode in (1, 2), result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert planted.name in result.stdout + result.stderr

@@ -10,6 +10,9 @@ from functools import cached_property
 from typing import Any
 
 KEY_SCHEMA_VERSION = 1
+# What nkibuild hashes (NEFFs, wheels, outputs, sources) stays far below this; the bound
+# only keeps a planted /dev/zero or huge sparse file from reading on forever.
+MAX_HASHED_BYTES = 16 << 30
 
 
 @dataclass(frozen=True)
@@ -33,8 +36,12 @@ class CacheKey:
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a regular file, read through the bounded reader (a FIFO or a
+    device raises `confine.UnreadableFile`, an OSError, instead of blocking)."""
+    from nkibuild.confine import open_regular
+
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open_regular(path, MAX_HASHED_BYTES) as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from nkibuild import __version__
-from nkibuild.errors import NkibuildError, storage_error
+from nkibuild.errors import NkibuildError, UsageError, storage_error
 from nkibuild.quantities import parse_duration, parse_size
 
 T = TypeVar("T")
@@ -57,6 +57,11 @@ def _main(argv: Sequence[str] | None) -> int:
     except BrokenPipeError:
         return _output_closed()
     except OSError as error:
+        from nkibuild.confine import UnreadableFile
+
+        if isinstance(error, UnreadableFile):  # a FIFO, a device, an oversize file
+            print(UsageError(f"cannot read {error}").render(), file=sys.stderr)
+            return UsageError.exit_code
         refused = storage_error(error)
         if refused is None:
             raise
