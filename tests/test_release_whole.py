@@ -304,7 +304,7 @@ def test_dirty_names_each_material_not_as_committed(tmp_path: Path) -> None:
 # --- what is hashed is read as a bounded regular file ----------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "SHA256SUMS a FIFO"])
 def test_a_planted_wheel_that_is_no_regular_file_is_refused_not_hashed_forever(
     built: Path, tmp_path: Path, kind: str
 ) -> None:
@@ -314,9 +314,9 @@ def test_a_planted_wheel_that_is_no_regular_file_is_refused_not_hashed_forever(
 
     out = tmp_path / "out"
     shutil.copytree(built / "dist-first", out)
-    planted = out / ALPHA  # listed in SHA256SUMS: --check hashes it
+    planted = out / ("SHA256SUMS" if kind.startswith("SHA") else ALPHA)  # ALPHA is listed
     planted.unlink()
-    if kind == "fifo":
+    if kind in ("fifo", "SHA256SUMS a FIFO"):
         os.mkfifo(planted)
     elif kind == "dev-zero":
         planted.symlink_to("/dev/zero")

@@ -199,10 +199,15 @@ def _release_of(wheel_name: str) -> object:
 
 def _listed_wheels(out: Path) -> set[str]:
     try:
-        lines = read_regular(out / SUMS_FILE, 64 << 20).decode(errors="replace").splitlines()
+        return set(_sums(out))
     except OSError:
         return set()
-    return {line.partition("  ")[2] for line in lines}
+
+
+def _sums(out: Path) -> dict[str, str]:
+    """SHA256SUMS of OUT as name -> digest, read as a bounded regular file."""
+    lines = read_regular(out / SUMS_FILE, 64 << 20).decode(errors="replace").splitlines()
+    return {name: digest for digest, _, name in (line.partition("  ") for line in lines)}
 
 
 def release(
@@ -370,10 +375,7 @@ def _sums_problems(out: Path) -> list[str]:
     sums = out / SUMS_FILE
     if not sums.exists():
         return [f"{sums} is missing"]
-    listed = {}
-    for line in sums.read_text().splitlines():
-        digest, _, name = line.partition("  ")
-        listed[name] = digest
+    listed = _sums(out)
     present = {p.name for p in out.glob("*.whl")}
     problems = [f"{name} is not in {SUMS_FILE}" for name in sorted(present - set(listed))]
     problems += [
