@@ -7,7 +7,6 @@ version it is; every later stage receives the resulting `Toolchain` value.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shlex
 import shutil
@@ -18,7 +17,6 @@ from pathlib import Path
 
 from nkibuild import interrupts
 from nkibuild.errors import ToolchainError, UsageError
-from nkibuild.fsutil import atomic_write_text
 from nkibuild.text import printable
 
 TOOLCHAIN_MODES = ("auto", "neuron", "fake")
@@ -122,10 +120,7 @@ def _venv_bin_dirs() -> list[Path]:
 
 
 def resolve_toolchain(
-    mode: str,
-    state_dir: Path,
-    compiler: Path | None = None,
-    memo: VersionMemo | None = None,
+    mode: str, compiler: Path | None = None, memo: VersionMemo | None = None
 ) -> Toolchain:
     """Pick the toolchain for `mode`; never falls back from auto/neuron to the double.
 
@@ -135,13 +130,13 @@ def resolve_toolchain(
     if mode not in TOOLCHAIN_MODES:
         raise UsageError(f"unknown toolchain {mode!r}; choose one of {', '.join(TOOLCHAIN_MODES)}")
     if mode == "fake":
-        return _double(state_dir, memo)
+        return _double(memo)
     command, found = _compiler_identity(mode, compiler)
     flags, notices = neuron_cc_flags()
     return Toolchain(
         name="neuron",
         compiler_command=command,
-        compiler_version=_cached_version(command, found, state_dir, memo),
+        compiler_version=_asked_version(command, found, memo),
         python=sys.executable,
         neuron_cc_flags=flags,
         notices=notices,
@@ -161,12 +156,9 @@ def _compiler_identity(mode: str, compiler: Path | None) -> tuple[tuple[str, ...
     return (str(found),), found
 
 
-def start_version_query(
-    mode: str, compiler: Path | None, state_dir: Path, memo: VersionMemo
-) -> None:
-    """Start `--version` of the compiler `mode` and `compiler` pick, in the background,
-    unless `state_dir` already knows its version: a real neuronx-cc takes seconds to
-    answer, and the caller loads the manifest meanwhile.
+def start_version_query(mode: str, compiler: Path | None, memo: VersionMemo) -> None:
+    """Start `--version` of the compiler `mode` and `compiler` pick, in the background:
+    a real neuronx-cc takes seconds to answer, and the caller loads the manifest meanwhile.
 
     A guess made before the final settings are known: `resolve_toolchain` joins it only
     if it resolves the same command with the same stamp, and `cancel_unanswered` ends it
@@ -180,7 +172,7 @@ def start_version_query(
     except (ToolchainError, OSError):
         return
     key = (command, tuple(stamp))
-    if key not in memo and _recorded_version(command, stamp, state_dir) is None:
+    if key not in memo:
         memo[key] = VersionQuery(command)
 
 
@@ -227,7 +219,7 @@ def without_cache_dir(flags: str) -> tuple[str, list[str]]:
     return (shlex.join(kept) if dropped else flags), dropped
 
 
-def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
+def _double(memo: VersionMemo | None) -> Toolchain:
     """nkibuild's toolchain double: its compiler, its frontends and spike on the paths.
 
     It stands in only for what cannot run here: the real nkipy tracer runs on a CPU,
@@ -244,7 +236,7 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
     return Toolchain(
         name="double",
         compiler_command=command,
-        compiler_version=_cached_version(command, identity, state_dir, memo),
+        compiler_version=_asked_version(command, identity, memo),
         python=sys.executable,
         neuron_cc_flags=flags,
         worker_path=tuple(worker_path),
@@ -265,42 +257,21 @@ def _has_nkipy_tracer() -> bool:
     return any(Path(location, "core", "trace.py").is_file() for location in locations)
 
 
-def _cached_version(
-    command: tuple[str, ...], identity: Path, state_dir: Path, memo: VersionMemo | None
-) -> str:
-    """`neuronx-cc --version`, re-run only when the compiler's files change.
-
-    A no-op build must not pay for starting the compiler, so the answer is
-    cached under the build's state dir, keyed by the compiler's stat.
-    """
-    stamp = _stat_stamp(identity)
-    recorded = _recorded_version(command, stamp, state_dir)
-    if recorded is not None:
-        return recorded
+def _asked_version(command: tuple[str, ...], identity: Path, memo: VersionMemo | None) -> str:
+    """`neuronx-cc --version`, asked in every build before anything is compiled or
+    published: a launcher's stat says nothing of an SDK upgraded behind a wrapper script,
+    and a version kept from another build would file NEFFs under another compiler's key.
+    Within a build, `memo` answers (a query started while the manifest loaded)."""
     memo = {} if memo is None else memo
-    key = (command, tuple(stamp))
+    key = (command, tuple(_stat_stamp(identity)))
     query = memo.get(key)
     if query is None:
         query = memo[key] = VersionQuery(command)
     try:
-        version = query.version()
+        return query.version()
     except ToolchainError:
         del memo[key]  # a failure is not remembered: the next resolve asks again
         raise
-    cache_file = state_dir / "toolchain.json"
-    entries = _read_json(cache_file)
-    entries[" ".join(command)] = {"stamp": stamp, "version": version}
-    atomic_write_text(cache_file, json.dumps(entries, indent=2, sort_keys=True))
-    return version
-
-
-def _recorded_version(command: tuple[str, ...], stamp: list[int], state_dir: Path) -> str | None:
-    """The version `state_dir` recorded for `command` at this `stamp`, if it did."""
-    cached = _read_json(state_dir / "toolchain.json").get(" ".join(command))
-    # Anything but a well-formed entry (a damaged file) is a miss: ask the compiler.
-    if isinstance(cached, dict) and cached.get("stamp") == stamp and cached.get("version"):
-        return str(cached["version"])
-    return None
 
 
 def read_compiler_version(command: tuple[str, ...]) -> str:
@@ -410,11 +381,3 @@ def _installed_package_records(launcher: Path) -> list[Path]:
     environment = launcher.resolve().parent.parent
     pattern = "lib/python*/site-packages/neuronx_cc-*.dist-info/RECORD"
     return sorted(environment.glob(pattern))
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
