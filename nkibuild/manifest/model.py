@@ -80,7 +80,8 @@ VALUE_TYPES: dict[str, dict[str, Any]] = {
     },
     "shape": {
         "title": "shape",
-        "description": "Dimensions of a tensor, outermost first; `[]` is a scalar.",
+        "description": "Dimensions of a tensor, outermost first; at least one (the Neuron "
+        "runtime cannot pass a 0-d tensor).",
         "type": "array",
         "items": {"type": "integer", "minimum": 1},
     },
