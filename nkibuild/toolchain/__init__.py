@@ -130,7 +130,7 @@ def resolve_toolchain(
     if mode not in TOOLCHAIN_MODES:
         raise UsageError(f"unknown toolchain {mode!r}; choose one of {', '.join(TOOLCHAIN_MODES)}")
     if mode == "fake":
-        return _double(memo)
+        return _double()
     command, found = _compiler_identity(mode, compiler)
     flags, notices = neuron_cc_flags()
     return Toolchain(
@@ -144,12 +144,7 @@ def resolve_toolchain(
 
 
 def _compiler_identity(mode: str, compiler: Path | None) -> tuple[tuple[str, ...], Path]:
-    """The command that runs the compiler `mode` picks, and the path whose stat tells
-    whether that compiler changed: the double's own files, or the real launcher."""
-    if mode == "fake":
-        from nkibuild import toolchain_double
-
-        return toolchain_double.COMPILER_COMMAND, toolchain_double.HERE
+    """The command that runs the real compiler `mode` picks, and its launcher."""
     found = find_compiler(compiler)
     if found is None:
         raise ToolchainError(f"toolchain {mode!r}: {NO_COMPILER_HELP}")
@@ -164,7 +159,7 @@ def start_version_query(mode: str, compiler: Path | None, memo: VersionMemo) -> 
     if it resolves the same command with the same stamp, and `cancel_unanswered` ends it
     otherwise. What would fail here is left for `resolve_toolchain` to report.
     """
-    if mode not in TOOLCHAIN_MODES:
+    if mode not in TOOLCHAIN_MODES or mode == "fake":  # the double answers in-process
         return
     try:
         command, identity = _compiler_identity(mode, compiler)
@@ -219,7 +214,7 @@ def without_cache_dir(flags: str) -> tuple[str, list[str]]:
     return (shlex.join(kept) if dropped else flags), dropped
 
 
-def _double(memo: VersionMemo | None) -> Toolchain:
+def _double() -> Toolchain:
     """nkibuild's toolchain double: its compiler, its frontends and spike on the paths.
 
     It stands in only for what cannot run here: the real nkipy tracer runs on a CPU,
@@ -232,11 +227,10 @@ def _double(memo: VersionMemo | None) -> Toolchain:
     if not _has_nkipy_tracer():
         worker_path.append(str(toolchain_double.FAKE_NKIPY_DIR))
 
-    command, identity = _compiler_identity("fake", None)
     return Toolchain(
         name="double",
-        compiler_command=command,
-        compiler_version=_asked_version(command, identity, memo),
+        compiler_command=toolchain_double.COMPILER_COMMAND,
+        compiler_version=toolchain_double.compiler_version(),  # asked in-process: no start-up
         python=sys.executable,
         neuron_cc_flags=flags,
         worker_path=tuple(worker_path),
@@ -361,16 +355,12 @@ def parse_version_line(line: str) -> str | None:
     return words[0] if words else None
 
 
-def _stat_stamp(path: Path) -> list[int]:
-    """What changes when the compiler does: a directory (the double's package) with any
-    of its files; a launcher with itself and the installed neuronx-cc package's metadata
-    beside it (an upgrade in place may keep the launcher as it was)."""
-    if path.is_dir():
-        paths = sorted(path.glob("*.py"))
-    else:
-        paths = [path, *_installed_package_records(path)]
+def _stat_stamp(launcher: Path) -> list[int]:
+    """What changes when a launcher is replaced or the neuronx-cc package beside it is
+    upgraded in place: a query started for the old one (while the manifest loaded) is
+    not joined. Never kept across builds: a wrapper's stat says nothing of the SDK."""
     stamp: list[int] = []
-    for item in paths:
+    for item in [launcher, *_installed_package_records(launcher)]:
         info = item.stat()
         stamp += [info.st_mtime_ns, info.st_size]
     return stamp

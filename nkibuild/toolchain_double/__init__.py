@@ -7,6 +7,7 @@ these doubles; a real build never uses them unless `--toolchain fake` is chosen.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,3 +19,10 @@ FAKE_NKIPY_DIR = HERE / "fake_nkipy"
 FAKE_RUNTIME_DIR = HERE / "fake_runtime"  # spike, for running bundles
 COMPILER_COMMAND = (sys.executable, "-m", "nkibuild.toolchain_double.fake_neuronxcc")
 LABEL = " (nkibuild toolchain double: placeholder NEFFs)"
+VERSION_ENV = "NKIBUILD_FAKE_CC_VERSION"  # another version stands for an upgraded compiler
+
+
+def compiler_version() -> str:
+    """What the double's `--version` answers now, and its NEFFs record: a build asks
+    this in-process (the compiler is this package), not through a process of its own."""
+    return os.environ.get(VERSION_ENV) or "2.23.0.0+nkibuild.fake"
