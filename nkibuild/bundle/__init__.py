@@ -419,9 +419,9 @@ def importable_alone(root: Path, path: str, code: bytes) -> None:
         found = _project_import(root, path, node)
         if found:
             raise BuildError(
-                f"{path}:{getattr(node, 'lineno', 0)}: the reference imports {found}, which "
-                "the bundle does not ship with it: it could not import there; make it import "
-                "installed packages only"
+                f"{path}:{getattr(node, 'lineno', 0)}: the reference imports {found}, which the "
+                "bundle does not ship with it: it could not import there; import installed "
+                "packages only"
             )
 
 

@@ -9,10 +9,9 @@ an `uptodate` check (`OutputsIntact`) compares them on the next run. Unchanged
 stamps are trusted, as doit trusts stats for `file_dep`; a changed stamp costs one
 hash, and only a changed hash reruns the task.
 
-Inputs get the same record (`inputs_checked`): doit records a task's `file_dep` as they
-are after its actions ran, so a source saved while its task read it would be recorded
-with its new content against the old output. The record of what the task read, taken
-before it ran and kept only if nothing changed meanwhile, is checked like an output's.
+doit records a task's `file_dep` as they are after its actions ran, so a source saved
+while the task read it would be recorded anew against the old output: the record of what
+the task read (`inputs_checked`), taken before it ran, is checked like an output's.
 """
 
 from __future__ import annotations

@@ -323,8 +323,10 @@ class _Checks:
             for variant in kernel.variants:
                 for spec in (s for s in variant.inputs if s.shape == ()):
                     restated = (*base, "variants", variant.name, spec.name)
-                    path = restated if self.written(restated) is not _ABSENT else None
-                    paths.setdefault(path or (*base, "inputs", spec.name), spec.name)
+                    declared = (*base, "inputs", spec.name)  # unless the variant restates it
+                    paths.setdefault(
+                        restated if self.written(restated) is not _ABSENT else declared, spec.name
+                    )
             for path, name in paths.items():
                 yield self.at(
                     f"input {name!r} is 0-d: the Neuron runtime cannot pass a 0-d tensor",
