@@ -96,12 +96,10 @@ def load_context(
     versions = session.compiler_versions
     try:
         # The compiler answers `--version` while the manifest loads (on another core).
-        start_version_query(*_likely_compiler(options), layout.state_dir, versions)
+        start_version_query(*_likely_compiler(options), versions)
         manifest, units = load_plan(manifest_path, layout.state_dir)
         settings = resolve_settings(options, manifest)
-        toolchain = resolve_toolchain(
-            settings.toolchain, layout.state_dir, settings.compiler, versions
-        )
+        toolchain = resolve_toolchain(settings.toolchain, settings.compiler, versions)
         check_manifest(manifest, toolchain.nki)  # what the NKI in use refuses
     finally:  # a guess the manifest overrode, a manifest in error, or Ctrl-C
         cancel_unanswered(versions)

@@ -147,16 +147,10 @@ def monorepo(root: Path) -> Path:
     return root
 
 
-def pretend_new_compiler(project: Path, version: str = "2.99.0.0+other") -> None:
-    """Make the build's cached `neuronx-cc --version` answer `version`, as if a new
-    compiler had been installed (its files' stat still matches)."""
-    import json
-
-    state = project / "build" / "state" / "toolchain.json"
-    entries = json.loads(state.read_text())
-    for entry in entries.values():
-        entry["version"] = version
-    state.write_text(json.dumps(entries))
+def pretend_new_compiler(monkeypatch: pytest.MonkeyPatch, version: str = "2.99.0.0+other") -> None:
+    """Make the double answer `--version` (and build NEFFs) as `version`, as if a new
+    compiler had been installed (its files' stat unchanged)."""
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_VERSION", version)
 
 
 @contextlib.contextmanager

@@ -333,8 +333,8 @@ def test_an_integer_input_cannot_be_padded_with_infinity(
         tmp_path, monkeypatch, "      inputs: {y: [0]}\n      value: -.inf\n", "int32"
     )
     assert found == [
-        "nkibuild.yaml:16:14: error: pad value -inf cannot be held by 'y' (int32)\n"
-        "  at: $.kernels.k.padding.value\n  expected: a finite number"
+        "nkibuild.yaml:16:14: error: pad value -inf cannot be held exactly by 'y' (int32)\n"
+        "  at: $.kernels.k.padding.value\n  expected: a value int32 holds exactly"
     ]
 
 

@@ -302,13 +302,13 @@ def test_peak_memory_of_a_compile_is_recorded_and_used(
         return real_reserve(budget, estimate, alone=alone)
 
     monkeypatch.setattr(MemoryBudget, "reserve", spying)
-    pretend_new_compiler(root)
+    pretend_new_compiler(monkeypatch)
     assert build(root, "compile:softmax/default/trn1").origins == {"compiled": 1}
     assert reserved == [result["peak_memory"]]
     # A compile that does not finish (it fails; a kill or Ctrl-C alike) removed the
     # result.json holding the peak: the next compile still reserves it.
     peak = json.loads((unit_dir / "result.json").read_text())["peak_memory"]
-    pretend_new_compiler(root, "2.99.1.0+third")
+    pretend_new_compiler(monkeypatch, "2.99.1.0+third")
     monkeypatch.setenv("NKIBUILD_FAKE_CC_FAULT", "exit1")
     assert not build(root, "compile:softmax/default/trn1").ok
     assert not (unit_dir / "result.json").exists()

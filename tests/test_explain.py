@@ -77,7 +77,7 @@ def test_a_changed_flag_names_the_arguments_and_the_cache_lookup(project: Path) 
 def test_compiler_version_and_neuron_cc_flags_are_named(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pretend_new_compiler(project)
+    pretend_new_compiler(monkeypatch)
     monkeypatch.setenv("NEURON_CC_FLAGS", "--verbose info")
     reasons = why(project, TRN1)[TRN1].reasons
     assert reasons == (

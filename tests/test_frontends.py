@@ -202,7 +202,7 @@ def test_moved_artifact_still_compiles(project: Path, tmp_path: Path) -> None:
     assert Path(path) == (moved / artifact.sidecars[0]).resolve()
     manifest = load_manifest(project / "nkibuild.yaml")
     unit = next(u for u in resolve(manifest) if u.name == "add_kernel/default/trn2")
-    toolchain = resolve_toolchain("fake", tmp_path / "state")
+    toolchain = resolve_toolchain("fake")
     result = compile_unit(unit, artifact, toolchain, tmp_path / "out", CompileOptions())
     assert result.origin == "compiled" and result.placeholder
 

@@ -489,3 +489,231 @@ def test_cache_prune_refuses_a_max_age_that_is_not_a_number_of_days(
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"argument --max-age: '{days}' is not a number of days from 0 to 36500" in result.stderr
+
+
+# ------------------------------------------- issue 30 class 4: a bundle call is right
+
+
+def numpy_dtype(name: str) -> object:
+    import ml_dtypes
+    import numpy as np
+
+    return getattr(ml_dtypes, name, None) or np.dtype(name)
+
+
+def cast_is_exact(dtype: str, value: float) -> bool:
+    """What NumPy (ml_dtypes for bfloat16 and fp8) makes of `value` in `dtype`: the
+    runtime pads with `np.asarray(value).astype(dtype)`. Ints and bool are refused
+    when a cast would change the value (NumPy wraps or truncates without a word)."""
+    import math
+    import warnings
+
+    import numpy as np
+
+    if dtype == "bool" or dtype.startswith(("int", "uint")):
+        info = (0, 1) if dtype == "bool" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        return value.is_integer() and info[0] <= value <= info[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # overflow to inf is what is being asked
+        cast = float(np.asarray(value).astype(numpy_dtype(dtype)))
+    return (math.isnan(value) and math.isnan(cast)) or cast == value
+
+
+DTYPES = [
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "bfloat16", "float8_e5m2", "float8_e4m3fn", "float8_e4m3",
+]  # fmt: skip
+EDGES = [0.0, -0.0, 1.0, -1.0, 0.5, 0.1, 2.0, 255.0, 256.0, -128.0, -129.0, 127.0, 448.0,
+         449.0, 240.0, 57344.0, 65504.0, 65520.0, 2.0**-24, 2.0**-25, 2.0**-9, 2.0**-10,
+         2.0**24 + 1, 2.0**31, 2.0**63, 2.0**64, 1e-50, 1e300, float("inf"), float("-inf"),
+         float("nan")]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_pad_value_check_agrees_with_numpy_at_the_edges(dtype: str) -> None:
+    from nkibuild.manifest.buckets import holds_exactly
+
+    for value in EDGES:
+        assert holds_exactly(dtype, value) == cast_is_exact(dtype, value), value
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(dtype=st.sampled_from(DTYPES), value=st.floats(width=64) | st.integers(-(2**70), 2**70))
+def test_the_pad_value_check_agrees_with_numpy(dtype: str, value: float | int) -> None:
+    from nkibuild.manifest.buckets import holds_exactly
+
+    # YAML ints come as ints; the runtime pads with float(value): one it would round
+    # is held by no dtype, nor is one beyond float64's range.
+    rounded = isinstance(value, int) and float(value) != value
+    exact = not rounded and cast_is_exact(dtype, float(value))
+    assert holds_exactly(dtype, value) == exact
+    assert not holds_exactly(dtype, 10**400)
+
+
+def padded_softmax(dtype: str, value: str, variant_dtype: str | None = None) -> str:
+    variants = (
+        f"    variants:\n      other: {{logits: {{dtype: {variant_dtype}}}}}\n"
+        if variant_dtype
+        else ""
+    )
+    manifest = softmax_manifest(
+        kernel=f"    padding: {{inputs: {{logits: [1]}}, value: {value}}}\n{variants}"
+    )
+    return manifest.replace("dtype: float32", f"dtype: {dtype}")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "variant_dtype", "refused"),
+    [
+        ("int32", "0.5", None, "int32"),
+        ("int8", "300", None, "int8"),
+        ("uint8", "-1", None, "uint8"),
+        ("bool", "2", None, "bool"),
+        ("int32", "-.inf", None, "int32"),
+        ("int16", ".nan", None, "int16"),
+        ("float16", "1.0e+5", None, "float16"),
+        ("float32", "0.1", None, "float32"),
+        ("float8_e4m3fn", "-.inf", None, "float8_e4m3fn"),
+        ("float64", "1" + "0" * 400, None, "float64"),
+        ("float32", "-.inf", "int32", "int32"),  # only a variant's dtype cannot
+        ("float32", "-.inf", None, None),
+        ("float16", "0.5", None, None),
+        ("uint8", "255", None, None),
+        ("bfloat16", ".nan", None, None),
+    ],
+)
+def test_a_pad_value_an_input_cannot_hold_exactly_is_refused_at_validate(
+    tmp_path: Path, dtype: str, value: str, variant_dtype: str | None, refused: str | None
+) -> None:
+    project = softmax_project(tmp_path / "p", padded_softmax(dtype, value, variant_dtype))
+    result = run_nkibuild(["validate"], project)
+    assert "Traceback" not in result.stderr
+    if refused is None:
+        assert result.returncode == 0, result.stderr
+        return
+    assert result.returncode == 2
+    line = (
+        project.joinpath("nkibuild.yaml")
+        .read_text()
+        .splitlines()
+        .index(f"    padding: {{inputs: {{logits: [1]}}, value: {value}}}")
+    )
+    assert f"nkibuild.yaml:{line + 1}:" in result.stderr
+    assert f"cannot be held exactly by 'logits' ({refused})" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("declared", "variants", "at"),
+    [
+        ("{shape: [], dtype: float32}", "", "      logits: {shape: [], dtype: float32}"),
+        ("{shape: [64, 1024], dtype: float32}", "      zero: {logits: []}", "      zero: {"),
+        ("{shape: [64, 1024], dtype: float32}", "      zero: {logits: {shape: []}}", "      zero"),
+    ],
+)
+def test_a_0d_input_is_refused_at_validate(
+    tmp_path: Path, declared: str, variants: str, at: str
+) -> None:
+    manifest = softmax_manifest(kernel=f"    variants:\n{variants}\n" if variants else "")
+    manifest = manifest.replace("{shape: [64, 1024], dtype: float32}", declared)
+    project = softmax_project(tmp_path / "p", manifest)
+    result = run_nkibuild(["validate"], project)
+    assert result.returncode == 2, result.stderr
+    lines = manifest.splitlines()
+    line = next(i for i, text in enumerate(lines) if text.startswith(at)) + 1
+    assert f"nkibuild.yaml:{line}:" in result.stderr
+    assert "input 'logits' is 0-d: the Neuron runtime cannot pass a 0-d tensor" in result.stderr
+    assert result.stderr.count("is 0-d") == 1 and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("order", [">", "<"])
+@pytest.mark.parametrize("dtype", ["f2", "f4", "f8", "i2", "i4", "i8", "u2", "u4", "u8"])
+def test_arrays_reach_the_device_in_native_byte_order(order: str, dtype: str) -> None:
+    import numpy as np
+
+    from nkibuild.bundle.runtime import as_neff_storage
+
+    native = (np.arange(24, dtype=dtype).reshape(4, 6) * 3 + 1).astype(f"={dtype}")
+    for array in (native.astype(order + dtype), native.astype(order + dtype).T):
+        stored = as_neff_storage(array)
+        assert stored.dtype.isnative and stored.dtype.name == native.dtype.name
+        # spike copies the buffer's bytes (np.ascontiguousarray): they must be these.
+        expected = np.ascontiguousarray(native if array.base is None else native.T)
+        assert np.ascontiguousarray(stored).tobytes() == expected.tobytes()
+
+
+def test_bool_and_fp8_are_still_viewed_as_the_neffs_storage() -> None:
+    import ml_dtypes
+    import numpy as np
+
+    from nkibuild.bundle.runtime import as_neff_storage
+
+    flags = np.array([True, False, True])
+    assert as_neff_storage(flags).dtype == np.uint8
+    assert as_neff_storage(flags).tobytes() == flags.tobytes()
+    fp8 = np.array([1.0, -2.0], dtype=ml_dtypes.float8_e4m3fn)
+    assert as_neff_storage(fp8).dtype == np.int8
+    assert as_neff_storage(fp8).tobytes() == fp8.tobytes()
+
+
+REFERENCE_IMPORTS = {
+    "import helpers": {"kernels/helpers.py": "X = 1\n"},
+    "from helpers import X": {"kernels/helpers.py": "X = 1\n"},
+    "import helpers.deep": {"kernels/helpers/__init__.py": "", "kernels/helpers/deep.py": ""},
+    "import util": {"util.py": "X = 1\n"},  # at the project root
+    "from . import helpers": {"kernels/helpers.py": "X = 1\n"},
+    "from .helpers import X": {},
+    "def inner():\n    import helpers": {"kernels/helpers.py": "X = 1\n"},
+}
+
+
+@pytest.mark.parametrize("code", list(REFERENCE_IMPORTS))
+def test_a_reference_that_imports_project_files_fails_the_build(tmp_path: Path, code: str) -> None:
+    from helpers import build
+
+    reference = (
+        "import numpy as np\n"
+        f"{code}\n\n\ndef softmax(logits):\n    return np.exp(logits) / np.exp(logits).sum()\n"
+    )
+    files = {"kernels/reference.py": reference, **REFERENCE_IMPORTS[code]}
+    # Listing the helper in `deps` makes the kernel rebuild on it; it is still not shipped.
+    manifest = softmax_manifest(reference=True, kernel="    deps: [kernels/*.py, util.py]\n")
+    project = softmax_project(tmp_path / "p", manifest, files)
+    summary = build(project)
+    assert not summary.ok
+    (failure,) = summary.failures
+    assert failure.name == "bundle"
+    line = code.count("\n") + 2
+    assert f"kernels/reference.py:{line}: the reference imports " in failure.detail
+    assert "which the bundle does not ship with it" in failure.detail
+    assert not list((project / "dist").glob("*.whl"))
+
+
+def test_a_reference_that_no_longer_parses_fails_the_build(tmp_path: Path) -> None:
+    project = softmax_project(tmp_path / "p", softmax_manifest(reference=True))
+    build = ["build", "bundle", "--toolchain", "fake"]
+    assert run_nkibuild(build, project).returncode == 0  # the plan is cached
+    shipped = project / "build/bundle/softmax-kernels/softmax_kernels/reference"
+    before = (shipped / "kernels_reference.py").read_bytes()
+    (project / "kernels/reference.py").write_text("def softmax(x):\n    return x +\n")
+    result = run_nkibuild(build, project)
+    assert result.returncode != 0
+    assert "kernels/reference.py" in result.stderr and "Traceback" not in result.stderr
+    assert (shipped / "kernels_reference.py").read_bytes() == before
+
+
+def test_a_reference_importing_installed_packages_only_is_shipped(tmp_path: Path) -> None:
+    from helpers import build, imported_bundle
+
+    reference = (
+        "import json\nimport numpy as np\nfrom numpy import exp\n\n\n"
+        "def softmax(logits):\n    return exp(logits) / np.exp(logits).sum(-1, keepdims=True)\n"
+    )
+    files = {"kernels/reference.py": reference, "kernels/helpers.py": "X = 1\n"}
+    project = softmax_project(tmp_path / "p", softmax_manifest(reference=True), files)
+    assert build(project, "bundle").ok
+    import numpy as np
+
+    with imported_bundle(project / "build/bundle/softmax-kernels", "softmax_kernels") as package:
+        logits = np.ones((64, 1024), dtype=np.float32)
+        result = package.softmax(logits, mode="reference")
+    assert np.allclose(result, 1 / 1024)

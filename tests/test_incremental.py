@@ -121,7 +121,7 @@ def test_moving_a_kernel_within_the_manifest_rebuilds_nothing(built: Path) -> No
 def test_compiler_version_change_recompiles_everything(
     built: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pretend_new_compiler(built)
+    pretend_new_compiler(monkeypatch)
     summary = build(built)
     assert ran(summary, "extract:") == set()
     assert ran(summary, "compile:") == ALL_COMPILES

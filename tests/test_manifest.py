@@ -244,7 +244,7 @@ def test_variants_resolve_to_full_inputs_in_declared_order(example_project: Path
     text = kernel_doc(
         """\
       y: {shape: [2, 3], dtype: bfloat16}
-      z: {shape: [], dtype: int32}
+      z: {shape: [4], dtype: int32}
     variants:
       a: {z: [1], x: [8]}
       b:
@@ -256,7 +256,7 @@ def test_variants_resolve_to_full_inputs_in_declared_order(example_project: Path
     )
     kernel = load_manifest(write(example_project, text)).kernels[0]
     x, y, z = kernel.inputs
-    assert z == TensorSpec("z", (), "int32")
+    assert z == TensorSpec("z", (4,), "int32")
     by_name = {v.name: v.inputs for v in kernel.variants}
     assert list(by_name) == ["a", "b", "c", "d"]
     assert by_name["a"] == (TensorSpec("x", (8,), "float32"), y, TensorSpec("z", (1,), "int32"))

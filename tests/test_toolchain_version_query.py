@@ -3,9 +3,11 @@ is the resolved compiler's, never a guess's or a stale one, and failures stay cl
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -81,17 +83,16 @@ def wait_for(condition: object, seconds: float = 20.0) -> None:
 def test_the_compiler_is_asked_its_version_once(tmp_path: Path) -> None:
     calls = tmp_path / "calls"
     compiler = counting_compiler(tmp_path / "bin/neuronx-cc", "2.5.0.0+abc", calls)
-    state, memo = tmp_path / "state", {}
-    start_version_query("neuron", compiler, state, memo)
-    toolchain = resolve_toolchain("neuron", state, compiler, memo)
+    memo: dict = {}
+    start_version_query("neuron", compiler, memo)
+    toolchain = resolve_toolchain("neuron", compiler, memo)
     assert toolchain.compiler_version == "2.5.0.0+abc"
     assert calls.read_text() == "asked\n"  # joined, not asked again
-    # Recorded in the build's state: the next build starts no query at all.
+    # The next build (a new session's memo) asks again: no answer outlives a build.
     memo.clear()
-    start_version_query("neuron", compiler, state, memo)
-    assert memo == {}
-    assert resolve_toolchain("neuron", state, compiler, memo).compiler_version == "2.5.0.0+abc"
-    assert calls.read_text() == "asked\n"
+    start_version_query("neuron", compiler, memo)
+    assert resolve_toolchain("neuron", compiler, memo).compiler_version == "2.5.0.0+abc"
+    assert calls.read_text() == "asked\nasked\n"
 
 
 def test_a_compiler_replaced_after_the_query_started_gets_its_new_version(
@@ -99,30 +100,41 @@ def test_a_compiler_replaced_after_the_query_started_gets_its_new_version(
 ) -> None:
     calls = tmp_path / "calls"
     compiler = counting_compiler(tmp_path / "bin/neuronx-cc", "1.0.0.0", calls)
-    state, memo = tmp_path / "state", {}
-    start_version_query("neuron", compiler, state, memo)
+    memo: dict = {}
+    start_version_query("neuron", compiler, memo)
     wait_for(lambda: calls.exists())  # the old compiler is answering 1.0.0.0
     write_compiler(compiler, "echo 'NeuronX Compiler version 2.0.0.0 (newer)'\nexit 0")
-    assert resolve_toolchain("neuron", state, compiler, memo).compiler_version == "2.0.0.0"
+    assert resolve_toolchain("neuron", compiler, memo).compiler_version == "2.0.0.0"
     cancel_unanswered(memo)
     assert [query.version() for query in memo.values()] == ["2.0.0.0"]
 
 
-def test_a_compiler_replaced_between_builds_gets_its_new_version(tmp_path: Path) -> None:
+def test_a_compiler_upgraded_behind_its_wrapper_between_builds_recompiles(
+    tmp_path: Path,
+) -> None:
+    """The wrapper's stat never changes; the SDK behind it does. The second build asks
+    again, recompiles, and files the NEFF under the new compiler's key."""
     project = softmax_project(tmp_path / "p", softmax_manifest(defaults="{targets: [trn2]}"))
-    compiler = write_compiler(
-        tmp_path / "bin/neuronx-cc", "echo 'NeuronX Compiler version 1.0.0.0'\nexit 0"
+    answer = tmp_path / "version"
+    wrapper = write_compiler(tmp_path / "bin/neuronx-cc", f"cat {answer}\nexit 0")
+    wrapper.write_text(
+        wrapper.read_text().replace(
+            "exit 2", f'exec {sys.executable} -m nkibuild.toolchain_double.fake_neuronxcc "$@"'
+        )
     )
-    args = ["build", "extract:*", "--toolchain", "neuron", "--compiler", str(compiler)]
-    first = run_nkibuild(args, project)
-    assert first.returncode == 0, first.stderr
-    record = project / "build/state/toolchain.json"
-    assert '"version": "1.0.0.0"' in record.read_text()
-    write_compiler(compiler, "echo 'NeuronX Compiler version 1.1.0.0'\nexit 0")
-    second = run_nkibuild(args, project)
-    assert second.returncode == 0, second.stderr
-    assert '"version": "1.1.0.0"' in record.read_text()
-    assert "1.0.0.0" not in record.read_text()
+    before = wrapper.stat()
+    args = ["build", "--toolchain", "neuron", "--compiler", str(wrapper)]
+    key_file = project / "build/compile/softmax/default/trn2/key.json"
+    for version in ("1.0.0.0", "1.1.0.0"):
+        answer.write_text(f"NeuronX Compiler version {version}\n")
+        result = run_nkibuild(args, project)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(key_file.read_text())["compiler_version"] == version
+    assert (wrapper.stat().st_mtime_ns, wrapper.stat().st_ctime_ns) == (
+        before.st_mtime_ns,
+        before.st_ctime_ns,
+    )
+    assert not (project / "build/state/toolchain.json").exists()  # no version kept
 
 
 def test_a_version_query_that_fails_while_the_manifest_loads_is_a_clean_error(
@@ -137,18 +149,17 @@ def test_a_version_query_that_fails_while_the_manifest_loads_is_a_clean_error(
         "segfault in banner"
     ) in result.stderr
     assert "Traceback" not in result.stderr
-    assert not (project / "build/state/toolchain.json").exists()
 
 
 def test_a_failed_query_is_not_remembered(tmp_path: Path) -> None:
     compiler = write_compiler(tmp_path / "bin/neuronx-cc", "exit 1")
-    state, memo = tmp_path / "state", {}
-    start_version_query("neuron", compiler, state, memo)
+    memo: dict = {}
+    start_version_query("neuron", compiler, memo)
     with pytest.raises(ToolchainError, match="printed no 'NeuronX Compiler version <X>' line"):
-        resolve_toolchain("neuron", state, compiler, memo)
+        resolve_toolchain("neuron", compiler, memo)
     assert memo == {}
     write_compiler(compiler, "echo 'NeuronX Compiler version 3.0'\nexit 0")  # fixed
-    assert resolve_toolchain("neuron", state, compiler, memo).compiler_version == "3.0"
+    assert resolve_toolchain("neuron", compiler, memo).compiler_version == "3.0"
 
 
 def test_a_compiler_that_cannot_start_is_reported_when_resolved(tmp_path: Path) -> None:
@@ -156,13 +167,13 @@ def test_a_compiler_that_cannot_start_is_reported_when_resolved(tmp_path: Path) 
     compiler.parent.mkdir()
     compiler.write_text("#!/no/such/interpreter\n")
     compiler.chmod(0o755)
-    state, memo = tmp_path / "state", {}
-    start_version_query("neuron", compiler, state, memo)  # raises nothing itself
+    memo: dict = {}
+    start_version_query("neuron", compiler, memo)  # raises nothing itself
     with pytest.raises(
         ToolchainError,
         match=r"could not run /.*/bin/neuronx-cc --version: \[Errno 2\] No such file",
     ):
-        resolve_toolchain("neuron", state, compiler, memo)
+        resolve_toolchain("neuron", compiler, memo)
 
 
 def test_a_guess_the_manifest_overrides_is_stopped_and_not_used(

@@ -7,6 +7,7 @@ its sha256 and is what the wheel stage reads.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -199,7 +200,7 @@ def _project_files(manifest: Manifest, info: BuildInfo) -> dict[str, bytes]:
     return {
         **{name: text.encode() for name, text in files.items()},
         f"{pkg}/_runtime.py": RUNTIME_SOURCE.read_bytes(),
-        **_modules(manifest, f"{pkg}/{REFERENCE_PACKAGE}", _references(manifest)),
+        **_modules(manifest, f"{pkg}/{REFERENCE_PACKAGE}", _references(manifest), alone=True),
         **_modules(manifest, f"{pkg}/{SOURCES_PACKAGE}", _shipped_sources(manifest)),
     }
 
@@ -380,9 +381,10 @@ def _shipped_sources(manifest: Manifest) -> list[SourceRef]:
 
 
 def _modules(
-    manifest: Manifest, subpackage: str, sources: Sequence[SourceRef]
+    manifest: Manifest, subpackage: str, sources: Sequence[SourceRef], *, alone: bool = False
 ) -> dict[str, Content]:
-    """Each distinct file as an importable module of `subpackage` (a path in the tree)."""
+    """Each distinct file as an importable module of `subpackage` (a path in the tree);
+    `alone`: each must import without the project's other files (`importable_alone`)."""
     paths = {source.path: source for source in sources}
     if not paths:
         return {}
@@ -398,8 +400,48 @@ def _modules(
     init = f'"""Shipped {name} modules."""\n'.encode()
     files: dict[str, Content] = {f"{subpackage}/__init__.py": init}
     for source in paths.values():
-        files[f"{subpackage}/{module_name(source)}.py"] = _project_file(manifest.root, source.path)
+        code = _project_file(manifest.root, source.path)
+        if alone:
+            importable_alone(manifest.root, source.path, code)
+        files[f"{subpackage}/{module_name(source)}.py"] = code
     return files
+
+
+def importable_alone(root: Path, path: str, code: bytes) -> None:
+    """BuildError unless `code` (the project's file `path`) can import in a bundle, which
+    ships it without the rest of the project: where verify and the frontends run it,
+    its own directory and the project root are on sys.path, so `import helpers` finds
+    a sibling that no installed bundle has. Found by reading the code, not running it."""
+    try:
+        tree = ast.parse(code, path)
+    except (SyntaxError, ValueError) as error:
+        raise BuildError(f"{path}: not Python ({error}); the bundle could not import it") from None
+    for node in ast.walk(tree):
+        found = _project_import(root, path, node)
+        if found:
+            raise BuildError(
+                f"{path}:{getattr(node, 'lineno', 0)}: the reference imports {found}, which the "
+                "bundle does not ship with it: it could not import there; import installed "
+                "packages only"
+            )
+
+
+def _project_import(root: Path, path: str, node: ast.AST) -> str | None:
+    """What `node` imports from the project, if it is an import that does."""
+    if isinstance(node, ast.ImportFrom) and node.level:
+        return f"a module by a relative import (from {'.' * node.level}{node.module or ''})"
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        names = [str(node.module)]
+    else:
+        return None
+    for top in sorted({name.partition(".")[0] for name in names}):
+        for place in ((root / path).parent, root):
+            for candidate in (place / f"{top}.py", place / top):
+                if candidate.exists():
+                    return f"{candidate.relative_to(root)}, a file of the project"
+    return None
 
 
 def _project_file(root: Path, path: str) -> bytes:

@@ -750,10 +750,13 @@ def _version_problem(neff: dict[str, Any], version: str | None, binding: Binding
 
 
 def as_neff_storage(array: Any) -> Any:
-    """`array` viewed as the dtype its NEFF tensor has. neuronx-cc stores bool as uint8
-    and fp8 as int8, and spike checks dtypes strictly: it lets only ml_dtypes'
-    float8_e4m3 and float8_e5m2 through for int8, so bool and float8_e4m3fn arrays are
-    reinterpreted (same bytes, no copy)."""
+    """`array` as its NEFF tensor holds it: in this machine's byte order (a big-endian
+    array has the same dtype name, and its bytes would reach the device as they are),
+    and viewed as the dtype the NEFF has. neuronx-cc stores bool as uint8 and fp8 as
+    int8, and spike checks dtypes strictly: it lets only ml_dtypes' float8_e4m3 and
+    float8_e5m2 through for int8, so bool and float8_e4m3fn arrays are reinterpreted."""
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
     stored = {"bool": "uint8", "float8_e4m3fn": "int8"}.get(array.dtype.name)
     return array if stored is None else array.view(stored)
 

@@ -107,7 +107,7 @@ def verify(args: argparse.Namespace) -> int:
             if bundle is None:
                 return EXIT_BUILD_FAILED
         bundle = _with_baseline(args, bundle)
-        double = _toolchain_double(Path(scratch)) if args.with_double else None
+        double = _toolchain_double() if args.with_double else None
         checks = run_checks(bundle, args.mode, double=double, update_baseline=args.update_baseline)
     if args.json:
         print(json.dumps([c.to_json() for c in checks], indent=2))
@@ -134,11 +134,11 @@ def _with_baseline(args: argparse.Namespace, bundle: BundleUnderTest) -> BundleU
     return replace(bundle, baseline=baseline)
 
 
-def _toolchain_double(state_dir: Path) -> Toolchain:
+def _toolchain_double() -> Toolchain:
     """The toolchain double, resolved as a build resolves it (`--toolchain fake`)."""
     from nkibuild.toolchain import resolve_toolchain
 
-    return resolve_toolchain("fake", state_dir)
+    return resolve_toolchain("fake")
 
 
 def _built_bundle(args: argparse.Namespace) -> BundleUnderTest | None:

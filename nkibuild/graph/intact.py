@@ -8,6 +8,10 @@ ends by recording, in its doit values, the stamp (size, times, inode:
 an `uptodate` check (`OutputsIntact`) compares them on the next run. Unchanged
 stamps are trusted, as doit trusts stats for `file_dep`; a changed stamp costs one
 hash, and only a changed hash reruns the task.
+
+doit records a task's `file_dep` as they are after its actions ran, so a source saved
+while the task read it would be recorded anew against the old output: the record of what
+the task read (`inputs_checked`), taken before it ran, is checked like an output's.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from nkibuild.cache.key import file_sha256
 from nkibuild.fsutil import stamp_of, stat_stamp
 
 VALUES_KEY = "outputs"  # in a task's doit values: path -> [stamp, sha256]
+INPUTS_KEY = "inputs"  # the same, of the files a task read, as it read them
+READ_ATTEMPTS = 3  # runs of a task whose inputs keep changing before it fails
 
 # The arguments doit passes an `uptodate` callable that asks for them. doit reads a
 # callable's signature on every check (inspect.signature: ~0.06 ms of CPU each, half
@@ -54,16 +60,53 @@ def outputs_record(hashed: Mapping[str, str], others: Sequence[str] = ()) -> dic
     return {VALUES_KEY: {path: [stamp_of(os.stat(path)), sha] for path, sha in shas.items()}}
 
 
-class OutputsIntact:
-    """doit `uptodate` check: False if a recorded output was changed or removed."""
+def inputs_checked(
+    action: Callable[..., Any], args: tuple[Any, ...], inputs: Sequence[str], task: str
+) -> tuple[tuple[Callable[..., Any], tuple[Any, ...]], OutputsIntact]:
+    """For a task reading `inputs`: its action, run again while an input changes under
+    it, and the `uptodate` check that compares the inputs with what it read."""
+    return (read_unchanged, (action, args, inputs, task)), OutputsIntact(inputs, key=INPUTS_KEY)
 
-    def __init__(self, files: Sequence[str], directories: Sequence[str] = ()) -> None:
+
+def read_unchanged(
+    action: Callable[..., Any], args: tuple[Any, ...], inputs: Sequence[str], task: str
+) -> Any:
+    """doit action: `action(*args)` and the record of `inputs` as they were before it
+    ran; run again if one changed meanwhile (its stamp moved: it may have been read in
+    either state), a failure after READ_ATTEMPTS runs."""
+    from doit.exceptions import TaskFailed
+
+    for _ in range(READ_ATTEMPTS):
+        try:  # each stamp taken before its hash: an edit during the hash is seen too
+            before = {path: [stat_stamp(path), file_sha256(path)] for path in inputs}
+        except OSError as error:  # removed since doit checked it
+            return TaskFailed(f"{error.filename}: {error.strerror}")
+        result = action(*args)
+        if isinstance(result, TaskFailed):
+            return result
+        changed = [path for path, (stamp, _) in before.items() if stat_stamp(path) != stamp]
+        if not changed:
+            return {**(result or {}), INPUTS_KEY: before}
+    return TaskFailed(
+        f"{changed[0]} changed while {task} read it, {READ_ATTEMPTS} times in a row; "
+        "nothing was recorded: build again once it is saved"
+    )
+
+
+class OutputsIntact:
+    """doit `uptodate` check: False if a recorded output (or, with `key=INPUTS_KEY`, a
+    file the task read) was changed or removed."""
+
+    def __init__(
+        self, files: Sequence[str], directories: Sequence[str] = (), key: str = VALUES_KEY
+    ) -> None:
         self.files = tuple(files)
         self.directories = tuple(directories)
+        self.key = key
         self.__signature__ = DOIT_CHECK_SIGNATURE
 
     def __call__(self, task: Any, values: dict[str, Any]) -> bool | None:
-        recorded = values.get(VALUES_KEY)
+        recorded = values.get(self.key)
         if recorded is None:
             return None  # nothing recorded (never ran): doit's other checks decide
         # A file added to an output directory is ignored: nothing reads what its task

@@ -24,6 +24,7 @@ from nkibuild.frontends import ARTIFACT_FILES, SIDECAR_DIR
 from nkibuild.graph.intact import (
     DOIT_CHECK_SIGNATURE,
     OutputsIntact,
+    inputs_checked,
     outputs_checked,
     outputs_record,
 )
@@ -174,14 +175,16 @@ def _extract_task(
     config, files = extract_config(context, spec, passed_env), extract_files(context, spec)
     targets = [f"{out_dir}/{name}" for name in ARTIFACT_FILES]  # see Layout.extract_path
     record, intact = outputs_checked(targets, [f"{out_dir}/{SIDECAR_DIR}"])
+    name = f"{EXTRACT_TASK}:{spec.name}"
+    extract, as_read = inputs_checked(run_extract, (context, spec, config, files), files, name)
     return {
         "basename": EXTRACT_TASK,
         "name": spec.name,
         "doc": f"extract HLO from {spec.source} ({spec.frontend})",
-        "actions": [(run_extract, (context, spec, config, files)), record],
+        "actions": [extract, record],
         "file_dep": files,
         "targets": targets,
-        "uptodate": [ConfigChanged(config), intact],
+        "uptodate": [ConfigChanged(config), intact, as_read],
         "clean": True,
     }
 
@@ -263,13 +266,15 @@ def _bundle_task(context: BuildContext, generator: str) -> dict[str, Any]:
     shipped = [_path(path) for path in (manifest.path, *material_files(manifest))]
     bundle_dir = _path(context.layout.bundle_dir(manifest))
     intact = OutputsIntact((), [bundle_dir])
+    # The project's files, read while it runs; the compile records are nkibuild's own.
+    run, as_read = inputs_checked(run_bundle, (context,), shipped, BUNDLE_TASK)
     return {
         "basename": BUNDLE_TASK,
         "doc": f"generate the {manifest.package.name} package with its loaders",
-        "actions": [(run_bundle, (context,))],
+        "actions": [run],
         "file_dep": [*compiled, *shipped],
         "targets": [os.path.join(bundle_dir, STAMP_FILE)],
-        "uptodate": [ConfigChanged(_bundle_config(manifest, generator)), intact],
+        "uptodate": [ConfigChanged(_bundle_config(manifest, generator)), intact, as_read],
         "clean": True,
     }
 

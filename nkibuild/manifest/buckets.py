@@ -3,7 +3,7 @@
 Two stages know different things. The manifest knows the inputs and variants:
 `padding_diagnostics` (run with the semantic checks) says which padded input or
 axis does not exist, which output axis follows an axis that is not padded, and which
-pad value an integer input cannot hold. Only the compiled NEFFs know the outputs:
+pad value an input's dtype cannot hold exactly. Only the compiled NEFFs know the outputs:
 `output_problems` (run when the bundle is generated) says which declared output axis
 does not exist or does not have the length of the input axis it follows in some
 variant, since cutting it back to the call's length would then be wrong.
@@ -22,8 +22,42 @@ from nkibuild.manifest.phrases import did_you_mean
 if TYPE_CHECKING:  # the bundle stage imports this module and must not load a YAML parser
     from nkibuild.manifest.yamlsource import JsonPath, YamlDocument
 
-# Element types a non-finite pad value (-inf, nan) cannot be cast to.
-_NOT_FLOAT_PREFIXES = ("int", "uint", "bool")
+# Float formats narrower than float64: significand bits (the implicit one included),
+# smallest normal exponent, largest finite value, whether it has infinities.
+_FLOATS = {
+    "float16": (11, -14, 65504.0, True),
+    "bfloat16": (8, -126, (2 - 2.0**-7) * 2.0**127, True),
+    "float32": (24, -126, (2 - 2.0**-23) * 2.0**127, True),
+    "float8_e5m2": (3, -14, 57344.0, True),
+    "float8_e4m3fn": (4, -6, 448.0, False),
+    "float8_e4m3": (4, -6, 240.0, True),
+}
+
+
+def holds_exactly(dtype: str, number: float) -> bool:
+    """Whether `dtype` holds `number` exactly: a pad value it would round, overflow or
+    wrap is not what the manifest says padded elements hold."""
+    try:
+        value = float(number)  # YAML gives ints as they are written
+    except OverflowError:
+        return False
+    if isinstance(number, int) and value != number:  # beyond float64's precision
+        return False
+    if dtype == "float64" or (dtype in _FLOATS and math.isnan(value)):
+        return True
+    if dtype in _FLOATS:
+        bits, smallest, largest, infinite = _FLOATS[dtype]
+        if math.isinf(value):
+            return infinite
+        exponent = max(math.frexp(value)[1] - 1, smallest)  # subnormals: the smallest
+        return abs(value) <= largest and (value * 2.0 ** (bits - 1 - exponent)).is_integer()
+    if not value.is_integer():  # nan and inf are not either
+        return False
+    if dtype == "bool":
+        return value in (0, 1)
+    width = int(dtype.removeprefix("u").removeprefix("int"))
+    low = 0 if dtype.startswith("u") else -(2 ** (width - 1))
+    return low <= value < low + 2**width
 
 
 def padding_diagnostics(manifest: Manifest, doc: YamlDocument) -> Iterator[Diagnostic]:
@@ -83,17 +117,15 @@ class _Checker:
                         break
 
     def value_fits(self) -> Iterator[Diagnostic]:
-        if math.isfinite(self.padding.value):
-            return
+        value = self.padding.value
         for name, _ in self.padding.inputs:
-            spec = self.inputs.get(name)
-            if spec is not None and spec.dtype.startswith(_NOT_FLOAT_PREFIXES):
+            dtypes = {t.dtype for v in self.kernel.variants for t in v.inputs if t.name == name}
+            for dtype in sorted(dtypes - {d for d in dtypes if holds_exactly(d, value)}):
                 yield self.at(
-                    f"pad value {self.padding.value} cannot be held by {name!r} ({spec.dtype})",
+                    f"pad value {value} cannot be held exactly by {name!r} ({dtype})",
                     (*self.base, "value"),
-                    expected="a finite number",
+                    expected=f"a value {dtype} holds exactly",
                 )
-                return
 
     def outputs_follow_padded_axes(self) -> Iterator[Diagnostic]:
         padded = {name: set(axes) for name, axes in self.padding.inputs}

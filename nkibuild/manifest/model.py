@@ -80,7 +80,8 @@ VALUE_TYPES: dict[str, dict[str, Any]] = {
     },
     "shape": {
         "title": "shape",
-        "description": "Dimensions of a tensor, outermost first; `[]` is a scalar.",
+        "description": "Dimensions of a tensor, outermost first; at least one (the Neuron "
+        "runtime cannot pass a 0-d tensor).",
         "type": "array",
         "items": {"type": "integer", "minimum": 1},
     },
@@ -491,8 +492,8 @@ class Padding:
         metadata=key(
             "value",
             "Pad value",
-            "What padded elements hold, cast to each input's dtype; `-.inf` suits a max or a "
-            "softmax along a padded axis.",
+            "What padded elements hold: every padded input's dtype must hold it exactly (0.1 "
+            "is no float32); `-.inf` suits a max or a softmax along a padded axis.",
             documented=0,
         ),
     )

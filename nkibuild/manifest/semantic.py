@@ -172,6 +172,7 @@ class _Checks:
             self.hlo_inputs_only,
             self.nkipy_narrowed_inputs,
             self.variant_inputs,
+            self.scalar_inputs,
             self.constant_names,
             self.override_targets,
             self.lnc_on_trn1,
@@ -377,6 +378,26 @@ class _Checks:
                             expected="one of " + ", ".join(inputs),
                             hint=did_you_mean(input_name, inputs),
                         )
+
+    def scalar_inputs(self) -> Iterator[Diagnostic]:
+        """spike passes every tensor through np.ascontiguousarray, which makes a 0-d
+        array 1-d: a NEFF taking a 0-d input could never be called with it."""
+        for kernel in self.manifest.kernels:
+            base, paths = _base(kernel), {}
+            for variant in kernel.variants:
+                for spec in (s for s in variant.inputs if s.shape == ()):
+                    restated = (*base, "variants", variant.name, spec.name)
+                    declared = (*base, "inputs", spec.name)  # unless the variant restates it
+                    paths.setdefault(
+                        restated if self.written(restated) is not _ABSENT else declared, spec.name
+                    )
+            for path, name in paths.items():
+                yield self.at(
+                    f"input {name!r} is 0-d: the Neuron runtime cannot pass a 0-d tensor",
+                    path,
+                    expected="a shape of at least one dimension",
+                    hint="declare shape [1]: the kernel then takes a one-element array",
+                )
 
     def constant_names(self) -> Iterator[Diagnostic]:
         for kernel in self.manifest.kernels:

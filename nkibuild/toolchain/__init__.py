@@ -7,7 +7,6 @@ version it is; every later stage receives the resulting `Toolchain` value.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shlex
 import shutil
@@ -18,7 +17,6 @@ from pathlib import Path
 
 from nkibuild import interrupts
 from nkibuild.errors import ToolchainError, UsageError
-from nkibuild.fsutil import atomic_write_text
 from nkibuild.text import printable
 from nkibuild.toolchain.nki import NkiFrontend, detect, has_nkipy_tracer
 
@@ -124,10 +122,7 @@ def _venv_bin_dirs() -> list[Path]:
 
 
 def resolve_toolchain(
-    mode: str,
-    state_dir: Path,
-    compiler: Path | None = None,
-    memo: VersionMemo | None = None,
+    mode: str, compiler: Path | None = None, memo: VersionMemo | None = None
 ) -> Toolchain:
     """Pick the toolchain for `mode`; never falls back from auto/neuron to the double.
 
@@ -137,13 +132,13 @@ def resolve_toolchain(
     if mode not in TOOLCHAIN_MODES:
         raise UsageError(f"unknown toolchain {mode!r}; choose one of {', '.join(TOOLCHAIN_MODES)}")
     if mode == "fake":
-        return _double(state_dir, memo)
+        return _double()
     command, found = _compiler_identity(mode, compiler)
     flags, notices = neuron_cc_flags()
     return Toolchain(
         name="neuron",
         compiler_command=command,
-        compiler_version=_cached_version(command, found, state_dir, memo),
+        compiler_version=_asked_version(command, found, memo),
         python=sys.executable,
         neuron_cc_flags=flags,
         notices=notices,
@@ -152,30 +147,22 @@ def resolve_toolchain(
 
 
 def _compiler_identity(mode: str, compiler: Path | None) -> tuple[tuple[str, ...], Path]:
-    """The command that runs the compiler `mode` picks, and the path whose stat tells
-    whether that compiler changed: the double's own files, or the real launcher."""
-    if mode == "fake":
-        from nkibuild import toolchain_double
-
-        return toolchain_double.COMPILER_COMMAND, toolchain_double.HERE
+    """The command that runs the real compiler `mode` picks, and its launcher."""
     found = find_compiler(compiler)
     if found is None:
         raise ToolchainError(f"toolchain {mode!r}: {NO_COMPILER_HELP}")
     return (str(found),), found
 
 
-def start_version_query(
-    mode: str, compiler: Path | None, state_dir: Path, memo: VersionMemo
-) -> None:
-    """Start `--version` of the compiler `mode` and `compiler` pick, in the background,
-    unless `state_dir` already knows its version: a real neuronx-cc takes seconds to
-    answer, and the caller loads the manifest meanwhile.
+def start_version_query(mode: str, compiler: Path | None, memo: VersionMemo) -> None:
+    """Start `--version` of the compiler `mode` and `compiler` pick, in the background:
+    a real neuronx-cc takes seconds to answer, and the caller loads the manifest meanwhile.
 
     A guess made before the final settings are known: `resolve_toolchain` joins it only
     if it resolves the same command with the same stamp, and `cancel_unanswered` ends it
     otherwise. What would fail here is left for `resolve_toolchain` to report.
     """
-    if mode not in TOOLCHAIN_MODES:
+    if mode not in TOOLCHAIN_MODES or mode == "fake":  # the double answers in-process
         return
     try:
         command, identity = _compiler_identity(mode, compiler)
@@ -183,7 +170,7 @@ def start_version_query(
     except (ToolchainError, OSError):
         return
     key = (command, tuple(stamp))
-    if key not in memo and _recorded_version(command, stamp, state_dir) is None:
+    if key not in memo:
         memo[key] = VersionQuery(command)
 
 
@@ -236,7 +223,7 @@ def without_cache_dir(flags: str) -> tuple[str, list[str]]:
     return (shlex.join(kept) if dropped else flags), dropped
 
 
-def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
+def _double() -> Toolchain:
     """nkibuild's toolchain double: its compiler, its frontends and spike on the paths.
 
     It stands in only for what cannot run here: the real nkipy tracer runs on a CPU,
@@ -249,11 +236,10 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
     if not has_nkipy_tracer():
         worker_path.append(str(toolchain_double.FAKE_NKIPY_DIR))
 
-    command, identity = _compiler_identity("fake", None)
     return Toolchain(
         name="double",
-        compiler_command=command,
-        compiler_version=_cached_version(command, identity, state_dir, memo),
+        compiler_command=toolchain_double.COMPILER_COMMAND,
+        compiler_version=toolchain_double.compiler_version(),  # asked in-process: no start-up
         python=sys.executable,
         neuron_cc_flags=flags,
         worker_path=tuple(worker_path),
@@ -265,42 +251,21 @@ def _double(state_dir: Path, memo: VersionMemo | None) -> Toolchain:
     )
 
 
-def _cached_version(
-    command: tuple[str, ...], identity: Path, state_dir: Path, memo: VersionMemo | None
-) -> str:
-    """`neuronx-cc --version`, re-run only when the compiler's files change.
-
-    A no-op build must not pay for starting the compiler, so the answer is
-    cached under the build's state dir, keyed by the compiler's stat.
-    """
-    stamp = _stat_stamp(identity)
-    recorded = _recorded_version(command, stamp, state_dir)
-    if recorded is not None:
-        return recorded
+def _asked_version(command: tuple[str, ...], identity: Path, memo: VersionMemo | None) -> str:
+    """`neuronx-cc --version`, asked in every build before anything is compiled or
+    published: a launcher's stat says nothing of an SDK upgraded behind a wrapper script,
+    and a version kept from another build would file NEFFs under another compiler's key.
+    Within a build, `memo` answers (a query started while the manifest loaded)."""
     memo = {} if memo is None else memo
-    key = (command, tuple(stamp))
+    key = (command, tuple(_stat_stamp(identity)))
     query = memo.get(key)
     if query is None:
         query = memo[key] = VersionQuery(command)
     try:
-        version = query.version()
+        return query.version()
     except ToolchainError:
         del memo[key]  # a failure is not remembered: the next resolve asks again
         raise
-    cache_file = state_dir / "toolchain.json"
-    entries = _read_json(cache_file)
-    entries[" ".join(command)] = {"stamp": stamp, "version": version}
-    atomic_write_text(cache_file, json.dumps(entries, indent=2, sort_keys=True))
-    return version
-
-
-def _recorded_version(command: tuple[str, ...], stamp: list[int], state_dir: Path) -> str | None:
-    """The version `state_dir` recorded for `command` at this `stamp`, if it did."""
-    cached = _read_json(state_dir / "toolchain.json").get(" ".join(command))
-    # Anything but a well-formed entry (a damaged file) is a miss: ask the compiler.
-    if isinstance(cached, dict) and cached.get("stamp") == stamp and cached.get("version"):
-        return str(cached["version"])
-    return None
 
 
 def read_compiler_version(command: tuple[str, ...]) -> str:
@@ -390,16 +355,12 @@ def parse_version_line(line: str) -> str | None:
     return words[0] if words else None
 
 
-def _stat_stamp(path: Path) -> list[int]:
-    """What changes when the compiler does: a directory (the double's package) with any
-    of its files; a launcher with itself and the installed neuronx-cc package's metadata
-    beside it (an upgrade in place may keep the launcher as it was)."""
-    if path.is_dir():
-        paths = sorted(path.glob("*.py"))
-    else:
-        paths = [path, *_installed_package_records(path)]
+def _stat_stamp(launcher: Path) -> list[int]:
+    """What changes when a launcher is replaced or the neuronx-cc package beside it is
+    upgraded in place: a query started for the old one (while the manifest loaded) is
+    not joined. Never kept across builds: a wrapper's stat says nothing of the SDK."""
     stamp: list[int] = []
-    for item in paths:
+    for item in [launcher, *_installed_package_records(launcher)]:
         info = item.stat()
         stamp += [info.st_mtime_ns, info.st_size]
     return stamp
@@ -410,11 +371,3 @@ def _installed_package_records(launcher: Path) -> list[Path]:
     environment = launcher.resolve().parent.parent
     pattern = "lib/python*/site-packages/neuronx_cc-*.dist-info/RECORD"
     return sorted(environment.glob(pattern))
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}

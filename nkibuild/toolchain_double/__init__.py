@@ -26,3 +26,12 @@ def fake_nki_version() -> str:
     """The NKI release the double's nki imitates: NKI_VERSION_ENV, else the newest it knows
     (the default fakes/nki/__init__.py has too)."""
     return os.environ.get(NKI_VERSION_ENV) or "0.7.0"
+
+
+VERSION_ENV = "NKIBUILD_FAKE_CC_VERSION"  # another version stands for an upgraded compiler
+
+
+def compiler_version() -> str:
+    """What the double's `--version` answers now, and its NEFFs record: a build asks
+    this in-process (the compiler is this package), not through a process of its own."""
+    return os.environ.get(VERSION_ENV) or "2.23.0.0+nkibuild.fake"

@@ -49,7 +49,9 @@ import sys
 import time
 from typing import TextIO
 
-FAKE_COMPILER_VERSION = "2.23.0.0+nkibuild.fake"
+from nkibuild.toolchain_double import compiler_version
+
+FAKE_COMPILER_VERSION = compiler_version()
 VERSION_LINE = f"NeuronX Compiler version {FAKE_COMPILER_VERSION}"
 DEFAULT_LNC = {"inf2": 1, "trn1": 1, "trn1n": 1, "trn2": 2, "trn3": 2}
 LNC2_TARGETS = frozenset({"trn2", "trn3"})
