@@ -42,7 +42,9 @@ def publish(cache: LocalCache | RemoteCache, tmp_path: Path, name: str) -> Cache
     neff = tmp_path / f"{name}.neff"
     neff.write_bytes(os.urandom(3000))
     key = key_of(name)
-    cache.publish(key, neff, {"unit": name, "compile_seconds": 1.5, "peak_memory": 1000})
+    cache.publish(
+        key, neff, {"unit": name, "compile_seconds": 1.5, "peak_memory": 1000}, vouched=True
+    )
     return key
 
 
@@ -318,7 +320,9 @@ def test_a_symlinked_neff_dir_is_not_entered(
     assert cache.fetch(key, tmp_path / "o.neff") is None
     assert cache.entries() == [] and cache.clear() == []
     assert any("not followed" in p for p in cache.verify())
-    cache.publish(key_of("b"), tmp_path / "a.neff", {})  # never writes through it either
+    cache.publish(
+        key_of("b"), tmp_path / "a.neff", {}, vouched=True
+    )  # never writes through it either
     assert snapshot(outside) == before
 
 

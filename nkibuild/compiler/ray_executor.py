@@ -51,7 +51,13 @@ class RayExecutor:
         try:
             ray.get(
                 task.remote(
-                    unit, _pack(artifact), job.toolchain, self.cache, timeout, options.retries
+                    unit,
+                    _pack(artifact),
+                    job.toolchain,
+                    self.cache,
+                    timeout,
+                    options.retries,
+                    options.retry_failed,
                 )
             )
         except ray.exceptions.RayTaskError as error:
@@ -88,6 +94,7 @@ def _compile_task(
     cache: CacheConfig,
     timeout: float | None,
     retries: int,
+    retry_failed: bool,
 ) -> str:
     """Runs on a Ray worker."""
     from nkibuild.cache import open_cache_chain
@@ -101,7 +108,7 @@ def _compile_task(
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         chain = open_cache_chain(cache.local_dir, cache.remote_url, read_only=False)
-        options = CompileOptions(cache=chain, timeout=timeout, retries=retries)
+        options = CompileOptions(chain, timeout, retries, retry_failed)
         result = compile_unit(
             unit, load_artifact(artifact_dir), toolchain, Path(scratch) / "out", options
         )
