@@ -241,6 +241,7 @@ def test_the_log_keeps_what_the_compiler_printed_and_stale_work_dirs_go(
     (unit_dir / ".work-of-a-killed-build" / "sub").mkdir(parents=True)
     (unit_dir / "work-not-hidden").mkdir()
     monkeypatch.delenv("NKIBUILD_FAKE_CC_FAULT")
+    monkeypatch.setenv("NKIBUILD_RETRY_FAILED", "1")  # the failure is recorded in the cache
     assert build(root).ok
     assert sorted(p.name for p in unit_dir.iterdir() if p.is_dir()) == ["work-not-hidden"]
     assert (unit_dir / "model.neff").is_file()
