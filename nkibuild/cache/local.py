@@ -20,6 +20,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import tempfile
 import time
 import uuid
@@ -226,7 +227,7 @@ class LocalCache:
         size = sum(
             status.st_size
             for file, status in files.items()
-            if file in OWN_FILES and _is_regular(status)
+            if file in OWN_FILES and stat.S_ISREG(status.st_mode)
         )
         return CacheEntry(self.entry_dir(name), size, record.st_mtime)
 
@@ -349,12 +350,6 @@ def _parts(digest: str) -> tuple[str, str, str]:
     return ("neff", digest[:2], digest)
 
 
-def _is_regular(status: os.stat_result) -> bool:
-    import stat
-
-    return stat.S_ISREG(status.st_mode)
-
-
 def _assemble(
     shard_fd: int, digest: str, record: dict[str, Any], files: dict[str, Path | None]
 ) -> None:
@@ -368,7 +363,7 @@ def _assemble(
                 if source is not None:
                     _link_or_copy(source, stage_fd, name)
             # One line (json's C encoder): entries are read by nkibuild, and fetched often.
-            safefs.write_file(stage_fd, ENTRY_FILE, json.dumps(record, sort_keys=True).encode())
+            safefs.replace_file(stage_fd, ENTRY_FILE, json.dumps(record, sort_keys=True).encode())
         os.rename(stage, digest, src_dir_fd=shard_fd, dst_dir_fd=shard_fd)
     except BaseException as error:
         with contextlib.suppress(OSError, CorruptEntry):  # a foreign file in it: left
@@ -391,7 +386,7 @@ def _link_or_copy(source: Path, dir_fd: int, name: str) -> None:
     try:
         os.link(source, name, dst_dir_fd=dir_fd, follow_symlinks=False)
     except OSError:  # another filesystem (EXDEV), or one without hard links
-        safefs.write_file(dir_fd, name, source)
+        safefs.replace_file(dir_fd, name, source)
 
 
 def _verified_copy(fd: int, destination: Path, record: dict[str, Any]) -> None:

@@ -103,18 +103,13 @@ def opened_file(dir_fd: int, name: str, max_bytes: int) -> Iterator[tuple[int, i
         os.close(fd)
 
 
-def write_file(dir_fd: int, name: str, content: bytes | Path) -> None:
-    """Create `name` in `dir_fd` holding `content` (bytes, or a file's) (see `_created`)."""
-    with _created(dir_fd, name) as out:
-        _fill(out, content)
-
-
 def replace_file(dir_fd: int, name: str, content: bytes | Path) -> None:
-    """Write `name` in `dir_fd` atomically: a temp file made there and renamed over it
-    relative to the same descriptor (a rename replaces a symlink at `name`, never
-    follows it)."""
+    """Write `content` (bytes, or a file's) to `name` in `dir_fd` atomically: a temp file
+    created there with the mode open() gives, never through a name already there (a
+    planted symlink is refused, EEXIST, and left alone), then renamed over `name`
+    relative to the same descriptor (which replaces a symlink there, never follows it)."""
     temp = f".{name}.{secrets.token_hex(16)}.tmp"
-    out = _created(dir_fd, temp)  # a name in the way is someone else's: left alone
+    out = open(os.open(temp, _NEW_FILE_FLAGS, 0o666, dir_fd=dir_fd), "wb")  # noqa: SIM115
     try:
         with out:
             _fill(out, content)
@@ -122,12 +117,6 @@ def replace_file(dir_fd: int, name: str, content: bytes | Path) -> None:
     except BaseException:
         os.unlink(temp, dir_fd=dir_fd)
         raise
-
-
-def _created(dir_fd: int, name: str) -> BinaryIO:
-    """A new file `name` in `dir_fd`, with the mode open() gives: never through a name
-    already there, so a planted symlink is refused (EEXIST), never followed."""
-    return open(os.open(name, _NEW_FILE_FLAGS, 0o666, dir_fd=dir_fd), "wb")
 
 
 def _fill(out: BinaryIO, content: bytes | Path) -> None:

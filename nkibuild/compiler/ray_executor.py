@@ -51,13 +51,7 @@ class RayExecutor:
         try:
             ray.get(
                 task.remote(
-                    unit,
-                    _pack(artifact),
-                    job.toolchain,
-                    self.cache,
-                    timeout,
-                    options.retries,
-                    options.retry_failed,
+                    unit, _pack(artifact), job.toolchain, self.cache, timeout, options.retries
                 )
             )
         except ray.exceptions.RayTaskError as error:
@@ -94,7 +88,6 @@ def _compile_task(
     cache: CacheConfig,
     timeout: float | None,
     retries: int,
-    retry_failed: bool,
 ) -> str:
     """Runs on a Ray worker."""
     from nkibuild.cache import open_cache_chain
@@ -108,7 +101,8 @@ def _compile_task(
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         chain = open_cache_chain(cache.local_dir, cache.remote_url, read_only=False)
-        options = CompileOptions(chain, timeout, retries, retry_failed)
+        # The driver looked for a known failure first (unless --retry-failed): compile.
+        options = CompileOptions(chain, timeout, retries, retry_failed=True)
         result = compile_unit(
             unit, load_artifact(artifact_dir), toolchain, Path(scratch) / "out", options
         )
