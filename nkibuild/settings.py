@@ -28,6 +28,7 @@ ENV_CACHE_READ_ONLY = "NKIBUILD_CACHE_READ_ONLY"
 ENV_MAX_COMPILE_MEMORY = "NKIBUILD_MAX_COMPILE_MEMORY"
 ENV_COMPILE_TIMEOUT = "NKIBUILD_COMPILE_TIMEOUT"
 ENV_COMPILE_RETRIES = "NKIBUILD_COMPILE_RETRIES"
+ENV_RETRY_FAILED = "NKIBUILD_RETRY_FAILED"
 MAX_COMPILE_RETRIES = 10
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"", "0", "false", "no", "off"})
@@ -47,6 +48,7 @@ class BuildOptions:
     max_compile_memory: int | None = None  # bytes
     compile_timeout: float | None = None  # seconds, for units without their own
     compile_retries: int | None = None  # of an OOM-killed or internal-error compile
+    retry_failed: bool = False  # compile keys a cache records as failed (a flag: on only)
     executor: str = "local"  # "local" or "ray"
     ray_address: str | None = None  # None with executor ray: a local Ray instance
 
@@ -99,6 +101,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_compile_memory", "max-compile-memory", ENV_MAX_COMPILE_MEMORY, parse_size),
     Option("compile_timeout", "compile-timeout", ENV_COMPILE_TIMEOUT, parse_duration),
     Option("compile_retries", "compile-retries", ENV_COMPILE_RETRIES, parse_retries, default=1),
+    Option("retry_failed", "retry-failed", ENV_RETRY_FAILED, parse_flag, default=False),
 )
 _BY_FIELD = {option.field: option for option in OPTIONS}
 
@@ -154,6 +157,7 @@ class BuildSettings:
     executor: str = "local"
     ray_address: str | None = None
     compile_retries: int = 1  # of a compile that was OOM-killed or hit an internal error
+    retry_failed: bool = False  # compile again a key whose failure a cache records
 
 
 def resolve_settings(
@@ -177,6 +181,7 @@ def resolve_settings(
         max_compile_memory=value("max_compile_memory"),
         compile_timeout=value("compile_timeout"),
         compile_retries=value("compile_retries"),
+        retry_failed=value("retry_failed"),
         executor=options.executor,
         ray_address=options.ray_address,
     )

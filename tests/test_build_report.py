@@ -61,6 +61,7 @@ def test_the_report_says_where_each_neff_came_from(
         "misses": 2,
         "errors": 0,
         "write_errors": 0,
+        "failures": 0,
         "lookups": 2,
         "hit_rate": 0.0,
     }

@@ -17,7 +17,7 @@ def publish(cache: LocalCache, tmp_path: Path, name: str, size: int) -> CacheKey
     neff = tmp_path / f"{name}.neff"
     neff.write_bytes(os.urandom(size))
     key = CacheKey.of(hlo=name, compile_args=["--target", "trn2"])
-    cache.publish(key, neff, {"unit": name})
+    cache.publish(key, neff, {"unit": name}, vouched=True)
     return key
 
 
@@ -45,7 +45,7 @@ def test_a_read_only_cache_reports_but_keeps_a_corrupt_entry(tmp_path: Path) -> 
     assert reader.fetch(key, tmp_path / "out.neff") is None
     assert "ignored (read-only cache)" in reader.notices[0]
     assert writable.entry_dir(key).exists()
-    reader.publish(CacheKey.of(hlo="b"), tmp_path / "a.neff", {})
+    reader.publish(CacheKey.of(hlo="b"), tmp_path / "a.neff", {}, vouched=True)
     assert len(writable.entries()) == 1  # read-only never writes
 
 
@@ -101,7 +101,7 @@ def test_chain_backfills_earlier_tiers_and_survives_a_failing_one(tmp_path: Path
     assert chain.locate(key) == str(tmp_path / "near")
     missing = CacheKey.of(hlo="missing")
     assert chain.fetch(missing, tmp_path / "none.neff") is None
-    chain.publish(missing, tmp_path / "k.neff", {"unit": "m"})
+    chain.publish(missing, tmp_path / "k.neff", {"unit": "m"}, vouched=True)
     assert far.fetch(missing, tmp_path / "m.neff") is not None  # published past the failure
 
 

@@ -39,6 +39,7 @@ def test_tier_counts_add_up_and_give_a_hit_rate() -> None:
         "misses": 3,
         "errors": 0,
         "write_errors": 0,
+        "failures": 0,
         "lookups": 4,
         "hit_rate": 0.25,
     }

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 from conftest import run_nkibuild
-from helpers import softmax_manifest, softmax_project
+from helpers import build, softmax_manifest, softmax_project
 from test_remote_cache import s3_cache, s3_endpoint, s3_url  # noqa: F401  (fixtures)
 
-from nkibuild.cache import CacheChain, CacheKey, LocalCache
+from nkibuild.cache import CacheChain, CacheKey, LocalCache, safefs
 from nkibuild.cache.remote import RemoteCache
 from nkibuild.cache.trust import (
     ENV_KEY,
@@ -29,6 +29,8 @@ from nkibuild.cache.trust import (
     CacheTrust,
     trust_from_environment,
 )
+from nkibuild.graph.report import BuildSummary
+from nkibuild.settings import BuildOptions
 
 SECRET = b"team-secret-0123456789abcdef"
 OTHER = b"someone-elses-secret-987654321"
@@ -42,7 +44,9 @@ def publish(cache: LocalCache | RemoteCache, tmp_path: Path, name: str) -> Cache
     neff = tmp_path / f"{name}.neff"
     neff.write_bytes(os.urandom(3000))
     key = key_of(name)
-    cache.publish(key, neff, {"unit": name, "compile_seconds": 1.5, "peak_memory": 1000})
+    cache.publish(
+        key, neff, {"unit": name, "compile_seconds": 1.5, "peak_memory": 1000}, vouched=True
+    )
     return key
 
 
@@ -318,7 +322,9 @@ def test_a_symlinked_neff_dir_is_not_entered(
     assert cache.fetch(key, tmp_path / "o.neff") is None
     assert cache.entries() == [] and cache.clear() == []
     assert any("not followed" in p for p in cache.verify())
-    cache.publish(key_of("b"), tmp_path / "a.neff", {})  # never writes through it either
+    cache.publish(
+        key_of("b"), tmp_path / "a.neff", {}, vouched=True
+    )  # never writes through it either
     assert snapshot(outside) == before
 
 
@@ -637,3 +643,215 @@ def test_s3_discard_removes_only_nkibuilds_objects(
     refused(cache, key, tmp_path, "sha256")
     cache.fs.invalidate_cache()
     assert [p.rsplit("/", 1)[-1] for p in cache.fs.ls(entry, detail=False)] == ["README.txt"]
+
+
+# --- trust stays with the entry ---------------------------------------------------------------
+
+FAILURE = {"returncode": 1, "message": "neuronx-cc failed", "log_tail": "ERROR: rejected"}
+
+
+def publish_entry(cache: LocalCache | RemoteCache, tmp_path: Path, name: str, kind: str) -> None:
+    """A NEFF entry, or a failed compile's record, for `key_of(name)`."""
+    if kind == "neff":
+        publish(cache, tmp_path, name)
+    else:
+        meta = {"unit": name, "failure": FAILURE}
+        cache.publish(key_of(name).failure, None, meta, vouched=True)
+
+
+def stored_key(name: str, kind: str) -> CacheKey:
+    return key_of(name) if kind == "neff" else key_of(name).failure
+
+
+@pytest.mark.parametrize("kind", ["neff", "failure"])
+@pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
+def test_a_fetched_entry_keeps_the_trust_it_arrived_with(
+    tmp_path: Path, kind: str, signed: bool
+) -> None:
+    """A build holding the key, accepting unsigned entries, copies a remote hit into its
+    local cache: signed only if it arrived signed, so a strict build later refuses
+    what nobody with the key ever vouched for."""
+    url = (tmp_path / "remote").as_uri()
+    publish_entry(
+        RemoteCache(url, trust=CacheTrust(SECRET if signed else None)), tmp_path, "a", kind
+    )
+    lenient = CacheTrust(SECRET)
+    local = LocalCache(tmp_path / "local", trust=lenient)
+    chain = CacheChain([local, RemoteCache(url, trust=lenient)])
+    if kind == "neff":
+        hit = chain.fetch(key_of("a"), tmp_path / "a.neff")
+    else:
+        hit = chain.known_failure(key_of("a"))
+    assert hit is not None and hit.kind == "remote" and hit.vouched is signed
+    key = stored_key("a", kind)
+    assert ("signature" in record_of(local, key)) is signed
+    strict = LocalCache(local.root, trust=CacheTrust(SECRET, require_signed=True))
+    if signed:
+        assert strict.fetch(key, tmp_path / "ok.neff") is not None
+    else:
+        refused(strict, key, tmp_path, "unsigned")
+
+
+def test_a_signing_build_never_launders_an_unsigned_remote_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through builds: one without the key publishes to the remote; one with the key (not
+    requiring signatures) takes the entry from there into a fresh local cache; a release
+    that requires signatures then refuses that copy and compiles."""
+    root = softmax_project(tmp_path / "p", softmax_manifest(defaults="{targets: [trn1]}"))
+    counter = tmp_path / "compiles"
+    monkeypatch.setenv("NKIBUILD_FAKE_CC_COUNTER", str(counter))
+    remote = (tmp_path / "remote").as_uri()
+
+    def fresh_build(cache: str, remote_cache: str | None = None) -> BuildSummary:
+        shutil.rmtree(root / "build", ignore_errors=True)
+        options = BuildOptions(
+            toolchain="fake", cache_dir=tmp_path / cache, remote_cache=remote_cache
+        )
+        return build(root, options=options)
+
+    assert fresh_build("unsigned-writer", remote).origins == {"compiled": 1}
+    monkeypatch.setenv(ENV_KEY, SECRET.decode())
+    assert fresh_build("signer", remote).origins == {"cache-remote": 1}
+    monkeypatch.setenv(ENV_REQUIRE, "1")
+    strict = fresh_build("signer")
+    assert strict.origins == {"compiled": 1} and len(counter.read_text().splitlines()) == 2
+    assert any("it is unsigned and signed entries are required" in n for n in strict.notices)
+
+
+KEY_TEXTS = [b"@", b"@\n", b"@\r\n", b"  @  \n", b"\t@", b"\n@\n\n"]
+
+
+@pytest.mark.parametrize("text", KEY_TEXTS, ids=repr)
+@pytest.mark.parametrize("source", ["env", "file"])
+def test_the_key_is_one_whichever_way_it_is_given(tmp_path: Path, source: str, text: bytes) -> None:
+    """The same key with or without a trailing newline or surrounding whitespace, from
+    the environment or a file, signs and verifies alike."""
+    raw = text.replace(b"@", SECRET)
+    if source == "env":
+        environ = {ENV_KEY: raw.decode()}
+    else:
+        environ = {ENV_KEY_FILE: str(write_key(tmp_path / "key", raw))}
+    writer = LocalCache(tmp_path / "cache", trust=trust_from_environment(environ))
+    key = publish(writer, tmp_path, "a")
+    for other in (
+        {ENV_KEY: SECRET.decode()},
+        {ENV_KEY_FILE: str(write_key(tmp_path / "k2", SECRET))},
+    ):
+        trust = trust_from_environment({**other, ENV_REQUIRE: "1"})
+        reader = LocalCache(writer.root, trust=trust, read_only=True)
+        assert reader.fetch(key, tmp_path / "ok.neff") is not None, other
+
+
+@pytest.mark.parametrize("source", ["env", "file"])
+def test_a_key_of_whitespace_is_no_key(tmp_path: Path, source: str) -> None:
+    environ = (
+        {ENV_KEY: " \n\t"}
+        if source == "env"
+        else {ENV_KEY_FILE: str(write_key(tmp_path / "k", b" \n"))}
+    )
+    with pytest.raises(CacheConfigError, match="is 0 bytes"):
+        trust_from_environment(environ)
+
+
+# --- publishing never follows a symlink planted in the cache -------------------------------
+
+
+def _swap_while_writing(monkeypatch: pytest.MonkeyPatch, path: Path, outside: Path) -> None:
+    """What an attacker racing a publish does, once its first file is being written: the
+    directory it checked moved away, a symlink out of the cache put in its place."""
+    fill, done = safefs._fill, []
+
+    def racing(*args: Any) -> None:
+        if not done:
+            path.rename(path.with_name(path.name + ".moved"))
+            path.symlink_to(outside, target_is_directory=True)
+            done.append(path)
+        fill(*args)
+
+    monkeypatch.setattr(safefs, "_fill", racing)
+
+
+# Where a link out of the cache is planted, and what the publish then does: replaces the
+# link (it is in a name nkibuild writes), refuses the publish, or finds the entry there.
+REMOTE_ATTACKS = {
+    "neff-dir": "refused",
+    "shard-dir": "refused",
+    "entry-dir": "refused",
+    "object-file": "replaced",  # <sha256>.neff -> a file outside
+    "object-dir": "replaced",  # <sha256>.neff -> a directory outside (a move goes into it)
+    "entry-json": "present",  # entry.json -> a directory outside: an entry seems there
+    "entry-json-dangling": "replaced",
+    "temp": "refused",  # the temp file's name, guessed
+    "swapped": "diverted",  # the entry dir swapped for a link after it was checked
+}
+# (a notice says the publish failed, the entry can be fetched) for each outcome
+OUTCOMES = {
+    "refused": (True, False),
+    "replaced": (False, True),
+    "present": (False, False),
+    "diverted": (False, False),  # written where the checked dir went: the link is refused
+}
+
+
+@pytest.mark.parametrize("attack", sorted(REMOTE_ATTACKS))
+def test_a_file_remote_publish_never_follows_a_planted_symlink(
+    tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch, attack: str
+) -> None:
+    remote_dir = tmp_path / "remote"
+    cache = RemoteCache(remote_dir.as_uri())
+    neff = tmp_path / "a.neff"
+    neff.write_bytes(os.urandom(3000))
+    sha = hashlib.sha256(neff.read_bytes()).hexdigest()
+    key = key_of("a")
+    entry = Path(cache.entry_dir(key))
+    monkeypatch.setattr(safefs.secrets, "token_hex", lambda n: "0" * 2 * n)  # guessed names
+    planted = {
+        "neff-dir": entry.parent.parent,
+        "shard-dir": entry.parent,
+        "entry-dir": entry,
+        "object-file": entry / f"{sha}.neff",
+        "object-dir": entry / f"{sha}.neff",
+        "entry-json": entry / "entry.json",
+        "entry-json-dangling": entry / "entry.json",
+        "temp": entry / f".{sha}.neff.{'0' * 32}.tmp",
+    }.get(attack)
+    if planted is not None:
+        planted.parent.mkdir(parents=True, exist_ok=True)
+        target = {"object-file": "precious.txt", "entry-json-dangling": "new.json"}.get(attack)
+        planted.symlink_to(outside / target if target else outside)
+    if attack == "swapped":
+        _swap_while_writing(monkeypatch, entry, outside)
+    before = snapshot(outside)
+    chain = CacheChain([cache])
+    chain.publish(key, neff, {"unit": "a"}, vouched=True)
+    assert snapshot(outside) == before
+    assert not any(path.is_symlink() for path in outside.rglob("*"))
+    notice, fetched = OUTCOMES[REMOTE_ATTACKS[attack]]
+    assert (chain.notices != []) is notice, chain.notices
+    assert (cache.fetch(key, tmp_path / "out.neff") is not None) is fetched, cache.notices
+
+
+@pytest.mark.parametrize("attack", ["entry-dir", "stage", "swapped-shard", "swapped-stage"])
+def test_a_local_publish_never_follows_a_planted_symlink(
+    cache: LocalCache, tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch, attack: str
+) -> None:
+    key = key_of("a")
+    entry = cache.entry_dir(key)
+    entry.parent.mkdir(parents=True)
+    monkeypatch.setattr(safefs.secrets, "token_hex", lambda n: "0" * 2 * n)
+    stage = entry.parent / f".{key.digest}.00000000.new"
+    if attack == "entry-dir":
+        entry.symlink_to(outside)
+    elif attack == "stage":
+        stage.symlink_to(outside)
+    else:
+        swapped = entry.parent if attack == "swapped-shard" else stage
+        _swap_while_writing(monkeypatch, swapped, outside)
+    before = snapshot(outside)
+    chain = CacheChain([cache])
+    publish(chain, tmp_path, "a")  # type: ignore[arg-type]
+    assert snapshot(outside) == before
+    assert not any(path.is_symlink() for path in outside.rglob("*"))
+    assert (chain.notices != []) is (attack == "stage")  # its name taken: not published
+    assert cache.fetch(key, tmp_path / "out.neff") is None  # a link where the entry is

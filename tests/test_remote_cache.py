@@ -36,7 +36,7 @@ def publish(cache: RemoteCache, tmp_path: Path, name: str) -> tuple[CacheKey, Pa
     key, neff = make_key(name), make_neff(tmp_path, name)
     log = tmp_path / f"{name}.log"
     log.write_text(f"compiled {name}\n")
-    cache.publish(key, neff, {"unit": name}, log)
+    cache.publish(key, neff, {"unit": name}, log, vouched=True)
     return key, neff
 
 
@@ -89,7 +89,9 @@ def test_file_url_round_trip(cache: RemoteCache, remote_dir: Path, tmp_path: Pat
     assert (entry / record["log"]).read_text() == "compiled a\n"
     assert leftovers(entry) == sorted(["entry.json", record["neff"], record["log"]])  # no temps
 
-    cache.publish(key, make_neff(tmp_path, "other"), {"unit": "other"})  # already there: no-op
+    cache.publish(
+        key, make_neff(tmp_path, "other"), {"unit": "other"}, vouched=True
+    )  # already there: no-op
     assert entry_record(cache, key) == record
     assert cache.fetch(make_key("unknown"), tmp_path / "unknown.neff") is None
     assert not (tmp_path / "unknown.neff").exists()
@@ -168,7 +170,7 @@ def test_a_missing_object_is_corrupt(cache: RemoteCache, tmp_path: Path) -> None
 
 def test_read_only_publish_writes_nothing(remote_dir: Path, tmp_path: Path) -> None:
     reader = RemoteCache(remote_dir.as_uri(), read_only=True)
-    reader.publish(make_key("a"), make_neff(tmp_path, "a"), {"unit": "a"})
+    reader.publish(make_key("a"), make_neff(tmp_path, "a"), {"unit": "a"}, vouched=True)
     assert not remote_dir.exists()
     assert reader.entries() == []
 
@@ -180,7 +182,7 @@ def test_a_half_published_entry_is_a_miss_and_does_not_block_the_next(
     cache.fs.rm_file(f"{cache.entry_dir(key)}/entry.json")  # as if killed before the last write
     assert cache.fetch(key, tmp_path / "a.neff") is None
     assert cache.notices == [] and not cache.contains(key) and cache.entries() == []
-    cache.publish(key, neff, {"unit": "a"})
+    cache.publish(key, neff, {"unit": "a"}, vouched=True)
     assert cache.fetch(key, tmp_path / "a.neff") is not None
 
 
@@ -276,7 +278,7 @@ def test_s3_round_trip_seen_from_another_machine(
 
     fresh = s3_cache(s3_endpoint, s3_url, read_only=True)
     assert fresh.fetch(key, tmp_path / "fresh.neff") is not None
-    fresh.publish(make_key("b"), neff, {"unit": "b"})
+    fresh.publish(make_key("b"), neff, {"unit": "b"}, vouched=True)
     assert fresh.entries() == [key.digest]  # read-only wrote nothing
 
 
@@ -291,7 +293,7 @@ def test_s3_half_published_entry_is_a_miss_even_in_a_stale_listing(
     assert reader.fetch(key, tmp_path / "out.neff") is None and reader.notices == []
     assert not reader.contains(key)
 
-    writer.publish(key, neff, {"unit": "a"})
+    writer.publish(key, neff, {"unit": "a"}, vouched=True)
     assert reader.contains(key) and reader.entries() == [key.digest]
     assert reader.fetch(key, tmp_path / "out.neff") is not None
 
@@ -323,11 +325,11 @@ def test_s3_writers_of_one_key_never_mix(s3_endpoint: str, s3_url: str, tmp_path
     first_neff, second_neff = make_neff(tmp_path, "first"), make_neff(tmp_path, "second")
     # The interleaving made deterministic: hide the first entry.json while the second
     # writer publishes, then let the first writer's entry.json land last.
-    first.publish(key, first_neff, {"unit": "first"})
+    first.publish(key, first_neff, {"unit": "first"}, vouched=True)
     entry_file = f"{first.entry_dir(key)}/entry.json"
     first_record = first.fs.cat_file(entry_file)
     first.fs.rm_file(entry_file)
-    second.publish(key, second_neff, {"unit": "second"})
+    second.publish(key, second_neff, {"unit": "second"}, vouched=True)
     first.fs.pipe_file(entry_file, first_record)
 
     reader = s3_cache(s3_endpoint, s3_url)
@@ -347,7 +349,7 @@ def test_s3_concurrent_writers_race(s3_endpoint: str, s3_url: str, tmp_path: Pat
     def race(index: int) -> None:
         start.wait()
         for key in keys:
-            writers[index].publish(key, neffs[index], {"unit": f"writer-{index}"})
+            writers[index].publish(key, neffs[index], {"unit": f"writer-{index}"}, vouched=True)
 
     with ThreadPoolExecutor(len(writers)) as pool:
         list(pool.map(race, range(len(writers))))
@@ -431,7 +433,7 @@ def test_an_unreachable_remote_counts_errors_apart_from_misses(s3_url: str, tmp_
     chain = CacheChain([LocalCache(tmp_path / "local"), unreachable_s3(s3_url)], stats)
     key = make_key("a")
     assert chain.fetch(key, tmp_path / "out.neff") is None
-    chain.publish(key, make_neff(tmp_path, "a"), {"unit": "a"})
+    chain.publish(key, make_neff(tmp_path, "a"), {"unit": "a"}, vouched=True)
     assert stats.snapshot() == {
         "local": TierCounts(misses=1),
         "remote": TierCounts(errors=1, write_errors=1),

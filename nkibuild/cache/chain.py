@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ class CacheHit:
     meta: dict[str, Any]
     location: str  # which tier served it
     kind: str  # "local" or "remote": summaries count them apart
+    vouched: bool = False  # signed under this build's key: it may be signed again
 
 
 class CacheChain:
@@ -41,15 +43,35 @@ class CacheChain:
 
     @property
     def notices(self) -> list[str]:
-        return [*self._errors, *(n for tier in self.tiers for n in tier.notices)]
+        notices = [*self._errors, *(n for tier in self.tiers for n in tier.notices)]
+        return list(dict.fromkeys(notices))  # a tier down says so once, not per lookup
 
     def fetch(self, key: CacheKey, destination: Path) -> CacheHit | None:
         for index, tier in enumerate(self.tiers):
             meta = self._lookup(tier, key, destination)
             if meta is not None:
-                self._backfill(self.tiers[:index], key, destination, meta)
-                return CacheHit(meta, tier.location, tier.kind)
+                return self._hit(index, key, destination, meta)
         return None
+
+    def known_failure(self, key: CacheKey) -> CacheHit | None:
+        """The failed compile recorded for `key` (under `key.failure`) in the first tier
+        holding one, copied into the earlier tiers as a NEFF is, and counted as that
+        tier's `failures`. Asked only after `fetch` missed: a NEFF anywhere wins."""
+        for index, tier in enumerate(self.tiers):
+            meta = self._guard(tier, "read from", lambda t=tier: t.fetch(key.failure, None))
+            if meta is not None:
+                self.stats.count(tier.kind, "failures")
+                return self._hit(index, key.failure, None, meta)
+        return None
+
+    def _hit(self, index: int, key: CacheKey, neff: Path | None, meta: dict[str, Any]) -> CacheHit:
+        """Tier `index`'s hit, copied into the tiers before it with the trust it arrived
+        with: signed there only if its signature verified here (`CacheTrust.sign`)."""
+        tier = self.tiers[index]
+        vouched = tier.trust.vouches(meta)
+        sha256 = meta.get("sha256")  # the NEFF was hashed against it as it was copied
+        self._publish_to(self.tiers[:index], key, neff, meta, None, sha256, vouched=vouched)
+        return CacheHit(meta, tier.location, tier.kind, vouched)
 
     def _lookup(self, tier: NeffStore, key: CacheKey, destination: Path) -> dict[str, Any] | None:
         """One tier's fetch, counted: a hit, a miss (also a corrupt entry), or an error."""
@@ -75,20 +97,20 @@ class CacheChain:
     def publish(
         self,
         key: CacheKey,
-        neff: Path,
+        neff: Path | None,
         meta: dict[str, Any],
         log: Path | None = None,
         sha256: str | None = None,
+        *,
+        vouched: bool,
     ) -> None:
-        """`sha256`: the NEFF's, where the caller has just computed it (not hashed again)."""
-        for tier in self.tiers:
-            self._upload(tier, lambda t=tier: t.publish(key, neff, meta, log, sha256))
+        """To every tier (see `NeffStore.publish`). `sha256`: the NEFF's, where the caller
+        has just computed it (not hashed again)."""
+        self._publish_to(self.tiers, key, neff, meta, log, sha256, vouched=vouched)
 
-    def _backfill(
-        self, tiers: Sequence[NeffStore], key: CacheKey, neff: Path, meta: dict[str, Any]
-    ) -> None:
+    def _publish_to(self, tiers: Sequence[NeffStore], *args: Any, vouched: bool) -> None:
         for tier in tiers:
-            self._upload(tier, lambda t=tier: t.publish(key, neff, meta))
+            self._upload(tier, partial(tier.publish, *args, vouched=vouched))
 
     def _upload(self, tier: NeffStore, call: Any) -> None:
         if self._attempt(tier, "publish to", call)[1]:

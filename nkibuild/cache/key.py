@@ -13,6 +13,7 @@ KEY_SCHEMA_VERSION = 1
 # What nkibuild hashes (NEFFs, wheels, outputs, sources) stays far below this; the bound
 # only keeps a planted /dev/zero or huge sparse file from reading on forever.
 MAX_HASHED_BYTES = 16 << 30
+FAILURE_INPUT = "record"  # the input that marks a key as a failed compile's (`failure`)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,12 @@ class CacheKey:
     def digest(self) -> str:
         canonical = json.dumps(dict(self.inputs), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    @cached_property
+    def failure(self) -> CacheKey:
+        """The key a failed compile of this one is recorded under: an entry of its own,
+        so a NEFF entry and a failure record never meet, and a NEFF found anywhere wins."""
+        return CacheKey(tuple(sorted({**dict(self.inputs), FAILURE_INPUT: "failure"}.items())))
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.inputs)

@@ -19,7 +19,8 @@ import contextlib
 import json
 import os
 import re
-import shutil
+import secrets
+import stat
 import tempfile
 import time
 import uuid
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from nkibuild.cache import safefs
-from nkibuild.cache.key import CacheKey, file_sha256
+from nkibuild.cache.key import CacheKey
 from nkibuild.cache.store import (
     ENTRY_FILE,
     LOG_FILE,
@@ -46,7 +47,7 @@ from nkibuild.cache.trust import (
     check_size,
     parse_record,
 )
-from nkibuild.fsutil import atomic_output, new_dir_mode
+from nkibuild.fsutil import atomic_output
 
 UNFINISHED_AFTER_S = 3600.0  # far longer than any publish takes
 
@@ -99,30 +100,39 @@ class LocalCache:
         except (OSError, CorruptEntry):
             return False
 
-    def fetch(self, key: CacheKey, destination: Path) -> dict[str, Any] | None:
+    def fetch(self, key: CacheKey, destination: Path | None) -> dict[str, Any] | None:
         try:
-            record = self._checked_copy(key.digest, destination)
+            record = self._checked_copy(key.digest, destination, touch=not self.read_only)
         except FileNotFoundError:
             return None
         except CorruptEntry as error:
             self._corrupt(key, str(error))
             return None
-        if not self.read_only:
-            _touch(self.entry_dir(key) / ENTRY_FILE)  # last use, for `nkibuild cache prune`
         return caller_meta(record)
 
-    def _checked_copy(self, digest: str, destination: Path) -> dict[str, Any]:
-        """The entry's record, once its NEFF is at `destination` and matches it.
+    def _checked_copy(
+        self, digest: str, destination: Path | None, *, touch: bool = False
+    ) -> dict[str, Any]:
+        """The entry's record, once its NEFF (if it has one) is at `destination` and
+        matches it; `touch` marks the use (for `nkibuild cache prune`).
 
         FileNotFoundError: no entry. CorruptEntry: an entry that proves nothing (or
         cannot be read). Other OSErrors are `destination`'s (the build dir's disk)."""
         with contextlib.ExitStack() as stack:
-            record, fd = self._open_entry(stack, digest)
-            _verified_copy(fd, destination, record)
+            entry_fd, record, fd = self._open_entry(stack, digest)
+            if fd is not None:
+                assert destination is not None  # only a failure record has no NEFF
+                _verified_copy(fd, destination, record)
+            if touch:  # a cache on a read-only mount still serves hits
+                with contextlib.suppress(OSError):
+                    os.utime(ENTRY_FILE, dir_fd=entry_fd, follow_symlinks=False)
         return record
 
-    def _open_entry(self, stack: contextlib.ExitStack, digest: str) -> tuple[dict[str, Any], int]:
-        """The validated record and an open descriptor of the entry's NEFF."""
+    def _open_entry(
+        self, stack: contextlib.ExitStack, digest: str
+    ) -> tuple[int, dict[str, Any], int | None]:
+        """The entry directory's descriptor, its validated record and an open descriptor
+        of its NEFF (None for a failure record, which has none)."""
         try:
             entry_fd = stack.enter_context(safefs.opened_dir(self.root, _parts(digest)))
             with safefs.opened_file(entry_fd, ENTRY_FILE, MAX_RECORD_BYTES) as (fd, _):
@@ -132,55 +142,39 @@ class LocalCache:
         except OSError as error:
             raise CorruptEntry(f"unreadable {ENTRY_FILE} ({error.strerror or error})") from None
         record = parse_record(raw, digest, self.trust)
+        if "failure" in record:
+            return entry_fd, record, None
         try:
             fd, size = stack.enter_context(safefs.opened_file(entry_fd, NEFF_FILE, MAX_NEFF_BYTES))
         except OSError as error:
             raise CorruptEntry(f"unreadable {NEFF_FILE} ({error.strerror or error})") from None
         check_size(size, record)
-        return record, fd
+        return entry_fd, record, fd
 
     def publish(
         self,
         key: CacheKey,
-        neff: Path,
+        neff: Path | None,
         meta: dict[str, Any],
         log: Path | None = None,
         sha256: str | None = None,
+        *,
+        vouched: bool,
     ) -> None:
         if self.read_only:
             return
-        entry = self.entry_dir(key)
+        files = {NEFF_FILE: neff, LOG_FILE: log if log is not None and log.exists() else None}
         try:
-            # Made (or found) one component at a time: a symlinked neff/ or shard dir
-            # must not take the entry outside the cache.
-            safefs.make_dirs(self.root, _parts(key.digest)[:-1])
+            # Every directory opened (or made) one component at a time, and every file made
+            # relative to one: a symlinked neff/, shard or entry dir, planted before or
+            # during the publish, never takes a write outside the cache.
+            with safefs.opened_dir(self.root, _parts(key.digest)[:-1], make=True) as shard_fd:
+                if _exists(shard_fd, key.digest):
+                    return
+                record = self.trust.sign(entry_record(key, meta, neff, sha256), vouched)
+                _assemble(shard_fd, key.digest, record, files)
         except CorruptEntry as error:
             self.notices.append(f"not publishing to {self.location}: {error}")
-            return
-        if os.path.lexists(entry):
-            return
-        stage = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".new", dir=entry.parent))
-        try:
-            os.chmod(stage, new_dir_mode())  # mkdtemp's 0o700: it becomes the entry
-            _link_or_copy(neff, stage / NEFF_FILE)
-            if log is not None and log.exists():
-                _link_or_copy(log, stage / LOG_FILE)
-            neff_file = stage / NEFF_FILE
-            # The caller's digest is of the file just linked (or a copy that is checked
-            # against it when fetched, like every entry).
-            digest = sha256 or file_sha256(neff_file)
-            record = entry_record(key, digest, meta, neff_file.stat().st_size)
-            record = self.trust.sign(record)
-            # One line (json's C encoder): entries are read by nkibuild, and fetched often.
-            (stage / ENTRY_FILE).write_text(json.dumps(record, sort_keys=True))
-            os.rename(stage, entry)
-        except OSError:
-            shutil.rmtree(stage, ignore_errors=True)
-            if not entry.exists():
-                raise
-        except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise
 
     def discard(self, key: CacheKey) -> None:
         self._discard(self.entry_dir(key))
@@ -233,7 +227,7 @@ class LocalCache:
         size = sum(
             status.st_size
             for file, status in files.items()
-            if file in OWN_FILES and _is_regular(status)
+            if file in OWN_FILES and stat.S_ISREG(status.st_mode)
         )
         return CacheEntry(self.entry_dir(name), size, record.st_mtime)
 
@@ -356,17 +350,43 @@ def _parts(digest: str) -> tuple[str, str, str]:
     return ("neff", digest[:2], digest)
 
 
-def _is_regular(status: os.stat_result) -> bool:
-    import stat
-
-    return stat.S_ISREG(status.st_mode)
-
-
-def _link_or_copy(source: Path, destination: Path) -> None:
+def _assemble(
+    shard_fd: int, digest: str, record: dict[str, Any], files: dict[str, Path | None]
+) -> None:
+    """Assemble an entry in a staging directory beside it and rename it into place: a
+    reader sees a whole entry or none. A concurrent writer that won is no failure."""
+    stage = f".{digest}.{secrets.token_hex(4)}.new"
+    os.mkdir(stage, dir_fd=shard_fd)  # the mode mkdir() gives: it becomes the entry
     try:
-        os.link(source, destination, follow_symlinks=False)
+        with safefs.opened_dir(shard_fd, (stage,)) as stage_fd:
+            for name, source in files.items():
+                if source is not None:
+                    _link_or_copy(source, stage_fd, name)
+            # One line (json's C encoder): entries are read by nkibuild, and fetched often.
+            safefs.replace_file(stage_fd, ENTRY_FILE, json.dumps(record, sort_keys=True).encode())
+        os.rename(stage, digest, src_dir_fd=shard_fd, dst_dir_fd=shard_fd)
+    except BaseException as error:
+        with contextlib.suppress(OSError, CorruptEntry):  # a foreign file in it: left
+            safefs.remove_owned_dir(shard_fd, stage, OWN_FILES.__contains__)
+        if not (isinstance(error, OSError) and _exists(shard_fd, digest)):
+            raise
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _link_or_copy(source: Path, dir_fd: int, name: str) -> None:
+    """The build's file as `name` in `dir_fd`: a hard link (the build replaces its files,
+    never writes into them), else a copy; never through a name planted there."""
+    try:
+        os.link(source, name, dst_dir_fd=dir_fd, follow_symlinks=False)
     except OSError:  # another filesystem (EXDEV), or one without hard links
-        shutil.copyfile(source, destination, follow_symlinks=False)
+        safefs.replace_file(dir_fd, name, source)
 
 
 def _verified_copy(fd: int, destination: Path, record: dict[str, Any]) -> None:
@@ -378,8 +398,3 @@ def _verified_copy(fd: int, destination: Path, record: dict[str, Any]) -> None:
             raise CorruptEntry(
                 f"NEFF sha256 {found[:16]}... differs from the recorded {record['sha256']}"
             )
-
-
-def _touch(path: Path) -> None:
-    with contextlib.suppress(OSError):  # a cache on a read-only mount still serves hits
-        os.utime(path, follow_symlinks=False)

@@ -20,8 +20,6 @@ import json
 import os
 import posixpath
 import re
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -30,7 +28,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from nkibuild.cache import safefs
-from nkibuild.cache.key import CacheKey, file_sha256
+from nkibuild.cache.key import CacheKey
 from nkibuild.cache.store import ENTRY_FILE, CorruptEntry, corrupt_notice, entry_record
 from nkibuild.cache.trust import (
     MAX_NEFF_BYTES,
@@ -84,7 +82,7 @@ class RemoteCache:
     def contains(self, key: CacheKey) -> bool:
         return self._exists(posixpath.join(self.entry_dir(key), ENTRY_FILE))
 
-    def fetch(self, key: CacheKey, destination: Path) -> dict[str, Any] | None:
+    def fetch(self, key: CacheKey, destination: Path | None) -> dict[str, Any] | None:
         try:
             raw = self._read_record(key.digest)
         except FileNotFoundError:
@@ -94,8 +92,10 @@ class RemoteCache:
             return None
         try:
             record = parse_record(raw, key.digest, self.trust)
-            _check_object_names(record)
-            self._verified_download(key.digest, record, destination)
+            if "failure" not in record:  # a failed compile's record names no objects
+                assert destination is not None
+                _check_object_names(record)
+                self._verified_download(key.digest, record, destination)
         except CorruptEntry as error:
             self._corrupt(key, str(error))
             return None
@@ -119,33 +119,48 @@ class RemoteCache:
     def publish(
         self,
         key: CacheKey,
-        neff: Path,
+        neff: Path | None,
         meta: dict[str, Any],
         log: Path | None = None,
         sha256: str | None = None,
+        *,
+        vouched: bool,
     ) -> None:
         if self.read_only:
             return
         entry = self.entry_dir(key)
-        entry_file = posixpath.join(entry, ENTRY_FILE)
-        if self._exists(entry_file):
+        if self._exists(posixpath.join(entry, ENTRY_FILE)):
             return
+        record = entry_record(key, meta, neff, sha256)
+        objects: dict[str, Path] = {}
+        if neff is not None:  # content-addressed: two publishers never write into each other's
+            record["neff"], record["log"] = f"{record['sha256']}.neff", None
+            objects[record["neff"]] = neff
+            if log is not None and log.exists():
+                record["log"] = f"{record['sha256']}.log"
+                objects[record["log"]] = log
+        data = json.dumps(self.trust.sign(record, vouched), indent=2, sort_keys=True).encode()
         if self._local:
-            try:  # never through a symlinked neff/, shard or entry dir
-                safefs.make_dirs(self.root, _parts(key.digest))
-            except CorruptEntry as error:
-                self.notices.append(f"not publishing to {self.location}: {error}")
-                return
-        sha256 = sha256 or file_sha256(neff)
-        record = entry_record(key, sha256, meta, neff.stat().st_size)
-        record["neff"] = self._upload(neff, entry, f"{sha256}.neff")
-        record["log"] = None
-        if log is not None and log.exists():
-            record["log"] = self._upload(log, entry, f"{sha256}.log")
-        record = self.trust.sign(record)
+            self._publish_here(key.digest, objects, data)
+            return
+        for name, source in objects.items():
+            self.fs.put_file(str(source), posixpath.join(entry, name))  # one PUT: atomic
         # Last: from this moment readers see the entry, and everything it names is there.
-        data = json.dumps(record, indent=2, sort_keys=True).encode()
-        self._write_atomically(entry_file, lambda path: self.fs.pipe_file(path, data))
+        self.fs.pipe_file(posixpath.join(entry, ENTRY_FILE), data)
+
+    def _publish_here(self, digest: str, objects: dict[str, Path], data: bytes) -> None:
+        """A publish on a local filesystem: each object, then entry.json, written and
+        renamed relative to the entry directory, which was opened (or made) one
+        component at a time without following a symlink. Nothing planted in the cache (a
+        symlinked neff/, shard or entry dir, a symlink at an object's or a temp file's
+        name), before or during the publish, sends a write elsewhere."""
+        try:
+            with safefs.opened_dir(self.root, _parts(digest), make=True) as entry_fd:
+                for name, source in objects.items():
+                    safefs.replace_file(entry_fd, name, source)
+                safefs.replace_file(entry_fd, ENTRY_FILE, data)
+        except CorruptEntry as error:
+            self.notices.append(f"not publishing to {self.location}: {error}")
 
     def discard(self, key: CacheKey) -> None:
         if not self.read_only:
@@ -213,30 +228,6 @@ class RemoteCache:
                 digest.update(block)
                 out.write(block)
         return digest.hexdigest()
-
-    def _upload(self, source: Path, entry: str, name: str) -> str:
-        self._write_atomically(
-            posixpath.join(entry, name), lambda path: self.fs.put_file(str(source), path)
-        )
-        return name
-
-    def _write_atomically(self, path: str, write: Callable[[str], object]) -> None:
-        """A single PUT to an object store is atomic; a local file is written then renamed.
-
-        Content-addressed objects go through here too: on a local filesystem two
-        writers of the same sha256 would otherwise truncate each other's copy.
-        """
-        if not self._local:
-            write(path)
-            return
-        directory, name = posixpath.split(path)
-        temp = posixpath.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
-        try:
-            write(temp)
-            self.fs.mv(temp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm_file(temp)
 
     def _exists(self, path: str) -> bool:
         # fsspec filesystems answer `exists` from cached listings, which would

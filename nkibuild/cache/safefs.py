@@ -5,7 +5,9 @@ A shared cache directory is writable by others: anything in it may be a symlink 
 10 GB. Everything here opens path components one at a time relative to the parent's
 descriptor with `O_NOFOLLOW` (so a symlinked `neff/`, `neff/ab/` or entry directory is
 refused, never entered), opens files with `O_NONBLOCK` (a FIFO cannot block) and
-checks with `fstat` that what was opened is a regular file of bounded size.
+checks with `fstat` that what was opened is a regular file of bounded size. Writes
+are made the same way: files created (`O_EXCL | O_NOFOLLOW`) and renamed relative to a
+directory descriptor that was checked, never through a path resolved again.
 
 Removal is just as careful: only names the caller recognizes as nkibuild's own
 (`ours`), only regular files, and a directory only once it is empty. Whatever else
@@ -18,52 +20,44 @@ import contextlib
 import errno
 import hashlib
 import os
+import secrets
+import shutil
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from nkibuild.cache.store import CorruptEntry
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
 _CHUNK = 1 << 20
 
 
 @contextlib.contextmanager
-def opened_dir(root: str | Path | int, parts: Sequence[str]) -> Iterator[int]:
+def opened_dir(
+    root: str | Path | int, parts: Sequence[str], *, make: bool = False
+) -> Iterator[int]:
     """A descriptor of `root/parts...`; `root` itself may be a symlink (the user chose
-    it), no component below it may be. FileNotFoundError when a component is missing,
-    CorruptEntry when one is a symlink or not a directory. `root` may be a descriptor
-    (not closed here)."""
+    it), no component below it may be. FileNotFoundError when a component is missing
+    (with `make`, it is made, as mkdir() would), CorruptEntry when one is a symlink or
+    not a directory. `root` may be a descriptor (not closed here). Files made relative
+    to the descriptor land in the directory that was checked, even if its path is
+    swapped for a symlink meanwhile: a path is never resolved twice."""
     if isinstance(root, int):
         fd = os.dup(root)
     else:
+        if make:
+            Path(root).mkdir(parents=True, exist_ok=True)
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
     try:
         for part in parts:
-            child = _open_child_dir(fd, part)
+            child = _opened_or_made(fd, part) if make else _open_child_dir(fd, part)
             os.close(fd)
             fd = child
         yield fd
-    finally:
-        os.close(fd)
-
-
-def make_dirs(root: str | Path, parts: Sequence[str]) -> None:
-    """Create `root/parts...` as needed, never through a symlink (CorruptEntry if one
-    is in the way). A component that exists is only opened: every publish walks the
-    cache's `neff/` and most shard dirs, which are there after the first few."""
-    try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
-    except FileNotFoundError:
-        Path(root).mkdir(parents=True, exist_ok=True)
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
-    try:
-        for part in parts:
-            child = _opened_or_made(fd, part)
-            os.close(fd)
-            fd = child
     finally:
         os.close(fd)
 
@@ -107,6 +101,30 @@ def opened_file(dir_fd: int, name: str, max_bytes: int) -> Iterator[tuple[int, i
         yield fd, status.st_size
     finally:
         os.close(fd)
+
+
+def replace_file(dir_fd: int, name: str, content: bytes | Path) -> None:
+    """Write `content` (bytes, or a file's) to `name` in `dir_fd` atomically: a temp file
+    created there with the mode open() gives, never through a name already there (a
+    planted symlink is refused, EEXIST, and left alone), then renamed over `name`
+    relative to the same descriptor (which replaces a symlink there, never follows it)."""
+    temp = f".{name}.{secrets.token_hex(16)}.tmp"
+    out = open(os.open(temp, _NEW_FILE_FLAGS, 0o666, dir_fd=dir_fd), "wb")  # noqa: SIM115
+    try:
+        with out:
+            _fill(out, content)
+        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        os.unlink(temp, dir_fd=dir_fd)
+        raise
+
+
+def _fill(out: BinaryIO, content: bytes | Path) -> None:
+    if isinstance(content, bytes):
+        out.write(content)
+        return
+    with open(content, "rb") as source:
+        shutil.copyfileobj(source, out)
 
 
 def read_small(root: str | Path | int, parts: Sequence[str], name: str, max_bytes: int) -> bytes:

@@ -25,7 +25,6 @@ from typing import Any, Literal
 from nkibuild.cache import safefs
 from nkibuild.cache.store import CorruptEntry
 from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, load_json
-from nkibuild.fsutil import atomic_write_text
 
 TIERS = ("local", "remote")
 LOG_DIR = "stats"
@@ -36,19 +35,21 @@ LOCK_TIMEOUT_S = 10.0
 MAX_LOG_BYTES = 4 << 20  # a full log is ~40 KB
 _LOG_LIMITS = JsonLimits(MAX_LOG_BYTES, max_depth=8, max_int_digits=20, allow_nonfinite=False)
 
-Event = Literal["hits", "misses", "errors", "write_errors"]
+Event = Literal["hits", "misses", "errors", "write_errors", "failures"]
 
 
 @dataclass(frozen=True)
 class TierCounts:
     """One tier's counts. A lookup is a hit, a miss (including an entry found corrupt, or
     a NEFF that did not fit its unit) or an error (the tier could not be read: counted
-    apart, though the build treats it as a miss). `write_errors`: uploads that failed."""
+    apart, though the build treats it as a miss). `write_errors`: uploads that failed.
+    `failures`: known compile failures the tier reported (looked up after a miss)."""
 
     hits: int = 0
     misses: int = 0
     errors: int = 0
     write_errors: int = 0
+    failures: int = 0
 
     @property
     def lookups(self) -> int:
@@ -189,12 +190,11 @@ def record_build(
     path = log_path(cache_dir)
     record = BuildRecord(time.time() if finished is None else finished, dict(tiers))
     try:
-        safefs.make_dirs(cache_dir, (LOG_DIR,))
-        with safefs.opened_dir(cache_dir, (LOG_DIR,)) as stats_dir, _locked(stats_dir):
+        with safefs.opened_dir(cache_dir, (LOG_DIR,), make=True) as stats_dir, _locked(stats_dir):
             log = read_log(cache_dir)
             builds = (*log.builds, record)[-MAX_BUILDS:]
             document = {"format": LOG_FORMAT, "builds": [b.to_json() for b in builds]}
-            atomic_write_text(path, json.dumps(document, indent=1), durable=False)
+            safefs.replace_file(stats_dir, LOG_FILE, json.dumps(document, indent=1).encode())
     except TimeoutError:
         return [f"the cache's build log {path} stayed locked; this build's counts are not in it"]
     except CorruptEntry as error:

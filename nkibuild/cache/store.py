@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from nkibuild.cache.key import CacheKey
+from nkibuild.cache.key import CacheKey, file_sha256
+
+if TYPE_CHECKING:
+    from nkibuild.cache.trust import CacheTrust
 
 NEFF_FILE = "model.neff"
 ENTRY_FILE = "entry.json"
@@ -24,6 +27,7 @@ class NeffStore(Protocol):
     """
 
     location: str  # a directory or URL, for messages
+    trust: CacheTrust  # what its entries must prove, and whether it signs what it stores
     kind: str  # "local" (this machine's directory) or "remote" (shared)
     read_only: bool
     notices: list[str]
@@ -32,20 +36,24 @@ class NeffStore(Protocol):
         """Whether a complete entry exists (unverified: for reports, not for use)."""
         ...
 
-    def fetch(self, key: CacheKey, destination: Path) -> dict[str, Any] | None:
-        """Copy the entry's NEFF to `destination` (atomically); its metadata, or None."""
+    def fetch(self, key: CacheKey, destination: Path | None) -> dict[str, Any] | None:
+        """Copy the entry's NEFF to `destination` (atomically); its metadata, or None.
+        A record without a NEFF (a failed compile's, under `key.failure`) copies nothing."""
         ...
 
     def publish(
         self,
         key: CacheKey,
-        neff: Path,
+        neff: Path | None,
         meta: dict[str, Any],
         log: Path | None = None,
         sha256: str | None = None,
+        *,
+        vouched: bool,
     ) -> None:
-        """Store a NEFF with its metadata (and compile log); a no-op when read-only.
-        `sha256`: the NEFF's, where the caller has just computed it."""
+        """Store a NEFF (None: a record alone) with its metadata (and compile log); a no-op
+        when read-only. `sha256`: the NEFF's, where the caller has just computed it.
+        `vouched`: this build vouches for it (see `CacheTrust.sign`)."""
         ...
 
     def discard(self, key: CacheKey) -> None:
@@ -53,11 +61,16 @@ class NeffStore(Protocol):
         ...
 
 
-def entry_record(key: CacheKey, sha256: str, meta: dict[str, Any], size: int) -> dict[str, Any]:
+def entry_record(
+    key: CacheKey, meta: dict[str, Any], neff: Path | None, sha256: str | None = None
+) -> dict[str, Any]:
     """entry.json: the caller's metadata plus what makes the entry self-describing (a
     signature, if any, is added by the tier's `CacheTrust`)."""
     meta = {k: v for k, v in meta.items() if k != "signature"}
-    return {**meta, "key": key.to_json(), "digest": key.digest, "sha256": sha256, "size": size}
+    record = {**meta, "key": key.to_json(), "digest": key.digest}
+    if neff is not None:
+        record.update(sha256=sha256 or file_sha256(neff), size=neff.stat().st_size)
+    return record
 
 
 def corrupt_notice(location: str, key: CacheKey, why: str, discarded: bool) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nkibuild.cache.key import CacheKey
+from nkibuild.cache.key import FAILURE_INPUT, CacheKey
 from nkibuild.cache.store import ENTRY_FILE, CorruptEntry
 from nkibuild.errors import UsageError
 from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, load_json
@@ -41,6 +41,7 @@ _SIGNATURE_CONTEXT = b"nkibuild cache entry v1\n"  # a MAC of nothing else can p
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _TEXT_FIELDS = ("unit", "compiler_version")
 MAX_TEXT = 1000
+MAX_LOG_TAIL = 16_000  # characters of a failed compile's log kept in its record
 MAX_SECONDS = 10.0**9  # 30 years
 
 
@@ -55,12 +56,19 @@ class CacheTrust:
     secret: bytes | None = None
     require_signed: bool = False
 
-    def sign(self, record: Mapping[str, Any]) -> dict[str, Any]:
-        """`record` with its signature (unchanged without a secret)."""
+    def sign(self, record: Mapping[str, Any], vouched: bool) -> dict[str, Any]:
+        """`record`, signed only if this build `vouched` for it (it compiled the NEFF, or
+        fetched it with a signature that verified under this secret): an entry keeps the
+        trust it arrived with, and an unsigned one fetched is never made signed."""
         unsigned = {k: v for k, v in record.items() if k != "signature"}
-        if self.secret is None:
+        if self.secret is None or not vouched:
             return unsigned
         return {**unsigned, "signature": _mac(self.secret, unsigned)}
+
+    def vouches(self, record: Mapping[str, Any]) -> bool:
+        """Whether a record this trust accepted (`check`) is signed under its secret:
+        with a secret, `check` refuses every signature that does not verify."""
+        return self.secret is not None and record.get("signature") is not None
 
     def check(self, record: Mapping[str, Any]) -> None:
         signature = record.get("signature")
@@ -93,25 +101,48 @@ def parse_record(raw: bytes, digest: str, trust: CacheTrust) -> dict[str, Any]:
         raise CorruptEntry(f"unreadable {ENTRY_FILE} ({error})") from None
     if not isinstance(record, dict):
         raise CorruptEntry(f"{ENTRY_FILE} is not an object")
-    _check_key(record, digest)
+    if _check_key(record, digest):
+        _check_failure(record.get("failure"))
+    else:
+        _check_neff_fields(record)
+    _check_meta(record)
+    trust.check(record)
+    return record
+
+
+def _check_neff_fields(record: Mapping[str, Any]) -> None:
     sha256 = record.get("sha256")
     if not isinstance(sha256, str) or not _HEX64.fullmatch(sha256):
         raise CorruptEntry(f"{ENTRY_FILE} records no valid sha256")
     size = record.get("size")
     if size is not None and not _is_int(size, 0, MAX_NEFF_BYTES):
         raise CorruptEntry(f"{ENTRY_FILE} records an invalid size ({_short(size)})")
-    _check_meta(record)
-    trust.check(record)
-    return record
+    if "failure" in record:
+        raise CorruptEntry(f"{ENTRY_FILE} records a compile failure under a NEFF's key")
 
 
-def _check_key(record: Mapping[str, Any], digest: str) -> None:
-    """The entry must be for this key: its recorded inputs hash to the digest looked up."""
+def _check_failure(failure: object) -> None:
+    """A failed compile's record: its exit status (a failure of its own: 1 to 255) and
+    the message and log tail it was reported with, bounded text."""
+    texts = ("message", "log_tail")
+    if not (
+        isinstance(failure, dict)
+        and set(failure) == {"returncode", *texts}
+        and _is_int(failure["returncode"], 1, 255)
+        and all(isinstance(failure[t], str) and len(failure[t]) <= MAX_LOG_TAIL for t in texts)
+    ):
+        raise CorruptEntry(f"{ENTRY_FILE} records no valid compile failure")
+
+
+def _check_key(record: Mapping[str, Any], digest: str) -> bool:
+    """The entry must be for this key: its recorded inputs hash to the digest looked up.
+    Whether the key is one a compile failure is recorded under (`CacheKey.failure`)."""
     inputs = record.get("key")
     if record.get("digest") != digest or not isinstance(inputs, dict):
         raise CorruptEntry(f"{ENTRY_FILE} is for another key ({_short(record.get('digest'))})")
     if CacheKey(tuple(sorted(inputs.items()))).digest != digest:
         raise CorruptEntry(f"{ENTRY_FILE}'s recorded key inputs do not hash to its key")
+    return inputs.get(FAILURE_INPUT) == "failure"
 
 
 def _check_meta(record: Mapping[str, Any]) -> None:
@@ -139,6 +170,7 @@ def check_size(size: int, record: Mapping[str, Any]) -> None:
 def caller_meta(record: Mapping[str, Any]) -> dict[str, Any]:
     """What a hit returns: the validated fields only (nothing unknown travels on)."""
     fields = ("key", "digest", "sha256", "size", *_TEXT_FIELDS, "compile_seconds", "peak_memory")
+    fields += ("failure", "signature")  # checked whole by parse_record (see `vouches`)
     return {name: record[name] for name in fields if record.get(name) is not None}
 
 
@@ -170,9 +202,11 @@ def trust_from_environment(environ: Mapping[str, str] | None = None) -> CacheTru
     text, path = env.get(ENV_KEY) or None, env.get(ENV_KEY_FILE) or None
     if text is not None and path is not None:
         raise CacheConfigError(f"set one of {ENV_KEY} and {ENV_KEY_FILE}, not both")
-    secret = text.encode() if text is not None else None
-    if path is not None:
-        secret = _read_key_file(Path(path).expanduser())
+    raw = os.fsencode(text) if text is not None else None
+    raw = _read_key_file(Path(path).expanduser()) if path is not None else raw
+    # One normalisation for both sources: surrounding whitespace (a file's newline, a
+    # variable set from one) is not part of the key, so both sign and verify alike.
+    secret = raw.strip() if raw is not None else None
     if secret is not None and len(secret) < MIN_SECRET_BYTES:
         where = ENV_KEY if text is not None else f"{ENV_KEY_FILE} ({path})"
         raise CacheConfigError(
@@ -210,4 +244,4 @@ def _read_key_file(path: Path) -> bytes:
             os.close(fd)
     except OSError as error:
         raise CacheConfigError(f"{ENV_KEY_FILE} ({path}): {error.strerror or error}") from None
-    return data.strip()
+    return data

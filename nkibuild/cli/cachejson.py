@@ -52,6 +52,8 @@ def _tier_line(tier: dict[str, Any]) -> str:
     line = f"{tier['hits']} hits, {tier['misses']} misses, {tier['errors']} errors ({shown})"
     if tier["write_errors"]:
         line += f", {tier['write_errors']} failed uploads"
+    if tier["failures"]:
+        line += f", {tier['failures']} known compile failures reported"
     if tier["entries"] is not None:
         line += f"; {tier['entries']} entries, {format_size(tier['bytes'])} at {tier['location']}"
     return line

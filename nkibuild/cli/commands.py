@@ -44,6 +44,7 @@ def _build_options(args: argparse.Namespace) -> BuildOptions:
         max_compile_memory=getattr(args, "max_compile_memory", None),
         compile_timeout=getattr(args, "compile_timeout", None),
         compile_retries=getattr(args, "compile_retries", None),
+        retry_failed=getattr(args, "retry_failed", False),
         executor=getattr(args, "executor", "local"),
         ray_address=getattr(args, "ray_address", None),
     )

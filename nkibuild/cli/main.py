@@ -360,6 +360,11 @@ def _compile_options() -> argparse.ArgumentParser:
         help="retry a compile the OOM killer took, or that hit neuronx-cc's internal error "
         "(exit 70), up to N times [default: env NKIBUILD_COMPILE_RETRIES, else 1]",
     )  # fmt: skip
+    options.add_argument(
+        "--retry-failed", action="store_true",
+        help="compile units whose compile a cache records as failed, instead of reporting "
+        "that failure at once [default: env NKIBUILD_RETRY_FAILED]",
+    )  # fmt: skip
     return options
 
 

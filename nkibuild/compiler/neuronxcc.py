@@ -32,6 +32,12 @@ STDOUT_FILE = "stdout.log"
 WORK_PREFIX = ".work-"
 
 
+class FailedCompile(BuildError):
+    """neuronx-cc failed on its own: it exited with a failure status, not killed by a
+    signal (the OOM killer, nkibuild's timeout or Ctrl-C), so the same inputs fail the
+    same way and the failure is worth recording under the key (see the orchestrator)."""
+
+
 @dataclass(frozen=True)
 class CompilerRun:
     outcome: ProcessOutcome
@@ -131,10 +137,11 @@ def _check_outcome(
         )
     elif outcome.returncode < 0:
         message = f"neuronx-cc was killed by {_signal_name(-outcome.returncode)}"
-    elif outcome.returncode == INTERNAL_ERROR_EXIT:
-        message = f"neuronx-cc failed with an internal error (exit {outcome.returncode}){tries}"
-    elif outcome.returncode != 0:
+    elif outcome.returncode != 0:  # after every retry it was given (see `retryable`)
         message = "neuronx-cc failed"
+        if outcome.returncode == INTERNAL_ERROR_EXIT:
+            message += f" with an internal error (exit {outcome.returncode}){tries}"
+        raise failure(unit, command, out_dir, message, outcome.returncode, FailedCompile)
     else:
         return
     raise failure(unit, command, out_dir, message, outcome.returncode)
@@ -176,10 +183,11 @@ def failure(
     out_dir: Path,
     message: str,
     returncode: int | None = None,
+    kind: type[BuildError] = BuildError,
 ) -> BuildError:
     log = out_dir / LOG_FILE
     text = log.read_text(errors="replace") if log.exists() else ""
-    return BuildError(
+    return kind(
         message,
         unit=unit.name,
         command=command,

@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from nkibuild.cache import CacheChain, CacheKey
+from nkibuild.cache.trust import MAX_LOG_TAIL
 from nkibuild.compiler.budget import KeyLocks, MemoryBudget
 from nkibuild.compiler.checks import checked_neff, verified_result
 from nkibuild.compiler.job import CompileJob, Produced
 from nkibuild.compiler.key import cache_key
 from nkibuild.compiler.local import LocalExecutor
+from nkibuild.compiler.neuronxcc import FailedCompile
 from nkibuild.compiler.process import ProcessRegistry
 from nkibuild.compiler.record import (
     KEY_FILE,
@@ -24,6 +26,7 @@ from nkibuild.compiler.record import (
     last_result,
     write_result,
 )
+from nkibuild.errors import BuildError
 from nkibuild.frontends import HloArtifact
 from nkibuild.fsutil import atomic_write_text, reported_at
 from nkibuild.plan import BuildUnit
@@ -47,6 +50,7 @@ class CompileOptions:
     cache: CacheChain | None = None
     timeout: float | None = None  # for units whose manifest sets none
     retries: int = 1  # of a compile that was OOM-killed or hit an internal error
+    retry_failed: bool = False  # compile again a key whose failure a cache records
     executor: Executor = field(default_factory=LocalExecutor)
     budget: MemoryBudget = field(default_factory=MemoryBudget)
     key_locks: KeyLocks = field(default_factory=KeyLocks)
@@ -79,6 +83,7 @@ def compile_options(context: BuildContext) -> CompileOptions:
         ),
         timeout=settings.compile_timeout,
         retries=settings.compile_retries,
+        retry_failed=settings.retry_failed,
         executor=executor,
         budget=session.budget,
         key_locks=session.key_locks,
@@ -119,9 +124,11 @@ def _compile_unit(
     with options.key_locks.lock(key.digest):
         produced = _cache_hit(cache, key, unit, artifact, out_dir, notices)
         if produced is None:
+            if cache is not None and not options.retry_failed:
+                _raise_known_failure(cache, key, unit.name)
             last_peak = previous.peak_memory if previous is not None else 0
             job = CompileJob(unit, artifact, toolchain, out_dir, key, last_peak)
-            produced = options.executor.produce(job, options, notices)
+            produced = _produce(job, options, notices)
         result = verified_result(unit, toolchain, out_dir, key.digest, produced)
         if produced.origin == "compiled" and cache is not None:
             _publish(cache, key, unit, result, out_dir)
@@ -139,7 +146,42 @@ def _publish(
         "peak_memory": result.peak_memory,
         "compiler_version": result.compiler_version,
     }
-    cache.publish(key, out_dir / NEFF_FILE, meta, out_dir / LOG_FILE, result.sha256)
+    cache.publish(key, out_dir / NEFF_FILE, meta, out_dir / LOG_FILE, result.sha256, vouched=True)
+
+
+def _produce(job: CompileJob, options: CompileOptions, notices: list[str]) -> Produced:
+    """The executor's NEFF. A compile that failed on its own is recorded in the caches
+    under its key, so that the next build, here or on another machine, reports it at
+    once instead of running an hour-long compile known to fail."""
+    try:
+        return options.executor.produce(job, options, notices)
+    except FailedCompile as error:
+        if options.cache is not None and error.returncode is not None:
+            failure = {
+                "returncode": error.returncode,
+                "message": error.message[:MAX_LOG_TAIL],
+                "log_tail": (error.log_tail or "")[-MAX_LOG_TAIL:],
+            }
+            meta = {"unit": job.unit.name, "compiler_version": job.toolchain.compiler_version}
+            options.cache.publish(job.key.failure, None, {**meta, "failure": failure}, vouched=True)
+        raise
+
+
+def _raise_known_failure(cache: CacheChain, key: CacheKey, unit: str) -> None:
+    """A failure a cache records for this very key, reported instead of compiling: a new
+    compiler version, flag or HLO is another key, and is tried."""
+    hit = cache.known_failure(key)
+    if hit is None:
+        return
+    failure = hit.meta["failure"]
+    raise BuildError(
+        f"{failure['message']} (a known failure: this key, {key.digest[:16]}, failed to "
+        f"compile before, as the cache at {hit.location} records; not compiled again. "
+        "Pass --retry-failed to compile it anyway)",
+        unit=unit,
+        returncode=failure["returncode"],
+        log_tail=failure["log_tail"] or None,
+    )
 
 
 def _cache_hit(

@@ -101,7 +101,8 @@ def _compile_task(
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         chain = open_cache_chain(cache.local_dir, cache.remote_url, read_only=False)
-        options = CompileOptions(cache=chain, timeout=timeout, retries=retries)
+        # The driver looked for a known failure first (unless --retry-failed): compile.
+        options = CompileOptions(chain, timeout, retries, retry_failed=True)
         result = compile_unit(
             unit, load_artifact(artifact_dir), toolchain, Path(scratch) / "out", options
         )

@@ -35,6 +35,7 @@ ACTIONS = {
     "re-extract-and-rebuild": "re-extracted, then rebuilt (compiled or from a cache)",
     "fetch": "NEFF taken from the cache (no compile)",
     "compile": "recompiled",
+    "known-failure": "fails at once: its compile is a known failure",
 }
 REBUILDS = ("re-extract-and-rebuild", "fetch", "compile")
 
@@ -221,9 +222,17 @@ def _next_step(
     settings = context.settings.cache
     chain = open_cache_chain(settings.local_dir, settings.remote_url, read_only=True)
     where = chain.locate(key) if chain else None
-    if where is None:
-        return "compile", f"compile with neuronx-cc: key {key.digest[:16]} is in no cache"
-    return "fetch", f"no compile: key {key.digest[:16]} is in the cache at {where}"
+    if where is not None:
+        return "fetch", f"no compile: key {key.digest[:16]} is in the cache at {where}"
+    failed = chain.known_failure(key) if chain else None
+    if failed is not None:
+        failure = failed.meta["failure"]
+        return "known-failure", (
+            f"no compile: key {key.digest[:16]} failed to compile before ({failure['message']}, "
+            f"exit status {failure['returncode']}), as the cache at {failed.location} records; "
+            "the build reports that failure (--retry-failed compiles it again)"
+        )
+    return "compile", f"compile with neuronx-cc: key {key.digest[:16]} is in no cache"
 
 
 def _show(value: Any) -> str:
