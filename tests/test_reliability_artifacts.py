@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from campaign import Project, finished_tasks, record
+from helpers import softmax_manifest, softmax_project
 
 HLO = "build/extract/softmax/default/model.hlo_module.pb"
 NEFF = "build/compile/softmax/default/trn2/model.neff"
@@ -75,7 +76,12 @@ CASES = [
 
 @pytest.fixture
 def built(tmp_path: Path) -> tuple[Project, bytes]:
-    project = Project.copy_of_examples(tmp_path)
+    """Every artifact damaged below is softmax's or the package's: the example's softmax
+    alone (prebuilt HLO, no tracing) has them all, at the example's paths."""
+    manifest = softmax_manifest(
+        "{name: acme-kernels, version: 0.1.0}", defaults="{targets: [trn2]}"
+    )
+    project = Project.at(softmax_project(tmp_path / "project", manifest), tmp_path / "cache")
     result = project.build()
     assert result.returncode == 0, result.stderr
     return project, project.wheel()
