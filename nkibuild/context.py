@@ -115,6 +115,6 @@ def load_context(
 
 def _likely_compiler(options: BuildOptions) -> tuple[str, Path | None]:
     """The toolchain and compiler the settings will most likely resolve to, known before
-    the manifest is: the command line's or the environment's, else the defaults (the
-    manifest can set only the compiler). Only a guess: see `start_version_query`."""
+    the manifest is: the command line's, the environment's or the last build's, else the
+    defaults (the manifest can set both). Only a guess: see `start_version_query`."""
     return value_before_manifest(options, "toolchain"), value_before_manifest(options, "compiler")

@@ -1,4 +1,5 @@
-"""Build options resolved once per invocation: command line > environment > manifest > defaults.
+"""Build options resolved once per invocation: command line > environment > manifest >
+what the build dir's last build used (`recorded`, for commands that read its state) > defaults.
 
 Like cibuildwheel's and scikit-build-core's options, every source is read here and
 nowhere else, and each option is declared once (`OPTIONS`): its `BuildOptions` field,
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,9 @@ class BuildOptions:
     retry_failed: bool = False  # compile keys a cache records as failed (a flag: on only)
     executor: str = "local"  # "local" or "ray"
     ray_address: str | None = None  # None with executor ray: a local Ray instance
+    # What the build dir's last build used, by field: below the manifest. Given by the
+    # commands that read a build's state (explain, list, verify), never by a build.
+    recorded: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
 def parse_flag(text: str) -> bool:
@@ -86,7 +90,7 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("toolchain", "toolchain", ENV_TOOLCHAIN, str, default="auto"),
+    Option("toolchain", "toolchain", ENV_TOOLCHAIN, str, lambda m: m.toolchain, default="auto"),
     Option("compiler", "compiler", ENV_COMPILER, Path, lambda m: m.compiler_path),
     Option("cache_dir", "cache-dir", ENV_CACHE_DIR, Path),
     Option("remote_cache", "remote-cache", ENV_REMOTE_CACHE, str, lambda m: m.cache.remote),
@@ -219,7 +223,7 @@ class _Resolver:
         from_manifest = option.manifest(manifest) if option.manifest and manifest else None
         if from_manifest is not None:
             return from_manifest
-        return option.default
+        return self.options.recorded.get(name, option.default)
 
 
 def default_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:

@@ -59,7 +59,12 @@ class Project:
         shutil.copytree(
             EXAMPLES, root, ignore=shutil.ignore_patterns("build", "dist", "__pycache__")
         )
-        return cls(root, directory / "cache", uuid.uuid4().hex)
+        return cls.at(root, directory / "cache")
+
+    @classmethod
+    def at(cls, root: Path, cache: Path) -> Project:
+        """The project in `root` (already written), with `cache` as its NEFF cache."""
+        return cls(root, cache, uuid.uuid4().hex)
 
     def env(self, **extra: str) -> dict[str, str]:
         return {

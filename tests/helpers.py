@@ -194,7 +194,8 @@ class RemovesWhenLoaded:
 def venv_with_this_environment(directory: Path) -> Path:
     """A virtualenv that sees what this interpreter sees (nkibuild, jax, numpy, pip), also
     when this interpreter is itself a virtualenv's: `--system-site-packages` would give
-    the base interpreter's only. Returns its python."""
+    the base interpreter's only. Returns its python, whose `-m pip` installs into it: half
+    the CPU of `pip --python`, which starts pip once here and again in the virtualenv."""
     import venv
 
     venv.EnvBuilder(with_pip=False).create(directory)

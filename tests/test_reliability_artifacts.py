@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from campaign import Project, finished_tasks, record
+from helpers import module, softmax_manifest, softmax_project
 
 HLO = "build/extract/softmax/default/model.hlo_module.pb"
 NEFF = "build/compile/softmax/default/trn2/model.neff"
@@ -75,7 +76,12 @@ CASES = [
 
 @pytest.fixture
 def built(tmp_path: Path) -> tuple[Project, bytes]:
-    project = Project.copy_of_examples(tmp_path)
+    """Every artifact damaged below is softmax's or the package's: the example's softmax
+    alone (prebuilt HLO, no tracing) has them all, at the example's paths."""
+    manifest = softmax_manifest(
+        "{name: acme-kernels, version: 0.1.0}", defaults="{targets: [trn2]}"
+    )
+    project = Project.at(softmax_project(tmp_path / "project", manifest), tmp_path / "cache")
     result = project.build()
     assert result.returncode == 0, result.stderr
     return project, project.wheel()
@@ -134,19 +140,23 @@ def test_a_corrupt_cache_entry_is_discarded_and_recompiled(
 
 @pytest.mark.parametrize("how", ["truncated", "garbage", "empty"])
 def test_a_corrupt_hlo_input_is_a_clear_error(tmp_path: Path, how: str) -> None:
-    project = Project.copy_of_examples(tmp_path)
+    # Softmax next to a second prebuilt-HLO kernel, whose build must go on.
+    other = "  k0:\n    frontend: hlo\n    source: kernels/k0.pb\n"
+    other += "    inputs: {x: {shape: [4, 8], dtype: float32}}\n"
+    root = softmax_project(
+        tmp_path / "project", softmax_manifest(kernel=other), {"kernels/k0.pb": module("k0", 8)}
+    )
+    project = Project.at(root, tmp_path / "cache")
     CORRUPTIONS[how](project.root / "kernels" / "softmax.hlo.pb")
     result = project.build("--keep-going")
     assert result.returncode == 1
     assert "Traceback" not in result.stdout + result.stderr
     assert "softmax/default: the HLO module is not valid" in result.stderr, result.stderr
-    assert (project.root / "build" / "compile" / "scaled_add").exists()  # the rest went on
+    assert (project.root / "build" / "compile" / "k0").exists()  # the rest went on
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["one-wheel", "split-targets"])
-def test_the_bundle_refuses_a_neff_changed_after_its_compile(
-    example_project: Path, tmp_path: Path, split: bool
-) -> None:
+def test_the_bundle_refuses_a_neff_changed_after_its_compile(tmp_path: Path, split: bool) -> None:
     """Behind the outputs check: even handed a stale compile record, no wheel gets the NEFF."""
     from helpers import build
 
@@ -155,15 +165,12 @@ def test_the_bundle_refuses_a_neff_changed_after_its_compile(
     from nkibuild.errors import BuildError
     from nkibuild.manifest import load_manifest
 
-    if split:
-        manifest_path = example_project / "nkibuild.yaml"
-        text = manifest_path.read_text().replace(
-            "  license: Apache-2.0\n", "  license: Apache-2.0\n  split-targets: true\n"
-        )
-        manifest_path.write_text(text)
-    assert build(example_project).ok
-    manifest = load_manifest(example_project / "nkibuild.yaml")
-    compiled = [load_result(d) for d in sorted((example_project / "build/compile").glob("*/*/*"))]
+    # Prebuilt HLO for two targets: the bundle stage is under test, not tracing.
+    package = f"{{name: acme-kernels, version: 0.1.0, split-targets: {str(split).lower()}}}"
+    project_dir = softmax_project(tmp_path / "project", softmax_manifest(package))
+    assert build(project_dir).ok
+    manifest = load_manifest(project_dir / "nkibuild.yaml")
+    compiled = [load_result(d) for d in sorted((project_dir / "build/compile").glob("*/*/*"))]
     flip_a_byte(compiled[-1].neff_path)
     with pytest.raises(BuildError, match="changed after it was compiled"):
         generate_bundle(manifest, compiled, tmp_path / "bundle")

@@ -1,16 +1,18 @@
-"""Build options: one table, one resolver (command line > environment > manifest > default),
-shared by the CLI, `nkibuild release` and the PEP 517 backend."""
+"""Build options: one table, one resolver (command line > environment > manifest > the
+last build's, for commands reading its state > default), shared by the CLI, `nkibuild
+release` and the PEP 517 backend."""
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 from nkibuild.build import project_of
 from nkibuild.errors import UsageError
-from nkibuild.manifest.model import CacheSettings, Manifest, Package
+from nkibuild.manifest.model import CacheSettings, Manifest, Package, ToolchainMode
 from nkibuild.settings import (
     NO_CACHE,
     OPTIONS,
@@ -21,6 +23,7 @@ from nkibuild.settings import (
     parse_flag,
     resolve_settings,
 )
+from nkibuild.toolchain import TOOLCHAIN_MODES
 
 CACHE = Path("/cache")
 
@@ -64,6 +67,25 @@ def test_compiler_command_line_over_environment_over_manifest() -> None:
     assert resolve(BuildOptions(), {"NKIBUILD_NEURONX_CC": ""}, **from_manifest).compiler == (
         Path("/m/cc")
     )
+
+
+def test_toolchain_command_line_over_environment_over_manifest_over_last_build() -> None:
+    last_build = {"toolchain": "neuron"}  # what `explain`, `list` and `verify` pass
+
+    def toolchain(options: BuildOptions, environ: dict[str, str], **values: object) -> str:
+        return resolve(replace(options, recorded=last_build), environ, **values).toolchain
+
+    env = {"NKIBUILD_TOOLCHAIN": "auto"}
+    assert toolchain(BuildOptions(toolchain="fake"), env, toolchain="neuron") == "fake"
+    assert toolchain(BuildOptions(), env, toolchain="fake") == "auto"
+    assert toolchain(BuildOptions(), {}, toolchain="fake") == "fake"
+    assert toolchain(BuildOptions(), {}) == "neuron"
+    assert resolve(BuildOptions(), {}).toolchain == "auto"  # a build records, never reads
+
+
+def test_manifest_toolchain_modes_are_the_toolchains() -> None:
+    # The model spells them out: workers import the toolchain, which must not import it.
+    assert get_args(ToolchainMode) == TOOLCHAIN_MODES
 
 
 def test_remote_cache_command_line_over_environment_over_manifest() -> None:

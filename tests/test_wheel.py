@@ -79,17 +79,7 @@ def test_pip_installs_the_wheel_and_kernels_run_in_reference_mode(
     # This interpreter's packages provide NumPy: the bundle's only dependency.
     python = venv_with_this_environment(tmp_path / "venv")
     install = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "--no-deps",
-            "--no-index",
-            str(wheel),
-        ],
+        [str(python), "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)],
         capture_output=True,
         text=True,
         check=False,

@@ -22,12 +22,19 @@ EXIT_OK, EXIT_BUILD_FAILED = 0, 1
 DEFAULT_MANIFEST = "nkibuild.yaml"
 
 
-def _context(args: argparse.Namespace) -> BuildContext:
+def _context(args: argparse.Namespace, *, reads_state: bool = False) -> BuildContext:
+    """The project's context; `reads_state`: for a command that reads the build dir's
+    state, which then defaults to the options its last build used (its toolchain)."""
+    from dataclasses import replace
+
     from nkibuild.context import load_context
+    from nkibuild.graph.run import recorded_options
 
     _require_manifest(args)
     options = _build_options(args)
     build_dir, dist_dir = Path(args.build_dir), Path(args.dist_dir)
+    if reads_state:
+        options = replace(options, recorded=recorded_options(build_dir / "state"))
     return load_context(Path(args.manifest), build_dir, dist_dir, options)
 
 
@@ -85,7 +92,7 @@ def explain(args: argparse.Namespace) -> int:
     """Exit 0 whether or not units would be rebuilt: it is a report, not a check."""
     from nkibuild.graph.explain import explain as explain_units
 
-    explanations = explain_units(_context(args), args.units)
+    explanations = explain_units(_context(args, reads_state=True), args.units)
     if args.json:
         print(json.dumps([e.to_json() for e in explanations], indent=2))
     else:
@@ -149,7 +156,7 @@ def _built_bundle(args: argparse.Namespace) -> BundleUnderTest | None:
     from nkibuild.verify import bundle_of_project
     from nkibuild.verify.sources import project_sources
 
-    context = _context(args)
+    context = _context(args, reads_state=True)
     display = PlainDisplay(sys.stderr)
     try:
         summary = run_build(context, RunOptions(selection=("bundle",)), display)
@@ -308,7 +315,7 @@ def list_tasks(args: argparse.Namespace) -> int:
     from nkibuild.graph.run import task_name
     from nkibuild.graph.tasks import task_dicts
 
-    for task in task_dicts(_context(args)):
+    for task in task_dicts(_context(args, reads_state=True)):
         print(f"{task_name(task):<48} {task.get('doc', '')}")
     return EXIT_OK
 

@@ -6,6 +6,7 @@ import fnmatch
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nkibuild.context import BuildContext
@@ -47,13 +48,26 @@ def _run_locked(context: BuildContext, options: RunOptions, display: Display) ->
     summary = run_task_graph(context.session, dicts, doit_config(context), options, display)
     try:
         # Not fsync'ed: a report, whole or absent after a power loss.
-        text = json.dumps(summary.to_json(), indent=2)
+        # The toolchain too: commands that read this build's state default to it.
+        text = json.dumps({**summary.to_json(), "toolchain": context.settings.toolchain}, indent=2)
         atomic_write_text(context.layout.state_dir / LAST_RUN_FILE, text, durable=False)
     except OSError as error:  # the build itself is done: report, don't lose its summary
         summary.runtime_errors.append(
             f"the build's record was not saved: {describe_os_error(error)}"
         )
     return summary
+
+
+def recorded_options(state_dir: Path) -> dict[str, Any]:
+    """The options the last build in this build dir used (for `BuildOptions.recorded`);
+    none when there was none or its record is unreadable."""
+    from nkibuild.toolchain import TOOLCHAIN_MODES
+
+    try:
+        toolchain = json.loads((state_dir / LAST_RUN_FILE).read_text()).get("toolchain")
+    except (OSError, ValueError, AttributeError):  # AttributeError: JSON but not an object
+        return {}
+    return {"toolchain": toolchain} if toolchain in TOOLCHAIN_MODES else {}
 
 
 def task_name(task: dict[str, Any]) -> str:

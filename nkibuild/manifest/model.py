@@ -24,6 +24,8 @@ Frontend = Literal["nki", "nkipy", "jax", "hlo"]
 AutoCast = Literal["none", "matmult", "all"]
 AutoCastType = Literal["bf16", "fp16", "tf32", "fp8_e4m3"]
 OptLevel = Literal[1, 2, 3]
+# nkibuild.toolchain.TOOLCHAIN_MODES (not imported: workers import the toolchain, not this)
+ToolchainMode = Literal["auto", "neuron", "fake"]
 
 TARGETS: tuple[str, ...] = get_args(Target)
 FRONTENDS: tuple[str, ...] = get_args(Frontend)
@@ -815,8 +817,9 @@ DEFAULTS = Section(
 COMPILER = Section(
     "compiler",
     "compiler",
-    "Where neuronx-cc is. Without it nkibuild looks at `NKIBUILD_NEURONX_CC`, then `PATH`, "
-    "then the running Python's virtualenv, then the Neuron SDK's virtualenvs under /opt.",
+    "Which toolchain builds the project and where neuronx-cc is. Without `path` nkibuild looks "
+    "at `NKIBUILD_NEURONX_CC`, then `PATH`, then the running Python's virtualenv, then the "
+    "Neuron SDK's virtualenvs under /opt.",
 )
 
 
@@ -878,6 +881,18 @@ class Manifest:
             section=COMPILER,
             schema={"type": "string", "minLength": 1},
             hook=_compiler_path,
+        ),
+    )
+    toolchain: ToolchainMode | None = field(  # None: the command line's, else auto
+        default=None,
+        metadata=key(
+            "toolchain",
+            "Toolchain",
+            "The toolchain the project builds with: `auto` (the real neuronx-cc), `neuron` or "
+            "`fake` (nkibuild's toolchain double). `--toolchain` and `NKIBUILD_TOOLCHAIN` win "
+            "over it. Without any of them a build uses `auto`, and `explain`, `list` and "
+            "`verify` use the build directory's last build's.",
+            section=COMPILER,
         ),
     )
     cache: CacheSettings = field(
