@@ -60,3 +60,5 @@ def test_noop_build_imports_no_frontend_nor_protobuf(example_project: Path) -> N
     summary = json.loads(printed)
     assert summary["executed"] == [] and summary["up_to_date"]  # the probe ran a no-op build
     assert loaded(modules, HEAVY) == []
+    # The plan cache answers: the manifest is neither parsed nor validated again.
+    assert loaded(modules, ("yaml", "jsonschema")) == []

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from nkibuild.confine import file_problem
-from nkibuild.errors import Diagnostic, Location
+from nkibuild.confine import file_problem, read_confined
+from nkibuild.errors import Diagnostic, Location, NkibuildError
 from nkibuild.manifest.buckets import padding_diagnostics
 from nkibuild.manifest.model import (
     DISTRIBUTION_NAME_PATTERN,
@@ -90,8 +90,8 @@ def _dropped_keywords(
     """`nki.jit(..., platform_target=...)` or `mode=` in the kernel's file, found with
     `ast` (never imported); a file that does not parse is the sources check's report."""
     try:
-        tree = ast.parse((manifest.root / kernel.source.path).read_bytes())
-    except (SyntaxError, ValueError, OSError, RecursionError):
+        tree = ast.parse(read_confined(manifest.root / kernel.source.path, (manifest.root,)))
+    except (SyntaxError, ValueError, OSError, NkibuildError, RecursionError):
         return
     manifest_dir = posixpath.dirname(kernel.location.file) if kernel.location else ""
     shown = posixpath.join(manifest_dir, kernel.source.path)
