@@ -101,3 +101,39 @@ def test_an_unusable_record_is_no_record(tmp_path: Path, record: str) -> None:
 def test_the_build_records_its_toolchain(built_fake: Path) -> None:
     record = json.loads((built_fake / "build" / "state" / LAST_RUN_FILE).read_text())
     assert (record["ok"], record["toolchain"]) == (True, "fake")
+
+
+DODO = """\
+from nkibuild.graph import doit_tasks
+
+
+def task_nkibuild():
+    yield from doit_tasks("nkibuild.yaml")
+"""
+PLUGIN_PYPROJECT = """\
+[tool.doit]
+loader = "nkibuild"
+
+[tool.doit.plugins.loader]
+nkibuild = "nkibuild.graph.loader:NkibuildLoader"
+"""
+
+
+@pytest.mark.parametrize("entry", ["dodo.py", "pyproject.toml"])
+def test_doit_entry_points_take_the_manifests_toolchain(
+    tmp_path: Path, no_compiler: dict[str, str], entry: str
+) -> None:
+    """A user's dodo.py and doit's loader plugin resolve the toolchain as the CLI does:
+    with no flag and no NKIBUILD_TOOLCHAIN, the manifest's setting decides."""
+    import os
+    import subprocess
+
+    project = softmax_project(tmp_path / "p", softmax_manifest(top="compiler: {toolchain: fake}"))
+    (project / entry).write_text(DODO if entry == "dodo.py" else PLUGIN_PYPROJECT)
+    env = {k: v for k, v in os.environ.items() if k != "NKIBUILD_TOOLCHAIN"} | no_compiler
+    result = subprocess.run(
+        [sys.executable, "-m", "doit", "list", "--all"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "compile:softmax/default/trn2" in result.stdout

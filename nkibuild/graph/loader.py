@@ -10,7 +10,6 @@ then `doit list`, `doit`, `doit compile:*` work in the project directory.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +57,9 @@ class NkibuildLoader(TaskLoader2):
     cmd_options = (
         {"name": "nkibuild_manifest", "long": "manifest", "type": str, "default": "nkibuild.yaml",
          "help": "nkibuild manifest [default: %(default)s]"},
-        {"name": "nkibuild_toolchain", "long": "toolchain", "type": str,
-         "default": os.environ.get("NKIBUILD_TOOLCHAIN", "auto"),
-         "help": "auto | neuron | fake [default: %(default)s, env NKIBUILD_TOOLCHAIN]"},
+        {"name": "nkibuild_toolchain", "long": "toolchain", "type": str, "default": None,
+         "help": "auto | neuron | fake [default: env NKIBUILD_TOOLCHAIN, else the "
+                 "manifest's compiler.toolchain, else auto]"},
     )  # fmt: skip
 
     def __init__(
@@ -85,7 +84,7 @@ class NkibuildLoader(TaskLoader2):
                 Path(opt_values.get("nkibuild_manifest", "nkibuild.yaml")),
                 Path("build"),
                 Path("dist"),
-                BuildOptions(toolchain=opt_values.get("nkibuild_toolchain", "auto")),
+                BuildOptions(toolchain=opt_values.get("nkibuild_toolchain")),
             )
         except NkibuildError as error:
             # doit prints a loader's InvalidDodoFile as a plain error, not a traceback.

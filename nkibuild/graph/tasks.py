@@ -68,7 +68,7 @@ def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
 def doit_tasks(
     manifest: str | os.PathLike = "nkibuild.yaml",
     *,
-    toolchain: str = "auto",
+    toolchain: str | None = None,
     build_dir: str | os.PathLike = "build",
     dist_dir: str | os.PathLike = "dist",
 ) -> Iterator[dict[str, Any]]:
