@@ -278,7 +278,7 @@ def kernel_of_a_bundle(monkeypatch: pytest.MonkeyPatch) -> runtime.Kernel:
         "reference": {"module": "ref", "function": "double"},
         "source": None,
     }
-    monkeypatch.setattr(runtime, "build_info", lambda package: {"kernels": {"double": info}})
+    monkeypatch.setattr(runtime, "_document", lambda package: {"kernels": {"double": info}})
     monkeypatch.setattr(runtime, "_shipped_function", lambda package, where: lambda x: 2 * x)
     monkeypatch.setattr(runtime, "PRODUCT_NAME_FILE", "/nonexistent/product_name")
     for variable in (runtime.TARGET_ENV, runtime.MODE_ENV):

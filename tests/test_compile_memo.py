@@ -150,7 +150,7 @@ def test_a_new_compiler_version_flag_or_argument_is_a_new_key_and_is_tried(
     assert not build(root).ok
     monkeypatch.setenv("NEURON_CC_FLAGS", "--verbose")
     assert not build(root).ok
-    pretend_new_compiler(root)
+    pretend_new_compiler(monkeypatch)
     assert not build(root).ok
     manifest = softmax_manifest(
         "{name: memo, version: 0.1.0}", defaults="{targets: [trn2], optlevel: 1}"
