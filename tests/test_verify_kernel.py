@@ -311,6 +311,30 @@ def test_the_verify_step_passes_and_reruns_only_on_change(tmp_path: Path) -> Non
     assert report.read_bytes() == written  # no timings: the same results, the same bytes
 
 
+def test_a_reference_saved_while_verify_runs_is_checked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30 class 2 for the verify step: the checks passed against the reference as it
+    was; the one saved meanwhile disagrees, and is what the step must answer for."""
+    import nkibuild.verify.task as verify_task
+
+    project = jax_project(tmp_path / "p", bias=0.0, top="verify: true")
+    real_checks, runs = verify_task.build_checks, []
+
+    def checks_then_save(context: object) -> object:
+        checks = real_checks(context)
+        runs.append(1)
+        if len(runs) == 1:  # the user saves while the first run checks
+            saved = REFERENCE.replace("return alpha * x", "return alpha * x + 1")
+            (project / "kernels" / "reference.py").write_text(saved)
+        return checks
+
+    monkeypatch.setattr(verify_task, "build_checks", checks_then_save)
+    summary = build(project, "verify")
+    assert len(runs) == 2
+    assert [f.name for f in summary.failures] == ["verify"]  # not passed on the old one
+
+
 def test_the_verify_step_names_what_it_skipped(nki_project: Path) -> None:
     manifest = nki_project / "nkibuild.yaml"
     manifest.write_text(manifest.read_text().replace("kernels:\n", "verify: true\nkernels:\n", 1))

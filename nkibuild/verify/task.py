@@ -40,17 +40,21 @@ def verify_task(context: BuildContext) -> dict[str, Any] | None:
     from doit.tools import config_changed
 
     from nkibuild.bundle import STAMP_FILE
+    from nkibuild.graph.intact import inputs_checked
 
     stamp = os.path.join(context.layout.bundle_dir(manifest), STAMP_FILE)
+    sources = _source_files(manifest)
+    # Sources saved while the checks run them: checked again, never passed as they were.
+    run, as_read = inputs_checked(run_verify, (context,), sources, "verify")
     return {
         "basename": "verify",
         "doc": "run each kernel's source on the CPU against its reference, and the "
         "bundle's reference against its NEFFs",
-        "actions": [(run_verify, (context,))],
+        "actions": [run],
         # The bundle's stamp orders this task after `bundle` (doit links it to its target).
-        "file_dep": [stamp, *_source_files(manifest)],
+        "file_dep": [stamp, *sources],
         "targets": verify_outputs(context),
-        "uptodate": [config_changed(_config(context))],
+        "uptodate": [config_changed(_config(context)), as_read],
         "clean": True,
     }
 
