@@ -49,9 +49,9 @@ def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
     """All tasks of a build as doit task dicts (each with `basename` and, for subtasks, `name`)."""
     verify = None
     if context.manifest.verify:  # opt-in; listed before the wheel
-        from nkibuild.verify.task import verify_task  # not imported by other builds
+        from nkibuild.verify.task import source_files, verify_task  # not for other builds
 
-        verify = verify_task(context)
+        verify = _inputs_as_read(verify_task(context), source_files(context.manifest))
     from nkibuild.bundle import generator_digest
 
     passed_env = user_variables()  # the environment is read once per build
@@ -63,6 +63,14 @@ def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
         *([verify] if verify else []),
         _wheel_task(context, generator),
     ]
+
+
+def _inputs_as_read(task: dict[str, Any], inputs: Sequence[str]) -> dict[str, Any]:
+    """`task` (one action) checking the project files it reads as extraction and the
+    bundle do: a file saved while it runs means run again, never passed as it was."""
+    [(action, args)] = task["actions"]
+    run, as_read = inputs_checked(action, args, inputs, task["basename"])
+    return {**task, "actions": [run], "uptodate": [*task["uptodate"], as_read]}
 
 
 def doit_tasks(
