@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from nkibuild.cache.store import CorruptEntry
+from nkibuild.confine import file_kind
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
@@ -95,7 +96,7 @@ def opened_file(dir_fd: int, name: str, max_bytes: int) -> Iterator[tuple[int, i
     try:
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
-            raise CorruptEntry(f"{name} is not a regular file ({_kind(status.st_mode)})")
+            raise CorruptEntry(f"{name} is not a regular file ({file_kind(status.st_mode)})")
         if status.st_size > max_bytes:
             raise CorruptEntry(f"{name} is {status.st_size} bytes, more than {max_bytes}")
         yield fd, status.st_size
@@ -162,19 +163,6 @@ def _read(fd: int, size: int) -> bytes:
         return os.read(fd, size)
     except OSError as error:
         raise CorruptEntry(f"unreadable ({error.strerror or error})") from None
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISDIR, "a directory"),
-    ):
-        if test(mode):
-            return name
-    return "not a plain file"
 
 
 def child_dirs(dir_fd: int, wanted: Callable[[str], bool]) -> tuple[list[str], list[str]]:

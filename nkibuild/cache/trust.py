@@ -226,22 +226,11 @@ def trust_from_environment(environ: Mapping[str, str] | None = None) -> CacheTru
 
 
 def _read_key_file(path: Path) -> bytes:
-    """The secret in `path`: a regular file (secret mounts are often symlinks: followed),
-    opened without blocking on a FIFO."""
-    import stat
+    """The secret in `path`: a bounded regular file (secret mounts are often symlinks:
+    followed), read through the one bounded reader, so a FIFO cannot block."""
+    from nkibuild.confine import read_regular
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        try:
-            status = os.fstat(fd)
-            if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_KEY_FILE_BYTES:
-                raise CacheConfigError(
-                    f"{ENV_KEY_FILE} ({path}): not a regular file of at most "
-                    f"{MAX_KEY_FILE_BYTES} bytes"
-                )
-            data = os.read(fd, MAX_KEY_FILE_BYTES + 1)
-        finally:
-            os.close(fd)
+        return read_regular(path, MAX_KEY_FILE_BYTES)
     except OSError as error:
         raise CacheConfigError(f"{ENV_KEY_FILE} ({path}): {error.strerror or error}") from None
-    return data
