@@ -123,12 +123,13 @@ def test_a_newer_targets_neff_on_an_older_host_is_refused(
 
 
 def test_a_host_of_a_target_not_built_says_to_rebuild(bundle: Path, tmp_path: Path) -> None:
-    said, _ = call(
+    said, events = call(
         bundle,
         tmp_path / "calls.jsonl",
         NKIBUILD_TARGET="trn2",
         NKIBUILD_FAKE_RUNTIME_INSTANCE="trn3.48xlarge",
     )
+    assert events == []  # the runtime never saw the NEFF
     assert said == (
         "softmax_kernels.softmax: this is the trn2 NEFF but this host is a trn3.48xlarge (trn3) "
         "instance; rebuild it for trn3 (built: trn1, trn2)"

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from nkibuild.confine import open_regular
+
 KEY_SCHEMA_VERSION = 1
 # What nkibuild hashes (NEFFs, wheels, outputs, sources) stays far below this; the bound
 # only keeps a planted /dev/zero or huge sparse file from reading on forever.
@@ -45,8 +47,6 @@ class CacheKey:
 def file_sha256(path: str | os.PathLike[str]) -> str:
     """The sha256 of a regular file, read through the bounded reader (a FIFO or a
     device raises `confine.UnreadableFile`, an OSError, instead of blocking)."""
-    from nkibuild.confine import open_regular
-
     digest = hashlib.sha256()
     with open_regular(path, MAX_HASHED_BYTES) as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):

@@ -73,7 +73,7 @@ def _ours(build_dir: Path, manifest_path: Path, manifest: Manifest | None) -> bo
             f"{MARKS[1]}): nkibuild removes only what it wrote; remove it yourself"
         )
     sources = [manifest_path, *(material_files(manifest) if manifest else [])]
-    inside = [p for p in sources if Path(os.path.abspath(p)).is_relative_to(build_dir.resolve())]
+    inside = [p for p in sources if Path(p).resolve().is_relative_to(build_dir.resolve())]
     if inside:
         raise UsageError(
             f"{build_dir} holds the project's sources ({inside[0]}): refusing to remove "

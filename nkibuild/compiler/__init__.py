@@ -31,7 +31,6 @@ _HOMES = {
     "compiler_command": "neuronxcc",
     "CompileOptions": "orchestrator",
     "Executor": "orchestrator",
-    "compile_options": "orchestrator",
     "compile_unit": "orchestrator",
     "run": "orchestrator",
 }

@@ -102,7 +102,7 @@ def _compile_task(
             target.write_bytes(data)
         chain = open_cache_chain(cache.local_dir, cache.remote_url, read_only=False)
         # The driver looked for a known failure first (unless --retry-failed): compile.
-        options = CompileOptions(chain, timeout, retries, retry_failed=True)
+        options = CompileOptions(cache=chain, timeout=timeout, retries=retries, retry_failed=True)
         result = compile_unit(
             unit, load_artifact(artifact_dir), toolchain, Path(scratch) / "out", options
         )

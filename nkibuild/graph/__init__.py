@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from nkibuild.exports import lazy_exports
 
-__all__ = ["doit_tasks", "task_dicts"]
+# Imported on first use: doit loads nkibuild's state backend (graph.state) as a plugin
+# in every doit process, also for dodo.py files that never use nkibuild.
+_HOMES = {"doit_tasks": "tasks", "task_dicts": "tasks"}
+__all__ = sorted(_HOMES)
 
-
-def __getattr__(name: str) -> Any:
-    # Imported on first use: doit loads nkibuild's state backend (graph.state) as a
-    # plugin in every doit process, also for dodo.py files that never use nkibuild.
-    if name in __all__:
-        from nkibuild.graph import tasks
-
-        return getattr(tasks, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _HOMES)

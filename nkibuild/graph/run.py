@@ -61,10 +61,12 @@ def _run_locked(context: BuildContext, options: RunOptions, display: Display) ->
 def recorded_options(state_dir: Path) -> dict[str, Any]:
     """The options the last build in this build dir used (for `BuildOptions.recorded`);
     none when there was none or its record is unreadable."""
+    from nkibuild.confine import read_regular
     from nkibuild.toolchain import TOOLCHAIN_MODES
 
-    try:
-        toolchain = json.loads((state_dir / LAST_RUN_FILE).read_text()).get("toolchain")
+    try:  # bounded: a FIFO or a huge file planted there is no record
+        record = json.loads(read_regular(state_dir / LAST_RUN_FILE, 1 << 20))
+        toolchain = record.get("toolchain")
     except (OSError, ValueError, AttributeError):  # AttributeError: JSON but not an object
         return {}
     return {"toolchain": toolchain} if toolchain in TOOLCHAIN_MODES else {}

@@ -402,8 +402,9 @@ def _provenance_problems(out: Path) -> list[str]:
     for wheel in sorted(out.glob("*.whl")):
         check = check_wheel(wheel, statement_of(wheel))
         problems += [f"{check.statement}: {problem}" for problem in check.problems]
-        names = {s.get("name") for s in read_statement(check.statement)["subject"]}
-        if check.ok and wheel.name not in names:
+        if check.ok and wheel.name not in {
+            s.get("name") for s in read_statement(check.statement)["subject"]
+        }:
             problems.append(
                 f"{check.statement}: {wheel.name}: sha256 is a subject's, "
                 "but no release into OUT published it under that name"

@@ -10,7 +10,6 @@ for the ambient OIDC identity, Rekor entry) into `<statement>.sigstore.json`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -268,7 +267,7 @@ def _keep_earlier(path: Path, covered: set[str]) -> None:
         return  # none, or not a statement nkibuild wrote
     if not earlier & ({file_sha256(w) for w in path.parent.glob("*.whl")} - covered):
         return
-    name = f"provenance-{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}.intoto.json"
+    name = f"provenance-{file_sha256(path)[:16]}.intoto.json"
     for source, kept in (
         (path, path.with_name(name)),
         (_signature(path), _signature(path.with_name(name))),

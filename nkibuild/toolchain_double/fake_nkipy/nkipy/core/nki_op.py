@@ -49,7 +49,9 @@ class NKICustomOp:
     def __call__(self, *operands: Any) -> Any:
         calls = _CALLS.get()
         if calls is None:
-            raise NotImplementedError("CPU execution is not supported for NKI custom ops")
+            raise NotImplementedError(
+                "toolchain double: an NKI op runs only inside a function nkipy traces"
+            )
         calls.append(self.custom_call)
         return self.result
 
