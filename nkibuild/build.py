@@ -257,7 +257,8 @@ def _shown(path: Path, root: Path) -> str:
 
 
 def _context(project: Project) -> BuildContext:
-    from nkibuild.context import Layout, load_context, load_plan
+    from nkibuild.context import Layout, load_context
+    from nkibuild.plan import load_plan
 
     # The [project] check comes before the toolchain is resolved: it is the likelier
     # mistake. load_plan caches the plan, so load_context below does not parse again.

@@ -12,17 +12,14 @@ import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from nkibuild.manifest.model import Manifest
-from nkibuild.plan import BuildUnit, ExtractSpec, load_plan
-from nkibuild.session import BuildSession
-from nkibuild.settings import (
-    BuildOptions,
-    BuildSettings,
-    resolve_settings,
-    value_before_manifest,
-)
-from nkibuild.toolchain import Toolchain
+if TYPE_CHECKING:  # a build with nothing to do needs only the Layout (graph/snapshot.py)
+    from nkibuild.manifest.model import Manifest
+    from nkibuild.plan import BuildUnit, ExtractSpec
+    from nkibuild.session import BuildSession
+    from nkibuild.settings import BuildOptions, BuildSettings
+    from nkibuild.toolchain import Toolchain
 
 
 @dataclass(frozen=True)
@@ -76,7 +73,7 @@ class BuildContext:
     settings: BuildSettings
     # Owns the workers, budget, locks and processes; shared only by the projects of
     # one release (one budget for one machine, equal cache keys compiled once).
-    session: BuildSession = field(default_factory=BuildSession, compare=False, repr=False)
+    session: BuildSession = field(compare=False, repr=False)
     frontend_versions: dict[str, dict[str, str]] = field(default_factory=dict, compare=False)
 
 
@@ -88,6 +85,9 @@ def load_context(
     session: BuildSession | None = None,
 ) -> BuildContext:
     """The project's context, in `session` (a new one unless a release shares its own)."""
+    from nkibuild.plan import load_plan
+    from nkibuild.session import BuildSession
+    from nkibuild.settings import resolve_settings
     from nkibuild.toolchain import cancel_unanswered, resolve_toolchain, start_version_query
     from nkibuild.toolchain.nki import check_manifest
 
@@ -117,4 +117,6 @@ def _likely_compiler(options: BuildOptions) -> tuple[str, Path | None]:
     """The toolchain and compiler the settings will most likely resolve to, known before
     the manifest is: the command line's, the environment's or the last build's, else the
     defaults (the manifest can set both). Only a guess: see `start_version_query`."""
+    from nkibuild.settings import value_before_manifest
+
     return value_before_manifest(options, "toolchain"), value_before_manifest(options, "compiler")

@@ -26,22 +26,25 @@ import contextvars
 import os
 import shutil
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from nkibuild.cache.stats import CacheCounters
-from nkibuild.compiler.budget import KeyLocks, MemoryBudget
-from nkibuild.compiler.process import ProcessRegistry
 from nkibuild.errors import UsageError
-from nkibuild.frontends.failures import TraceFailures
 from nkibuild.fsutil import LEFTOVER_PATTERNS, atomic_write_text, leftovers
-from nkibuild.toolchain import VersionMemo
-from nkibuild.toolchain.worker_pool import WorkerPool
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock
+
+    from nkibuild.cache.stats import CacheCounters
+    from nkibuild.compiler.budget import KeyLocks, MemoryBudget
+    from nkibuild.compiler.process import ProcessRegistry
+    from nkibuild.frontends.failures import TraceFailures
+    from nkibuild.toolchain import VersionMemo
+    from nkibuild.toolchain.worker_pool import WorkerPool
+
+T = TypeVar("T")
 
 LOCK_FILE = "build.lock"
 RUNNING_FILE = "running.json"
@@ -91,20 +94,63 @@ class RayConnection:
 
 
 class BuildSession:
-    """What one build owns; see the module docstring."""
+    """What one build owns; see the module docstring. Each part is made when first used:
+    a build with nothing to do starts no worker pool and loads no compiler code."""
 
     def __init__(self) -> None:
-        self.workers = WorkerPool()
-        self.budget = MemoryBudget()
-        self.key_locks = KeyLocks()
-        self.processes = ProcessRegistry()
         self.ray = RayConnection()
         # `neuronx-cc --version` queries by (command, compiler stamp): a release resolves
         # one toolchain per project and asks each compiler once.
         self.compiler_versions: VersionMemo = {}
         self.state_failures: list[OSError] = []  # doit state files that could not be saved
-        self.cache_stats = CacheCounters()  # hits, misses, errors per cache tier
-        self.trace_failures = TraceFailures()  # kernels' trace errors already shown
+        self._parts: dict[str, Any] = {}
+        self._guard = threading.Lock()  # doit's threads (-j N) ask for parts at once
+        self._compile_memory: tuple[int | None, int] = (None, 1)
+        self._scratch_root: Path | None = None
+
+    def _part(self, name: str, make: Callable[[], T]) -> T:
+        with self._guard:
+            if name not in self._parts:
+                self._parts[name] = make()
+            return self._parts[name]
+
+    @property
+    def workers(self) -> WorkerPool:
+        from nkibuild.toolchain.worker_pool import WorkerPool
+
+        return self._part("workers", lambda: WorkerPool(self._scratch_root))
+
+    @property
+    def budget(self) -> MemoryBudget:
+        from nkibuild.compiler.budget import MemoryBudget
+
+        return self._part("budget", lambda: MemoryBudget(*self._compile_memory))
+
+    @property
+    def key_locks(self) -> KeyLocks:
+        from nkibuild.compiler.budget import KeyLocks
+
+        return self._part("key_locks", KeyLocks)
+
+    @property
+    def processes(self) -> ProcessRegistry:
+        from nkibuild.compiler.process import ProcessRegistry
+
+        return self._part("processes", ProcessRegistry)
+
+    @property
+    def cache_stats(self) -> CacheCounters:
+        """Hits, misses, errors per cache tier."""
+        from nkibuild.cache.stats import CacheCounters
+
+        return self._part("cache_stats", CacheCounters)
+
+    @property
+    def trace_failures(self) -> TraceFailures:
+        """Kernels' trace errors already shown."""
+        from nkibuild.frontends.failures import TraceFailures
+
+        return self._part("trace_failures", TraceFailures)
 
     @contextlib.contextmanager
     def running(
@@ -120,13 +166,17 @@ class BuildSession:
                 held.callback(acquire_build_lock(entry.locked, lock_timeout).release)
             for entry in dirs:
                 _recover(entry)
-            self.budget.configure(max_compile_memory, jobs)
-            self.workers.reopen(scratch_root=dirs[0].locked / "state")
-            self.processes.reopen()
+            # A run's budget, workers and compiler processes are its own, made for it.
+            self._compile_memory = (max_compile_memory, jobs)
+            self._scratch_root = dirs[0].locked / "state"
+            for name in ("budget", "workers", "processes"):
+                self._parts.pop(name, None)
             try:
                 yield self
             except BaseException:
-                self.processes.kill_all()  # e.g. Ctrl-C: no compiler may outlive the build
+                processes = self._parts.get("processes")
+                if processes is not None:  # e.g. Ctrl-C: no compiler may outlive the build
+                    processes.kill_all()
                 self._stop_helpers()
                 raise
             self._stop_helpers()
@@ -144,7 +194,9 @@ class BuildSession:
 
     def _stop_helpers(self) -> None:
         # Workers live for one build: the next may see changed user code.
-        self.workers.close()
+        workers = self._parts.get("workers")
+        if workers is not None:
+            workers.close()
         self.ray.close()
 
 

@@ -39,9 +39,9 @@ def test_listing_what_doit_would_run(tmp_path: Path) -> None:
         BuildOptions(toolchain="fake"),
     )
     dicts = task_dicts(context)
-    assert pending_tasks(dicts, doit_config(context)) == []
+    assert pending_tasks(dicts, doit_config(context.layout.state_dir)) == []
     next((project / "dist").glob("*.whl")).unlink()
-    assert pending_tasks(dicts, doit_config(context)) == ["wheel"]
+    assert pending_tasks(dicts, doit_config(context.layout.state_dir)) == ["wheel"]
 
 
 def test_plain_doit_finds_the_state_backend_by_its_entry_point(tmp_path: Path) -> None:

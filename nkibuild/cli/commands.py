@@ -7,13 +7,15 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nkibuild.context import BuildContext
+    from nkibuild.context import BuildContext, Layout
+    from nkibuild.graph.snapshot import Graph
     from nkibuild.manifest.model import Manifest
     from nkibuild.plan import BuildUnit
     from nkibuild.release import ReleaseResult
+    from nkibuild.session import BuildSession
     from nkibuild.settings import BuildOptions
     from nkibuild.toolchain import Toolchain
     from nkibuild.verify import BundleUnderTest, Check
@@ -22,9 +24,12 @@ EXIT_OK, EXIT_BUILD_FAILED = 0, 1
 DEFAULT_MANIFEST = "nkibuild.yaml"
 
 
-def _context(args: argparse.Namespace, *, reads_state: bool = False) -> BuildContext:
-    """The project's context; `reads_state`: for a command that reads the build dir's
-    state, which then defaults to the options its last build used (its toolchain)."""
+def _context(
+    args: argparse.Namespace, *, reads_state: bool = False, session: BuildSession | None = None
+) -> BuildContext:
+    """The project's context (in `session`, if given); `reads_state`: for a command that
+    reads the build dir's state, which then defaults to the options its last build used
+    (its toolchain)."""
     from dataclasses import replace
 
     from nkibuild.context import load_context
@@ -35,35 +40,56 @@ def _context(args: argparse.Namespace, *, reads_state: bool = False) -> BuildCon
     build_dir, dist_dir = Path(args.build_dir), Path(args.dist_dir)
     if reads_state:
         options = replace(options, recorded=recorded_options(build_dir / "state"))
-    return load_context(Path(args.manifest), build_dir, dist_dir, options)
+    return load_context(Path(args.manifest), build_dir, dist_dir, options, session)
 
 
 def _build_options(args: argparse.Namespace) -> BuildOptions:
     from nkibuild.settings import BuildOptions
 
-    return BuildOptions(
-        toolchain=args.toolchain,
-        compiler=args.compiler,
-        use_cache=not getattr(args, "no_cache", False),
-        cache_dir=getattr(args, "cache_dir", None),
-        remote_cache=getattr(args, "remote_cache", None),
-        cache_read_only=getattr(args, "cache_read_only", False),
-        max_compile_memory=getattr(args, "max_compile_memory", None),
-        compile_timeout=getattr(args, "compile_timeout", None),
-        compile_retries=getattr(args, "compile_retries", None),
-        retry_failed=getattr(args, "retry_failed", False),
-        executor=getattr(args, "executor", "local"),
-        ray_address=getattr(args, "ray_address", None),
+    return BuildOptions(**_given_options(args))
+
+
+def _given_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The command line's build options, by `BuildOptions` field."""
+    return {
+        "toolchain": args.toolchain,
+        "compiler": args.compiler,
+        "use_cache": not getattr(args, "no_cache", False),
+        "cache_dir": getattr(args, "cache_dir", None),
+        "remote_cache": getattr(args, "remote_cache", None),
+        "cache_read_only": getattr(args, "cache_read_only", False),
+        "max_compile_memory": getattr(args, "max_compile_memory", None),
+        "compile_timeout": getattr(args, "compile_timeout", None),
+        "compile_retries": getattr(args, "compile_retries", None),
+        "retry_failed": getattr(args, "retry_failed", False),
+        "executor": getattr(args, "executor", "local"),
+        "ray_address": getattr(args, "ray_address", None),
+    }
+
+
+def _prepared_graph(args: argparse.Namespace) -> tuple[Graph, Layout, BuildSession]:
+    """The build's task graph: from the last build's snapshot when nothing it was made
+    from changed (the project is then loaded only if a task runs), else from the project."""
+    from nkibuild.context import Layout
+    from nkibuild.graph.snapshot import GraphRequest, prepared
+    from nkibuild.session import BuildSession
+
+    session = BuildSession()
+    layout = Layout(Path(args.build_dir).resolve(), Path(args.dist_dir).resolve())
+    options = {name: repr(value) for name, value in _given_options(args).items()}
+    request = GraphRequest(
+        Path(args.manifest), layout.state_dir, options, lambda: _context(args, session=session)
     )
+    return prepared(request), layout, session
 
 
 def build(args: argparse.Namespace) -> int:
-    context = _context(args)
+    graph, layout, session = _prepared_graph(args)
     from nkibuild.cli.buildreport import recorded
     from nkibuild.cli.display import PlainDisplay, RichDisplay, use_rich
-    from nkibuild.graph.run import RunOptions, run_build
+    from nkibuild.graph.run import RunOptions, run_graph
 
-    for notice in context.toolchain.notices:
+    for notice in graph.toolchain.notices:
         print(f"warning: {notice}", file=sys.stderr)
     if use_rich(sys.stdout) and not args.json_summary:
         display = RichDisplay()
@@ -75,8 +101,8 @@ def build(args: argparse.Namespace) -> int:
         keep_going=args.keep_going,
     )
     try:
-        with recorded("build", args.report, context.session.cache_stats, display) as record:
-            summary = run_build(context, options, record.display)
+        with recorded("build", args.report, session.cache_stats, display) as record:
+            summary = run_graph(graph, layout, session, options, record.display)
     finally:  # an interrupted build leaves no heartbeat thread or live display behind
         display.close()
     for failure in summary.failures:
@@ -312,7 +338,7 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def list_tasks(args: argparse.Namespace) -> int:
-    from nkibuild.graph.run import task_name
+    from nkibuild.graph.snapshot import task_name
     from nkibuild.graph.tasks import task_dicts
 
     for task in task_dicts(_context(args, reads_state=True)):

@@ -57,10 +57,6 @@ class ProcessRegistry:
         self._lock = threading.Lock()
         self._stopped = False  # after kill_all: a compiler started late is killed at once
 
-    def reopen(self) -> None:
-        with self._lock:
-            self._stopped = False
-
     def add(self, pid: int) -> None:
         with self._lock:
             self._groups.add(pid)

@@ -21,6 +21,8 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from doit.tools import config_changed
+
 from nkibuild.cache.key import file_sha256
 from nkibuild.fsutil import stamp_of, stat_stamp
 
@@ -149,3 +151,30 @@ def _same_content(path: str, stamp: str, recorded: str, sha256: str) -> bool:
         return file_sha256(path) == sha256
     except OSError:
         return False
+
+
+class ConfigChanged(config_changed):
+    """doit's `config_changed`, its signature declared (DOIT_CHECK_SIGNATURE)."""
+
+    def __init__(self, config: dict[str, Any] | str) -> None:
+        super().__init__(config)
+        self.__signature__ = DOIT_CHECK_SIGNATURE
+
+
+def encoded_check(check: Any) -> dict[str, Any]:
+    """An `uptodate` check of nkibuild's tasks as data (`decoded_check` makes it again)."""
+    if isinstance(check, config_changed):
+        return {"config": check.config}
+    if isinstance(check, OutputsIntact):
+        return {
+            "files": list(check.files),
+            "directories": list(check.directories),
+            "key": check.key,
+        }
+    raise TypeError(f"no data form for the uptodate check {check!r}")
+
+
+def decoded_check(data: dict[str, Any]) -> ConfigChanged | OutputsIntact:
+    if "config" in data:
+        return ConfigChanged(data["config"])
+    return OutputsIntact(data["files"], data["directories"], data["key"])

@@ -11,7 +11,7 @@ then `doit list`, `doit`, `doit compile:*` work in the project directory.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from doit.cmd_base import TaskLoader2
 from doit.doit_cmd import DoitMain
@@ -19,18 +19,20 @@ from doit.exceptions import InvalidCommand, InvalidDodoFile
 from doit.loader import generate_tasks
 from doit.task import Task
 
-from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError
 from nkibuild.graph.state import BACKEND_LOCATION, BACKEND_NAME, DEP_FILE
-from nkibuild.graph.tasks import task_dicts
+
+if TYPE_CHECKING:
+    from nkibuild.context import BuildContext
 
 __all__ = ["DEP_FILE", "NkibuildLoader", "doit_config", "doit_main", "to_tasks"]
 DEFAULT_TASKS = ["wheel"]
 
 
-def doit_config(context: BuildContext) -> dict[str, Any]:
+def doit_config(state_dir: Path) -> dict[str, Any]:
+    """doit's configuration for a build whose state is kept in `state_dir`."""
     return {
-        "dep_file": str(context.layout.state_dir / DEP_FILE),
+        "dep_file": str(state_dir / DEP_FILE),
         "backend": BACKEND_NAME,
         "default_tasks": DEFAULT_TASKS,
     }
@@ -91,12 +93,14 @@ class NkibuildLoader(TaskLoader2):
             raise InvalidDodoFile(error.render()) from None
 
     def load_doit_config(self) -> dict[str, Any]:
-        base = doit_config(self.context) if self.context is not None else {}
+        base = doit_config(self.context.layout.state_dir) if self.context is not None else {}
         return {**base, **self.extra_config}
 
     def load_tasks(self, cmd: Any, pos_args: list[str]) -> list[Task]:
         if self.tasks is not None:
             return to_tasks(self.tasks, self.cmd_names)
+        from nkibuild.graph.tasks import task_dicts
+
         assert self.context is not None
         return to_tasks(task_dicts(self.context), self.cmd_names)
 

@@ -7,14 +7,16 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nkibuild.context import BuildContext
 from nkibuild.errors import UsageError, describe_os_error
 from nkibuild.fsutil import atomic_write_text
 from nkibuild.graph.report import BuildReporter, BuildSummary, Display
-from nkibuild.graph.tasks import task_dicts
-from nkibuild.session import BuildSession, SessionDirs
+from nkibuild.graph.snapshot import Graph, task_name
+
+if TYPE_CHECKING:
+    from nkibuild.context import BuildContext, Layout
+    from nkibuild.session import BuildSession
 
 LAST_RUN_FILE = "last-run.json"
 
@@ -28,29 +30,41 @@ class RunOptions:
 
 
 def run_build(context: BuildContext, options: RunOptions, display: Display) -> BuildSummary:
-    """Execute the selected tasks (default: everything up to the wheel)."""
-    layout = context.layout
-    running = context.session.running(
+    """Execute the selected tasks of a loaded project (default: everything up to the wheel)."""
+    from nkibuild.graph.snapshot import of_context
+
+    return run_graph(of_context(context), context.layout, context.session, options, display)
+
+
+def run_graph(
+    graph: Graph, layout: Layout, session: BuildSession, options: RunOptions, display: Display
+) -> BuildSummary:
+    """Execute the selected tasks of `graph` in `session`, under the build dir's lock."""
+    from nkibuild.session import SessionDirs
+
+    running = session.running(
         [SessionDirs(layout.build_dir, swept=(layout.dist_dir,))],
-        max_compile_memory=context.settings.max_compile_memory,
+        max_compile_memory=graph.max_compile_memory,
         jobs=options.jobs,
         lock_timeout=options.lock_timeout,
     )
     with running:
-        return _run_locked(context, options, display)
+        return _run_locked(graph, layout, session, options, display)
 
 
-def _run_locked(context: BuildContext, options: RunOptions, display: Display) -> BuildSummary:
+def _run_locked(
+    graph: Graph, layout: Layout, session: BuildSession, options: RunOptions, display: Display
+) -> BuildSummary:
     from nkibuild.graph.loader import doit_config
 
-    dicts = task_dicts(context)
-    check_selection(dicts, options.selection)
-    summary = run_task_graph(context.session, dicts, doit_config(context), options, display)
+    check_selection(graph.tasks, options.selection)
+    config = doit_config(layout.state_dir)
+    summary = run_task_graph(session, graph.tasks, config, options, display)
     try:
         # Not fsync'ed: a report, whole or absent after a power loss.
         # The toolchain too: commands that read this build's state default to it.
-        text = json.dumps({**summary.to_json(), "toolchain": context.settings.toolchain}, indent=2)
-        atomic_write_text(context.layout.state_dir / LAST_RUN_FILE, text, durable=False)
+        text = json.dumps({**summary.to_json(), "toolchain": graph.toolchain_setting}, indent=2)
+        atomic_write_text(layout.state_dir / LAST_RUN_FILE, text, durable=False)
     except OSError as error:  # the build itself is done: report, don't lose its summary
         summary.runtime_errors.append(
             f"the build's record was not saved: {describe_os_error(error)}"
@@ -70,11 +84,6 @@ def recorded_options(state_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError, AttributeError):  # AttributeError: JSON but not an object
         return {}
     return {"toolchain": toolchain} if toolchain in TOOLCHAIN_MODES else {}
-
-
-def task_name(task: dict[str, Any]) -> str:
-    """The name doit gives a task dict."""
-    return f"{task['basename']}:{task['name']}" if "name" in task else task["basename"]
 
 
 def run_task_graph(

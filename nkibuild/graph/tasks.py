@@ -14,15 +14,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from doit.tools import config_changed
-
 from nkibuild import __version__
 from nkibuild.compiler.record import COMPILE_OUTPUTS, NEFF_FILE, RESULT_FILE
 from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError, storage_error
 from nkibuild.frontends import ARTIFACT_FILES, SIDECAR_DIR
 from nkibuild.graph.intact import (
-    DOIT_CHECK_SIGNATURE,
+    ConfigChanged,
     OutputsIntact,
     inputs_checked,
     outputs_checked,
@@ -35,14 +33,6 @@ from nkibuild.toolchain.worker_pool import user_variables
 
 BUNDLE_TASK = "bundle"
 EXTRACT_TASK = "extract"  # the basename of every extraction's task
-
-
-class ConfigChanged(config_changed):
-    """doit's `config_changed`, its signature declared (intact.DOIT_CHECK_SIGNATURE)."""
-
-    def __init__(self, config: dict[str, Any] | str) -> None:
-        super().__init__(config)
-        self.__signature__ = DOIT_CHECK_SIGNATURE
 
 
 def task_dicts(context: BuildContext) -> list[dict[str, Any]]:

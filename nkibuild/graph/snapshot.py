@@ -1,0 +1,331 @@
+"""The task graph of a build as data (`build/state/graph.json`), and doit's tasks made from it.
+
+A build resolves its project (manifest, plan, settings, toolchain) into doit task dicts.
+This module writes those dicts as data, every field doit reads but the actions (each
+`uptodate` check as its parameters), together with what they were made from. The next
+build compares that: the command line, the environment, nkibuild's own code, the
+manifest's bytes, the stats of the files it names, what its `deps` patterns match and
+the toolchain resolved again (the compiler's `--version` is asked as in every build).
+When all of it matches, doit gets the same tasks without the manifest, the plan or any
+stage being loaded: a build with nothing to do costs little more than doit's own check.
+A task that runs loads the project as any build does and runs its stage's own actions.
+
+Every build runs doit on tasks made from a snapshot, the one it just wrote or the one
+it found, so there is one way tasks reach doit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from doit.exceptions import BaseFail, TaskFailed
+
+import nkibuild
+from nkibuild.errors import NkibuildError
+from nkibuild.fsutil import atomic_write_text, stamp_ctime_ns, stamp_of
+
+if TYPE_CHECKING:
+    from nkibuild.context import BuildContext
+    from nkibuild.toolchain import Toolchain
+
+SNAPSHOT_FILE = "graph.json"  # in the build's state dir
+FORMAT = 2
+MAX_SNAPSHOT_BYTES = 1 << 28
+# Read by the settings, the toolchain, the workers' environment or the wheel's timestamps.
+ENV_PREFIXES = ("NKIBUILD_", "NEURON_", "XDG_")
+ENV_NAMES = ("SOURCE_DATE_EPOCH", "PATH", "VIRTUAL_ENV", "PYTHONPATH", "HOME")
+PASS_ENV = "NKIBUILD_PASS_ENV"
+RECENT_NS = 20_000_000  # file times lag the clock by up to a tick
+
+
+@dataclass(frozen=True)
+class GraphRequest:
+    """What a build was asked for: `options`, the command line's build options as text
+    (part of the snapshot's key); `load` resolves the project the slow way."""
+
+    manifest: Path
+    state_dir: Path
+    options: Mapping[str, str]
+    load: Callable[[], BuildContext]
+
+
+@dataclass(frozen=True)
+class Graph:
+    """doit's tasks for one build and what running them needs from the settings."""
+
+    tasks: list[dict[str, Any]]
+    toolchain: Toolchain
+    toolchain_setting: str
+    max_compile_memory: int | None
+    stages: Stages
+
+
+class Stages:
+    """The real actions of a build's tasks, from the project loaded when the first task
+    runs (or given, when the build loaded it already)."""
+
+    def __init__(self, load: Callable[[], list[dict[str, Any]]], snapshot: dict[str, Any]) -> None:
+        self._load = load
+        self._snapshot = {task_name(task): task for task in snapshot["tasks"]}
+        self._tasks: dict[str, dict[str, Any]] | None = None
+        self._guard = threading.Lock()
+
+    def run(self, name: str) -> Any:
+        """doit action of task `name`: its real actions in order; their values merged."""
+        try:
+            task = self._real(name)
+        except NkibuildError as error:
+            return TaskFailed(error.render())
+        values: dict[str, Any] = {}
+        for action in task["actions"]:
+            function, args = action if isinstance(action, tuple) else (action, ())
+            result = function(*args)
+            if isinstance(result, BaseFail):
+                return result
+            values.update(result or {})
+        return values
+
+    def _real(self, name: str) -> dict[str, Any]:
+        with self._guard:  # doit's threads (-j N) ask at once
+            if self._tasks is None:
+                self._tasks = {task_name(task): task for task in self._load()}
+        task = self._tasks.get(name)
+        if task is None or _encoded(task) != self._snapshot[name]:
+            raise NkibuildError(f"the project changed while {name} was checked; build again")
+        return task
+
+
+def task_name(task: Mapping[str, Any]) -> str:
+    """The name doit gives a task dict."""
+    return f"{task['basename']}:{task['name']}" if "name" in task else task["basename"]
+
+
+def prepared(request: GraphRequest) -> Graph:
+    """The build's graph from its snapshot when everything it was made from still
+    holds, else from the project, loaded (and the snapshot written anew)."""
+    from nkibuild.toolchain import resolve_toolchain
+
+    inputs = _inputs(request)
+    snapshot = _read(request.state_dir / SNAPSHOT_FILE)
+    if snapshot is not None and snapshot["inputs"] == inputs and _files_hold(snapshot):
+        settings = snapshot["settings"]
+        try:
+            toolchain = resolve_toolchain(settings["toolchain"], _path(settings["compiler"]))
+        except NkibuildError:
+            toolchain = None  # the slow way reports it
+        if (
+            toolchain is not None
+            and _toolchain_json(toolchain) == snapshot["toolchain"]
+            and _frontend_versions(snapshot) == snapshot["frontend_versions"]
+        ):
+            stages = Stages(lambda: _task_dicts(request.load()), snapshot)
+            return _graph(snapshot, toolchain, stages)
+    started = time.time_ns()
+    return of_context(request.load(), inputs, started)
+
+
+def of_context(
+    context: BuildContext, inputs: dict[str, Any] | None = None, started: int | None = None
+) -> Graph:
+    """The graph of a loaded project; its snapshot written when `inputs` (what the
+    request was before the project loaded, at `started`) says what it was made from."""
+    from nkibuild.graph.tasks import task_dicts
+
+    globs = _glob_results(context.manifest.root, _patterns(context))  # before the tasks glob
+    dicts = task_dicts(context)
+    snapshot = _snapshot(context, dicts, inputs or {}, globs)
+    if inputs is not None and started is not None and _settled(snapshot, started):
+        _write(context.layout.state_dir / SNAPSHOT_FILE, snapshot)
+    return _graph(snapshot, context.toolchain, Stages(lambda: dicts, snapshot))
+
+
+def _task_dicts(context: BuildContext) -> list[dict[str, Any]]:
+    from nkibuild.graph.tasks import task_dicts
+
+    return task_dicts(context)
+
+
+def _graph(snapshot: dict[str, Any], toolchain: Toolchain, stages: Stages) -> Graph:
+    from nkibuild.graph.intact import decoded_check
+
+    tasks = [
+        {
+            **{key: value for key, value in task.items() if key != "uptodate"},
+            "actions": [(stages.run, (task_name(task),))],
+            "uptodate": [decoded_check(check) for check in task["uptodate"]],
+            "clean": True,
+        }
+        for task in snapshot["tasks"]
+    ]
+    settings = snapshot["settings"]
+    return Graph(tasks, toolchain, settings["toolchain"], settings["max_compile_memory"], stages)
+
+
+def _encoded(task: Mapping[str, Any]) -> dict[str, Any]:
+    """A task dict as data: every field doit reads but the actions."""
+    from nkibuild.graph.intact import encoded_check
+
+    kept = {key: task[key] for key in ("basename", "name", "doc") if key in task}
+    return {
+        **kept,
+        "file_dep": list(task.get("file_dep", ())),
+        "targets": list(task.get("targets", ())),
+        "uptodate": [encoded_check(check) for check in task.get("uptodate", ())],
+    }
+
+
+def _snapshot(
+    context: BuildContext,
+    dicts: Sequence[Mapping[str, Any]],
+    inputs: dict[str, Any],
+    globs: dict[str, list[str]],
+) -> dict[str, Any]:
+    manifest, settings = context.manifest, context.settings
+    return {
+        "format": FORMAT,
+        "inputs": inputs,
+        "root": str(manifest.root),
+        "named": _named_stamps(manifest.root, _named_files(context)),
+        "globs": globs,
+        "toolchain": _toolchain_json(context.toolchain),
+        # Of the frontends that have packages (hlo has none).
+        "frontend_versions": {f: v for f, v in sorted(context.frontend_versions.items()) if v},
+        "settings": {
+            "toolchain": settings.toolchain,
+            "compiler": None if settings.compiler is None else str(settings.compiler),
+            "max_compile_memory": settings.max_compile_memory,
+        },
+        "tasks": [_encoded(task) for task in dicts],
+    }
+
+
+def _settled(snapshot: dict[str, Any], started: int) -> bool:
+    """Whether the snapshot may be kept: made without `verify` (whose inputs it does not
+    follow) from named files none of which changed since the project began loading (a
+    file saved within a clock tick of its stat would go unseen next time)."""
+    stamps = snapshot["named"]
+    if stamps is None or any(task["basename"] == "verify" for task in snapshot["tasks"]):
+        return False
+    return all(stamp_ctime_ns(stamp) < started - RECENT_NS for stamp in stamps.values())
+
+
+def _inputs(request: GraphRequest) -> dict[str, Any]:
+    """What a build's graph is made from besides the project's named files: nkibuild's
+    code, the interpreter, the environment, the command line and the manifest's bytes."""
+    from nkibuild.confine import MAX_PROJECT_FILE_BYTES, read_regular
+
+    names = {n.strip() for n in os.environ.get(PASS_ENV, "").split(",") if n.strip()}
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if name.startswith(ENV_PREFIXES) or name in ENV_NAMES or name in names
+    }
+    manifest = request.manifest.absolute()
+    try:
+        import hashlib
+
+        manifest_sha = hashlib.sha256(read_regular(manifest, MAX_PROJECT_FILE_BYTES)).hexdigest()
+    except OSError:
+        manifest_sha = None
+    return {
+        "nkibuild": [nkibuild.__version__, _code_stamps()],
+        "python": [sys.executable, sys.path],
+        "environment": dict(sorted(environment.items())),
+        "options": dict(request.options),
+        "manifest": [str(manifest), manifest_sha],
+        "cwd": os.getcwd(),
+    }
+
+
+def _code_stamps() -> str:
+    """The stats of nkibuild's own files, hashed: a changed writer or check is a new graph."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for directory, dirs, names in os.walk(os.path.dirname(nkibuild.__file__)):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(names):
+            if name.endswith(".py"):
+                info = os.stat(os.path.join(directory, name))
+                digest.update(f"{directory}/{name}\0{info.st_mtime_ns}\0{info.st_size}\0".encode())
+    return digest.hexdigest()
+
+
+def _named_files(context: BuildContext) -> list[str]:
+    refs = (ref for kernel in context.manifest.kernels for ref in (kernel.source, kernel.reference))
+    return sorted({ref.path for ref in refs if ref})
+
+
+def _named_stamps(root: Path, files: Sequence[str]) -> dict[str, str] | None:
+    """Each named file's stamp, or None if one is no longer a regular file in the project
+    (validation would refuse it: the slow way reports it)."""
+    from nkibuild.confine import confined_stats
+
+    stats = confined_stats([root / name for name in files], (root,))
+    if stats is None:
+        return None
+    return {name: stamp_of(info) for name, info in zip(files, stats, strict=True)}
+
+
+def _patterns(context: BuildContext) -> list[str]:
+    return sorted({pattern for kernel in context.manifest.kernels for pattern in kernel.deps})
+
+
+def _glob_results(root: Path, patterns: Sequence[str]) -> dict[str, list[str]]:
+    from nkibuild.confine import glob_files
+
+    return {pattern: sorted(map(str, glob_files(root, pattern))) for pattern in patterns}
+
+
+def _files_hold(snapshot: dict[str, Any]) -> bool:
+    root = Path(snapshot["root"])
+    named = snapshot["named"]
+    return _named_stamps(root, list(named)) == named and (
+        _glob_results(root, list(snapshot["globs"])) == snapshot["globs"]
+    )
+
+
+def _toolchain_json(toolchain: Toolchain) -> dict[str, Any]:
+    return json.loads(json.dumps(asdict(toolchain)))
+
+
+def _frontend_versions(snapshot: dict[str, Any]) -> dict[str, Any]:
+    if not snapshot["frontend_versions"]:
+        return {}
+    from nkibuild.frontends import frontend_versions
+
+    return {frontend: frontend_versions(frontend) for frontend in snapshot["frontend_versions"]}
+
+
+def _path(text: str | None) -> Path | None:
+    return None if text is None else Path(text)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """The snapshot at `path`; None if there is none or it is not one of this format."""
+    from nkibuild.confine import read_regular
+
+    try:
+        snapshot = json.loads(read_regular(path, MAX_SNAPSHOT_BYTES, follow=False))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(snapshot, dict) or snapshot.get("format") != FORMAT:
+        return None
+    return snapshot
+
+
+def _write(path: Path, snapshot: dict[str, Any]) -> None:
+    """A hint, not a result: one that cannot be written (or is lost) means a slower build."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(snapshot), durable=False)
+    except OSError:
+        pass
