@@ -62,3 +62,26 @@ def test_noop_build_imports_no_frontend_nor_protobuf(example_project: Path) -> N
     assert loaded(modules, HEAVY) == []
     # The plan cache answers: the manifest is neither parsed nor validated again.
     assert loaded(modules, ("yaml", "jsonschema")) == []
+
+
+def test_a_noop_build_loads_neither_the_project_nor_a_stage(tmp_path: Path) -> None:
+    """Its graph snapshot answers: no manifest model, plan, settings or stage is imported."""
+    from helpers import softmax_manifest, softmax_project
+
+    project = softmax_project(tmp_path / "p", softmax_manifest())
+    first = run_nkibuild(["build", "--toolchain", "fake"], project)
+    assert first.returncode == 0, first.stderr
+    modules, printed = probed(["build", "--toolchain", "fake", "--json"], project)
+    assert json.loads(printed)["executed"] == []
+    project_code = (
+        "nkibuild.manifest.model",
+        "nkibuild.plan",
+        "nkibuild.settings",
+        "nkibuild.context",
+        "nkibuild.graph.tasks",
+        "nkibuild.frontends",
+        "nkibuild.compiler",
+        "nkibuild.bundle",
+        "packaging",
+    )
+    assert loaded(modules, project_code) == ["nkibuild.context"]  # its Layout only

@@ -72,8 +72,14 @@ class Stages:
     """The real actions of a build's tasks, from the project loaded when the first task
     runs (or given, when the build loaded it already)."""
 
-    def __init__(self, load: Callable[[], list[dict[str, Any]]], snapshot: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        load: Callable[[], list[dict[str, Any]]],
+        snapshot: dict[str, Any],
+        path: Path | None = None,
+    ) -> None:
         self._load = load
+        self._path = path  # the snapshot's file, forgotten if it proves stale
         self._snapshot = {task_name(task): task for task in snapshot["tasks"]}
         self._tasks: dict[str, dict[str, Any]] | None = None
         self._guard = threading.Lock()
@@ -99,6 +105,8 @@ class Stages:
                 self._tasks = {task_name(task): task for task in self._load()}
         task = self._tasks.get(name)
         if task is None or _encoded(task) != self._snapshot[name]:
+            if self._path is not None:  # the next build loads the project
+                self._path.unlink(missing_ok=True)
             raise NkibuildError(f"the project changed while {name} was checked; build again")
         return task
 
@@ -111,25 +119,37 @@ def task_name(task: Mapping[str, Any]) -> str:
 def prepared(request: GraphRequest) -> Graph:
     """The build's graph from its snapshot when everything it was made from still
     holds, else from the project, loaded (and the snapshot written anew)."""
-    from nkibuild.toolchain import resolve_toolchain
-
     inputs = _inputs(request)
-    snapshot = _read(request.state_dir / SNAPSHOT_FILE)
-    if snapshot is not None and snapshot["inputs"] == inputs and _files_hold(snapshot):
-        settings = snapshot["settings"]
+    path = request.state_dir / SNAPSHOT_FILE
+    snapshot = _read(path)
+    if snapshot is not None and snapshot.get("inputs") == inputs:
         try:
-            toolchain = resolve_toolchain(settings["toolchain"], _path(settings["compiler"]))
-        except NkibuildError:
-            toolchain = None  # the slow way reports it
-        if (
-            toolchain is not None
-            and _toolchain_json(toolchain) == snapshot["toolchain"]
-            and _frontend_versions(snapshot) == snapshot["frontend_versions"]
-        ):
-            stages = Stages(lambda: _task_dicts(request.load()), snapshot)
-            return _graph(snapshot, toolchain, stages)
+            graph = _still_valid(snapshot, request, path)
+        except (KeyError, TypeError, ValueError, AttributeError):  # damaged, or not ours
+            graph = None
+        if graph is not None:
+            return graph
     started = time.time_ns()
     return of_context(request.load(), inputs, started)
+
+
+def _still_valid(snapshot: dict[str, Any], request: GraphRequest, path: Path) -> Graph | None:
+    """The snapshot's graph if the files, toolchain and frontends it was made from hold."""
+    from nkibuild.toolchain import resolve_toolchain
+
+    if not _files_hold(snapshot):
+        return None
+    settings = snapshot["settings"]
+    try:
+        toolchain = resolve_toolchain(settings["toolchain"], _path(settings["compiler"]))
+    except NkibuildError:
+        return None  # the slow way reports it
+    if _toolchain_json(toolchain) != snapshot["toolchain"]:
+        return None
+    if _frontend_versions(snapshot) != snapshot["frontend_versions"]:
+        return None
+    stages = Stages(lambda: _task_dicts(request.load()), snapshot, path)
+    return _graph(snapshot, toolchain, stages)
 
 
 def of_context(
@@ -237,7 +257,7 @@ def _inputs(request: GraphRequest) -> dict[str, Any]:
         manifest_sha = None
     return {
         "nkibuild": [nkibuild.__version__, _code_stamps()],
-        "python": [sys.executable, sys.path],
+        "python": sys.executable,  # what is installed for it: the toolchain, resolved again
         "environment": dict(sorted(environment.items())),
         "options": dict(request.options),
         "manifest": [str(manifest), manifest_sha],
