@@ -179,7 +179,9 @@ def _graph(snapshot: dict[str, Any], toolchain: Toolchain, stages: Stages) -> Gr
     tasks = [
         {
             **{key: value for key, value in task.items() if key != "uptodate"},
-            "actions": [(stages.run, (task_name(task),))],
+            # doit keeps a task's last action's dict as its `result:` too: a last action
+            # returning nothing keeps the values (the outputs records) once in its state.
+            "actions": [(stages.run, (task_name(task),)), _values_kept_once],
             "uptodate": [decoded_check(check) for check in task["uptodate"]],
             "clean": True,
         }
@@ -187,6 +189,10 @@ def _graph(snapshot: dict[str, Any], toolchain: Toolchain, stages: Stages) -> Gr
     ]
     settings = snapshot["settings"]
     return Graph(tasks, toolchain, settings["toolchain"], settings["max_compile_memory"], stages)
+
+
+def _values_kept_once() -> None:
+    """doit action: nothing (see `_graph`)."""
 
 
 def _encoded(task: Mapping[str, Any]) -> dict[str, Any]:
