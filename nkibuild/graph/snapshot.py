@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -219,7 +219,7 @@ def _snapshot(
         "format": FORMAT,
         "inputs": inputs,
         "root": str(manifest.root),
-        "named": _named_stamps(manifest.root, _named_files(context)),
+        "named": _named_stamps(manifest.root, _named_files(context), _parsed_files(context)),
         "globs": globs,
         "toolchain": _toolchain_json(context.toolchain),
         # Of the frontends that have packages (hlo has none).
@@ -240,7 +240,7 @@ def _settled(snapshot: dict[str, Any], started: int) -> bool:
     stamps = snapshot["named"]
     if stamps is None or any(task["basename"] == "verify" for task in snapshot["tasks"]):
         return False
-    return all(stamp_ctime_ns(stamp) < started - RECENT_NS for stamp in stamps.values())
+    return all(stamp_ctime_ns(stamp) < started - RECENT_NS for stamp in stamps.values() if stamp)
 
 
 def _inputs(request: GraphRequest) -> dict[str, Any]:
@@ -285,20 +285,31 @@ def _code_stamps() -> str:
     return digest.hexdigest()
 
 
+def _parsed_files(context: BuildContext) -> set[str]:
+    from nkibuild.manifest.semantic import python_functions
+
+    return set(python_functions(context.manifest))
+
+
 def _named_files(context: BuildContext) -> list[str]:
     refs = (ref for kernel in context.manifest.kernels for ref in (kernel.source, kernel.reference))
     return sorted({ref.path for ref in refs if ref})
 
 
-def _named_stamps(root: Path, files: Sequence[str]) -> dict[str, str] | None:
-    """Each named file's stamp, or None if one is no longer a regular file in the project
-    (validation would refuse it: the slow way reports it)."""
+def _named_stamps(root: Path, files: Sequence[str], parsed: Set[str]) -> dict[str, str] | None:
+    """The stamp of each named file validation parses (a Python file, for the functions
+    the manifest names; "" for the others, which are the tasks' `file_dep`), or None if
+    one is no longer a regular file in the project: the plan cache's rule, whose
+    refusal the slow way reports."""
     from nkibuild.confine import confined_stats
 
     stats = confined_stats([root / name for name in files], (root,))
     if stats is None:
         return None
-    return {name: stamp_of(info) for name, info in zip(files, stats, strict=True)}
+    return {
+        name: stamp_of(info) if name in parsed else ""
+        for name, info in zip(files, stats, strict=True)
+    }
 
 
 def _patterns(context: BuildContext) -> list[str]:
@@ -314,7 +325,8 @@ def _glob_results(root: Path, patterns: Sequence[str]) -> dict[str, list[str]]:
 def _files_hold(snapshot: dict[str, Any]) -> bool:
     root = Path(snapshot["root"])
     named = snapshot["named"]
-    return _named_stamps(root, list(named)) == named and (
+    parsed = {name for name, stamp in named.items() if stamp}
+    return _named_stamps(root, list(named), parsed) == named and (
         _glob_results(root, list(snapshot["globs"])) == snapshot["globs"]
     )
 
