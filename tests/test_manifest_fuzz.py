@@ -28,7 +28,7 @@ from nkibuild.manifest import (
     Manifest,
     load_manifest,
 )
-from nkibuild.manifest.schemagen import load_schema
+from nkibuild.manifest.schemagen import manifest_schema
 from nkibuild.plan import resolve
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -113,7 +113,7 @@ json_values = st.recursive(
 
 
 def _known_keys() -> list[str]:
-    schema = load_schema()
+    schema = manifest_schema()
     return sorted(
         {key for node in [schema, *schema["$defs"].values()] for key in node.get("properties", {})}
     )

@@ -82,19 +82,11 @@ class _Checker:
         yield from self.value_fits()
         yield from self.outputs_follow_padded_axes()
 
-    def at(
-        self, message: str, path: JsonPath, *, key: bool = False, **extra: str | None
-    ) -> Diagnostic:
-        from nkibuild.manifest.yamlsource import json_path
-
-        where = self.doc.key_location(path) if key else self.doc.location(path)
-        return Diagnostic(message, where, json_path(path), **extra)
-
     def inputs_exist(self) -> Iterator[Diagnostic]:
         names = list(self.inputs)
         for name, _ in self.padding.inputs:
             if name not in self.inputs:
-                yield self.at(
+                yield self.doc.at(
                     f"padding names {name!r}, not an input of {self.kernel.name!r}",
                     (*self.base, "inputs", name),
                     key=True,
@@ -108,7 +100,7 @@ class _Checker:
                 for variant in self.kernel.variants:
                     rank = next((len(t.shape) for t in variant.inputs if t.name == name), None)
                     if rank is not None and axis >= rank:
-                        yield self.at(
+                        yield self.doc.at(
                             f"{name!r} has no axis {axis}: it has {rank} in variant "
                             f"{variant.name!r}",
                             (*self.base, "inputs", name, index),
@@ -121,7 +113,7 @@ class _Checker:
         for name, _ in self.padding.inputs:
             dtypes = {t.dtype for v in self.kernel.variants for t in v.inputs if t.name == name}
             for dtype in sorted(dtypes - {d for d in dtypes if holds_exactly(d, value)}):
-                yield self.at(
+                yield self.doc.at(
                     f"pad value {value} cannot be held exactly by {name!r} ({dtype})",
                     (*self.base, "value"),
                     expected=f"a value {dtype} holds exactly",
@@ -134,14 +126,14 @@ class _Checker:
             path = (*self.base, "outputs", index)
             if entry.input_axis not in padded.get(entry.input, set()):
                 listed = ", ".join(f"{n}.{a}" for n, axes in self.padding.inputs for a in axes)
-                yield self.at(
+                yield self.doc.at(
                     f"output {entry.output} axis {entry.axis} follows {entry.follows!r}, "
                     "which is not a padded input axis",
                     (*path, "follows"),
                     expected=f"one of {listed}",
                 )
             if (entry.output, entry.axis) in seen:
-                yield self.at(
+                yield self.doc.at(
                     f"output {entry.output} axis {entry.axis} is listed twice",
                     path,
                     hint="an output axis follows one input axis",

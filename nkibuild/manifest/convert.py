@@ -11,36 +11,28 @@ passed the JSON Schema: shapes are not checked again.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin
 
-from nkibuild.errors import Location
 from nkibuild.manifest.keys import Converting, Key, mapping_info, members, without_none
 from nkibuild.manifest.model import Manifest
+from nkibuild.manifest.yamlsource import JsonPath, YamlDocument
 
 T = TypeVar("T")
-JsonPath = tuple[str | int, ...]
-Locate = Callable[[JsonPath], Location]
 
 
-def to_model(
-    data: Mapping[str, Any],
-    path: Path,
-    sha256: str,
-    value_location: Locate,
-    key_location: Locate,
-) -> Manifest:
-    """The manifest at `path` (absolute) as a model; locations from the YAML marks."""
-    converter = _Converter(path.parent, value_location, key_location)
+def to_model(data: Mapping[str, Any], path: Path, sha256: str, doc: YamlDocument) -> Manifest:
+    """The manifest at `path` (absolute) as a model of `data` (what of `doc` passed the
+    schema), with locations from `doc`."""
+    converter = _Converter(path.parent, doc)
     return converter.mapping(Manifest, data, (), {"path": path, "sha256": sha256})
 
 
 class _Converter:
-    def __init__(self, root: Path, value_location: Locate, key_location: Locate) -> None:
+    def __init__(self, root: Path, doc: YamlDocument) -> None:
         self.root = root
-        self.value_location = value_location
-        self.key_location = key_location
+        self.doc = doc
 
     def mapping(
         self, cls: type[T], data: Mapping[str, Any], path: JsonPath, preset: dict[str, Any]
@@ -68,7 +60,7 @@ class _Converter:
             value = self.mapping(without_none(hint), data, path, {})
         elif info.hook is not None and (info.name in data or info.hook_absent):
             where = (*path, info.name)
-            converting = Converting(where, values, self.root, self.key_location)
+            converting = Converting(where, values, self.root, self.doc.key_location)
             with _invalid_at(where):
                 return info.hook(data.get(info.name), converting)
         elif info.name in data:
@@ -89,7 +81,7 @@ class _Converter:
             return self.mapping(hint, raw, path, {})
         from_yaml = getattr(hint, "from_yaml", None)
         if from_yaml is not None:  # a class written as a scalar (a source reference)
-            return from_yaml(raw, self.value_location(path))
+            return from_yaml(raw, self.doc.location(path))
         return raw  # a scalar, or a union the field's parse takes apart
 
     def _tuple(self, item: Any, raw: Any, path: JsonPath) -> tuple[Any, ...]:
@@ -109,7 +101,7 @@ class _Converter:
     def _named(self, cls: type, keyed_by: str, name: str, raw: Any, path: JsonPath) -> Any:
         preset: dict[str, Any] = {keyed_by: name}
         if "location" in cls.__dataclass_fields__:  # type: ignore[attr-defined]
-            preset["location"] = self.key_location(path)
+            preset["location"] = self.doc.key_location(path)
         return self.mapping(cls, raw, path, preset)
 
 

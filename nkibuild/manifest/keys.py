@@ -28,14 +28,7 @@ _MAPPING = "__nkibuild_yaml__"
 T = TypeVar("T")
 
 
-class _Undocumented:
-    """No documented default (the JSON Schema gets no "default")."""
-
-    def __repr__(self) -> str:
-        return "UNDOCUMENTED"
-
-
-UNDOCUMENTED: Any = _Undocumented()
+UNDOCUMENTED: Any = object()  # no documented default: the JSON Schema gets no "default"
 FROM_FIELD: Any = object()  # the documented default is the field's own default
 
 
@@ -105,6 +98,11 @@ class MappingInfo:
     schema: Mapping[str, Any] = field(default_factory=dict)  # further keywords
 
 
+def ref(name: str) -> dict[str, str]:
+    """The JSON Schema of a value described under `$defs` by `name`."""
+    return {"$ref": f"#/$defs/{name}"}
+
+
 def key(name: str, title: str, description: str, **options: Any) -> dict[str, Key]:
     """Metadata of a dataclass field with a YAML key: `field(metadata=key(...))`."""
     return {METADATA: Key(name, title, description, **options)}
@@ -130,13 +128,9 @@ def mapping_info(cls: object) -> MappingInfo | None:
     return getattr(cls, _MAPPING, None) if isinstance(cls, type) else None
 
 
-def key_of(model_field: Field[Any]) -> Key | None:
-    return model_field.metadata.get(METADATA)
-
-
 def keyed_fields(cls: type) -> list[tuple[Field[Any], Key]]:
     """The fields of `cls` that appear in YAML, in declaration order."""
-    return [(f, info) for f in fields(cls) if (info := key_of(f)) is not None]
+    return [(f, f.metadata[METADATA]) for f in fields(cls) if METADATA in f.metadata]
 
 
 @cache

@@ -10,13 +10,15 @@ here and nowhere else. `VALUE_TYPES` are the YAML value types that are not class
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import posixpath
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from nkibuild import dtypes
 from nkibuild.errors import Location
-from nkibuild.manifest.keys import Converting, Section, effective_defaults, key, mapping, mixin
+from nkibuild.manifest.keys import Converting, Section, effective_defaults, key, mapping, mixin, ref
 from nkibuild.quantities import DURATION_PATTERN, SIZE_PATTERN, parse_duration, parse_size
 
 Target = Literal["trn1", "trn2", "trn3"]
@@ -37,19 +39,15 @@ DEFAULT_VARIANT = "default"
 Constant = int | float | bool | str | tuple["Constant", ...]
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/$defs/{name}"}
-
-
 def _names(title: str, definition: str = "identifier") -> dict[str, str]:
     """The schema of the names of a mapping by name."""
-    return {"title": title, **_ref(definition)}
+    return {"title": title, **ref(definition)}
 
 
 # ------------------------------------------------------------ YAML value types
 
-_SHAPE = _ref("shape")
-_DTYPE = _ref("dtype")
+_SHAPE = ref("shape")
+_DTYPE = ref("dtype")
 
 VALUE_TYPES: dict[str, dict[str, Any]] = {
     "identifier": {
@@ -70,7 +68,7 @@ VALUE_TYPES: dict[str, dict[str, Any]] = {
         "title": "targets",
         "description": "Trainium generations to compile for; one NEFF is built per target.",
         "type": "array",
-        "items": _ref("target"),
+        "items": ref("target"),
         "minItems": 1,
         "uniqueItems": True,
     },
@@ -117,7 +115,7 @@ VALUE_TYPES: dict[str, dict[str, Any]] = {
             "title": "input change",
             "description": "The input's shape in this variant (a list), or a mapping with "
             "its `shape` and/or `dtype`.",
-            "anyOf": [_SHAPE, _ref("tensorChange")],
+            "anyOf": [_SHAPE, ref("tensorChange")],
         },
     },
     "constant": {
@@ -125,7 +123,7 @@ VALUE_TYPES: dict[str, dict[str, Any]] = {
         "description": "A value passed to the kernel function as a keyword argument: a "
         "number, boolean, string or a (nested) list of them.",
         "type": ["boolean", "integer", "number", "string", "array"],
-        "items": _ref("constant"),
+        "items": ref("constant"),
     },
     "sourceRef": {
         "title": "source reference",
@@ -291,7 +289,7 @@ class CompileSettings:
             "Peak memory one neuronx-cc run of this kernel needs. With `--max-compile-memory`, "
             "parallel compiles are scheduled so their estimates fit the budget; the estimate is "
             "the larger of this hint and the peak measured at the kernel's last compile.",
-            schema=_ref("size"),
+            schema=ref("size"),
             parse=parse_size,
         ),
     )
@@ -302,7 +300,7 @@ class CompileSettings:
             "Compile timeout",
             "Stop neuronx-cc (and every process it started) after this long and fail the unit. "
             "Without it, compiles may run as long as they need.",
-            schema=_ref("duration"),
+            schema=ref("duration"),
             parse=parse_duration,
         ),
     )
@@ -346,8 +344,6 @@ def split_source(text: str) -> tuple[str, str | None]:
 
 def normalize_path(text: str) -> str:
     """POSIX form without "." parts or redundant separators (".." is refused earlier)."""
-    import posixpath
-
     return posixpath.normpath(text)
 
 
@@ -380,8 +376,6 @@ def _variants(data: dict[str, Any] | None, converting: Converting) -> tuple[Vari
 
 def _changed(spec: TensorSpec, change: list[int] | dict[str, Any] | None) -> TensorSpec:
     """An input as a variant sees it: a bare list is a new shape, a mapping a shape/dtype."""
-    from dataclasses import replace
-
     if change is None:
         return spec
     if isinstance(change, list):
@@ -391,10 +385,6 @@ def _changed(spec: TensorSpec, change: list[int] | dict[str, Any] | None) -> Ten
         shape=tuple(change.get("shape", spec.shape)),
         dtype=change.get("dtype", spec.dtype),
     )
-
-
-def _constants(pairs: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Constant], ...]:
-    return tuple((name, _constant(value)) for name, value in pairs)
 
 
 def _constant(value: Any) -> Constant:
@@ -554,7 +544,7 @@ class Kernel:
             "directory; for the `hlo` frontend the path of the HloModuleProto file, without a "
             "function.",
             required=True,
-            schema=_ref("sourceRef"),
+            schema=ref("sourceRef"),
         )
     )
     inputs: tuple[TensorSpec, ...] = field(
@@ -575,8 +565,8 @@ class Kernel:
             "Compile-time keyword arguments of the kernel function, by name. Lists become "
             "tuples. Not allowed for the `hlo` frontend.",
             names=_names("constant"),
-            values=_ref("constant"),
-            parse=_constants,
+            values=ref("constant"),
+            parse=lambda pairs: tuple((name, _constant(value)) for name, value in pairs),
         ),
     )
     variants: tuple[Variant, ...] = field(
@@ -590,7 +580,7 @@ class Kernel:
                 "type": "object",
                 "minProperties": 1,
                 "propertyNames": _names("variant"),
-                "additionalProperties": _ref("variant"),
+                "additionalProperties": ref("variant"),
             },
             hook=_variants,
             hook_absent=True,
@@ -602,7 +592,7 @@ class Kernel:
             "targets",
             "Targets",
             "Targets of this kernel, instead of `defaults.targets`.",
-            schema=_ref("targets"),
+            schema=ref("targets"),
         ),
     )
     settings: CompileSettings = field(default=CompileSettings(), metadata=mixin())
@@ -625,7 +615,7 @@ class Kernel:
             "`path/to/file.py:function` of a CPU (NumPy) implementation with the same "
             "signature; the generated package falls back to it where Neuron is unavailable, and "
             "tests compare against it.",
-            schema=_ref("sourceRef"),
+            schema=ref("sourceRef"),
         ),
     )
     deps: tuple[str, ...] = field(
@@ -635,7 +625,7 @@ class Kernel:
             "Extra dependencies",
             "Glob patterns, relative to the manifest's directory, of further files the kernel's "
             "code reads (e.g. imported helpers); a change to any of them rebuilds the kernel.",
-            schema={"items": _ref("glob")},
+            schema={"items": ref("glob")},
         ),
     )
     tolerance: Tolerance = field(
@@ -678,8 +668,6 @@ class Kernel:
 
 def derived_import_name(distribution: str) -> str:
     """The import name a distribution name maps to when none is given."""
-    import re
-
     return re.sub(r"[-_.]+", "_", distribution).lower()
 
 
@@ -722,7 +710,7 @@ class Package:
             "Import name",
             "Name of the top-level Python package. Default: the distribution name in lower case "
             "with every run of `-`, `_` and `.` replaced by `_`.",
-            schema=_ref("identifier"),
+            schema=ref("identifier"),
             hook=_import_name,
             hook_absent=True,
         )
@@ -864,7 +852,7 @@ class Manifest:
             "Default targets",
             "Targets of kernels that do not list their own.",
             section=DEFAULTS,
-            schema=_ref("targets"),
+            schema=ref("targets"),
         ),
     )
     defaults: CompileSettings = field(  # the bottom layer: every setting final
@@ -930,9 +918,3 @@ class Manifest:
     @property
     def root(self) -> Path:
         return self.path.parent
-
-    def kernel(self, name: str) -> Kernel:
-        for kernel in self.kernels:
-            if kernel.name == name:
-                return kernel
-        raise KeyError(name)

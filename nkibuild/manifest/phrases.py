@@ -110,7 +110,8 @@ def _join_or(phrases: Sequence[str]) -> str:
 
 
 def plain(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
+    """A value as YAML would spell it unquoted (an empty string quoted)."""
+    return value if isinstance(value, str) and value else json.dumps(value)
 
 
 def show(value: object) -> str:

@@ -23,8 +23,8 @@ from nkibuild.manifest.phrases import (
     show,
     types_of,
 )
-from nkibuild.manifest.schemagen import inline_ref, load_schema, properties_of
-from nkibuild.manifest.yamlsource import JsonPath, YamlDocument, json_path
+from nkibuild.manifest.schemagen import inline_ref, manifest_schema, properties_of
+from nkibuild.manifest.yamlsource import JsonPath, YamlDocument
 
 if TYPE_CHECKING:
     from jsonschema import ValidationError
@@ -32,8 +32,7 @@ if TYPE_CHECKING:
 
 
 @cache
-def _strict() -> tuple[type[Validator], dict[str, Any]]:
-    """The validator class and the schema every check uses."""
+def _strict() -> type[Validator]:
     from jsonschema import Draft202012Validator, validators
 
     # JSON Schema counts 2.0 as an integer; a shape or optlevel written 2.0 is a typo.
@@ -41,20 +40,14 @@ def _strict() -> tuple[type[Validator], dict[str, Any]]:
         return isinstance(instance, int) and not isinstance(instance, bool)
 
     checker = Draft202012Validator.TYPE_CHECKER.redefine("integer", is_integer)
-    strict = validators.extend(Draft202012Validator, type_checker=checker)
-    return strict, load_schema()
-
-
-def _validator() -> Validator:
-    strict, schema = _strict()
-    return strict(schema)
+    return validators.extend(Draft202012Validator, type_checker=checker)
 
 
 def schema_problems(doc: YamlDocument) -> list[SchemaProblem]:
     """One problem per mistake the schema finds, in document order, each with the path
     of what is wrong (for a missing key: the mapping that lacks it)."""
-    found = [item for error in _validator().iter_errors(doc.data) for item in _diagnose(error, doc)]
-    return _unique_sorted(found)
+    errors = _strict()(manifest_schema()).iter_errors(doc.data)
+    return _unique_sorted(item for error in errors for item in _diagnose(error, doc))
 
 
 @dataclass(frozen=True)
@@ -79,8 +72,8 @@ def _unique_sorted(found: Iterable[SchemaProblem]) -> list[SchemaProblem]:
 def _diagnose(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
     if "propertyNames" in error.relative_schema_path:
         return [_bad_name(error, doc)]
-    handler = _HANDLERS.get(str(error.validator), _bad_value)
-    return handler(error, doc)
+    handler = _HANDLERS.get(str(error.validator))
+    return handler(error, doc) if handler else [_value_found(str(error.validator), error, doc)]
 
 
 def _missing(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
@@ -88,11 +81,8 @@ def _missing(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
     properties = properties_of(error.schema)
     return [
         SchemaProblem(
-            Diagnostic(
-                f"missing required key {name!r}",
-                doc.location(path),
-                json_path(path),
-                expected=describe(properties.get(name, {})),
+            doc.at(
+                f"missing required key {name!r}", path, expected=describe(properties.get(name, {}))
             ),
             path,
         )
@@ -106,10 +96,10 @@ def _unknown_keys(error: ValidationError, doc: YamlDocument) -> list[SchemaProbl
     allowed = list(properties_of(error.schema))
     return [
         SchemaProblem(
-            Diagnostic(
+            doc.at(
                 f"unknown key {show(key)}",
-                doc.key_location((*path, key)),
-                json_path((*path, key)),
+                (*path, key),
+                key=True,
                 expected="one of " + ", ".join(allowed) if allowed else "no keys",
                 hint=did_you_mean(key, allowed),
             ),
@@ -141,10 +131,10 @@ def _bad_name(error: ValidationError, doc: YamlDocument) -> SchemaProblem:
     path = (*error.absolute_path, key)
     choices = error.schema.get("enum") if isinstance(error.schema, dict) else None
     return SchemaProblem(
-        Diagnostic(
+        doc.at(
             f"invalid name {show(key)}",
-            doc.key_location(path),
-            json_path(path),
+            path,
+            key=True,
             expected=describe(error.schema),
             hint=did_you_mean(key, [str(c) for c in choices]) if choices else None,
         ),
@@ -152,29 +142,20 @@ def _bad_name(error: ValidationError, doc: YamlDocument) -> SchemaProblem:
     )
 
 
-def _bad_value(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
-    return [_value_found(str(error.validator), error, doc)]
-
-
 def _value_found(validator: str, error: ValidationError, doc: YamlDocument) -> SchemaProblem:
     path = tuple(error.absolute_path)
     instance = error.instance
-    message = _VALUE_MESSAGES.get(validator, _fallback_message)(instance, error)
+    message = _VALUE_MESSAGES.get(validator, lambda _value, e: e.message)(instance, error)
     return SchemaProblem(
-        Diagnostic(
+        doc.at(
             message,
-            doc.location(path),
-            json_path(path),
+            path,
             expected=describe(error.schema),
             hint=_value_hint(validator, instance, error.schema),
         ),
         path,
         rank={"enum": 0, "const": 0, "type": 1}.get(validator, 2),
     )
-
-
-def _fallback_message(_instance: object, error: ValidationError) -> str:
-    return error.message
 
 
 def _duplicate_item(instance: Sequence[object], _error: ValidationError) -> str:
@@ -212,7 +193,7 @@ _HANDLERS: dict[str, Callable[[ValidationError, YamlDocument], list[SchemaProble
 
 def _value_hint(validator: str, instance: object, schema: Mapping[str, Any]) -> str | None:
     schema = inline_ref(schema)
-    if validator == "type" and "string" in types_of(schema) and _is_scalar(instance):
+    if validator == "type" and "string" in types_of(schema) and isinstance(instance, int | float):
         return f"quote it: unquoted, YAML reads {show(instance)} as a {kind_name(instance)}"
     if validator == "enum":
         choices = schema.get("enum", [])
@@ -220,7 +201,3 @@ def _value_hint(validator: str, instance: object, schema: Mapping[str, Any]) -> 
             return "write the number without quotes"
         return did_you_mean(str(instance), [str(c) for c in choices])
     return None
-
-
-def _is_scalar(value: object) -> bool:
-    return isinstance(value, int | float | bool)

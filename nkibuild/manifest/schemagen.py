@@ -22,6 +22,7 @@ from nkibuild.manifest.keys import (
     documented_default,
     mapping_info,
     members,
+    ref,
     without_none,
 )
 from nkibuild.manifest.model import VALUE_TYPES, Manifest
@@ -43,11 +44,6 @@ def manifest_schema() -> dict[str, Any]:
     generator = _Generator()
     root = generator.mapping(Manifest)
     return {"$schema": SCHEMA_DIALECT, "$id": SCHEMA_ID, **root, "$defs": generator.defs}
-
-
-def load_schema() -> dict[str, Any]:
-    """The manifest's JSON Schema (the generated one; the shipped file is its copy)."""
-    return manifest_schema()
 
 
 # ---------------------------------------------------- reading the schema
@@ -73,7 +69,7 @@ def _schema_parts(schema: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
 
 def resolve_ref(ref: str) -> Mapping[str, Any]:
     """A local reference (#/$defs/name) into the manifest schema."""
-    node: Any = load_schema()
+    node: Any = manifest_schema()
     for part in ref.removeprefix("#/").split("/"):
         node = node[part]
     return node
@@ -95,14 +91,6 @@ def inline_ref(schema: Mapping[str, Any] | bool) -> Mapping[str, Any]:
 
 
 # ------------------------------------------------------ generating it
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/$defs/{name}"}
-
-
-def _replaces(extra: Mapping[str, Any]) -> bool:
-    return not _TYPE_KEYWORDS.isdisjoint(extra)
 
 
 class _Generator:
@@ -156,7 +144,7 @@ class _Generator:
             "description": section.definition_description,
             **body,
         }
-        return {**head, **_ref(section.definition)}
+        return {**head, **ref(section.definition)}
 
     def _property(self, model_field: Field[Any], info: Key, hint: Any) -> dict[str, Any]:
         node = {"title": info.title, "description": info.description}
@@ -167,7 +155,7 @@ class _Generator:
         return node
 
     def _refined(self, hint: Any, extra: Mapping[str, Any], info: Key | None) -> dict[str, Any]:
-        if _replaces(extra):
+        if not _TYPE_KEYWORDS.isdisjoint(extra):
             return dict(extra)
         return {**self._value(without_none(hint), info), **extra}
 
@@ -207,7 +195,7 @@ class _Generator:
         if info.definition not in self.defs:
             self.defs[info.definition] = {}  # claims the name before recursing
             self.defs[info.definition] = self.mapping(cls)
-        return _ref(info.definition)
+        return ref(info.definition)
 
 
 def _literal(values: tuple[Any, ...]) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -64,9 +63,15 @@ class YamlDocument:
         """Where the mapping key naming `path` is (for the root: the document)."""
         return self.keys.get(path) or self.location(path)
 
+    def at(self, message: str, path: JsonPath, *, key: bool = False, **details: Any) -> Diagnostic:
+        """A problem with the value at `path`, or with the key naming it."""
+        where = self.key_location(path) if key else self.location(path)
+        return Diagnostic(message, where, json_path(path), **details)
 
-class _Positions:
-    """Composing with a nesting limit, recording where aliases are used (a mixin)."""
+
+class _Loader(yaml.SafeLoader):
+    """The pure-Python safe loader (it checks every character and words every syntax
+    error), composing with a nesting limit and recording where aliases are used."""
 
     yaml_implicit_resolvers: ClassVar[dict[str, list[tuple[str, re.Pattern[str]]]]] = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag not in _UNRESOLVED_TAGS]
@@ -74,14 +79,14 @@ class _Positions:
     }
 
     def __init__(self, stream: str) -> None:
-        super().__init__(stream)  # type: ignore[call-arg]
+        super().__init__(stream)
         self.depth = 0
         # (id(parent node), item index or id(key node)) -> mark of the alias used
         # as that value: the node itself only knows where its anchor is.
         self.alias_marks: dict[tuple[int, int], yaml.Mark] = {}
 
     def compose_node(self, parent: Node | None, index: Any) -> Node:
-        event = self.peek_event()  # type: ignore[attr-defined]
+        event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) and parent is not None and index is not None:
             self.alias_marks[_child_key(parent, index)] = event.start_mark
         self.depth += 1
@@ -90,20 +95,14 @@ class _Positions:
                 raise ComposerError(
                     None, None, f"nesting deeper than {MAX_DEPTH} levels", event.start_mark
                 )
-            return super().compose_node(parent, index)  # type: ignore[misc]
+            return super().compose_node(parent, index)
         finally:
             self.depth -= 1
 
 
-class _Loader(_Positions, yaml.SafeLoader):
-    """The pure-Python loader: checks every character and words every syntax error."""
-
-
 def _child_key(parent: Node, index: Any) -> tuple[int, int]:
     # Mapping values are composed with their key node as index, sequence items with an int.
-    if isinstance(index, Node):
-        return (id(parent), id(index))
-    return (id(parent), index)
+    return (id(parent), id(index) if isinstance(index, Node) else index)
 
 
 def load_yaml(
@@ -136,9 +135,13 @@ def parse_yaml(raw: bytes, file: str) -> YamlDocument:
     return YamlDocument(file, data, converter.values, converter.keys)
 
 
-def _compose(text: str, file: str) -> tuple[Node | None, _Positions]:
+def _compose(text: str, file: str) -> tuple[Node | None, _Loader]:
     try:
-        return _compose_with(_Loader, text, file)  # checks that every character is printable
+        loader = _Loader(text)  # checks that every character is printable
+        try:
+            return _compose_single(loader, file), loader
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as error:
         raise _syntax_error(error, file) from None
     except ReaderError as error:
@@ -149,15 +152,7 @@ def _compose(text: str, file: str) -> tuple[Node | None, _Positions]:
         raise _fatal(file, f"invalid YAML: {error}") from None
 
 
-def _compose_with(cls: type[_Positions], text: str, file: str) -> tuple[Node | None, _Positions]:
-    loader = cls(text)
-    try:
-        return _compose_single(loader, file), loader
-    finally:
-        loader.dispose()  # type: ignore[attr-defined]
-
-
-def _compose_single(loader: Any, file: str) -> Node | None:
+def _compose_single(loader: _Loader, file: str) -> Node | None:
     loader.get_event()  # StreamStartEvent
     root = None
     if not loader.check_event(yaml.StreamEndEvent):
@@ -218,11 +213,8 @@ def _fatal(file: str, message: str, hint: str | None = None) -> ManifestError:
 
 
 class _BudgetExceeded(Exception):
-    """The document expands to too many nodes or too deep; stops the conversion."""
-
-    def __init__(self, diagnostic: Diagnostic) -> None:
-        super().__init__(diagnostic.message)
-        self.diagnostic = diagnostic
+    """The document expands to too many nodes or too deep (the Diagnostic is its one
+    argument); stops the conversion."""
 
 
 def _count_nodes(root: Node | None, limit: int) -> int:
@@ -243,7 +235,7 @@ def _count_nodes(root: Node | None, limit: int) -> int:
 class _Converter:
     """Nodes -> plain data, recording locations and collecting (not raising) key problems."""
 
-    def __init__(self, loader: Any, file: str) -> None:
+    def __init__(self, loader: _Loader, file: str) -> None:
         self.loader = loader
         self.file = file
         self.values: dict[JsonPath, Location] = {}
@@ -258,7 +250,7 @@ class _Converter:
         try:
             return self._value(node, path, self._where(node))
         except _BudgetExceeded as error:
-            self.diagnostics = [error.diagnostic]
+            self.diagnostics = [error.args[0]]
             return None
 
     def _where(self, node: Node, parent: Node | None = None, index: Any = None) -> Location:
@@ -272,7 +264,8 @@ class _Converter:
         self.values.setdefault(path, where)
         if isinstance(node, ScalarNode):
             return self._scalar(node, path, where)
-        self._check_collection_tag(node, path, where)
+        if node.tag != (_SEQ_TAG if isinstance(node, SequenceNode) else _MAP_TAG):
+            self._refuse_tag(node.tag, path, where)
         self.active.add(id(node))
         try:
             if isinstance(node, SequenceNode):
@@ -320,11 +313,6 @@ class _Converter:
             )
             return node.value
 
-    def _check_collection_tag(self, node: Node, path: JsonPath, where: Location) -> None:
-        expected = _SEQ_TAG if isinstance(node, SequenceNode) else _MAP_TAG
-        if node.tag != expected:
-            self._refuse_tag(node.tag, path, where)
-
     def _refuse_tag(self, tag: str, path: JsonPath, where: Location) -> None:
         self.diagnostics.append(
             Diagnostic(
@@ -341,8 +329,8 @@ class _Converter:
         first_seen: dict[str, Location] = {}
         merged: list[Node] = []
         for key_node, value_node in node.value:
-            if key_node.tag == _MERGE_TAG:
-                merged.append(value_node)
+            if key_node.tag == _MERGE_TAG:  # `<<: *base` or `<<: [*a, *b]`
+                merged += value_node.value if isinstance(value_node, SequenceNode) else [value_node]
                 continue
             key = self._key(key_node, path)
             if key is None:
@@ -355,7 +343,7 @@ class _Converter:
             self.keys.setdefault((*path, key), key_where)
             where = self._where(value_node, node, key_node)
             result[key] = self._value(value_node, (*path, key), where)
-        for source in _merge_sources(merged):
+        for source in merged:
             self._merge(source, path, result)
         return result
 
@@ -381,10 +369,10 @@ class _Converter:
             self.active.discard(id(source))
 
     def _key(self, node: Node, path: JsonPath) -> str | None:
-        self._count(node, path, self._where(node))
+        where = self._where(node)
+        self._count(node, path, where)
         if isinstance(node, ScalarNode) and node.tag == _TAG + "str":
             return node.value
-        where = self._where(node)
         shown = repr(node.value[:40]) if isinstance(node, ScalarNode) else "a collection"
         self.diagnostics.append(
             Diagnostic(
@@ -406,14 +394,6 @@ class _Converter:
                 hint="each key may appear once in a mapping; remove or rename one of them",
             )
         )
-
-
-def _merge_sources(values: list[Node]) -> Iterator[Node]:
-    for value in values:
-        if isinstance(value, SequenceNode):
-            yield from value.value
-        else:
-            yield value
 
 
 def json_path(path: JsonPath) -> str:
