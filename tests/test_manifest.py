@@ -15,7 +15,8 @@ import pytest
 
 from nkibuild import dtypes
 from nkibuild.errors import Diagnostic, Location, ManifestError
-from nkibuild.manifest import (
+from nkibuild.manifest import docgen, generate, load_manifest, yamlsource
+from nkibuild.manifest.model import (
     AUTO_CAST,
     AUTO_CAST_TYPES,
     DEFAULT_SETTINGS,
@@ -25,10 +26,6 @@ from nkibuild.manifest import (
     CompileSettings,
     SourceRef,
     TensorSpec,
-    docgen,
-    generate,
-    load_manifest,
-    yamlsource,
 )
 from nkibuild.manifest.schemagen import inline_ref, manifest_schema
 

@@ -20,14 +20,8 @@ from hypothesis import strategies as st
 
 from nkibuild import dtypes
 from nkibuild.errors import ManifestError
-from nkibuild.manifest import (
-    AUTO_CAST,
-    AUTO_CAST_TYPES,
-    FRONTENDS,
-    TARGETS,
-    Manifest,
-    load_manifest,
-)
+from nkibuild.manifest import load_manifest
+from nkibuild.manifest.model import AUTO_CAST, AUTO_CAST_TYPES, FRONTENDS, TARGETS, Manifest
 from nkibuild.manifest.schemagen import manifest_schema
 from nkibuild.plan import resolve
 

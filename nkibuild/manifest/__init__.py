@@ -15,48 +15,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from nkibuild.errors import ManifestError
-from nkibuild.manifest.model import (
-    AUTO_CAST,
-    AUTO_CAST_TYPES,
-    DEFAULT_SETTINGS,
-    DEFAULT_TARGETS,
-    DEFAULT_VARIANT,
-    FRONTENDS,
-    TARGETS,
-    CacheSettings,
-    CompileSettings,
-    Constant,
-    Kernel,
-    Manifest,
-    Package,
-    SourceRef,
-    TensorSpec,
-    Tolerance,
-    Variant,
-)
-
-__all__ = [
-    "AUTO_CAST",
-    "AUTO_CAST_TYPES",
-    "DEFAULT_SETTINGS",
-    "DEFAULT_TARGETS",
-    "DEFAULT_VARIANT",
-    "FRONTENDS",
-    "TARGETS",
-    "CacheSettings",
-    "CompileSettings",
-    "Constant",
-    "Kernel",
-    "Manifest",
-    "ManifestError",
-    "Package",
-    "SourceRef",
-    "TensorSpec",
-    "Tolerance",
-    "Variant",
-    "load_manifest",
-]
+from nkibuild.manifest.model import Manifest
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:

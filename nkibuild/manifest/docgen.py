@@ -7,13 +7,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from nkibuild.manifest.phrases import describe, plain, types_of
 from nkibuild.manifest.schemagen import inline_ref, manifest_schema, resolve_ref
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "nkibuild.yaml"
 
 INTRO = """\
 # nkibuild.yaml reference
@@ -81,9 +78,8 @@ def _refs(node: Any) -> Iterator[str]:
     if isinstance(node, Mapping):
         if isinstance(node.get("$ref"), str):
             yield node["$ref"]
-        for value in node.values():
-            yield from _refs(value)
-    elif isinstance(node, list):
+        node = list(node.values())
+    if isinstance(node, list):
         for value in node:
             yield from _refs(value)
 

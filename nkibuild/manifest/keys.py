@@ -7,16 +7,17 @@ keywords, how its value is converted); each class that is a YAML mapping carries
 Schema (`schemagen.py`), docs/manifest.md (`docgen.py`) and the YAML-to-model
 converter (`convert.py`) are all derived from these.
 
-Only `dataclasses` and `typing` here: the model is imported on every build.
+Only the standard library here: the model is imported on every build.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 if TYPE_CHECKING:
     from nkibuild.errors import Location
@@ -103,15 +104,15 @@ def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/$defs/{name}"}
 
 
-def key(name: str, title: str, description: str, **options: Any) -> dict[str, Key]:
-    """Metadata of a dataclass field with a YAML key: `field(metadata=key(...))`."""
-    return {METADATA: Key(name, title, description, **options)}
+def key(name: str, title: str, description: str, *, default: Any = MISSING, **options: Any) -> Any:
+    """A dataclass field (with this `default`) that has a YAML key: its metadata is a Key."""
+    return field(default=default, metadata={METADATA: Key(name, title, description, **options)})
 
 
-def mixin(**options: Any) -> dict[str, Key]:
-    """Metadata of a field whose class's keys sit in the parent's mapping (compile settings
-    in a kernel): the parent's schema takes the class's definition as a `$ref`."""
-    return key("", "", "", inline=True, **options)
+def mixin(*, default: Any, **options: Any) -> Any:
+    """A field whose class's keys sit in the parent's mapping (compile settings in a
+    kernel): the parent's schema takes the class's definition as a `$ref`."""
+    return key("", "", "", default=default, inline=True, **options)
 
 
 def mapping(title: str = "", description: str = "", **options: Any) -> Callable[[type[T]], type[T]]:
@@ -136,17 +137,12 @@ def keyed_fields(cls: type) -> list[tuple[Field[Any], Key]]:
 @cache
 def members(cls: type) -> list[tuple[Field[Any], Key, Any]]:
     """The YAML fields of a model class with their resolved annotations, in order."""
-    import typing
-
-    hints = typing.get_type_hints(cls)
+    hints = get_type_hints(cls)
     return [(f, info, hints[f.name]) for f, info in keyed_fields(cls)]
 
 
 def without_none(hint: Any) -> Any:
     """`X | None` -> X: the manifest has no null; None in the model means "absent"."""
-    import types
-    from typing import Union, get_args, get_origin
-
     if get_origin(hint) in (Union, types.UnionType):
         args = [arg for arg in get_args(hint) if arg is not type(None)]
         if len(args) == 1:

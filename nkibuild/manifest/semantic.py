@@ -26,7 +26,6 @@ from nkibuild.manifest.model import (
     CompileSettings,
     Kernel,
     Manifest,
-    normalize_path,
     split_source,
 )
 from nkibuild.manifest.phrases import did_you_mean, position, show
@@ -277,7 +276,7 @@ class _Checks:
             message, hint = problem
             yield self.doc.at(message, path, expected=form, hint=hint)
         elif python and function is not None:
-            yield from self._function(normalize_path(file), function, path)
+            yield from self._function(posixpath.normpath(file), function, path)
 
     def _function(self, file: str, function: str, path: JsonPath) -> Iterator[Diagnostic]:
         """The function must be defined in the file (parsed, not imported)."""
@@ -305,7 +304,7 @@ class _Checks:
             return problem, "paths are relative to the directory of nkibuild.yaml"
         if python and not file.endswith(".py"):
             return f"{show(file)} is not a Python file", "Python code is read from a .py file"
-        relative = normalize_path(file)
+        relative = posixpath.normpath(file)
         if relative not in self.files:
             self.files[relative] = _existing_file_problem(self.root, relative)
         return self.files[relative]
@@ -514,7 +513,7 @@ def _relative_path_problem(text: str, *, dotdot: bool = True) -> str | None:
     parts = PurePosixPath(text).parts
     if not dotdot and ".." in parts:
         return f"{show(text)} contains '..'"
-    normalized = normalize_path(text)
+    normalized = posixpath.normpath(text)
     if normalized == ".." or normalized.startswith("../"):
         return f"{show(text)} points outside the manifest's directory"
     if "\0" in text:

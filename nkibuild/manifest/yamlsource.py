@@ -337,7 +337,16 @@ class _Converter:
                 continue
             key_where = self._where(key_node)
             if key in first_seen:
-                self._duplicate(key, (*path, key), first_seen[key], key_where)
+                first = first_seen[key]
+                self.diagnostics.append(
+                    Diagnostic(
+                        f"duplicate key {key!r} (first at line {first.line}, "
+                        f"column {first.column})",
+                        key_where,
+                        json_path((*path, key)),
+                        hint="each key may appear once in a mapping; remove or rename one of them",
+                    )
+                )
                 continue
             first_seen[key] = key_where
             self.keys.setdefault((*path, key), key_where)
@@ -360,13 +369,8 @@ class _Converter:
                 )
             )
             return
-        self._count(source, path, where)
-        self.active.add(id(source))
-        try:
-            for key, value in self._mapping(source, path).items():
-                result.setdefault(key, value)
-        finally:
-            self.active.discard(id(source))
+        for key, value in self._value(source, path, where).items():
+            result.setdefault(key, value)
 
     def _key(self, node: Node, path: JsonPath) -> str | None:
         where = self._where(node)
@@ -384,16 +388,6 @@ class _Converter:
             )
         )
         return None
-
-    def _duplicate(self, key: str, path: JsonPath, first: Location, again: Location) -> None:
-        self.diagnostics.append(
-            Diagnostic(
-                f"duplicate key {key!r} (first at line {first.line}, column {first.column})",
-                again,
-                json_path(path),
-                hint="each key may appear once in a mapping; remove or rename one of them",
-            )
-        )
 
 
 def json_path(path: JsonPath) -> str:
