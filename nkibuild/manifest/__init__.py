@@ -19,10 +19,7 @@ from nkibuild.manifest.model import Manifest
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """Read, validate and model the manifest at `path`.
-
-    Raises ManifestError carrying every problem found (each with a location).
-    """
+    """The manifest at `path`, validated; ManifestError carries every problem found."""
     from nkibuild.manifest.validate import validated
     from nkibuild.manifest.yamlsource import load_yaml
 

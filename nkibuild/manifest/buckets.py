@@ -1,12 +1,8 @@
 """Checks of a kernel's `padding` declaration (padding calls up to a shape bucket).
 
-Two stages know different things. The manifest knows the inputs and variants:
-`padding_diagnostics` (run with the semantic checks) says which padded input or
-axis does not exist, which output axis follows an axis that is not padded, and which
-pad value an input's dtype cannot hold exactly. Only the compiled NEFFs know the outputs:
-`output_problems` (run when the bundle is generated) says which declared output axis
-does not exist or does not have the length of the input axis it follows in some
-variant, since cutting it back to the call's length would then be wrong.
+Two stages know different things: the manifest knows the inputs and variants
+(`padding_diagnostics`, run with the semantic checks), only the compiled NEFFs know
+the outputs (`output_problems`, run when the bundle is generated).
 """
 
 from __future__ import annotations
@@ -127,12 +123,10 @@ def _outputs(kernel: Kernel, padding: Padding, doc: YamlDocument) -> Iterator[Di
 def output_problems(
     kernel: Kernel, outputs: Mapping[str, Mapping[str, Sequence[tuple[int, ...]]]]
 ) -> list[str]:
-    """Why the declared output axes do not fit the compiled outputs, one line each.
-
-    `outputs` holds the shapes of each NEFF's outputs, by target and variant. In every
-    variant, a declared output axis must exist and be as long as the input axis it
-    follows: that is what makes cutting it back to the call's length right.
-    """
+    """Why the declared output axes do not fit the compiled outputs (each NEFF's output
+    shapes, by target and variant), one line each. In every variant, a declared output
+    axis must exist and be as long as the input axis it follows: that is what makes
+    cutting it back to the call's length right."""
     if kernel.padding is None:
         return []
     shapes = {v.name: {t.name: t.shape for t in v.inputs} for v in kernel.variants}

@@ -1,10 +1,9 @@
 """Schema-valid YAML data -> the typed model, driven by the model's own field metadata.
 
-Nothing here knows a manifest key: each model class says (keys.py) which key
-fills which field, and the annotations say what the value becomes (tuples from
-lists, mappings by name into tuples of named objects or pairs, nested classes).
-The few values that need more (a variant's inputs, the derived import name, the
-compiler path) are hooks next to their field in model.py. The data must have
+Nothing here knows a manifest key: each model class says (keys.py) which key fills
+which field, and the annotations say what the value becomes (tuples from lists,
+mappings by name into tuples of named objects or pairs, nested classes); the few
+values that need more are hooks next to their field in model.py. The data must have
 passed the JSON Schema: shapes are not checked again.
 """
 
@@ -12,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin
 
@@ -56,21 +56,19 @@ class _Converter:
         path: JsonPath,
         values: dict[str, Any],
     ) -> Any:
+        where = (*path, info.name)
         if info.inline:  # a mixin reads the keys of the same mapping
             value = self.mapping(without_none(hint), data, path, {})
         elif info.hook is not None and (info.name in data or info.hook_absent):
-            where = (*path, info.name)
             converting = Converting(where, values, self.root, self.doc.key_location)
             with _invalid_at(where):
                 return info.hook(data.get(info.name), converting)
         elif info.name in data:
-            value = self.value(hint, data[info.name], (*path, info.name))
+            value = self.value(hint, data[info.name], where)
         else:
             return _ABSENT  # the dataclass default
-        if info.parse is None:
-            return value
-        with _invalid_at((*path, info.name)):
-            return info.parse(value)
+        with _invalid_at(where):
+            return info.parse(value) if info.parse else value
 
     def value(self, hint: Any, raw: Any, path: JsonPath) -> Any:
         hint = without_none(hint)
@@ -108,14 +106,13 @@ class _Converter:
 _ABSENT = object()
 
 
+@dataclass(eq=False)  # hashable, as exceptions are
 class InvalidValue(Exception):
     """A schema-valid value that its field's parse or hook refuses (a 400-digit size,
     NaN as a timeout, `~nosuchuser/` in a path): reported at `path` like any problem."""
 
-    def __init__(self, path: JsonPath, message: str) -> None:
-        self.path = path
-        self.message = message
-        super().__init__(message)
+    path: JsonPath
+    message: str
 
 
 @contextlib.contextmanager

@@ -44,8 +44,6 @@ at the top of the file.
 
 @dataclass(frozen=True)
 class Entry:
-    """One documented key."""
-
     path: str
     schema: Mapping[str, Any]
     required: bool
@@ -53,7 +51,6 @@ class Entry:
 
 
 def render(schema: Mapping[str, Any], example: str) -> str:
-    """The whole Markdown reference."""
     shared = _shared_defs(schema)
     parts = [INTRO, "## Example\n", f"```yaml\n{example.rstrip()}\n```\n", "## Keys\n"]
     parts += [_entry(entry, shared) for entry in _entries(schema, "", shared)]
@@ -66,9 +63,7 @@ def render(schema: Mapping[str, Any], example: str) -> str:
 
 def _shared_defs(schema: Mapping[str, Any]) -> list[str]:
     """Object definitions used in several places: documented once, in their own section."""
-    uses = Counter(
-        ref.removeprefix("#/$defs/") for ref in _refs(schema) if ref.startswith("#/$defs/")
-    )
+    uses = Counter(ref.removeprefix("#/$defs/") for ref in _refs(schema))
     return [
         name for name, count in uses.items() if count > 1 and "properties" in schema["$defs"][name]
     ]
@@ -144,8 +139,8 @@ def _entry(entry: Entry, shared: Sequence[str]) -> str:
         facts.append(f"**Default:** {_code(plain(schema['default']))}")
     text = schema.get("description", "")
     if entry.shared is not None:
-        title = _title(manifest_schema()["$defs"][entry.shared])
-        text += f" Takes the keys of [{title.lower()}](#{_anchor(title)})."
+        title = str(manifest_schema()["$defs"][entry.shared].get("title", "")).lower()
+        text += f" Takes the keys of [{title}](#{title.replace(' ', '-')})."
     return f"### `{entry.path}`\n\n{text.strip()}\n\n" + "  \n".join(facts) + "\n"
 
 
@@ -161,10 +156,6 @@ def _type_name(schema: Mapping[str, Any]) -> str:
 def _title(definition: Mapping[str, Any]) -> str:
     title = str(definition.get("title", ""))
     return title[:1].upper() + title[1:]
-
-
-def _anchor(title: str) -> str:
-    return title.lower().replace(" ", "-")
 
 
 def _code(text: str) -> str:

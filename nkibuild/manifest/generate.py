@@ -5,8 +5,7 @@
 
 The files (schemas/nkibuild.schema.json, which nkibuild/manifest/nkibuild.schema.json
 links to, and docs/manifest.md) are for editors, other tools and readers; nkibuild
-itself validates with the schema generated in memory. tests/test_manifest.py checks
-that the shipped files equal the generated ones.
+itself validates with the schema generated in memory.
 """
 
 from __future__ import annotations

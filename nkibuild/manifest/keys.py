@@ -1,13 +1,9 @@
 """How the typed model appears in nkibuild.yaml: the vocabulary of its field metadata.
 
-The dataclasses in `model.py` are the one description of the manifest. Each field
-that has a YAML key carries a `Key` (its name, title, description, extra JSON Schema
-keywords, how its value is converted); each class that is a YAML mapping carries a
-`MappingInfo` (its title and description, its `$defs` name if it is shared). The JSON
-Schema (`schemagen.py`), docs/manifest.md (`docgen.py`) and the YAML-to-model
-converter (`convert.py`) are all derived from these.
-
-Only the standard library here: the model is imported on every build.
+Each model field with a YAML key carries a `Key`, each class that is a YAML mapping a
+`MappingInfo`; the JSON Schema (schemagen.py), docs/manifest.md (docgen.py) and the
+YAML-to-model converter (convert.py) are derived from them. Only the standard library
+here: the model is imported on every build.
 """
 
 from __future__ import annotations
@@ -41,11 +37,6 @@ class Converting:
     values: Mapping[str, Any]  # the fields of the same object converted so far
     root: Path  # the manifest's directory
     key_location: Callable[[JsonPath], Location]  # where a mapping key is
-
-
-# A hook turns a schema-valid YAML value (None when the key is absent and the
-# hook asked to see absent keys) into the model's value.
-Hook = Callable[[Any, Converting], Any]
 
 
 @dataclass(frozen=True)
@@ -83,13 +74,15 @@ class Key:
     section: Section | None = None
     inline: bool = False  # a mixin: the value's keys sit in the parent's mapping
     parse: Callable[[Any], Any] | None = None  # applied to the converted value
-    hook: Hook | None = None  # replaces the generic conversion
+    # Replaces the generic conversion: the schema-valid YAML value (None for an absent key
+    # if hook_absent) -> the model's value.
+    hook: Callable[[Any, Converting], Any] | None = None
     hook_absent: bool = False  # call the hook for an absent key too (with None)
 
 
 @dataclass(frozen=True)
 class MappingInfo:
-    """A model class that is a YAML mapping."""
+    """How a model class that is a YAML mapping appears in the schema."""
 
     title: str = ""
     description: str = ""
@@ -163,11 +156,8 @@ def documented_default(model_field: Field[Any], info: Key) -> Any:
 
 
 def effective_defaults(cls: type[T]) -> T:
-    """An instance of a layer class with every documented default filled in.
-
-    (Compile settings default to None, "inherit"; what the bottom layer means is
-    documented per key, and this is it as a model value.)
-    """
+    """An instance of a layer class with every documented default filled in (compile
+    settings default to None, "inherit": what the bottom layer means is documented)."""
     values: dict[str, Any] = {}
     for model_field, info in keyed_fields(cls):
         value = documented_default(model_field, info)

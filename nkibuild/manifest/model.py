@@ -215,10 +215,8 @@ def _lnc(value: int | str) -> int | None:
 )
 @dataclass(frozen=True)
 class CompileSettings:
-    """A layer of compile settings; None means "inherit from the layer below".
-
-    The documented defaults are what the bottom layer means (`DEFAULT_SETTINGS`).
-    """
+    """A layer of compile settings; None means "inherit from the layer below", and the
+    documented defaults are what the bottom layer means (`DEFAULT_SETTINGS`)."""
 
     optlevel: OptLevel | None = key(
         "optlevel",
@@ -301,10 +299,8 @@ DEFAULT_TARGETS: tuple[str, ...] = ("trn2",)
 
 @dataclass(frozen=True)
 class SourceRef:
-    """`path/to/file.py:function` (or a bare path for the hlo frontend).
-
-    `path` is relative to the manifest's directory, in POSIX form.
-    """
+    """`path/to/file.py:function` (or a bare path for the hlo frontend); `path` is
+    relative to the manifest's directory, in POSIX form."""
 
     path: str
     function: str | None
@@ -327,10 +323,8 @@ def split_source(text: str) -> tuple[str, str | None]:
 
 @dataclass(frozen=True)
 class Variant:
-    """A named shape set of a kernel (a shape bucket), its inputs resolved.
-
-    In YAML a variant only restates the inputs it changes (VALUE_TYPES["variant"]).
-    """
+    """A named shape set of a kernel (a shape bucket), its inputs resolved: in YAML a
+    variant only restates the inputs it changes (VALUE_TYPES["variant"])."""
 
     name: str
     inputs: tuple[TensorSpec, ...]
@@ -605,13 +599,8 @@ class Kernel:
         }
 
 
-def derived_import_name(distribution: str) -> str:
-    """The import name a distribution name maps to when none is given."""
-    return re.sub(r"[-_.]+", "_", distribution).lower()
-
-
 def _import_name(value: str | None, converting: Converting) -> str:
-    return value or derived_import_name(converting.values["name"])
+    return value or re.sub(r"[-_.]+", "_", converting.values["name"]).lower()
 
 
 # PEP 508 names; the semantic checks also match it, as JSON Schema's "$" would accept

@@ -1,8 +1,5 @@
-"""The JSON Schema check of a manifest: one Diagnostic per problem, with the
-position, JSON path, what is expected and a hint.
-
-jsonschema is imported on first use only. The schema is generated from the model
-(schemagen.py); the messages are phrased from it (phrases.py).
+"""The JSON Schema check of a manifest: one Diagnostic per problem, with the position,
+JSON path, what is expected and a hint. jsonschema is imported on first use only.
 """
 
 from __future__ import annotations
@@ -111,11 +108,8 @@ def _unknown_keys(error: ValidationError, doc: YamlDocument) -> list[SchemaProbl
 
 
 def _alternatives(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
-    """anyOf/oneOf: report the branch the value was evidently meant for.
-
-    A branch whose type the value has is the one meant (a list is a shape, a
-    mapping a {shape, dtype}); if none fits, say what the choices are.
-    """
+    """anyOf/oneOf: report the branch the value was evidently meant for, the one whose
+    type it has (a list is a shape, a mapping a {shape, dtype}), else the choices."""
     branches: dict[int, list[ValidationError]] = defaultdict(list)
     for sub in error.context or ():
         branches[int(sub.relative_schema_path[0])].append(sub)
@@ -159,12 +153,8 @@ def _value_found(validator: str, error: ValidationError, doc: YamlDocument) -> S
 
 
 def _duplicate_item(instance: Sequence[object], _error: ValidationError) -> str:
-    seen: list[object] = []
-    for item in instance:
-        if item in seen:
-            return f"{show(item)} is listed twice"
-        seen.append(item)
-    return "items are not unique"
+    again = [item for index, item in enumerate(instance) if item in instance[:index]]
+    return f"{show(again[0])} is listed twice" if again else "items are not unique"
 
 
 _VALUE_MESSAGES: dict[str, Callable[[Any, ValidationError], str]] = {

@@ -1,15 +1,11 @@
-"""The manifest's JSON Schema, generated from the typed model (model.py).
-
-Types come from the fields' annotations (bool, int, str, Literal, tuples, nested
-model classes), everything else from their metadata (keys.py). The validator
-uses this schema directly; schemas/nkibuild.schema.json is the same schema written
-out for editors and other tools (`python -m nkibuild.manifest.generate`, checked
-by a test).
+"""The manifest's JSON Schema, generated from the typed model (model.py): types from the
+fields' annotations (bool, int, str, Literal, tuples, nested model classes), everything
+else from their metadata (keys.py). The validator uses it as generated, in memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import Field, is_dataclass
 from functools import cache
 from pathlib import Path
@@ -50,21 +46,13 @@ def manifest_schema() -> dict[str, Any]:
 
 
 def properties_of(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """Keys an object schema declares, with those of the schemas it $refs, in order."""
-    properties: dict[str, Any] = {}
-    for part in _schema_parts(schema):
-        for key, value in part.get("properties", {}).items():
-            properties.setdefault(key, value)
-    return properties
-
-
-def _schema_parts(schema: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
-    yield schema
+    """Keys an object schema declares, then those of the schemas it $refs, in order."""
+    properties = dict(schema.get("properties", {}))
     ref = schema.get("$ref")
     if isinstance(ref, str):
-        yield from _schema_parts(resolve_ref(ref))
-    for sub in schema.get("allOf", ()):
-        yield from _schema_parts(sub)
+        for key, value in properties_of(resolve_ref(ref)).items():
+            properties.setdefault(key, value)
+    return properties
 
 
 def resolve_ref(ref: str) -> Mapping[str, Any]:
@@ -76,10 +64,8 @@ def resolve_ref(ref: str) -> Mapping[str, Any]:
 
 
 def inline_ref(schema: Mapping[str, Any] | bool) -> Mapping[str, Any]:
-    """The schema with its $ref inlined; the referencing site's own keywords win.
-
-    (Keywords are replaced, not merged: enough for describing a value.)
-    """
+    """The schema with its $ref inlined; the referencing site's own keywords win (they
+    replace, not merge: enough for describing a value)."""
     if not isinstance(schema, Mapping):
         return {}
     ref = schema.get("$ref")
@@ -173,18 +159,14 @@ class _Generator:
 
     def _tuple(self, args: tuple[Any, ...], info: Key | None) -> dict[str, Any]:
         item = args[0]
-        values = info.values if info else {}
-        if get_origin(item) is tuple:  # (name, value) pairs: a mapping by name
-            value_hint = get_args(item)[1]
-            return self._by_name(self._refined(value_hint, values, None), info)
+        pairs = get_origin(item) is tuple  # (name, value) pairs
         item_info = mapping_info(item)
-        if item_info is not None and item_info.keyed_by:
-            return self._by_name(self._refined(item, values, None), info)
-        return {"type": "array", "items": self._refined(item, {}, None)}
-
-    def _by_name(self, value: dict[str, Any], info: Key | None) -> dict[str, Any]:
-        names = info.names if info and info.names else {"title": "name"}
-        return {"type": "object", "propertyNames": dict(names), "additionalProperties": value}
+        if not pairs and (item_info is None or item_info.keyed_by is None):
+            return {"type": "array", "items": self._refined(item, {}, None)}
+        # A mapping by name: its field says what the names are.
+        assert info is not None and info.names is not None, item
+        value = self._refined(get_args(item)[1] if pairs else item, info.values, None)
+        return {"type": "object", "propertyNames": dict(info.names), "additionalProperties": value}
 
     def _class_ref(self, cls: type) -> dict[str, Any]:
         """A shared class is a $ref to its definition, others are inlined."""
@@ -200,9 +182,5 @@ class _Generator:
 
 def _literal(values: tuple[Any, ...]) -> dict[str, Any]:
     kinds = sorted({_SCALARS[type(value)] for value in values})
-    node: dict[str, Any] = {"type": kinds[0] if len(kinds) == 1 else kinds}
-    if len(values) == 1:
-        node["const"] = values[0]
-    else:
-        node["enum"] = list(values)
-    return node
+    choices = {"const": values[0]} if len(values) == 1 else {"enum": list(values)}
+    return {"type": kinds[0] if len(kinds) == 1 else kinds, **choices}

@@ -62,17 +62,8 @@ def nki_diagnostics(
     if release is None or release < NKI_TRN2_FROM:
         return []
     kernels = [kernel for kernel in manifest.kernels if kernel.frontend == "nki"]
-    found = [d for kernel in kernels for d in _nki_targets(manifest, kernel, version)]
-    by_file = {kernel.source.path: kernel for kernel in kernels}  # each file reported once
-    found += [
-        d for kernel in by_file.values() for d in _dropped_keywords(manifest, kernel, version)
-    ]
-    return sorted(found, key=position)
-
-
-def _nki_targets(manifest: Manifest, kernel: Kernel, version: str | None) -> Iterator[Diagnostic]:
-    if "trn1" in (kernel.targets or manifest.default_targets):
-        yield Diagnostic(
+    found = [
+        Diagnostic(
             f"kernel {kernel.name!r} (frontend: nki) targets trn1, which NKI {version} does "
             "not support: NKI supports Trn2 and Trn3 only from NKI 0.3 (Neuron SDK 2.29)",
             kernel.location,
@@ -81,6 +72,14 @@ def _nki_targets(manifest: Manifest, kernel: Kernel, version: str | None) -> Ite
             hint="give the kernel `targets: [trn2, trn3]`, or build its trn1 NEFFs with "
             "Neuron SDK 2.28 or earlier (NKI before 0.3)",
         )
+        for kernel in kernels
+        if "trn1" in (kernel.targets or manifest.default_targets)
+    ]
+    by_file = {kernel.source.path: kernel for kernel in kernels}  # each file reported once
+    found += [
+        d for kernel in by_file.values() for d in _dropped_keywords(manifest, kernel, version)
+    ]
+    return sorted(found, key=position)
 
 
 def _dropped_keywords(
@@ -119,11 +118,9 @@ def python_functions(manifest: Manifest) -> dict[str, set[str]]:
     Python frontends, references): what validation looked for in their contents."""
     wanted: dict[str, set[str]] = {}
     for kernel in manifest.kernels:
-        refs = [kernel.reference] if kernel.reference else []
-        if kernel.frontend in PYTHON_FRONTENDS:
-            refs.append(kernel.source)
-        for ref in refs:
-            if ref.function:
+        python_source = kernel.source if kernel.frontend in PYTHON_FRONTENDS else None
+        for ref in (kernel.reference, python_source):
+            if ref and ref.function:
                 wanted.setdefault(ref.path, set()).add(ref.function)
     return wanted
 
@@ -158,7 +155,6 @@ class _Checks:
     def __init__(self, manifest: Manifest, doc: YamlDocument) -> None:
         self.manifest = manifest
         self.doc = doc
-        self.root = manifest.root
         # Each file is checked and parsed once, however many kernels name it.
         self.files: dict[str, tuple[str, str | None] | None] = {}
         self.modules: dict[str, ModuleNames | str] = {}
@@ -182,11 +178,9 @@ class _Checks:
         ]
 
     def written(self, path: JsonPath) -> Any:
-        """The value at `path` as the document has it (_ABSENT if it has none).
-
-        For what the model normalizes or drops: a source reference as typed, whether a
-        key was given at all, variant entries naming inputs that do not exist.
-        """
+        """The value at `path` as written (_ABSENT if none), for what the model normalizes
+        or drops: a source reference as typed, whether a key was given at all, variant
+        entries naming inputs that do not exist."""
         node: Any = self.doc.data
         for part in path:
             if not isinstance(node, dict) or part not in node:
@@ -281,7 +275,7 @@ class _Checks:
     def _function(self, file: str, function: str, path: JsonPath) -> Iterator[Diagnostic]:
         """The function must be defined in the file (parsed, not imported)."""
         if file not in self.modules:
-            self.modules[file] = module_names(self.root / file)
+            self.modules[file] = module_names(self.manifest.root / file)
         names = self.modules[file]
         if isinstance(names, str):
             yield self.doc.at(
@@ -306,7 +300,7 @@ class _Checks:
             return f"{show(file)} is not a Python file", "Python code is read from a .py file"
         relative = posixpath.normpath(file)
         if relative not in self.files:
-            self.files[relative] = _existing_file_problem(self.root, relative)
+            self.files[relative] = _existing_file_problem(self.manifest.root, relative)
         return self.files[relative]
 
     def hlo_inputs_only(self) -> Iterator[Diagnostic]:
@@ -406,11 +400,16 @@ class _Checks:
 
     def lnc_on_trn1(self) -> Iterator[Diagnostic]:
         offenders: dict[JsonPath, list[str]] = defaultdict(list)
-        for kernel in self.manifest.kernels:
-            if "trn1" in self._targets(kernel):
-                path, lnc = self._trn1_lnc(kernel)
-                if lnc == 2:
-                    offenders[path].append(kernel.name)
+        for kernel in (k for k in self.manifest.kernels if "trn1" in self._targets(k)):
+            # The last layer that sets lnc decides: defaults < kernel < overrides.trn1.
+            # "auto" is None in the model, so it inherits like an absent key.
+            lncs = [
+                ((*path, "lnc"), layer.lnc)
+                for path, target, layer in self._layers(kernel)
+                if target in (None, "trn1") and layer.lnc is not None
+            ]
+            if lncs and lncs[-1][1] == 2:
+                offenders[lncs[-1][0]].append(kernel.name)
         for path, names in offenders.items():
             yield self.doc.at(
                 f"lnc 2 on trn1 (for {_kernels_phrase(names)})",
@@ -438,15 +437,6 @@ class _Checks:
                 hint="set `lnc:` instead: nkibuild extracts an nki kernel with its lnc "
                 "(NEURON_LOGICAL_NC_CONFIG) and compiles it with the same --lnc",
             )
-
-    def _trn1_lnc(self, kernel: Kernel) -> tuple[JsonPath, int | None]:
-        # The last layer that sets lnc decides: defaults < kernel < overrides.trn1.
-        # "auto" is None in the model, so it inherits like an absent key.
-        setting: tuple[JsonPath, int | None] = ((), None)
-        for path, target, layer in self._layers(kernel):
-            if target in (None, "trn1") and layer.lnc is not None:
-                setting = ((*path, "lnc"), layer.lnc)
-        return setting
 
     def _layers(self, kernel: Kernel) -> Iterator[tuple[JsonPath, str | None, CompileSettings]]:
         """The kernel's compile settings, bottom layer first, each with its path and, for
@@ -500,10 +490,8 @@ def _kernels_phrase(names: Sequence[str]) -> str:
 
 
 def _relative_path_problem(text: str, *, dotdot: bool = True) -> str | None:
-    """Why `text` is not a path (or glob) inside the manifest's directory, or None.
-
-    `dotdot`: whether ".." parts are allowed at all (as long as they stay inside).
-    """
+    """Why `text` is not a path (or glob) inside the manifest's directory, or None;
+    `dotdot`: whether ".." parts are allowed at all (as long as they stay inside)."""
     if not text:
         return "the path is empty"
     if "\\" in text:

@@ -3,9 +3,7 @@ checks a schema cannot express.
 
 Every problem becomes a Diagnostic with a location, and all problems are reported
 together, in one run: what the schema refuses is set aside (`_Salvage`) and the
-model and the semantic checks run on every part that passed. The stages live in
-their own modules: schema.py (the JSON Schema check and its messages), phrases.py
-(the words they share), semantic.py (the checks on the model).
+model and the semantic checks run on every part that passed.
 """
 
 from __future__ import annotations
@@ -127,7 +125,6 @@ def _stand_in_frontend(kernel: dict[str, Any]) -> None:
 
 def _whole_value(path: JsonPath) -> JsonPath:
     """A list is one value: a problem with an item removes the list."""
-    end = len(path)
-    while end and isinstance(path[end - 1], int):
-        end -= 1
-    return path[:end]
+    while path and isinstance(path[-1], int):
+        path = path[:-1]
+    return path

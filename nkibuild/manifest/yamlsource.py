@@ -108,10 +108,8 @@ def _child_key(parent: Node, index: Any) -> tuple[int, int]:
 def load_yaml(
     path: str | os.PathLike[str], display: str | None = None
 ) -> tuple[YamlDocument, bytes]:
-    """Parse the YAML file at `path`; returns the document and the file's bytes.
-
-    `display` is the file name used in locations (default: `path` as given).
-    """
+    """The YAML file at `path`, parsed, and its bytes; locations name the file `display`
+    (default: `path` as given)."""
     file = display if display is not None else os.fspath(path)
     try:
         raw = read_regular(path, MAX_BYTES)
@@ -139,37 +137,26 @@ def _compose(text: str, file: str) -> tuple[Node | None, _Loader]:
     try:
         loader = _Loader(text)  # checks that every character is printable
         try:
-            return _compose_single(loader, file), loader
+            loader.get_event()  # StreamStartEvent
+            root = None if loader.check_event(yaml.StreamEndEvent) else loader.compose_document()
+            if not loader.check_event(yaml.StreamEndEvent):
+                where = _location(file, loader.get_event().start_mark)
+                message = "a second YAML document starts here"
+                hint = "remove the '---' separator and everything after it"
+                diagnostic = Diagnostic(
+                    message, where, expected="a single YAML document", hint=hint
+                )
+                raise ManifestError([diagnostic])
+            return root, loader
         finally:
             loader.dispose()
     except yaml.MarkedYAMLError as error:
         raise _syntax_error(error, file) from None
     except ReaderError as error:
-        line, column = _line_column(text, error.position)
         message = f"character U+{error.character:04X} is not allowed in YAML"
-        raise ManifestError([Diagnostic(message, Location(file, line, column))]) from None
+        raise _fatal(file, message, *_line_column(text, error.position)) from None
     except yaml.YAMLError as error:
         raise _fatal(file, f"invalid YAML: {error}") from None
-
-
-def _compose_single(loader: _Loader, file: str) -> Node | None:
-    loader.get_event()  # StreamStartEvent
-    root = None
-    if not loader.check_event(yaml.StreamEndEvent):
-        root = loader.compose_document()
-    if not loader.check_event(yaml.StreamEndEvent):
-        event = loader.get_event()
-        raise ManifestError(
-            [
-                Diagnostic(
-                    "a second YAML document starts here",
-                    _location(file, event.start_mark),
-                    expected="a single YAML document",
-                    hint="remove the '---' separator and everything after it",
-                )
-            ]
-        )
-    return root
 
 
 def _decode(raw: bytes, file: str) -> str:
@@ -177,10 +164,8 @@ def _decode(raw: bytes, file: str) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
         before = raw[: error.start].decode("utf-8", "replace")
-        line, column = _line_column(before, len(before))
-        raise ManifestError(
-            [Diagnostic("the manifest is not valid UTF-8", Location(file, line, column))]
-        ) from None
+        where = _line_column(before, len(before))
+        raise _fatal(file, "the manifest is not valid UTF-8", *where) from None
 
 
 def _line_column(text: str, position: int) -> tuple[int, int]:
@@ -189,9 +174,7 @@ def _line_column(text: str, position: int) -> tuple[int, int]:
 
 
 def _location(file: str, mark: yaml.Mark | None) -> Location:
-    if mark is None:
-        return Location(file, 1, 1)
-    return Location(file, mark.line + 1, mark.column + 1)
+    return Location(file, mark.line + 1, mark.column + 1) if mark else Location(file, 1, 1)
 
 
 def _syntax_error(error: yaml.MarkedYAMLError, file: str) -> ManifestError:
@@ -208,13 +191,14 @@ def _syntax_error(error: yaml.MarkedYAMLError, file: str) -> ManifestError:
     return ManifestError([Diagnostic(f"YAML: {message}", _location(file, mark), hint=hint)])
 
 
-def _fatal(file: str, message: str, hint: str | None = None) -> ManifestError:
-    return ManifestError([Diagnostic(message, Location(file, 1, 1), hint=hint)])
+def _fatal(
+    file: str, message: str, line: int = 1, column: int = 1, hint: str | None = None
+) -> ManifestError:
+    return ManifestError([Diagnostic(message, Location(file, line, column), hint=hint)])
 
 
 class _BudgetExceeded(Exception):
-    """The document expands to too many nodes or too deep (the Diagnostic is its one
-    argument); stops the conversion."""
+    """Stops the conversion of a document too large or too deep (its argument says so)."""
 
 
 def _count_nodes(root: Node | None, limit: int) -> int:
