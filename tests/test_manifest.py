@@ -15,7 +15,8 @@ import pytest
 
 from nkibuild import dtypes
 from nkibuild.errors import Diagnostic, Location, ManifestError
-from nkibuild.manifest import (
+from nkibuild.manifest import docgen, generate, load_manifest, yamlsource
+from nkibuild.manifest.model import (
     AUTO_CAST,
     AUTO_CAST_TYPES,
     DEFAULT_SETTINGS,
@@ -25,12 +26,8 @@ from nkibuild.manifest import (
     CompileSettings,
     SourceRef,
     TensorSpec,
-    docgen,
-    generate,
-    load_manifest,
-    yamlsource,
 )
-from nkibuild.manifest.schemagen import inline_ref, load_schema
+from nkibuild.manifest.schemagen import inline_ref, manifest_schema
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_FILE = REPO / "schemas" / "nkibuild.schema.json"
@@ -112,7 +109,7 @@ def test_example_loads_into_the_expected_model(example_project: Path) -> None:
     assert manifest.defaults == DEFAULT_SETTINGS
     assert [k.name for k in manifest.kernels] == ["scaled_add", "matmul_rowsum", "softmax"]
 
-    scaled_add = manifest.kernel("scaled_add")
+    scaled_add, matmul, softmax = manifest.kernels
     assert scaled_add.frontend == "jax"
     assert scaled_add.source == SourceRef(
         "kernels/jax_kernels.py", "scaled_add", Location(str(path), 21, 13)
@@ -136,12 +133,10 @@ def test_example_loads_into_the_expected_model(example_project: Path) -> None:
     assert scaled_add.deps == ()
     assert scaled_add.location == Location(str(path), 19, 3)
 
-    matmul = manifest.kernel("matmul_rowsum")
     assert matmul.settings == CompileSettings(auto_cast="matmult", auto_cast_type="bf16")
     assert [v.name for v in matmul.variants] == ["default"]
     assert matmul.variants[0].inputs == matmul.inputs
 
-    softmax = manifest.kernel("softmax")
     assert (softmax.source.path, softmax.source.function) == ("kernels/softmax.hlo.pb", None)
     assert softmax.targets == ("trn2",)
     assert softmax.constants == ()
@@ -338,7 +333,7 @@ def test_packaged_schema_is_a_relative_symlink_to_the_source() -> None:
     link = REPO / "nkibuild" / "manifest" / "nkibuild.schema.json"
     assert link.is_symlink()
     assert os.readlink(link) == "../../schemas/nkibuild.schema.json"
-    assert load_schema() == json.loads(SCHEMA_FILE.read_text())
+    assert manifest_schema() == json.loads(SCHEMA_FILE.read_text())
 
 
 def test_shipped_schema_is_the_one_generated_from_the_model() -> None:
@@ -363,7 +358,7 @@ def test_every_model_key_is_in_the_schema() -> None:
     from nkibuild.manifest.keys import keyed_fields
     from nkibuild.manifest.model import Kernel, Manifest, Package
 
-    defs = load_schema()["$defs"]
+    defs = manifest_schema()["$defs"]
     expected = {
         "root": [i.name for _, i in keyed_fields(Manifest) if i.section is None],
         "package": [i.name for _, i in keyed_fields(Package)],
@@ -371,7 +366,7 @@ def test_every_model_key_is_in_the_schema() -> None:
         "compileSettings": [i.name for _, i in keyed_fields(CompileSettings)],
     }
     found = {
-        "root": [k for k in load_schema()["properties"] if k not in ("defaults", "compiler")],
+        "root": [k for k in manifest_schema()["properties"] if k not in ("defaults", "compiler")],
         "package": list(defs["package"]["properties"]),
         "kernel": list(defs["kernel"]["properties"]),
         "compileSettings": list(defs["compileSettings"]["properties"]),
@@ -394,7 +389,7 @@ def _objects(node: Any, path: str = "#") -> Iterator[tuple[str, dict[str, Any]]]
 def test_every_property_has_a_title_and_description() -> None:
     properties = [
         (f"{path}/{key}", sub)
-        for path, node in _objects(load_schema())
+        for path, node in _objects(manifest_schema())
         for key, sub in node["properties"].items()
     ]
     assert len(properties) >= 25
@@ -403,7 +398,7 @@ def test_every_property_has_a_title_and_description() -> None:
 
 
 def test_every_object_rejects_unknown_keys() -> None:
-    for path, schema in _objects(load_schema()):
+    for path, schema in _objects(manifest_schema()):
         if path == "#/$defs/compileSettings":
             continue  # a mixin: closed where it is used
         closed = schema.get("additionalProperties") is False
@@ -411,7 +406,7 @@ def test_every_object_rejects_unknown_keys() -> None:
 
 
 def test_schema_enums_and_defaults_match_the_code() -> None:
-    defs = load_schema()["$defs"]
+    defs = manifest_schema()["$defs"]
     settings = defs["compileSettings"]["properties"]
     assert tuple(defs["target"]["enum"]) == TARGETS
     assert tuple(defs["kernel"]["properties"]["frontend"]["enum"]) == FRONTENDS
@@ -1092,19 +1087,13 @@ def test_directory_instead_of_manifest(tmp_path: Path) -> None:
 
 def test_docs_are_generated_from_the_schema() -> None:
     example = (REPO / "examples" / "nkibuild.yaml").read_text(encoding="utf-8")
-    expected = docgen.render(load_schema(), example)
+    expected = docgen.render(manifest_schema(), example)
     actual = (REPO / "docs" / "manifest.md").read_text(encoding="utf-8")
-    assert actual == expected, "run: python -m nkibuild.manifest.docgen -o docs/manifest.md"
-
-
-def test_docgen_cli_prints_the_reference(capsys: pytest.CaptureFixture[str]) -> None:
-    assert docgen.main([]) == 0
-    out = capsys.readouterr().out
-    assert out == (REPO / "docs" / "manifest.md").read_text(encoding="utf-8")
+    assert actual == expected, "run: python -m nkibuild.manifest.generate"
 
 
 def test_docs_cover_every_key_with_a_description() -> None:
-    entries = list(docgen._entries(load_schema(), "", docgen._shared_defs(load_schema())))
+    entries = list(docgen._entries(manifest_schema(), "", docgen._shared_defs(manifest_schema())))
     paths = {entry.path for entry in entries}
     assert {
         "format-version",
@@ -1118,7 +1107,7 @@ def test_docs_cover_every_key_with_a_description() -> None:
     for entry in entries:
         assert inline_ref(entry.schema).get("description"), entry.path
     text = (REPO / "docs" / "manifest.md").read_text(encoding="utf-8")
-    for key in load_schema()["$defs"]["compileSettings"]["properties"]:
+    for key in manifest_schema()["$defs"]["compileSettings"]["properties"]:
         assert f"### `{key}`" in text
 
 

@@ -20,15 +20,9 @@ from hypothesis import strategies as st
 
 from nkibuild import dtypes
 from nkibuild.errors import ManifestError
-from nkibuild.manifest import (
-    AUTO_CAST,
-    AUTO_CAST_TYPES,
-    FRONTENDS,
-    TARGETS,
-    Manifest,
-    load_manifest,
-)
-from nkibuild.manifest.schemagen import load_schema
+from nkibuild.manifest import load_manifest
+from nkibuild.manifest.model import AUTO_CAST, AUTO_CAST_TYPES, FRONTENDS, TARGETS, Manifest
+from nkibuild.manifest.schemagen import manifest_schema
 from nkibuild.plan import resolve
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -113,7 +107,7 @@ json_values = st.recursive(
 
 
 def _known_keys() -> list[str]:
-    schema = load_schema()
+    schema = manifest_schema()
     return sorted(
         {key for node in [schema, *schema["$defs"].values()] for key in node.get("properties", {})}
     )

@@ -15,55 +15,11 @@ import hashlib
 import os
 from pathlib import Path
 
-from nkibuild.errors import ManifestError
-from nkibuild.manifest.model import (
-    AUTO_CAST,
-    AUTO_CAST_TYPES,
-    DEFAULT_SETTINGS,
-    DEFAULT_TARGETS,
-    DEFAULT_VARIANT,
-    FRONTENDS,
-    TARGETS,
-    CacheSettings,
-    CompileSettings,
-    Constant,
-    Kernel,
-    Manifest,
-    Package,
-    SourceRef,
-    TensorSpec,
-    Tolerance,
-    Variant,
-)
-
-__all__ = [
-    "AUTO_CAST",
-    "AUTO_CAST_TYPES",
-    "DEFAULT_SETTINGS",
-    "DEFAULT_TARGETS",
-    "DEFAULT_VARIANT",
-    "FRONTENDS",
-    "TARGETS",
-    "CacheSettings",
-    "CompileSettings",
-    "Constant",
-    "Kernel",
-    "Manifest",
-    "ManifestError",
-    "Package",
-    "SourceRef",
-    "TensorSpec",
-    "Tolerance",
-    "Variant",
-    "load_manifest",
-]
+from nkibuild.manifest.model import Manifest
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """Read, validate and model the manifest at `path`.
-
-    Raises ManifestError carrying every problem found (each with a location).
-    """
+    """The manifest at `path`, validated; ManifestError carries every problem found."""
     from nkibuild.manifest.validate import validated
     from nkibuild.manifest.yamlsource import load_yaml
 

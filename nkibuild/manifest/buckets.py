@@ -1,12 +1,8 @@
 """Checks of a kernel's `padding` declaration (padding calls up to a shape bucket).
 
-Two stages know different things. The manifest knows the inputs and variants:
-`padding_diagnostics` (run with the semantic checks) says which padded input or
-axis does not exist, which output axis follows an axis that is not padded, and which
-pad value an input's dtype cannot hold exactly. Only the compiled NEFFs know the outputs:
-`output_problems` (run when the bundle is generated) says which declared output axis
-does not exist or does not have the length of the input axis it follows in some
-variant, since cutting it back to the call's length would then be wrong.
+Two stages know different things: the manifest knows the inputs and variants
+(`padding_diagnostics`, run with the semantic checks), only the compiled NEFFs know
+the outputs (`output_problems`, run when the bundle is generated).
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from nkibuild.errors import Diagnostic
-from nkibuild.manifest.model import Kernel, Manifest, Padding
+from nkibuild.manifest.model import Kernel, Manifest, PaddedOutputAxis, Padding
 from nkibuild.manifest.phrases import did_you_mean
 
 if TYPE_CHECKING:  # the bundle stage imports this module and must not load a YAML parser
@@ -64,131 +60,107 @@ def padding_diagnostics(manifest: Manifest, doc: YamlDocument) -> Iterator[Diagn
     """Problems of every kernel's `padding` the schema cannot see."""
     for kernel in manifest.kernels:
         if kernel.padding is not None:
-            base: JsonPath = ("kernels", kernel.name, "padding")
-            yield from _Checker(kernel, kernel.padding, base, doc).all()
+            yield from _inputs(kernel, kernel.padding, doc)
+            yield from _outputs(kernel, kernel.padding, doc)
 
 
-class _Checker:
-    def __init__(self, kernel: Kernel, padding: Padding, base: JsonPath, doc: YamlDocument):
-        self.kernel = kernel
-        self.padding = padding
-        self.base = base
-        self.doc = doc
-        self.inputs = {spec.name: spec for spec in kernel.inputs}
+def _inputs(kernel: Kernel, padding: Padding, doc: YamlDocument) -> Iterator[Diagnostic]:
+    """Each padded input must exist, have the padded axes in every variant, and hold the
+    pad value exactly in every dtype it has."""
+    base: JsonPath = ("kernels", kernel.name, "padding")
+    names = [spec.name for spec in kernel.inputs]
+    for name, axes in padding.inputs:
+        if name not in names:
+            yield doc.at(
+                f"padding names {name!r}, not an input of {kernel.name!r}",
+                (*base, "inputs", name),
+                key=True,
+                expected="one of " + ", ".join(names),
+                hint=did_you_mean(name, names),
+            )
+        for index, axis in enumerate(axes):
+            for variant in kernel.variants:
+                rank = next((len(t.shape) for t in variant.inputs if t.name == name), None)
+                if rank is not None and axis >= rank:
+                    yield doc.at(
+                        f"{name!r} has no axis {axis}: it has {rank} in variant {variant.name!r}",
+                        (*base, "inputs", name, index),
+                        expected=f"an axis from 0 to {rank - 1}" if rank else "no axis",
+                    )
+                    break
+        dtypes = {t.dtype for v in kernel.variants for t in v.inputs if t.name == name}
+        for dtype in sorted(d for d in dtypes if not holds_exactly(d, padding.value)):
+            yield doc.at(
+                f"pad value {padding.value} cannot be held exactly by {name!r} ({dtype})",
+                (*base, "value"),
+                expected=f"a value {dtype} holds exactly",
+            )
 
-    def all(self) -> Iterator[Diagnostic]:
-        yield from self.inputs_exist()
-        yield from self.axes_exist()
-        yield from self.value_fits()
-        yield from self.outputs_follow_padded_axes()
 
-    def at(
-        self, message: str, path: JsonPath, *, key: bool = False, **extra: str | None
-    ) -> Diagnostic:
-        from nkibuild.manifest.yamlsource import json_path
-
-        where = self.doc.key_location(path) if key else self.doc.location(path)
-        return Diagnostic(message, where, json_path(path), **extra)
-
-    def inputs_exist(self) -> Iterator[Diagnostic]:
-        names = list(self.inputs)
-        for name, _ in self.padding.inputs:
-            if name not in self.inputs:
-                yield self.at(
-                    f"padding names {name!r}, not an input of {self.kernel.name!r}",
-                    (*self.base, "inputs", name),
-                    key=True,
-                    expected="one of " + ", ".join(names),
-                    hint=did_you_mean(name, names),
-                )
-
-    def axes_exist(self) -> Iterator[Diagnostic]:
-        for name, axes in self.padding.inputs:
-            for index, axis in enumerate(axes):
-                for variant in self.kernel.variants:
-                    rank = next((len(t.shape) for t in variant.inputs if t.name == name), None)
-                    if rank is not None and axis >= rank:
-                        yield self.at(
-                            f"{name!r} has no axis {axis}: it has {rank} in variant "
-                            f"{variant.name!r}",
-                            (*self.base, "inputs", name, index),
-                            expected=f"an axis from 0 to {rank - 1}" if rank else "no axis",
-                        )
-                        break
-
-    def value_fits(self) -> Iterator[Diagnostic]:
-        value = self.padding.value
-        for name, _ in self.padding.inputs:
-            dtypes = {t.dtype for v in self.kernel.variants for t in v.inputs if t.name == name}
-            for dtype in sorted(dtypes - {d for d in dtypes if holds_exactly(d, value)}):
-                yield self.at(
-                    f"pad value {value} cannot be held exactly by {name!r} ({dtype})",
-                    (*self.base, "value"),
-                    expected=f"a value {dtype} holds exactly",
-                )
-
-    def outputs_follow_padded_axes(self) -> Iterator[Diagnostic]:
-        padded = {name: set(axes) for name, axes in self.padding.inputs}
-        seen: set[tuple[int, int]] = set()
-        for index, entry in enumerate(self.padding.outputs):
-            path = (*self.base, "outputs", index)
-            if entry.input_axis not in padded.get(entry.input, set()):
-                listed = ", ".join(f"{n}.{a}" for n, axes in self.padding.inputs for a in axes)
-                yield self.at(
-                    f"output {entry.output} axis {entry.axis} follows {entry.follows!r}, "
-                    "which is not a padded input axis",
-                    (*path, "follows"),
-                    expected=f"one of {listed}",
-                )
-            if (entry.output, entry.axis) in seen:
-                yield self.at(
-                    f"output {entry.output} axis {entry.axis} is listed twice",
-                    path,
-                    hint="an output axis follows one input axis",
-                )
-            seen.add((entry.output, entry.axis))
+def _outputs(kernel: Kernel, padding: Padding, doc: YamlDocument) -> Iterator[Diagnostic]:
+    """Each output axis must follow a padded input axis, and be listed once."""
+    padded = {name: set(axes) for name, axes in padding.inputs}
+    seen: set[tuple[int, int]] = set()
+    for index, entry in enumerate(padding.outputs):
+        path = ("kernels", kernel.name, "padding", "outputs", index)
+        if entry.input_axis not in padded.get(entry.input, set()):
+            listed = ", ".join(f"{n}.{a}" for n, axes in padding.inputs for a in axes)
+            yield doc.at(
+                f"output {entry.output} axis {entry.axis} follows {entry.follows!r}, "
+                "which is not a padded input axis",
+                (*path, "follows"),
+                expected=f"one of {listed}",
+            )
+        if (entry.output, entry.axis) in seen:
+            yield doc.at(
+                f"output {entry.output} axis {entry.axis} is listed twice",
+                path,
+                hint="an output axis follows one input axis",
+            )
+        seen.add((entry.output, entry.axis))
 
 
 def output_problems(
     kernel: Kernel, outputs: Mapping[str, Mapping[str, Sequence[tuple[int, ...]]]]
 ) -> list[str]:
-    """Why the declared output axes do not fit the compiled outputs, one line each.
-
-    `outputs` holds the shapes of each NEFF's outputs, by target and variant. In every
-    variant, a declared output axis must exist and be as long as the input axis it
-    follows: that is what makes cutting it back to the call's length right.
-    """
+    """Why the declared output axes do not fit the compiled outputs (each NEFF's output
+    shapes, by target and variant), one line each. In every variant, a declared output
+    axis must exist and be as long as the input axis it follows: that is what makes
+    cutting it back to the call's length right."""
     if kernel.padding is None:
         return []
     shapes = {v.name: {t.name: t.shape for t in v.inputs} for v in kernel.variants}
     problems = []
     for index, entry in enumerate(kernel.padding.outputs):
-        for target, by_variant in sorted(outputs.items()):
-            for variant, found in by_variant.items():
-                expected = shapes[variant][entry.input][entry.input_axis]
-                problem = _axis_problem(entry.output, entry.axis, found, expected)
-                if problem:
-                    problems.append(
-                        f"kernels.{kernel.name}.padding.outputs[{index}]: output "
-                        f"{entry.output} axis {entry.axis} should follow {entry.follows} "
-                        f"({expected} in variant {variant!r}), but in the {target} NEFF of "
-                        f"{variant!r} {problem}"
-                    )
-                    break
-            else:
-                continue
-            break  # one problem per declared axis is enough to fix it
+        found = (
+            _axis_problem(entry, shapes[variant], target, variant, shapes_found)
+            for target, by_variant in sorted(outputs.items())
+            for variant, shapes_found in by_variant.items()
+        )
+        problem = next(filter(None, found), None)  # one per declared axis is enough to fix it
+        if problem:
+            problems.append(f"kernels.{kernel.name}.padding.outputs[{index}]: {problem}")
     return problems
 
 
 def _axis_problem(
-    output: int, axis: int, found: Sequence[tuple[int, ...]], expected: int
+    entry: PaddedOutputAxis,
+    inputs: Mapping[str, tuple[int, ...]],
+    target: str,
+    variant: str,
+    found: Sequence[tuple[int, ...]],
 ) -> str | None:
+    expected = inputs[entry.input][entry.input_axis]
+    output, axis = entry.output, entry.axis
     if output >= len(found):
-        return f"the kernel has {len(found)} output{'s' if len(found) != 1 else ''}"
-    shape = found[output]
-    if axis >= len(shape):
-        return f"output {output} has shape {list(shape)}, without axis {axis}"
-    if shape[axis] != expected:
-        return f"it is {shape[axis]} long (shape {list(shape)})"
-    return None
+        problem = f"the kernel has {len(found)} output{'s' if len(found) != 1 else ''}"
+    elif axis >= len(found[output]):
+        problem = f"output {output} has shape {list(found[output])}, without axis {axis}"
+    elif found[output][axis] != expected:
+        problem = f"it is {found[output][axis]} long (shape {list(found[output])})"
+    else:
+        return None
+    return (
+        f"output {output} axis {axis} should follow {entry.follows} ({expected} in variant "
+        f"{variant!r}), but in the {target} NEFF of {variant!r} {problem}"
+    )

@@ -1,46 +1,38 @@
 """Schema-valid YAML data -> the typed model, driven by the model's own field metadata.
 
-Nothing here knows a manifest key: each model class says (keys.py) which key
-fills which field, and the annotations say what the value becomes (tuples from
-lists, mappings by name into tuples of named objects or pairs, nested classes).
-The few values that need more (a variant's inputs, the derived import name, the
-compiler path) are hooks next to their field in model.py. The data must have
+Nothing here knows a manifest key: each model class says (keys.py) which key fills
+which field, and the annotations say what the value becomes (tuples from lists,
+mappings by name into tuples of named objects or pairs, nested classes); the few
+values that need more are hooks next to their field in model.py. The data must have
 passed the JSON Schema: shapes are not checked again.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin
 
-from nkibuild.errors import Location
 from nkibuild.manifest.keys import Converting, Key, mapping_info, members, without_none
 from nkibuild.manifest.model import Manifest
+from nkibuild.manifest.yamlsource import JsonPath, YamlDocument
 
 T = TypeVar("T")
-JsonPath = tuple[str | int, ...]
-Locate = Callable[[JsonPath], Location]
 
 
-def to_model(
-    data: Mapping[str, Any],
-    path: Path,
-    sha256: str,
-    value_location: Locate,
-    key_location: Locate,
-) -> Manifest:
-    """The manifest at `path` (absolute) as a model; locations from the YAML marks."""
-    converter = _Converter(path.parent, value_location, key_location)
+def to_model(data: Mapping[str, Any], path: Path, sha256: str, doc: YamlDocument) -> Manifest:
+    """The manifest at `path` (absolute) as a model of `data` (what of `doc` passed the
+    schema), with locations from `doc`."""
+    converter = _Converter(path.parent, doc)
     return converter.mapping(Manifest, data, (), {"path": path, "sha256": sha256})
 
 
 class _Converter:
-    def __init__(self, root: Path, value_location: Locate, key_location: Locate) -> None:
+    def __init__(self, root: Path, doc: YamlDocument) -> None:
         self.root = root
-        self.value_location = value_location
-        self.key_location = key_location
+        self.doc = doc
 
     def mapping(
         self, cls: type[T], data: Mapping[str, Any], path: JsonPath, preset: dict[str, Any]
@@ -64,21 +56,19 @@ class _Converter:
         path: JsonPath,
         values: dict[str, Any],
     ) -> Any:
+        where = (*path, info.name)
         if info.inline:  # a mixin reads the keys of the same mapping
             value = self.mapping(without_none(hint), data, path, {})
         elif info.hook is not None and (info.name in data or info.hook_absent):
-            where = (*path, info.name)
-            converting = Converting(where, values, self.root, self.key_location)
+            converting = Converting(where, values, self.root, self.doc.key_location)
             with _invalid_at(where):
                 return info.hook(data.get(info.name), converting)
         elif info.name in data:
-            value = self.value(hint, data[info.name], (*path, info.name))
+            value = self.value(hint, data[info.name], where)
         else:
             return _ABSENT  # the dataclass default
-        if info.parse is None:
-            return value
-        with _invalid_at((*path, info.name)):
-            return info.parse(value)
+        with _invalid_at(where):
+            return info.parse(value) if info.parse else value
 
     def value(self, hint: Any, raw: Any, path: JsonPath) -> Any:
         hint = without_none(hint)
@@ -89,7 +79,7 @@ class _Converter:
             return self.mapping(hint, raw, path, {})
         from_yaml = getattr(hint, "from_yaml", None)
         if from_yaml is not None:  # a class written as a scalar (a source reference)
-            return from_yaml(raw, self.value_location(path))
+            return from_yaml(raw, self.doc.location(path))
         return raw  # a scalar, or a union the field's parse takes apart
 
     def _tuple(self, item: Any, raw: Any, path: JsonPath) -> tuple[Any, ...]:
@@ -109,21 +99,20 @@ class _Converter:
     def _named(self, cls: type, keyed_by: str, name: str, raw: Any, path: JsonPath) -> Any:
         preset: dict[str, Any] = {keyed_by: name}
         if "location" in cls.__dataclass_fields__:  # type: ignore[attr-defined]
-            preset["location"] = self.key_location(path)
+            preset["location"] = self.doc.key_location(path)
         return self.mapping(cls, raw, path, preset)
 
 
 _ABSENT = object()
 
 
+@dataclass(eq=False)  # hashable, as exceptions are
 class InvalidValue(Exception):
     """A schema-valid value that its field's parse or hook refuses (a 400-digit size,
     NaN as a timeout, `~nosuchuser/` in a path): reported at `path` like any problem."""
 
-    def __init__(self, path: JsonPath, message: str) -> None:
-        self.path = path
-        self.message = message
-        super().__init__(message)
+    path: JsonPath
+    message: str
 
 
 @contextlib.contextmanager

@@ -1,27 +1,16 @@
-"""Generate docs/manifest.md from the JSON Schema generated from the typed model, so the
-reference cannot drift from the code.
-
-    python -m nkibuild.manifest.generate          # the schema file and this reference
-    python -m nkibuild.manifest.docgen > docs/manifest.md
-
-A test compares docs/manifest.md with this output.
+"""docs/manifest.md, rendered from the JSON Schema generated from the typed model, so the
+reference cannot drift from the code (`python -m nkibuild.manifest.generate` writes it).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from nkibuild.manifest.phrases import describe
-from nkibuild.manifest.schemagen import inline_ref, load_schema, resolve_ref
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "nkibuild.yaml"
+from nkibuild.manifest.phrases import describe, plain, types_of
+from nkibuild.manifest.schemagen import inline_ref, manifest_schema, resolve_ref
 
 INTRO = """\
 # nkibuild.yaml reference
@@ -55,8 +44,6 @@ at the top of the file.
 
 @dataclass(frozen=True)
 class Entry:
-    """One documented key."""
-
     path: str
     schema: Mapping[str, Any]
     required: bool
@@ -64,7 +51,6 @@ class Entry:
 
 
 def render(schema: Mapping[str, Any], example: str) -> str:
-    """The whole Markdown reference."""
     shared = _shared_defs(schema)
     parts = [INTRO, "## Example\n", f"```yaml\n{example.rstrip()}\n```\n", "## Keys\n"]
     parts += [_entry(entry, shared) for entry in _entries(schema, "", shared)]
@@ -77,9 +63,7 @@ def render(schema: Mapping[str, Any], example: str) -> str:
 
 def _shared_defs(schema: Mapping[str, Any]) -> list[str]:
     """Object definitions used in several places: documented once, in their own section."""
-    uses = Counter(
-        ref.removeprefix("#/$defs/") for ref in _refs(schema) if ref.startswith("#/$defs/")
-    )
+    uses = Counter(ref.removeprefix("#/$defs/") for ref in _refs(schema))
     return [
         name for name, count in uses.items() if count > 1 and "properties" in schema["$defs"][name]
     ]
@@ -89,9 +73,8 @@ def _refs(node: Any) -> Iterator[str]:
     if isinstance(node, Mapping):
         if isinstance(node.get("$ref"), str):
             yield node["$ref"]
-        for value in node.values():
-            yield from _refs(value)
-    elif isinstance(node, list):
+        node = list(node.values())
+    if isinstance(node, list):
         for value in node:
             yield from _refs(value)
 
@@ -121,7 +104,7 @@ def _entry_and_children(
     mixin = _shared_ref(schema, shared)
     yield Entry(path, schema, required, mixin)
     # A shared definition is documented in its own section, not under every user.
-    if mixin is None or _target(schema) is not load_schema()["$defs"][mixin]:
+    if mixin is None or _target(schema) is not manifest_schema()["$defs"][mixin]:
         yield from _entries(schema, path, shared)
 
 
@@ -145,16 +128,19 @@ def _target(schema: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _entry(entry: Entry, shared: Sequence[str]) -> str:
     schema = inline_ref(entry.schema)
-    facts = [f"**Type:** {_type_name(schema)}", f"**Required:** {_yes_no(entry.required)}"]
+    facts = [
+        f"**Type:** {_type_name(schema)}",
+        f"**Required:** {'yes' if entry.required else 'no'}",
+    ]
     accepts = describe(schema, code=_code)
     if accepts != "a mapping":  # the type says as much
         facts.append(f"**Accepts:** {accepts}")
     if "default" in schema:
-        facts.append(f"**Default:** {_code(_inline(schema['default']))}")
+        facts.append(f"**Default:** {_code(plain(schema['default']))}")
     text = schema.get("description", "")
     if entry.shared is not None:
-        title = _title(load_schema()["$defs"][entry.shared])
-        text += f" Takes the keys of [{title.lower()}](#{_anchor(title)})."
+        title = str(manifest_schema()["$defs"][entry.shared].get("title", "")).lower()
+        text += f" Takes the keys of [{title}](#{title.replace(' ', '-')})."
     return f"### `{entry.path}`\n\n{text.strip()}\n\n" + "  \n".join(facts) + "\n"
 
 
@@ -164,9 +150,7 @@ _TYPE_NAMES = {"array": "list", "object": "mapping"}
 def _type_name(schema: Mapping[str, Any]) -> str:
     if "anyOf" in schema:
         return " or ".join(_type_name(inline_ref(branch)) for branch in schema["anyOf"])
-    types = schema.get("type", [])
-    types = [types] if isinstance(types, str) else types
-    return " or ".join(_TYPE_NAMES.get(t, t) for t in types) or "any"
+    return " or ".join(_TYPE_NAMES.get(t, t) for t in types_of(schema)) or "any"
 
 
 def _title(definition: Mapping[str, Any]) -> str:
@@ -174,34 +158,5 @@ def _title(definition: Mapping[str, Any]) -> str:
     return title[:1].upper() + title[1:]
 
 
-def _anchor(title: str) -> str:
-    return title.lower().replace(" ", "-")
-
-
-def _yes_no(value: bool) -> str:
-    return "yes" if value else "no"
-
-
-def _inline(value: object) -> str:
-    return value if isinstance(value, str) and value else json.dumps(value)
-
-
 def _code(text: str) -> str:
     return f"`{text}`"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--example", type=Path, default=EXAMPLE, help="manifest to show")
-    parser.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
-    args = parser.parse_args(argv)
-    text = render(load_schema(), args.example.read_text(encoding="utf-8"))
-    if args.output:
-        args.output.write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,22 +1,19 @@
 """How the typed model appears in nkibuild.yaml: the vocabulary of its field metadata.
 
-The dataclasses in `model.py` are the one description of the manifest. Each field
-that has a YAML key carries a `Key` (its name, title, description, extra JSON Schema
-keywords, how its value is converted); each class that is a YAML mapping carries a
-`MappingInfo` (its title and description, its `$defs` name if it is shared). The JSON
-Schema (`schemagen.py`), docs/manifest.md (`docgen.py`) and the YAML-to-model
-converter (`convert.py`) are all derived from these.
-
-Only `dataclasses` and `typing` here: the model is imported on every build.
+Each model field with a YAML key carries a `Key`, each class that is a YAML mapping a
+`MappingInfo`; the JSON Schema (schemagen.py), docs/manifest.md (docgen.py) and the
+YAML-to-model converter (convert.py) are derived from them. Only the standard library
+here: the model is imported on every build.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 if TYPE_CHECKING:
     from nkibuild.errors import Location
@@ -28,14 +25,7 @@ _MAPPING = "__nkibuild_yaml__"
 T = TypeVar("T")
 
 
-class _Undocumented:
-    """No documented default (the JSON Schema gets no "default")."""
-
-    def __repr__(self) -> str:
-        return "UNDOCUMENTED"
-
-
-UNDOCUMENTED: Any = _Undocumented()
+UNDOCUMENTED: Any = object()  # no documented default: the JSON Schema gets no "default"
 FROM_FIELD: Any = object()  # the documented default is the field's own default
 
 
@@ -47,11 +37,6 @@ class Converting:
     values: Mapping[str, Any]  # the fields of the same object converted so far
     root: Path  # the manifest's directory
     key_location: Callable[[JsonPath], Location]  # where a mapping key is
-
-
-# A hook turns a schema-valid YAML value (None when the key is absent and the
-# hook asked to see absent keys) into the model's value.
-Hook = Callable[[Any, Converting], Any]
 
 
 @dataclass(frozen=True)
@@ -89,13 +74,15 @@ class Key:
     section: Section | None = None
     inline: bool = False  # a mixin: the value's keys sit in the parent's mapping
     parse: Callable[[Any], Any] | None = None  # applied to the converted value
-    hook: Hook | None = None  # replaces the generic conversion
+    # Replaces the generic conversion: the schema-valid YAML value (None for an absent key
+    # if hook_absent) -> the model's value.
+    hook: Callable[[Any, Converting], Any] | None = None
     hook_absent: bool = False  # call the hook for an absent key too (with None)
 
 
 @dataclass(frozen=True)
 class MappingInfo:
-    """A model class that is a YAML mapping."""
+    """How a model class that is a YAML mapping appears in the schema."""
 
     title: str = ""
     description: str = ""
@@ -105,15 +92,20 @@ class MappingInfo:
     schema: Mapping[str, Any] = field(default_factory=dict)  # further keywords
 
 
-def key(name: str, title: str, description: str, **options: Any) -> dict[str, Key]:
-    """Metadata of a dataclass field with a YAML key: `field(metadata=key(...))`."""
-    return {METADATA: Key(name, title, description, **options)}
+def ref(name: str) -> dict[str, str]:
+    """The JSON Schema of a value described under `$defs` by `name`."""
+    return {"$ref": f"#/$defs/{name}"}
 
 
-def mixin(**options: Any) -> dict[str, Key]:
-    """Metadata of a field whose class's keys sit in the parent's mapping (compile settings
-    in a kernel): the parent's schema takes the class's definition as a `$ref`."""
-    return key("", "", "", inline=True, **options)
+def key(name: str, title: str, description: str, *, default: Any = MISSING, **options: Any) -> Any:
+    """A dataclass field (with this `default`) that has a YAML key: its metadata is a Key."""
+    return field(default=default, metadata={METADATA: Key(name, title, description, **options)})
+
+
+def mixin(*, default: Any, **options: Any) -> Any:
+    """A field whose class's keys sit in the parent's mapping (compile settings in a
+    kernel): the parent's schema takes the class's definition as a `$ref`."""
+    return key("", "", "", default=default, inline=True, **options)
 
 
 def mapping(title: str = "", description: str = "", **options: Any) -> Callable[[type[T]], type[T]]:
@@ -130,29 +122,20 @@ def mapping_info(cls: object) -> MappingInfo | None:
     return getattr(cls, _MAPPING, None) if isinstance(cls, type) else None
 
 
-def key_of(model_field: Field[Any]) -> Key | None:
-    return model_field.metadata.get(METADATA)
-
-
 def keyed_fields(cls: type) -> list[tuple[Field[Any], Key]]:
     """The fields of `cls` that appear in YAML, in declaration order."""
-    return [(f, info) for f in fields(cls) if (info := key_of(f)) is not None]
+    return [(f, f.metadata[METADATA]) for f in fields(cls) if METADATA in f.metadata]
 
 
 @cache
 def members(cls: type) -> list[tuple[Field[Any], Key, Any]]:
     """The YAML fields of a model class with their resolved annotations, in order."""
-    import typing
-
-    hints = typing.get_type_hints(cls)
+    hints = get_type_hints(cls)
     return [(f, info, hints[f.name]) for f, info in keyed_fields(cls)]
 
 
 def without_none(hint: Any) -> Any:
     """`X | None` -> X: the manifest has no null; None in the model means "absent"."""
-    import types
-    from typing import Union, get_args, get_origin
-
     if get_origin(hint) in (Union, types.UnionType):
         args = [arg for arg in get_args(hint) if arg is not type(None)]
         if len(args) == 1:
@@ -173,11 +156,8 @@ def documented_default(model_field: Field[Any], info: Key) -> Any:
 
 
 def effective_defaults(cls: type[T]) -> T:
-    """An instance of a layer class with every documented default filled in.
-
-    (Compile settings default to None, "inherit"; what the bottom layer means is
-    documented per key, and this is it as a model value.)
-    """
+    """An instance of a layer class with every documented default filled in (compile
+    settings default to None, "inherit": what the bottom layer means is documented)."""
     values: dict[str, Any] = {}
     for model_field, info in keyed_fields(cls):
         value = documented_default(model_field, info)

@@ -7,16 +7,21 @@ field is spelled in YAML and what it means: the JSON Schema (schemas/), the refe
 here and nowhere else. `VALUE_TYPES` are the YAML value types that are not classes.
 """
 
+# keys.key() and keys.mixin() return dataclasses.field()s; ruff cannot see through them.
+# ruff: noqa: RUF009
+
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import posixpath
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from nkibuild import dtypes
 from nkibuild.errors import Location
-from nkibuild.manifest.keys import Converting, Section, effective_defaults, key, mapping, mixin
+from nkibuild.manifest.keys import Converting, Section, effective_defaults, key, mapping, mixin, ref
 from nkibuild.quantities import DURATION_PATTERN, SIZE_PATTERN, parse_duration, parse_size
 
 Target = Literal["trn1", "trn2", "trn3"]
@@ -37,19 +42,15 @@ DEFAULT_VARIANT = "default"
 Constant = int | float | bool | str | tuple["Constant", ...]
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/$defs/{name}"}
-
-
 def _names(title: str, definition: str = "identifier") -> dict[str, str]:
     """The schema of the names of a mapping by name."""
-    return {"title": title, **_ref(definition)}
+    return {"title": title, **ref(definition)}
 
 
 # ------------------------------------------------------------ YAML value types
 
-_SHAPE = _ref("shape")
-_DTYPE = _ref("dtype")
+_SHAPE = ref("shape")
+_DTYPE = ref("dtype")
 
 VALUE_TYPES: dict[str, dict[str, Any]] = {
     "identifier": {
@@ -70,7 +71,7 @@ VALUE_TYPES: dict[str, dict[str, Any]] = {
         "title": "targets",
         "description": "Trainium generations to compile for; one NEFF is built per target.",
         "type": "array",
-        "items": _ref("target"),
+        "items": ref("target"),
         "minItems": 1,
         "uniqueItems": True,
     },
@@ -117,7 +118,7 @@ VALUE_TYPES: dict[str, dict[str, Any]] = {
             "title": "input change",
             "description": "The input's shape in this variant (a list), or a mapping with "
             "its `shape` and/or `dtype`.",
-            "anyOf": [_SHAPE, _ref("tensorChange")],
+            "anyOf": [_SHAPE, ref("tensorChange")],
         },
     },
     "constant": {
@@ -125,7 +126,7 @@ VALUE_TYPES: dict[str, dict[str, Any]] = {
         "description": "A value passed to the kernel function as a keyword argument: a "
         "number, boolean, string or a (nested) list of them.",
         "type": ["boolean", "integer", "number", "string", "array"],
-        "items": _ref("constant"),
+        "items": ref("constant"),
     },
     "sourceRef": {
         "title": "source reference",
@@ -175,23 +176,19 @@ class TensorSpec:
     """One tensor argument: its name, shape and element type."""
 
     name: str
-    shape: tuple[int, ...] = field(
-        metadata=key(
-            "shape",
-            "Shape",
-            "Dimensions, outermost first, each a positive integer.",
-            required=True,
-            schema=_SHAPE,
-        )
+    shape: tuple[int, ...] = key(
+        "shape",
+        "Shape",
+        "Dimensions, outermost first, each a positive integer.",
+        required=True,
+        schema=_SHAPE,
     )
-    dtype: str = field(
-        metadata=key(
-            "dtype",
-            "Element type",
-            "Element type, spelled as in NumPy.",
-            required=True,
-            schema=_DTYPE,
-        )
+    dtype: str = key(
+        "dtype",
+        "Element type",
+        "Element type, spelled as in NumPy.",
+        required=True,
+        schema=_DTYPE,
     )
 
     def __str__(self) -> str:
@@ -218,93 +215,75 @@ def _lnc(value: int | str) -> int | None:
 )
 @dataclass(frozen=True)
 class CompileSettings:
-    """A layer of compile settings; None means "inherit from the layer below".
+    """A layer of compile settings; None means "inherit from the layer below", and the
+    documented defaults are what the bottom layer means (`DEFAULT_SETTINGS`)."""
 
-    The documented defaults are what the bottom layer means (`DEFAULT_SETTINGS`).
-    """
-
-    optlevel: OptLevel | None = field(
+    optlevel: OptLevel | None = key(
+        "optlevel",
+        "Optimization level",
+        "`neuronx-cc --optlevel`: 1 compiles fastest, 3 optimizes most.",
         default=None,
-        metadata=key(
-            "optlevel",
-            "Optimization level",
-            "`neuronx-cc --optlevel`: 1 compiles fastest, 3 optimizes most.",
-            documented=2,
-        ),
+        documented=2,
     )
-    auto_cast: AutoCast | None = field(
+    auto_cast: AutoCast | None = key(
+        "auto-cast",
+        "Auto-cast",
+        "`neuronx-cc --auto-cast`: which operations may be computed in a lower precision.",
         default=None,
-        metadata=key(
-            "auto-cast",
-            "Auto-cast",
-            "`neuronx-cc --auto-cast`: which operations may be computed in a lower precision.",
-            documented="none",
-        ),
+        documented="none",
     )
-    auto_cast_type: AutoCastType | None = field(
+    auto_cast_type: AutoCastType | None = key(
+        "auto-cast-type",
+        "Auto-cast type",
+        "`neuronx-cc --auto-cast-type`: the lower precision used by auto-cast.",
         default=None,
-        metadata=key(
-            "auto-cast-type",
-            "Auto-cast type",
-            "`neuronx-cc --auto-cast-type`: the lower precision used by auto-cast.",
-            documented="bf16",
-        ),
+        documented="bf16",
     )
-    lnc: int | None = field(  # None also stands for "auto"
+    lnc: int | None = key(  # None also stands for "auto"
+        "lnc",
+        "Logical NeuronCore size",
+        "`neuronx-cc --lnc`: physical NeuronCores per logical core. `auto` is the same as "
+        "leaving the key out: the layer below decides, and if no layer sets a number, trn1 "
+        "gets 1 and trn2/trn3 get 2. trn1 supports only 1.",
         default=None,
-        metadata=key(
-            "lnc",
-            "Logical NeuronCore size",
-            "`neuronx-cc --lnc`: physical NeuronCores per logical core. `auto` is the same as "
-            "leaving the key out: the layer below decides, and if no layer sets a number, trn1 "
-            "gets 1 and trn2/trn3 get 2. trn1 supports only 1.",
-            documented="auto",
-            schema={"type": ["string", "integer"], "enum": ["auto", 1, 2]},
-            parse=_lnc,
-        ),
+        documented="auto",
+        schema={"type": ["string", "integer"], "enum": ["auto", 1, 2]},
+        parse=_lnc,
     )
-    fast_loading: bool | None = field(
+    fast_loading: bool | None = key(
+        "fast-loading",
+        "Fast loading",
+        "Pass `--enable-fast-loading-neuron-binaries`: faster NEFF loading, possibly "
+        "slower kernels.",
         default=None,
-        metadata=key(
-            "fast-loading",
-            "Fast loading",
-            "Pass `--enable-fast-loading-neuron-binaries`: faster NEFF loading, possibly "
-            "slower kernels.",
-            documented=False,
-        ),
+        documented=False,
     )
-    compiler_args: tuple[str, ...] | None = field(
+    compiler_args: tuple[str, ...] | None = key(
+        "compiler-args",
+        "Extra compiler arguments",
+        "Extra neuronx-cc arguments, appended after the ones nkibuild derives from the "
+        "settings above.",
         default=None,
-        metadata=key(
-            "compiler-args",
-            "Extra compiler arguments",
-            "Extra neuronx-cc arguments, appended after the ones nkibuild derives from the "
-            "settings above.",
-            documented=[],
-        ),
+        documented=[],
     )
-    compile_memory: int | None = field(  # bytes; a scheduling hint, not a compiler flag
+    compile_memory: int | None = key(  # bytes; a scheduling hint, not a compiler flag
+        "compile-memory",
+        "Compile memory",
+        "Peak memory one neuronx-cc run of this kernel needs. With `--max-compile-memory`, "
+        "parallel compiles are scheduled so their estimates fit the budget; the estimate is "
+        "the larger of this hint and the peak measured at the kernel's last compile.",
         default=None,
-        metadata=key(
-            "compile-memory",
-            "Compile memory",
-            "Peak memory one neuronx-cc run of this kernel needs. With `--max-compile-memory`, "
-            "parallel compiles are scheduled so their estimates fit the budget; the estimate is "
-            "the larger of this hint and the peak measured at the kernel's last compile.",
-            schema=_ref("size"),
-            parse=parse_size,
-        ),
+        schema=ref("size"),
+        parse=parse_size,
     )
-    compile_timeout: float | None = field(  # seconds
+    compile_timeout: float | None = key(  # seconds
+        "compile-timeout",
+        "Compile timeout",
+        "Stop neuronx-cc (and every process it started) after this long and fail the unit. "
+        "Without it, compiles may run as long as they need.",
         default=None,
-        metadata=key(
-            "compile-timeout",
-            "Compile timeout",
-            "Stop neuronx-cc (and every process it started) after this long and fail the unit. "
-            "Without it, compiles may run as long as they need.",
-            schema=_ref("duration"),
-            parse=parse_duration,
-        ),
+        schema=ref("duration"),
+        parse=parse_duration,
     )
 
     def over(self, base: CompileSettings) -> CompileSettings:
@@ -320,10 +299,8 @@ DEFAULT_TARGETS: tuple[str, ...] = ("trn2",)
 
 @dataclass(frozen=True)
 class SourceRef:
-    """`path/to/file.py:function` (or a bare path for the hlo frontend).
-
-    `path` is relative to the manifest's directory, in POSIX form.
-    """
+    """`path/to/file.py:function` (or a bare path for the hlo frontend); `path` is
+    relative to the manifest's directory, in POSIX form."""
 
     path: str
     function: str | None
@@ -335,7 +312,7 @@ class SourceRef:
     @classmethod
     def from_yaml(cls, text: str, location: Location | None) -> SourceRef:
         path, function = split_source(text)
-        return cls(normalize_path(path), function, location)
+        return cls(posixpath.normpath(path), function, location)  # "./a//b.py" -> "a/b.py"
 
 
 def split_source(text: str) -> tuple[str, str | None]:
@@ -344,19 +321,10 @@ def split_source(text: str) -> tuple[str, str | None]:
     return (path, function) if sep else (text, None)
 
 
-def normalize_path(text: str) -> str:
-    """POSIX form without "." parts or redundant separators (".." is refused earlier)."""
-    import posixpath
-
-    return posixpath.normpath(text)
-
-
 @dataclass(frozen=True)
 class Variant:
-    """A named shape set of a kernel (a shape bucket), its inputs resolved.
-
-    In YAML a variant only restates the inputs it changes (VALUE_TYPES["variant"]).
-    """
+    """A named shape set of a kernel (a shape bucket), its inputs resolved: in YAML a
+    variant only restates the inputs it changes (VALUE_TYPES["variant"])."""
 
     name: str
     inputs: tuple[TensorSpec, ...]
@@ -380,21 +348,12 @@ def _variants(data: dict[str, Any] | None, converting: Converting) -> tuple[Vari
 
 def _changed(spec: TensorSpec, change: list[int] | dict[str, Any] | None) -> TensorSpec:
     """An input as a variant sees it: a bare list is a new shape, a mapping a shape/dtype."""
-    from dataclasses import replace
-
-    if change is None:
-        return spec
-    if isinstance(change, list):
-        return replace(spec, shape=tuple(change))
+    change = {"shape": change} if isinstance(change, list) else change or {}
     return replace(
         spec,
         shape=tuple(change.get("shape", spec.shape)),
         dtype=change.get("dtype", spec.dtype),
     )
-
-
-def _constants(pairs: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Constant], ...]:
-    return tuple((name, _constant(value)) for name, value in pairs)
 
 
 def _constant(value: Any) -> Constant:
@@ -406,13 +365,11 @@ def _constant(value: Any) -> Constant:
 class Tolerance:
     """`numpy.allclose` tolerances for `nkibuild verify`; None: a default by dtype."""
 
-    rtol: float | None = field(
-        default=None,
-        metadata=key("rtol", "Relative tolerance", "Relative tolerance.", schema={"minimum": 0}),
+    rtol: float | None = key(
+        "rtol", "Relative tolerance", "Relative tolerance.", default=None, schema={"minimum": 0}
     )
-    atol: float | None = field(
-        default=None,
-        metadata=key("atol", "Absolute tolerance", "Absolute tolerance.", schema={"minimum": 0}),
+    atol: float | None = key(
+        "atol", "Absolute tolerance", "Absolute tolerance.", default=None, schema={"minimum": 0}
     )
 
 
@@ -429,32 +386,26 @@ _INPUT_AXIS = "^[A-Za-z_][A-Za-z0-9_]*\\.[0-9]+$"  # `x.0`: axis 0 of input x
 class PaddedOutputAxis:
     """Output `output`'s axis `axis` is as long as input axis `follows` (`x.0`)."""
 
-    output: int = field(
-        metadata=key(
-            "output",
-            "Output",
-            "Position of the output among the kernel's results, 0 for the first.",
-            required=True,
-            schema={"minimum": 0},
-        )
+    output: int = key(
+        "output",
+        "Output",
+        "Position of the output among the kernel's results, 0 for the first.",
+        required=True,
+        schema={"minimum": 0},
     )
-    axis: int = field(
-        metadata=key(
-            "axis",
-            "Output axis",
-            "The output's axis, 0 for the outermost.",
-            required=True,
-            schema={"minimum": 0},
-        )
+    axis: int = key(
+        "axis",
+        "Output axis",
+        "The output's axis, 0 for the outermost.",
+        required=True,
+        schema={"minimum": 0},
     )
-    follows: str = field(
-        metadata=key(
-            "follows",
-            "Follows",
-            "The padded input axis this output axis follows, as `input.axis` (`x.0`).",
-            required=True,
-            schema={"pattern": _INPUT_AXIS, "maxLength": 80},
-        )
+    follows: str = key(
+        "follows",
+        "Follows",
+        "The padded input axis this output axis follows, as `input.axis` (`x.0`).",
+        required=True,
+        schema={"pattern": _INPUT_AXIS, "maxLength": 80},
     )
 
     @property
@@ -471,42 +422,36 @@ class PaddedOutputAxis:
 class Padding:
     """How a call whose shapes match no variant is padded up to one (opt-in)."""
 
-    inputs: tuple[tuple[str, tuple[int, ...]], ...] = field(
-        metadata=key(
-            "inputs",
-            "Padded input axes",
-            "For each input that may be padded, the axes (0 for the outermost) that may be "
-            "shorter in a call than in the variant. Every other axis must match exactly.",
-            required=True,
-            schema={"minProperties": 1},
-            names=_names("input"),
-            values={
-                "title": "padded axes",
-                "description": "Axes of this input that a call may have shorter.",
-                "items": {"type": "integer", "minimum": 0},
-                "minItems": 1,
-                "uniqueItems": True,
-            },
-        )
+    inputs: tuple[tuple[str, tuple[int, ...]], ...] = key(
+        "inputs",
+        "Padded input axes",
+        "For each input that may be padded, the axes (0 for the outermost) that may be "
+        "shorter in a call than in the variant. Every other axis must match exactly.",
+        required=True,
+        schema={"minProperties": 1},
+        names=_names("input"),
+        values={
+            "title": "padded axes",
+            "description": "Axes of this input that a call may have shorter.",
+            "items": {"type": "integer", "minimum": 0},
+            "minItems": 1,
+            "uniqueItems": True,
+        },
     )
-    value: float = field(
+    value: float = key(
+        "value",
+        "Pad value",
+        "What padded elements hold: every padded input's dtype must hold it exactly (0.1 "
+        "is no float32); `-.inf` suits a max or a softmax along a padded axis.",
         default=0.0,
-        metadata=key(
-            "value",
-            "Pad value",
-            "What padded elements hold: every padded input's dtype must hold it exactly (0.1 "
-            "is no float32); `-.inf` suits a max or a softmax along a padded axis.",
-            documented=0,
-        ),
+        documented=0,
     )
-    outputs: tuple[PaddedOutputAxis, ...] = field(
+    outputs: tuple[PaddedOutputAxis, ...] = key(
+        "outputs",
+        "Output axes to cut back",
+        "The output axes that follow a padded input axis; each is cut back to the call's "
+        "length after the padded call. Output axes not listed are returned whole.",
         default=(),
-        metadata=key(
-            "outputs",
-            "Output axes to cut back",
-            "The output axes that follow a padded input axis; each is cut back to the call's "
-            "length after the padded call. Output axes not listed are returned whole.",
-        ),
     )
 
     def to_json(self) -> dict[str, Any]:
@@ -537,126 +482,104 @@ _OVERRIDE_SETTINGS = {
 @dataclass(frozen=True)
 class Kernel:
     name: str
-    frontend: Frontend = field(
-        metadata=key(
-            "frontend",
-            "Frontend",
-            "How the source becomes HLO: `nki` (an NKI kernel), `nkipy` (a NKIPy kernel), `jax` "
-            "(a JAX function traced on CPU) or `hlo` (a serialized HloModuleProto).",
-            required=True,
-        )
+    frontend: Frontend = key(
+        "frontend",
+        "Frontend",
+        "How the source becomes HLO: `nki` (an NKI kernel), `nkipy` (a NKIPy kernel), `jax` "
+        "(a JAX function traced on CPU) or `hlo` (a serialized HloModuleProto).",
+        required=True,
     )
-    source: SourceRef = field(
-        metadata=key(
-            "source",
-            "Source",
-            "The kernel's code: `path/to/file.py:function`, relative to the manifest's "
-            "directory; for the `hlo` frontend the path of the HloModuleProto file, without a "
-            "function.",
-            required=True,
-            schema=_ref("sourceRef"),
-        )
+    source: SourceRef = key(
+        "source",
+        "Source",
+        "The kernel's code: `path/to/file.py:function`, relative to the manifest's "
+        "directory; for the `hlo` frontend the path of the HloModuleProto file, without a "
+        "function.",
+        required=True,
+        schema=ref("sourceRef"),
     )
-    inputs: tuple[TensorSpec, ...] = field(
-        metadata=key(
-            "inputs",
-            "Inputs",
-            "Tensor arguments of the kernel, by argument name, in call order.",
-            required=True,
-            schema={"minProperties": 1},
-            names=_names("input"),
-        )
+    inputs: tuple[TensorSpec, ...] = key(
+        "inputs",
+        "Inputs",
+        "Tensor arguments of the kernel, by argument name, in call order.",
+        required=True,
+        schema={"minProperties": 1},
+        names=_names("input"),
     )
-    constants: tuple[tuple[str, Constant], ...] = field(
+    constants: tuple[tuple[str, Constant], ...] = key(
+        "constants",
+        "Constants",
+        "Compile-time keyword arguments of the kernel function, by name. Lists become "
+        "tuples. Not allowed for the `hlo` frontend.",
         default=(),
-        metadata=key(
-            "constants",
-            "Constants",
-            "Compile-time keyword arguments of the kernel function, by name. Lists become "
-            "tuples. Not allowed for the `hlo` frontend.",
-            names=_names("constant"),
-            values=_ref("constant"),
-            parse=_constants,
-        ),
+        names=_names("constant"),
+        values=ref("constant"),
+        parse=lambda pairs: tuple((name, _constant(value)) for name, value in pairs),
     )
-    variants: tuple[Variant, ...] = field(
+    variants: tuple[Variant, ...] = key(
+        "variants",
+        "Variants",
+        "Shape buckets, by name; each is compiled separately. Without variants a kernel has "
+        "one variant, `default`, with the declared inputs. Not allowed for the `hlo` frontend.",
         default=(),
-        metadata=key(
-            "variants",
-            "Variants",
-            "Shape buckets, by name; each is compiled separately. Without variants a kernel has "
-            "one variant, `default`, with the declared inputs. Not allowed for the `hlo` frontend.",
-            schema={
-                "type": "object",
-                "minProperties": 1,
-                "propertyNames": _names("variant"),
-                "additionalProperties": _ref("variant"),
-            },
-            hook=_variants,
-            hook_absent=True,
-        ),
+        schema={
+            "type": "object",
+            "minProperties": 1,
+            "propertyNames": _names("variant"),
+            "additionalProperties": ref("variant"),
+        },
+        hook=_variants,
+        hook_absent=True,
     )
-    targets: tuple[str, ...] | None = field(
+    targets: tuple[str, ...] | None = key(
+        "targets",
+        "Targets",
+        "Targets of this kernel, instead of `defaults.targets`.",
         default=None,
-        metadata=key(
-            "targets",
-            "Targets",
-            "Targets of this kernel, instead of `defaults.targets`.",
-            schema=_ref("targets"),
-        ),
+        schema=ref("targets"),
     )
-    settings: CompileSettings = field(default=CompileSettings(), metadata=mixin())
-    overrides: tuple[tuple[str, CompileSettings], ...] = field(
+    settings: CompileSettings = mixin(default=CompileSettings())
+    overrides: tuple[tuple[str, CompileSettings], ...] = key(
+        "overrides",
+        "Per-target overrides",
+        "Compile settings for one target of this kernel; they win over the kernel's "
+        "settings and the defaults. Every key must be one of the kernel's targets.",
         default=(),
-        metadata=key(
-            "overrides",
-            "Per-target overrides",
-            "Compile settings for one target of this kernel; they win over the kernel's "
-            "settings and the defaults. Every key must be one of the kernel's targets.",
-            names=_names("target", "target"),
-            values=_OVERRIDE_SETTINGS,
-        ),
+        names=_names("target", "target"),
+        values=_OVERRIDE_SETTINGS,
     )
-    reference: SourceRef | None = field(
+    reference: SourceRef | None = key(
+        "reference",
+        "Reference implementation",
+        "`path/to/file.py:function` of a CPU (NumPy) implementation with the same "
+        "signature; the generated package falls back to it where Neuron is unavailable, and "
+        "tests compare against it.",
         default=None,
-        metadata=key(
-            "reference",
-            "Reference implementation",
-            "`path/to/file.py:function` of a CPU (NumPy) implementation with the same "
-            "signature; the generated package falls back to it where Neuron is unavailable, and "
-            "tests compare against it.",
-            schema=_ref("sourceRef"),
-        ),
+        schema=ref("sourceRef"),
     )
-    deps: tuple[str, ...] = field(
+    deps: tuple[str, ...] = key(
+        "deps",
+        "Extra dependencies",
+        "Glob patterns, relative to the manifest's directory, of further files the kernel's "
+        "code reads (e.g. imported helpers); a change to any of them rebuilds the kernel.",
         default=(),
-        metadata=key(
-            "deps",
-            "Extra dependencies",
-            "Glob patterns, relative to the manifest's directory, of further files the kernel's "
-            "code reads (e.g. imported helpers); a change to any of them rebuilds the kernel.",
-            schema={"items": _ref("glob")},
-        ),
+        schema={"items": ref("glob")},
     )
-    tolerance: Tolerance = field(
+    tolerance: Tolerance = key(
+        "tolerance",
+        "Verification tolerance",
+        "How close `nkibuild verify` requires the bundle's results to be to the reference: "
+        "`numpy.allclose` with these `rtol` and `atol`. Without it: rtol 1e-5, atol 1e-6 "
+        "for 32-bit floats; 1e-2 for bfloat16 and float16 results.",
         default=Tolerance(),
-        metadata=key(
-            "tolerance",
-            "Verification tolerance",
-            "How close `nkibuild verify` requires the bundle's results to be to the reference: "
-            "`numpy.allclose` with these `rtol` and `atol`. Without it: rtol 1e-5, atol 1e-6 "
-            "for 32-bit floats; 1e-2 for bfloat16 and float16 results.",
-        ),
     )
-    padding: Padding | None = field(
+    padding: Padding | None = key(
+        "padding",
+        "Padding to shape buckets",
+        "Opt-in: a call whose shapes match no variant is padded up to the smallest variant "
+        "it fits, run, and its outputs cut back. Without it a call must match a variant "
+        "exactly.",
         default=None,
-        metadata=key(
-            "padding",
-            "Padding to shape buckets",
-            "Opt-in: a call whose shapes match no variant is padded up to the smallest variant "
-            "it fits, run, and its outputs cut back. Without it a call must match a variant "
-            "exactly.",
-        ),
     )
     location: Location | None = field(default=None, compare=False)
 
@@ -676,15 +599,8 @@ class Kernel:
         }
 
 
-def derived_import_name(distribution: str) -> str:
-    """The import name a distribution name maps to when none is given."""
-    import re
-
-    return re.sub(r"[-_.]+", "_", distribution).lower()
-
-
 def _import_name(value: str | None, converting: Converting) -> str:
-    return value or derived_import_name(converting.values["name"])
+    return value or re.sub(r"[-_.]+", "_", converting.values["name"]).lower()
 
 
 # PEP 508 names; the semantic checks also match it, as JSON Schema's "$" would accept
@@ -696,113 +612,93 @@ _SPECIFIER = r"\s*(>=|<=|==|!=|>|<)\s*[0-9]+(\.[0-9]+)*\s*"
 @mapping("package", "Distribution metadata of the generated wheel.", definition="package")
 @dataclass(frozen=True)
 class Package:
-    name: str = field(
-        metadata=key(
-            "name",
-            "Distribution name",
-            "Name of the distribution on PyPI (PEP 508): letters, digits, `.`, `_` and `-`, "
-            "starting and ending with a letter or digit.",
-            required=True,
-            schema={"pattern": DISTRIBUTION_NAME_PATTERN, "maxLength": 128},
-        )
+    name: str = key(
+        "name",
+        "Distribution name",
+        "Name of the distribution on PyPI (PEP 508): letters, digits, `.`, `_` and `-`, "
+        "starting and ending with a letter or digit.",
+        required=True,
+        schema={"pattern": DISTRIBUTION_NAME_PATTERN, "maxLength": 128},
     )
-    version: str = field(
-        metadata=key(
-            "version",
-            "Version",
-            "Version of the distribution (PEP 440), e.g. `0.1.0`. Quote versions that YAML "
-            'would read as a number: `"1.0"`.',
-            required=True,
-            schema={"minLength": 1, "maxLength": 64},
-        )
+    version: str = key(
+        "version",
+        "Version",
+        "Version of the distribution (PEP 440), e.g. `0.1.0`. Quote versions that YAML "
+        'would read as a number: `"1.0"`.',
+        required=True,
+        schema={"minLength": 1, "maxLength": 64},
     )
-    import_name: str = field(
-        metadata=key(
-            "import-name",
-            "Import name",
-            "Name of the top-level Python package. Default: the distribution name in lower case "
-            "with every run of `-`, `_` and `.` replaced by `_`.",
-            schema=_ref("identifier"),
-            hook=_import_name,
-            hook_absent=True,
-        )
+    import_name: str = key(
+        "import-name",
+        "Import name",
+        "Name of the top-level Python package. Default: the distribution name in lower case "
+        "with every run of `-`, `_` and `.` replaced by `_`.",
+        schema=ref("identifier"),
+        hook=_import_name,
+        hook_absent=True,
     )
-    description: str = field(
-        default="",
-        metadata=key("description", "Description", "One-line summary of the distribution."),
+    description: str = key(
+        "description", "Description", "One-line summary of the distribution.", default=""
     )
-    license: str | None = field(
+    license: str | None = key(
+        "license",
+        "License",
+        "License of the distribution as an SPDX expression, e.g. `Apache-2.0`.",
         default=None,
-        metadata=key(
-            "license",
-            "License",
-            "License of the distribution as an SPDX expression, e.g. `Apache-2.0`.",
-            schema={"minLength": 1},
-        ),
+        schema={"minLength": 1},
     )
-    requires_python: str = field(
+    requires_python: str = key(
+        "requires-python",
+        "Requires-Python",
+        "Python versions the generated wheel supports (a PEP 440 specifier set such as `>=3.10`).",
         default=">=3.10",
-        metadata=key(
-            "requires-python",
-            "Requires-Python",
-            "Python versions the generated wheel supports (a PEP 440 specifier set such as "
-            "`>=3.10`).",
-            schema={"minLength": 1},
-        ),
+        schema={"minLength": 1},
     )
-    neuron_sdk: str | None = field(  # e.g. ">=2.29,<3"
+    neuron_sdk: str | None = key(  # e.g. ">=2.29,<3"
+        "neuron-sdk",
+        "Neuron SDK",
+        "Versions of the Neuron SDK the bundle's NEFFs need at run time, as comma-separated "
+        "clauses such as `>=2.29` or `>=2.29,<3`. Recorded in the wheel (`Requires-External`) "
+        "and checked by the bundle before it loads a NEFF, when the host's SDK version is "
+        "known.",
         default=None,
-        metadata=key(
-            "neuron-sdk",
-            "Neuron SDK",
-            "Versions of the Neuron SDK the bundle's NEFFs need at run time, as comma-separated "
-            "clauses such as `>=2.29` or `>=2.29,<3`. Recorded in the wheel (`Requires-External`) "
-            "and checked by the bundle before it loads a NEFF, when the host's SDK version is "
-            "known.",
-            schema={
-                "pattern": f"^{_SPECIFIER}(,{_SPECIFIER})*$",
-                "examples": [">=2.29", ">=2.29,<3"],
-            },
-        ),
+        schema={
+            "pattern": f"^{_SPECIFIER}(,{_SPECIFIER})*$",
+            "examples": [">=2.29", ">=2.29,<3"],
+        },
     )
-    split_targets: bool = field(  # one NEFF wheel per target + a main wheel with extras
+    split_targets: bool = key(  # one NEFF wheel per target + a main wheel with extras
+        "split-targets",
+        "One wheel per target",
+        "Put each target's NEFFs in a wheel of its own (`<name>-trn2`, ...) next to a main "
+        "wheel with the code and extras per target (`pip install 'acme-kernels[trn2]'`), so "
+        "a host downloads only its target's NEFFs. Worth it when NEFFs are large (tens of MB "
+        "per target or more); otherwise one wheel is simpler.",
         default=False,
-        metadata=key(
-            "split-targets",
-            "One wheel per target",
-            "Put each target's NEFFs in a wheel of its own (`<name>-trn2`, ...) next to a main "
-            "wheel with the code and extras per target (`pip install 'acme-kernels[trn2]'`), so "
-            "a host downloads only its target's NEFFs. Worth it when NEFFs are large (tens of MB "
-            "per target or more); otherwise one wheel is simpler.",
-        ),
     )
 
 
 @mapping()  # inline where used, titled by that field
 @dataclass(frozen=True)
 class CacheSettings:
-    remote: str | None = field(  # fsspec URL
+    remote: str | None = key(  # fsspec URL
+        "remote",
+        "Remote cache",
+        "fsspec URL of a cache shared by machines, e.g. `s3://bucket/nkibuild-cache` (needs "
+        "`nkibuild[remote]`) or `file:///mnt/shared/cache`. `--remote-cache` and "
+        "`NKIBUILD_REMOTE_CACHE` win over it.",
         default=None,
-        metadata=key(
-            "remote",
-            "Remote cache",
-            "fsspec URL of a cache shared by machines, e.g. `s3://bucket/nkibuild-cache` (needs "
-            "`nkibuild[remote]`) or `file:///mnt/shared/cache`. `--remote-cache` and "
-            "`NKIBUILD_REMOTE_CACHE` win over it.",
-            schema={
-                "pattern": "^[A-Za-z][A-Za-z0-9+.-]*://",
-                "examples": ["s3://bucket/nkibuild-cache", "file:///mnt/shared/nkibuild-cache"],
-            },
-        ),
+        schema={
+            "pattern": "^[A-Za-z][A-Za-z0-9+.-]*://",
+            "examples": ["s3://bucket/nkibuild-cache", "file:///mnt/shared/nkibuild-cache"],
+        },
     )
-    read_only: bool = field(
+    read_only: bool = key(
+        "read-only",
+        "Read only",
+        "Use the caches without writing to them (for CI jobs that consume a cache other "
+        "jobs fill). `--cache-read-only` and `NKIBUILD_CACHE_READ_ONLY=1` also set it.",
         default=False,
-        metadata=key(
-            "read-only",
-            "Read only",
-            "Use the caches without writing to them (for CI jobs that consume a cache other "
-            "jobs fill). `--cache-read-only` and `NKIBUILD_CACHE_READ_ONLY=1` also set it.",
-        ),
     )
 
 
@@ -841,98 +737,75 @@ def _compiler_path(text: str, converting: Converting) -> Path:
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
     path: Path  # absolute path of nkibuild.yaml
-    format_version: Literal[1] = field(
-        metadata=key(
-            "format-version",
-            "Format version",
-            "Version of the manifest format. Only 1 exists.",
-            required=True,
-        )
+    format_version: Literal[1] = key(
+        "format-version",
+        "Format version",
+        "Version of the manifest format. Only 1 exists.",
+        required=True,
     )
-    package: Package = field(
-        metadata=key(
-            "package",
-            "Package",
-            "The Python distribution (wheel) that bundles the compiled kernels.",
-            required=True,
-        )
+    package: Package = key(
+        "package",
+        "Package",
+        "The Python distribution (wheel) that bundles the compiled kernels.",
+        required=True,
     )
-    default_targets: tuple[str, ...] = field(
+    default_targets: tuple[str, ...] = key(
+        "targets",
+        "Default targets",
+        "Targets of kernels that do not list their own.",
         default=DEFAULT_TARGETS,
-        metadata=key(
-            "targets",
-            "Default targets",
-            "Targets of kernels that do not list their own.",
-            section=DEFAULTS,
-            schema=_ref("targets"),
-        ),
+        section=DEFAULTS,
+        schema=ref("targets"),
     )
-    defaults: CompileSettings = field(  # the bottom layer: every setting final
-        default=DEFAULT_SETTINGS,
-        metadata=mixin(section=DEFAULTS, parse=lambda layer: layer.over(DEFAULT_SETTINGS)),
+    defaults: CompileSettings = mixin(  # the bottom layer: every setting final
+        default=DEFAULT_SETTINGS, section=DEFAULTS, parse=lambda layer: layer.over(DEFAULT_SETTINGS)
     )
-    compiler_path: Path | None = field(  # absolute; None: search for neuronx-cc
+    compiler_path: Path | None = key(  # absolute; None: search for neuronx-cc
+        "path",
+        "Compiler path",
+        "Path of the `neuronx-cc` executable; `~` is expanded, a relative path is relative "
+        "to the manifest's directory. `--compiler` and `NKIBUILD_NEURONX_CC` win over it.",
         default=None,
-        metadata=key(
-            "path",
-            "Compiler path",
-            "Path of the `neuronx-cc` executable; `~` is expanded, a relative path is relative "
-            "to the manifest's directory. `--compiler` and `NKIBUILD_NEURONX_CC` win over it.",
-            section=COMPILER,
-            schema={"type": "string", "minLength": 1},
-            hook=_compiler_path,
-        ),
+        section=COMPILER,
+        schema={"type": "string", "minLength": 1},
+        hook=_compiler_path,
     )
-    toolchain: ToolchainMode | None = field(  # None: the command line's, else auto
+    toolchain: ToolchainMode | None = key(  # None: the command line's, else auto
+        "toolchain",
+        "Toolchain",
+        "The toolchain the project builds with: `auto` (the real neuronx-cc), `neuron` or "
+        "`fake` (nkibuild's toolchain double). `--toolchain` and `NKIBUILD_TOOLCHAIN` win "
+        "over it. Without any of them a build uses `auto`, and `explain`, `list` and "
+        "`verify` use the build directory's last build's.",
         default=None,
-        metadata=key(
-            "toolchain",
-            "Toolchain",
-            "The toolchain the project builds with: `auto` (the real neuronx-cc), `neuron` or "
-            "`fake` (nkibuild's toolchain double). `--toolchain` and `NKIBUILD_TOOLCHAIN` win "
-            "over it. Without any of them a build uses `auto`, and `explain`, `list` and "
-            "`verify` use the build directory's last build's.",
-            section=COMPILER,
-        ),
+        section=COMPILER,
     )
-    cache: CacheSettings = field(
+    cache: CacheSettings = key(
+        "cache",
+        "cache",
+        "The shared NEFF caches. Lookups go build dir, local cache, remote cache, then "
+        "compile; compiled NEFFs are published to both caches.",
         default=CacheSettings(),
-        metadata=key(
-            "cache",
-            "cache",
-            "The shared NEFF caches. Lookups go build dir, local cache, remote cache, then "
-            "compile; compiled NEFFs are published to both caches.",
-        ),
     )
-    verify: bool = field(  # run verify's kernel-vs-reference check after the bundle
+    verify: bool = key(  # run verify's kernel-vs-reference check after the bundle
+        "verify",
+        "Verify",
+        "Run `nkibuild verify`'s kernel-vs-reference check as a build step after the "
+        "bundle: each kernel that can run on the CPU is compared with its reference on the "
+        "sample inputs, and a disagreement fails the build.",
         default=False,
-        metadata=key(
-            "verify",
-            "Verify",
-            "Run `nkibuild verify`'s kernel-vs-reference check as a build step after the "
-            "bundle: each kernel that can run on the CPU is compared with its reference on the "
-            "sample inputs, and a disagreement fails the build.",
-        ),
     )
-    kernels: tuple[Kernel, ...] = field(
-        metadata=key(
-            "kernels",
-            "Kernels",
-            "The kernels to build, by name. The name becomes a Python attribute of the "
-            "generated package.",
-            required=True,
-            schema={"minProperties": 1},
-            names=_names("kernel"),
-        )
+    kernels: tuple[Kernel, ...] = key(
+        "kernels",
+        "Kernels",
+        "The kernels to build, by name. The name becomes a Python attribute of the "
+        "generated package.",
+        required=True,
+        schema={"minProperties": 1},
+        names=_names("kernel"),
     )
     sha256: str = field(default="", compare=False)  # of the manifest bytes
 
     @property
     def root(self) -> Path:
         return self.path.parent
-
-    def kernel(self, name: str) -> Kernel:
-        for kernel in self.kernels:
-            if kernel.name == name:
-                return kernel
-        raise KeyError(name)

@@ -1,7 +1,4 @@
-"""Human phrases for diagnostics and docs: what a schema accepts, a user's value quoted back.
-
-Shared by the schema diagnostics, the semantic checks and the docs generator.
-"""
+"""Human phrases for diagnostics and docs: what a schema accepts, a user's value quoted back."""
 
 from __future__ import annotations
 
@@ -41,10 +38,8 @@ def _fold(word: str) -> str:
 def describe(
     schema: Mapping[str, Any] | bool, depth: int = 0, code: Callable[[str], str] = str
 ) -> str:
-    """What a schema accepts, in words: "one of trn1, trn2, trn3", "an integer >= 1".
-
-    `code` formats literal values and patterns (the docs put them in backticks).
-    """
+    """What a schema accepts, in words: "one of trn1, trn2, trn3", "an integer >= 1";
+    `code` formats literal values and patterns (the docs put them in backticks)."""
     schema = inline_ref(schema)
     if "const" in schema:
         return f"exactly {code(plain(schema['const']))}"
@@ -110,7 +105,8 @@ def _join_or(phrases: Sequence[str]) -> str:
 
 
 def plain(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
+    """A value as YAML would spell it unquoted (an empty string quoted)."""
+    return value if isinstance(value, str) and value else json.dumps(value)
 
 
 def show(value: object) -> str:
@@ -126,16 +122,12 @@ def _plain_repr(value: object) -> str:
         return repr(value)
 
 
+_KIND_NAMES = {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string"}
+
+
 def kind_name(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "list" if isinstance(value, list) else "mapping"
+    """What YAML read `value` as (the loader makes these types and dicts only)."""
+    return _KIND_NAMES.get(type(value)) or ("list" if isinstance(value, list) else "mapping")
 
 
 def kind(value: object) -> str:

@@ -84,6 +84,11 @@ class _Bindings(ast.NodeVisitor):
                 self.names.add(name)
                 self.functions.append(name)
             return
+        # Match patterns bind names too: `case [x, *rest]`, `case {**rest}`.
+        if isinstance(node, ast.MatchAs | ast.MatchStar) and node.name:
+            self.names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            self.names.add(node.rest)
         super().generic_visit(node)
 
     def visit_Name(self, node: ast.Name) -> None:
@@ -95,17 +100,3 @@ class _Bindings(ast.NodeVisitor):
             self.star_import = True
         else:  # `import a.b` binds `a`
             self.names.add(node.asname or node.name.split(".")[0])
-
-    def visit_MatchAs(self, node: ast.MatchAs) -> None:
-        if node.name:
-            self.names.add(node.name)
-        self.generic_visit(node)
-
-    def visit_MatchStar(self, node: ast.MatchStar) -> None:
-        if node.name:
-            self.names.add(node.name)
-
-    def visit_MatchMapping(self, node: ast.MatchMapping) -> None:
-        if node.rest:
-            self.names.add(node.rest)
-        self.generic_visit(node)

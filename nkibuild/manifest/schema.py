@@ -1,8 +1,5 @@
-"""The JSON Schema check of a manifest: one Diagnostic per problem, with the
-position, JSON path, what is expected and a hint.
-
-jsonschema is imported on first use only. The schema is generated from the model
-(schemagen.py); the messages are phrased from it (phrases.py).
+"""The JSON Schema check of a manifest: one Diagnostic per problem, with the position,
+JSON path, what is expected and a hint. jsonschema is imported on first use only.
 """
 
 from __future__ import annotations
@@ -23,8 +20,8 @@ from nkibuild.manifest.phrases import (
     show,
     types_of,
 )
-from nkibuild.manifest.schemagen import inline_ref, load_schema, properties_of
-from nkibuild.manifest.yamlsource import JsonPath, YamlDocument, json_path
+from nkibuild.manifest.schemagen import inline_ref, manifest_schema, properties_of
+from nkibuild.manifest.yamlsource import JsonPath, YamlDocument
 
 if TYPE_CHECKING:
     from jsonschema import ValidationError
@@ -32,8 +29,7 @@ if TYPE_CHECKING:
 
 
 @cache
-def _strict() -> tuple[type[Validator], dict[str, Any]]:
-    """The validator class and the schema every check uses."""
+def _strict() -> type[Validator]:
     from jsonschema import Draft202012Validator, validators
 
     # JSON Schema counts 2.0 as an integer; a shape or optlevel written 2.0 is a typo.
@@ -41,20 +37,14 @@ def _strict() -> tuple[type[Validator], dict[str, Any]]:
         return isinstance(instance, int) and not isinstance(instance, bool)
 
     checker = Draft202012Validator.TYPE_CHECKER.redefine("integer", is_integer)
-    strict = validators.extend(Draft202012Validator, type_checker=checker)
-    return strict, load_schema()
-
-
-def _validator() -> Validator:
-    strict, schema = _strict()
-    return strict(schema)
+    return validators.extend(Draft202012Validator, type_checker=checker)
 
 
 def schema_problems(doc: YamlDocument) -> list[SchemaProblem]:
     """One problem per mistake the schema finds, in document order, each with the path
     of what is wrong (for a missing key: the mapping that lacks it)."""
-    found = [item for error in _validator().iter_errors(doc.data) for item in _diagnose(error, doc)]
-    return _unique_sorted(found)
+    errors = _strict()(manifest_schema()).iter_errors(doc.data)
+    return _unique_sorted(item for error in errors for item in _diagnose(error, doc))
 
 
 @dataclass(frozen=True)
@@ -79,8 +69,8 @@ def _unique_sorted(found: Iterable[SchemaProblem]) -> list[SchemaProblem]:
 def _diagnose(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
     if "propertyNames" in error.relative_schema_path:
         return [_bad_name(error, doc)]
-    handler = _HANDLERS.get(str(error.validator), _bad_value)
-    return handler(error, doc)
+    handler = _HANDLERS.get(str(error.validator))
+    return handler(error, doc) if handler else [_value_found(str(error.validator), error, doc)]
 
 
 def _missing(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
@@ -88,11 +78,8 @@ def _missing(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
     properties = properties_of(error.schema)
     return [
         SchemaProblem(
-            Diagnostic(
-                f"missing required key {name!r}",
-                doc.location(path),
-                json_path(path),
-                expected=describe(properties.get(name, {})),
+            doc.at(
+                f"missing required key {name!r}", path, expected=describe(properties.get(name, {}))
             ),
             path,
         )
@@ -106,10 +93,10 @@ def _unknown_keys(error: ValidationError, doc: YamlDocument) -> list[SchemaProbl
     allowed = list(properties_of(error.schema))
     return [
         SchemaProblem(
-            Diagnostic(
+            doc.at(
                 f"unknown key {show(key)}",
-                doc.key_location((*path, key)),
-                json_path((*path, key)),
+                (*path, key),
+                key=True,
                 expected="one of " + ", ".join(allowed) if allowed else "no keys",
                 hint=did_you_mean(key, allowed),
             ),
@@ -121,11 +108,8 @@ def _unknown_keys(error: ValidationError, doc: YamlDocument) -> list[SchemaProbl
 
 
 def _alternatives(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
-    """anyOf/oneOf: report the branch the value was evidently meant for.
-
-    A branch whose type the value has is the one meant (a list is a shape, a
-    mapping a {shape, dtype}); if none fits, say what the choices are.
-    """
+    """anyOf/oneOf: report the branch the value was evidently meant for, the one whose
+    type it has (a list is a shape, a mapping a {shape, dtype}), else the choices."""
     branches: dict[int, list[ValidationError]] = defaultdict(list)
     for sub in error.context or ():
         branches[int(sub.relative_schema_path[0])].append(sub)
@@ -141,10 +125,10 @@ def _bad_name(error: ValidationError, doc: YamlDocument) -> SchemaProblem:
     path = (*error.absolute_path, key)
     choices = error.schema.get("enum") if isinstance(error.schema, dict) else None
     return SchemaProblem(
-        Diagnostic(
+        doc.at(
             f"invalid name {show(key)}",
-            doc.key_location(path),
-            json_path(path),
+            path,
+            key=True,
             expected=describe(error.schema),
             hint=did_you_mean(key, [str(c) for c in choices]) if choices else None,
         ),
@@ -152,19 +136,14 @@ def _bad_name(error: ValidationError, doc: YamlDocument) -> SchemaProblem:
     )
 
 
-def _bad_value(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
-    return [_value_found(str(error.validator), error, doc)]
-
-
 def _value_found(validator: str, error: ValidationError, doc: YamlDocument) -> SchemaProblem:
     path = tuple(error.absolute_path)
     instance = error.instance
-    message = _VALUE_MESSAGES.get(validator, _fallback_message)(instance, error)
+    message = _VALUE_MESSAGES.get(validator, lambda _value, e: e.message)(instance, error)
     return SchemaProblem(
-        Diagnostic(
+        doc.at(
             message,
-            doc.location(path),
-            json_path(path),
+            path,
             expected=describe(error.schema),
             hint=_value_hint(validator, instance, error.schema),
         ),
@@ -173,17 +152,9 @@ def _value_found(validator: str, error: ValidationError, doc: YamlDocument) -> S
     )
 
 
-def _fallback_message(_instance: object, error: ValidationError) -> str:
-    return error.message
-
-
 def _duplicate_item(instance: Sequence[object], _error: ValidationError) -> str:
-    seen: list[object] = []
-    for item in instance:
-        if item in seen:
-            return f"{show(item)} is listed twice"
-        seen.append(item)
-    return "items are not unique"
+    again = [item for index, item in enumerate(instance) if item in instance[:index]]
+    return f"{show(again[0])} is listed twice" if again else "items are not unique"
 
 
 _VALUE_MESSAGES: dict[str, Callable[[Any, ValidationError], str]] = {
@@ -212,7 +183,7 @@ _HANDLERS: dict[str, Callable[[ValidationError, YamlDocument], list[SchemaProble
 
 def _value_hint(validator: str, instance: object, schema: Mapping[str, Any]) -> str | None:
     schema = inline_ref(schema)
-    if validator == "type" and "string" in types_of(schema) and _is_scalar(instance):
+    if validator == "type" and "string" in types_of(schema) and isinstance(instance, int | float):
         return f"quote it: unquoted, YAML reads {show(instance)} as a {kind_name(instance)}"
     if validator == "enum":
         choices = schema.get("enum", [])
@@ -220,7 +191,3 @@ def _value_hint(validator: str, instance: object, schema: Mapping[str, Any]) -> 
             return "write the number without quotes"
         return did_you_mean(str(instance), [str(c) for c in choices])
     return None
-
-
-def _is_scalar(value: object) -> bool:
-    return isinstance(value, int | float | bool)

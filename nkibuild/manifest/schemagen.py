@@ -1,15 +1,11 @@
-"""The manifest's JSON Schema, generated from the typed model (model.py).
-
-Types come from the fields' annotations (bool, int, str, Literal, tuples, nested
-model classes), everything else from their metadata (keys.py). The validator
-uses this schema directly; schemas/nkibuild.schema.json is the same schema written
-out for editors and other tools (`python -m nkibuild.manifest.generate`, checked
-by a test).
+"""The manifest's JSON Schema, generated from the typed model (model.py): types from the
+fields' annotations (bool, int, str, Literal, tuples, nested model classes), everything
+else from their metadata (keys.py). The validator uses it as generated, in memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import Field, is_dataclass
 from functools import cache
 from pathlib import Path
@@ -22,6 +18,7 @@ from nkibuild.manifest.keys import (
     documented_default,
     mapping_info,
     members,
+    ref,
     without_none,
 )
 from nkibuild.manifest.model import VALUE_TYPES, Manifest
@@ -45,45 +42,30 @@ def manifest_schema() -> dict[str, Any]:
     return {"$schema": SCHEMA_DIALECT, "$id": SCHEMA_ID, **root, "$defs": generator.defs}
 
 
-def load_schema() -> dict[str, Any]:
-    """The manifest's JSON Schema (the generated one; the shipped file is its copy)."""
-    return manifest_schema()
-
-
 # ---------------------------------------------------- reading the schema
 
 
 def properties_of(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """Keys an object schema declares, with those of the schemas it $refs, in order."""
-    properties: dict[str, Any] = {}
-    for part in _schema_parts(schema):
-        for key, value in part.get("properties", {}).items():
+    """Keys an object schema declares, then those of the schemas it $refs, in order."""
+    properties = dict(schema.get("properties", {}))
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        for key, value in properties_of(resolve_ref(ref)).items():
             properties.setdefault(key, value)
     return properties
 
 
-def _schema_parts(schema: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
-    yield schema
-    ref = schema.get("$ref")
-    if isinstance(ref, str):
-        yield from _schema_parts(resolve_ref(ref))
-    for sub in schema.get("allOf", ()):
-        yield from _schema_parts(sub)
-
-
 def resolve_ref(ref: str) -> Mapping[str, Any]:
     """A local reference (#/$defs/name) into the manifest schema."""
-    node: Any = load_schema()
+    node: Any = manifest_schema()
     for part in ref.removeprefix("#/").split("/"):
         node = node[part]
     return node
 
 
 def inline_ref(schema: Mapping[str, Any] | bool) -> Mapping[str, Any]:
-    """The schema with its $ref inlined; the referencing site's own keywords win.
-
-    (Keywords are replaced, not merged: enough for describing a value.)
-    """
+    """The schema with its $ref inlined; the referencing site's own keywords win (they
+    replace, not merge: enough for describing a value)."""
     if not isinstance(schema, Mapping):
         return {}
     ref = schema.get("$ref")
@@ -95,14 +77,6 @@ def inline_ref(schema: Mapping[str, Any] | bool) -> Mapping[str, Any]:
 
 
 # ------------------------------------------------------ generating it
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/$defs/{name}"}
-
-
-def _replaces(extra: Mapping[str, Any]) -> bool:
-    return not _TYPE_KEYWORDS.isdisjoint(extra)
 
 
 class _Generator:
@@ -156,7 +130,7 @@ class _Generator:
             "description": section.definition_description,
             **body,
         }
-        return {**head, **_ref(section.definition)}
+        return {**head, **ref(section.definition)}
 
     def _property(self, model_field: Field[Any], info: Key, hint: Any) -> dict[str, Any]:
         node = {"title": info.title, "description": info.description}
@@ -167,7 +141,7 @@ class _Generator:
         return node
 
     def _refined(self, hint: Any, extra: Mapping[str, Any], info: Key | None) -> dict[str, Any]:
-        if _replaces(extra):
+        if not _TYPE_KEYWORDS.isdisjoint(extra):
             return dict(extra)
         return {**self._value(without_none(hint), info), **extra}
 
@@ -185,18 +159,14 @@ class _Generator:
 
     def _tuple(self, args: tuple[Any, ...], info: Key | None) -> dict[str, Any]:
         item = args[0]
-        values = info.values if info else {}
-        if get_origin(item) is tuple:  # (name, value) pairs: a mapping by name
-            value_hint = get_args(item)[1]
-            return self._by_name(self._refined(value_hint, values, None), info)
+        pairs = get_origin(item) is tuple  # (name, value) pairs
         item_info = mapping_info(item)
-        if item_info is not None and item_info.keyed_by:
-            return self._by_name(self._refined(item, values, None), info)
-        return {"type": "array", "items": self._refined(item, {}, None)}
-
-    def _by_name(self, value: dict[str, Any], info: Key | None) -> dict[str, Any]:
-        names = info.names if info and info.names else {"title": "name"}
-        return {"type": "object", "propertyNames": dict(names), "additionalProperties": value}
+        if not pairs and (item_info is None or item_info.keyed_by is None):
+            return {"type": "array", "items": self._refined(item, {}, None)}
+        # A mapping by name: its field says what the names are.
+        assert info is not None and info.names is not None, item
+        value = self._refined(get_args(item)[1] if pairs else item, info.values, None)
+        return {"type": "object", "propertyNames": dict(info.names), "additionalProperties": value}
 
     def _class_ref(self, cls: type) -> dict[str, Any]:
         """A shared class is a $ref to its definition, others are inlined."""
@@ -207,14 +177,10 @@ class _Generator:
         if info.definition not in self.defs:
             self.defs[info.definition] = {}  # claims the name before recursing
             self.defs[info.definition] = self.mapping(cls)
-        return _ref(info.definition)
+        return ref(info.definition)
 
 
 def _literal(values: tuple[Any, ...]) -> dict[str, Any]:
     kinds = sorted({_SCALARS[type(value)] for value in values})
-    node: dict[str, Any] = {"type": kinds[0] if len(kinds) == 1 else kinds}
-    if len(values) == 1:
-        node["const"] = values[0]
-    else:
-        node["enum"] = list(values)
-    return node
+    choices = {"const": values[0]} if len(values) == 1 else {"enum": list(values)}
+    return {"type": kinds[0] if len(kinds) == 1 else kinds, **choices}

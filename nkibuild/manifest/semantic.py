@@ -23,10 +23,9 @@ from nkibuild.errors import Diagnostic, Location, NkibuildError
 from nkibuild.manifest.buckets import padding_diagnostics
 from nkibuild.manifest.model import (
     DISTRIBUTION_NAME_PATTERN,
+    CompileSettings,
     Kernel,
     Manifest,
-    derived_import_name,
-    normalize_path,
     split_source,
 )
 from nkibuild.manifest.phrases import did_you_mean, position, show
@@ -63,17 +62,8 @@ def nki_diagnostics(
     if release is None or release < NKI_TRN2_FROM:
         return []
     kernels = [kernel for kernel in manifest.kernels if kernel.frontend == "nki"]
-    found = [d for kernel in kernels for d in _nki_targets(manifest, kernel, version)]
-    by_file = {kernel.source.path: kernel for kernel in kernels}  # each file reported once
-    found += [
-        d for kernel in by_file.values() for d in _dropped_keywords(manifest, kernel, version)
-    ]
-    return sorted(found, key=position)
-
-
-def _nki_targets(manifest: Manifest, kernel: Kernel, version: str | None) -> Iterator[Diagnostic]:
-    if "trn1" in (kernel.targets or manifest.default_targets):
-        yield Diagnostic(
+    found = [
+        Diagnostic(
             f"kernel {kernel.name!r} (frontend: nki) targets trn1, which NKI {version} does "
             "not support: NKI supports Trn2 and Trn3 only from NKI 0.3 (Neuron SDK 2.29)",
             kernel.location,
@@ -82,6 +72,14 @@ def _nki_targets(manifest: Manifest, kernel: Kernel, version: str | None) -> Ite
             hint="give the kernel `targets: [trn2, trn3]`, or build its trn1 NEFFs with "
             "Neuron SDK 2.28 or earlier (NKI before 0.3)",
         )
+        for kernel in kernels
+        if "trn1" in (kernel.targets or manifest.default_targets)
+    ]
+    by_file = {kernel.source.path: kernel for kernel in kernels}  # each file reported once
+    found += [
+        d for kernel in by_file.values() for d in _dropped_keywords(manifest, kernel, version)
+    ]
+    return sorted(found, key=position)
 
 
 def _dropped_keywords(
@@ -120,11 +118,9 @@ def python_functions(manifest: Manifest) -> dict[str, set[str]]:
     Python frontends, references): what validation looked for in their contents."""
     wanted: dict[str, set[str]] = {}
     for kernel in manifest.kernels:
-        refs = [kernel.reference] if kernel.reference else []
-        if kernel.frontend in PYTHON_FRONTENDS:
-            refs.append(kernel.source)
-        for ref in refs:
-            if ref.function:
+        python_source = kernel.source if kernel.frontend in PYTHON_FRONTENDS else None
+        for ref in (kernel.reference, python_source):
+            if ref and ref.function:
                 wanted.setdefault(ref.path, set()).add(ref.function)
     return wanted
 
@@ -159,7 +155,6 @@ class _Checks:
     def __init__(self, manifest: Manifest, doc: YamlDocument) -> None:
         self.manifest = manifest
         self.doc = doc
-        self.root = manifest.root
         # Each file is checked and parsed once, however many kernels name it.
         self.files: dict[str, tuple[str, str | None] | None] = {}
         self.modules: dict[str, ModuleNames | str] = {}
@@ -182,39 +177,22 @@ class _Checks:
             lambda: padding_diagnostics(self.manifest, self.doc),
         ]
 
-    def at(
-        self,
-        message: str,
-        path: JsonPath,
-        *,
-        key: bool = False,
-        expected: str | None = None,
-        hint: str | None = None,
-    ) -> Diagnostic:
-        where = self.doc.key_location(path) if key else self.doc.location(path)
-        return Diagnostic(message, where, json_path(path), expected, hint)
-
     def written(self, path: JsonPath) -> Any:
-        """The value at `path` as the document has it (_ABSENT if it has none).
-
-        For what the model normalizes or drops: a source reference as typed, whether a
-        key was given at all, variant entries naming inputs that do not exist.
-        """
+        """The value at `path` as written (_ABSENT if none), for what the model normalizes
+        or drops: a source reference as typed, whether a key was given at all, variant
+        entries naming inputs that do not exist."""
         node: Any = self.doc.data
         for part in path:
-            if not isinstance(node, dict | list):
+            if not isinstance(node, dict) or part not in node:
                 return _ABSENT
-            try:
-                node = node[part]
-            except (KeyError, IndexError, TypeError):
-                return _ABSENT
+            node = node[part]
         return node
 
     def names(self) -> Iterator[Diagnostic]:
         for path in self._named_entries():
             problem = name_problem(str(path[-1])) or _reserved_problem(path)
             if problem:
-                yield self.at(problem, path, key=True, expected="a Python identifier")
+                yield self.doc.at(problem, path, key=True, expected="a Python identifier")
 
     def _named_entries(self) -> Iterator[JsonPath]:
         # Kernel, input, constant and variant names become Python names in the bundle.
@@ -234,14 +212,22 @@ class _Checks:
         # JSON Schema's "$" also matches before a final newline; a name must not end in one.
         name_ok = re.fullmatch(DISTRIBUTION_NAME_PATTERN, package.name) is not None
         if not name_ok:
-            yield self.at(f"invalid distribution name {show(package.name)}", ("package", "name"))
+            yield self.doc.at(
+                f"invalid distribution name {show(package.name)}", ("package", "name")
+            )
         yield from self._parses(Version, "version", "a PEP 440 version such as 1.0 or 0.2.1rc1")
         yield from self._parses(
             SpecifierSet, "requires-python", "a PEP 440 specifier set such as >=3.10"
         )
-        explicit = self.written(("package", "import-name")) is not _ABSENT
-        if name_ok or explicit:  # else the name's problem is reported already
-            yield from self._import_name(explicit)
+        problem = name_problem(package.import_name)
+        if problem and self.written(("package", "import-name")) is not _ABSENT:
+            yield self.doc.at(problem, ("package", "import-name"), expected="a Python identifier")
+        elif problem and name_ok:  # else the name's problem is reported already
+            yield self.doc.at(
+                f"the distribution name gives the import name {package.import_name!r}: {problem}",
+                ("package", "name"),
+                hint="set package.import-name to a valid Python package name",
+            )
 
     def _parses(
         self, parse: Callable[[str], object], key: str, expected: str
@@ -253,22 +239,7 @@ class _Checks:
             parse(value)
         except ValueError:  # packaging's InvalidVersion and InvalidSpecifier
             what = "version" if key == "version" else "version specifier"
-            yield self.at(f"invalid {what} {show(value)}", ("package", key), expected=expected)
-
-    def _import_name(self, explicit: bool) -> Iterator[Diagnostic]:
-        package = self.manifest.package
-        problem = name_problem(package.import_name)
-        if explicit:
-            if problem:
-                yield self.at(problem, ("package", "import-name"), expected="a Python identifier")
-            return
-        if problem:
-            derived = derived_import_name(package.name)
-            yield self.at(
-                f"the distribution name gives the import name {derived!r}: {problem}",
-                ("package", "name"),
-                hint="set package.import-name to a valid Python package name",
-            )
+            yield self.doc.at(f"invalid {what} {show(value)}", ("package", key), expected=expected)
 
     def sources(self) -> Iterator[Diagnostic]:
         for kernel in self.manifest.kernels:
@@ -283,38 +254,38 @@ class _Checks:
         file, function = split_source(text)
         form = "path/to/file.py:function" if python else "a file path without ':function'"
         if python and function is None:
-            yield self.at(f"{show(text)} names no function", path, expected=form)
+            yield self.doc.at(f"{show(text)} names no function", path, expected=form)
         elif not python and function is not None:
-            yield self.at(
+            yield self.doc.at(
                 f"{show(text)} names a function, but hlo sources are files",
                 path,
                 expected=form,
                 hint="remove ':' and what follows",
             )
         elif function is not None and name_problem(function):
-            yield self.at(name_problem(function) or "", path, expected=form)
+            yield self.doc.at(name_problem(function) or "", path, expected=form)
             function = None
         problem = self._file_problem(file, python)
         if problem:
             message, hint = problem
-            yield self.at(message, path, expected=form, hint=hint)
+            yield self.doc.at(message, path, expected=form, hint=hint)
         elif python and function is not None:
-            yield from self._function(normalize_path(file), function, path)
+            yield from self._function(posixpath.normpath(file), function, path)
 
     def _function(self, file: str, function: str, path: JsonPath) -> Iterator[Diagnostic]:
         """The function must be defined in the file (parsed, not imported)."""
         if file not in self.modules:
-            self.modules[file] = module_names(self.root / file)
+            self.modules[file] = module_names(self.manifest.root / file)
         names = self.modules[file]
         if isinstance(names, str):
-            yield self.at(
+            yield self.doc.at(
                 f"cannot parse {show(file)}: {names}",
                 path,
                 hint=f"the build imports {file} to find {function!r}",
             )
         elif not names.has(function):
             shown = ", ".join(names.functions[:_LISTED]) or "none"
-            yield self.at(
+            yield self.doc.at(
                 f"{show(file)} defines no {function!r}",
                 path,
                 expected=f"a function of {file} (it defines: {shown})",
@@ -327,9 +298,9 @@ class _Checks:
             return problem, "paths are relative to the directory of nkibuild.yaml"
         if python and not file.endswith(".py"):
             return f"{show(file)} is not a Python file", "Python code is read from a .py file"
-        relative = normalize_path(file)
+        relative = posixpath.normpath(file)
         if relative not in self.files:
-            self.files[relative] = _existing_file_problem(self.root, relative)
+            self.files[relative] = _existing_file_problem(self.manifest.root, relative)
         return self.files[relative]
 
     def hlo_inputs_only(self) -> Iterator[Diagnostic]:
@@ -343,7 +314,7 @@ class _Checks:
             for section, reason in reasons.items():
                 path = (*_base(kernel), section)
                 if self.written(path) is not _ABSENT:  # even empty: the key is wrong here
-                    yield self.at(
+                    yield self.doc.at(
                         f"the hlo frontend takes no {section}", path, key=True, hint=reason
                     )
 
@@ -356,7 +327,7 @@ class _Checks:
             for spec in kernel.inputs:
                 narrowed = NKIPY_NARROWED.get(spec.dtype)
                 if narrowed:
-                    yield self.at(
+                    yield self.doc.at(
                         f"nkipy traces {spec.dtype} inputs as {narrowed}",
                         (*_base(kernel), "inputs", spec.name, "dtype"),
                         expected=narrowed,
@@ -371,7 +342,7 @@ class _Checks:
             for variant, entries in ({} if written is _ABSENT else written).items():
                 for input_name in entries:
                     if input_name not in inputs:
-                        yield self.at(
+                        yield self.doc.at(
                             f"variant {variant!r} names {show(input_name)}, not an input",
                             (*_base(kernel), "variants", variant, input_name),
                             key=True,
@@ -392,7 +363,7 @@ class _Checks:
                         restated if self.written(restated) is not _ABSENT else declared, spec.name
                     )
             for path, name in paths.items():
-                yield self.at(
+                yield self.doc.at(
                     f"input {name!r} is 0-d: the Neuron runtime cannot pass a 0-d tensor",
                     path,
                     expected="a shape of at least one dimension",
@@ -404,7 +375,7 @@ class _Checks:
             inputs = {spec.name for spec in kernel.inputs}
             for constant, _ in kernel.constants:
                 if constant in inputs:
-                    yield self.at(
+                    yield self.doc.at(
                         f"constant {constant!r} has the name of an input",
                         (*_base(kernel), "constants", constant),
                         key=True,
@@ -419,7 +390,7 @@ class _Checks:
             targets = self._targets(kernel)
             for target, _ in kernel.overrides:
                 if target not in targets:
-                    yield self.at(
+                    yield self.doc.at(
                         f"override for {target}, which kernel {kernel.name!r} does not target",
                         (*_base(kernel), "overrides", target),
                         key=True,
@@ -429,13 +400,18 @@ class _Checks:
 
     def lnc_on_trn1(self) -> Iterator[Diagnostic]:
         offenders: dict[JsonPath, list[str]] = defaultdict(list)
-        for kernel in self.manifest.kernels:
-            if "trn1" in self._targets(kernel):
-                path, lnc = self._trn1_lnc(kernel)
-                if lnc == 2:
-                    offenders[path].append(kernel.name)
+        for kernel in (k for k in self.manifest.kernels if "trn1" in self._targets(k)):
+            # The last layer that sets lnc decides: defaults < kernel < overrides.trn1.
+            # "auto" is None in the model, so it inherits like an absent key.
+            lncs = [
+                ((*path, "lnc"), layer.lnc)
+                for path, target, layer in self._layers(kernel)
+                if target in (None, "trn1") and layer.lnc is not None
+            ]
+            if lncs and lncs[-1][1] == 2:
+                offenders[lncs[-1][0]].append(kernel.name)
         for path, names in offenders.items():
-            yield self.at(
+            yield self.doc.at(
                 f"lnc 2 on trn1 (for {_kernels_phrase(names)})",
                 path,
                 expected="lnc auto or 1 on trn1",
@@ -449,15 +425,12 @@ class _Checks:
         another (neuronx-cc refuses the mismatch, NCC_EVRF066)."""
         offenders: dict[JsonPath, list[str]] = defaultdict(list)
         for kernel in (k for k in self.manifest.kernels if k.frontend == "nki"):
-            base = _base(kernel)
-            layers = [(("defaults",), self.manifest.defaults), (base, kernel.settings)]
-            layers += [((*base, "overrides", t), layer) for t, layer in kernel.overrides]
-            for path, layer in layers:
+            for path, _, layer in self._layers(kernel):
                 for index, arg in enumerate(layer.compiler_args or ()):
                     if arg.split("=")[0] in LNC_FLAGS:
                         offenders[(*path, "compiler-args", index)].append(kernel.name)
         for path, names in offenders.items():
-            yield self.at(
+            yield self.doc.at(
                 f"compiler-args set the lnc of {_kernels_phrase(names)} (frontend: nki)",
                 path,
                 expected="the lnc key",
@@ -465,27 +438,20 @@ class _Checks:
                 "(NEURON_LOGICAL_NC_CONFIG) and compiles it with the same --lnc",
             )
 
-    def _trn1_lnc(self, kernel: Kernel) -> tuple[JsonPath, int | None]:
-        # The last layer that sets lnc decides: defaults < kernel < overrides.trn1.
-        # "auto" is None in the model, so it inherits like an absent key.
-        base = _base(kernel)
-        layers = [
-            (("defaults",), self.manifest.defaults),
-            (base, kernel.settings),
-            *(((*base, "overrides", t), s) for t, s in kernel.overrides if t == "trn1"),
-        ]
-        setting: tuple[JsonPath, int | None] = ((), None)
-        for path, layer in layers:
-            if layer.lnc is not None:
-                setting = ((*path, "lnc"), layer.lnc)
-        return setting
+    def _layers(self, kernel: Kernel) -> Iterator[tuple[JsonPath, str | None, CompileSettings]]:
+        """The kernel's compile settings, bottom layer first, each with its path and, for
+        an override, its target."""
+        yield ("defaults",), None, self.manifest.defaults
+        yield _base(kernel), None, kernel.settings
+        for target, layer in kernel.overrides:
+            yield (*_base(kernel), "overrides", target), target, layer
 
     def deps(self) -> Iterator[Diagnostic]:
         for kernel in self.manifest.kernels:
             for index, pattern in enumerate(kernel.deps):
                 problem = _relative_path_problem(pattern, dotdot=False)
                 if problem:
-                    yield self.at(
+                    yield self.doc.at(
                         problem,
                         (*_base(kernel), "deps", index),
                         expected="a glob pattern relative to the manifest's directory",
@@ -496,7 +462,7 @@ class _Checks:
         surrogate, which no generated file (METADATA, pyproject.toml, a loader) can hold."""
         for path, text, is_key in _strings(self.doc.data, ()):
             if any("\ud800" <= char <= "\udfff" for char in text):
-                yield self.at(
+                yield self.doc.at(
                     f"{show(text)} contains a lone surrogate, which cannot be written as UTF-8",
                     path,
                     key=is_key,
@@ -524,10 +490,8 @@ def _kernels_phrase(names: Sequence[str]) -> str:
 
 
 def _relative_path_problem(text: str, *, dotdot: bool = True) -> str | None:
-    """Why `text` is not a path (or glob) inside the manifest's directory, or None.
-
-    `dotdot`: whether ".." parts are allowed at all (as long as they stay inside).
-    """
+    """Why `text` is not a path (or glob) inside the manifest's directory, or None;
+    `dotdot`: whether ".." parts are allowed at all (as long as they stay inside)."""
     if not text:
         return "the path is empty"
     if "\\" in text:
@@ -537,7 +501,7 @@ def _relative_path_problem(text: str, *, dotdot: bool = True) -> str | None:
     parts = PurePosixPath(text).parts
     if not dotdot and ".." in parts:
         return f"{show(text)} contains '..'"
-    normalized = normalize_path(text)
+    normalized = posixpath.normpath(text)
     if normalized == ".." or normalized.startswith("../"):
         return f"{show(text)} points outside the manifest's directory"
     if "\0" in text:

@@ -3,9 +3,7 @@ checks a schema cannot express.
 
 Every problem becomes a Diagnostic with a location, and all problems are reported
 together, in one run: what the schema refuses is set aside (`_Salvage`) and the
-model and the semantic checks run on every part that passed. The stages live in
-their own modules: schema.py (the JSON Schema check and its messages), phrases.py
-(the words they share), semantic.py (the checks on the model).
+model and the semantic checks run on every part that passed.
 """
 
 from __future__ import annotations
@@ -15,13 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nkibuild.errors import Diagnostic, ManifestError
+from nkibuild.errors import ManifestError
 from nkibuild.manifest.convert import InvalidValue, to_model
 from nkibuild.manifest.model import Manifest
 from nkibuild.manifest.phrases import position
 from nkibuild.manifest.schema import schema_problems
 from nkibuild.manifest.semantic import semantic_diagnostics
-from nkibuild.manifest.yamlsource import MAX_DEPTH, JsonPath, YamlDocument, json_path
+from nkibuild.manifest.yamlsource import MAX_DEPTH, JsonPath, YamlDocument
 
 # Top-level keys the model cannot do without: a broken one is replaced by a value that
 # passes (and is then not checked), so that the kernels can still be checked.
@@ -36,20 +34,13 @@ _ROUNDS = MAX_DEPTH + 2
 
 
 def validated(doc: YamlDocument, path: Path, sha256: str) -> Manifest:
-    """The model of the document at `path` (absolute); ManifestError with every problem."""
-    manifest, diagnostics = checked(doc, path, sha256)
-    if diagnostics or manifest is None:
-        raise ManifestError(diagnostics)
-    return manifest
-
-
-def checked(doc: YamlDocument, path: Path, sha256: str) -> tuple[Manifest | None, list[Diagnostic]]:
-    """The model (None if not even a part of it could be built) and every problem found,
-    in document order."""
+    """The model of the document at `path` (absolute), or ManifestError with every
+    problem found, in document order."""
     salvage = _Salvage(doc)
     problems = schema_problems(doc)
     reported = [problem.diagnostic for problem in problems]
     broken = [problem.path for problem in problems]
+    manifest = None
     for _ in range(_ROUNDS):
         if broken:
             if not salvage.set_aside(broken):
@@ -59,15 +50,16 @@ def checked(doc: YamlDocument, path: Path, sha256: str) -> tuple[Manifest | None
             continue
         # The converter and the semantic checks rely on the shapes the schema guarantees.
         try:
-            manifest = to_model(salvage.data, path, sha256, doc.location, doc.key_location)
+            manifest = to_model(salvage.data, path, sha256, doc)
         except InvalidValue as invalid:
-            where = doc.location(invalid.path)
-            reported.append(Diagnostic(invalid.message, where, json_path(invalid.path)))
+            reported.append(doc.at(invalid.message, invalid.path))
             broken = [invalid.path]
             continue
         reported += semantic_diagnostics(manifest, salvage.document())
-        return manifest, sorted(reported, key=position)
-    return None, sorted(reported, key=position)
+        break
+    if reported or manifest is None:
+        raise ManifestError(sorted(reported, key=position))
+    return manifest
 
 
 class _Salvage:
@@ -133,7 +125,6 @@ def _stand_in_frontend(kernel: dict[str, Any]) -> None:
 
 def _whole_value(path: JsonPath) -> JsonPath:
     """A list is one value: a problem with an item removes the list."""
-    end = len(path)
-    while end and isinstance(path[end - 1], int):
-        end -= 1
-    return path[:end]
+    while path and isinstance(path[-1], int):
+        path = path[:-1]
+    return path

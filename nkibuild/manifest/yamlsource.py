@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -64,9 +63,15 @@ class YamlDocument:
         """Where the mapping key naming `path` is (for the root: the document)."""
         return self.keys.get(path) or self.location(path)
 
+    def at(self, message: str, path: JsonPath, *, key: bool = False, **details: Any) -> Diagnostic:
+        """A problem with the value at `path`, or with the key naming it."""
+        where = self.key_location(path) if key else self.location(path)
+        return Diagnostic(message, where, json_path(path), **details)
 
-class _Positions:
-    """Composing with a nesting limit, recording where aliases are used (a mixin)."""
+
+class _Loader(yaml.SafeLoader):
+    """The pure-Python safe loader (it checks every character and words every syntax
+    error), composing with a nesting limit and recording where aliases are used."""
 
     yaml_implicit_resolvers: ClassVar[dict[str, list[tuple[str, re.Pattern[str]]]]] = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag not in _UNRESOLVED_TAGS]
@@ -74,14 +79,14 @@ class _Positions:
     }
 
     def __init__(self, stream: str) -> None:
-        super().__init__(stream)  # type: ignore[call-arg]
+        super().__init__(stream)
         self.depth = 0
         # (id(parent node), item index or id(key node)) -> mark of the alias used
         # as that value: the node itself only knows where its anchor is.
         self.alias_marks: dict[tuple[int, int], yaml.Mark] = {}
 
     def compose_node(self, parent: Node | None, index: Any) -> Node:
-        event = self.peek_event()  # type: ignore[attr-defined]
+        event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) and parent is not None and index is not None:
             self.alias_marks[_child_key(parent, index)] = event.start_mark
         self.depth += 1
@@ -90,29 +95,21 @@ class _Positions:
                 raise ComposerError(
                     None, None, f"nesting deeper than {MAX_DEPTH} levels", event.start_mark
                 )
-            return super().compose_node(parent, index)  # type: ignore[misc]
+            return super().compose_node(parent, index)
         finally:
             self.depth -= 1
 
 
-class _Loader(_Positions, yaml.SafeLoader):
-    """The pure-Python loader: checks every character and words every syntax error."""
-
-
 def _child_key(parent: Node, index: Any) -> tuple[int, int]:
     # Mapping values are composed with their key node as index, sequence items with an int.
-    if isinstance(index, Node):
-        return (id(parent), id(index))
-    return (id(parent), index)
+    return (id(parent), id(index) if isinstance(index, Node) else index)
 
 
 def load_yaml(
     path: str | os.PathLike[str], display: str | None = None
 ) -> tuple[YamlDocument, bytes]:
-    """Parse the YAML file at `path`; returns the document and the file's bytes.
-
-    `display` is the file name used in locations (default: `path` as given).
-    """
+    """The YAML file at `path`, parsed, and its bytes; locations name the file `display`
+    (default: `path` as given)."""
     file = display if display is not None else os.fspath(path)
     try:
         raw = read_regular(path, MAX_BYTES)
@@ -136,45 +133,30 @@ def parse_yaml(raw: bytes, file: str) -> YamlDocument:
     return YamlDocument(file, data, converter.values, converter.keys)
 
 
-def _compose(text: str, file: str) -> tuple[Node | None, _Positions]:
+def _compose(text: str, file: str) -> tuple[Node | None, _Loader]:
     try:
-        return _compose_with(_Loader, text, file)  # checks that every character is printable
+        loader = _Loader(text)  # checks that every character is printable
+        try:
+            loader.get_event()  # StreamStartEvent
+            root = None if loader.check_event(yaml.StreamEndEvent) else loader.compose_document()
+            if not loader.check_event(yaml.StreamEndEvent):
+                where = _location(file, loader.get_event().start_mark)
+                message = "a second YAML document starts here"
+                hint = "remove the '---' separator and everything after it"
+                diagnostic = Diagnostic(
+                    message, where, expected="a single YAML document", hint=hint
+                )
+                raise ManifestError([diagnostic])
+            return root, loader
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as error:
         raise _syntax_error(error, file) from None
     except ReaderError as error:
-        line, column = _line_column(text, error.position)
         message = f"character U+{error.character:04X} is not allowed in YAML"
-        raise ManifestError([Diagnostic(message, Location(file, line, column))]) from None
+        raise _fatal(file, message, *_line_column(text, error.position)) from None
     except yaml.YAMLError as error:
         raise _fatal(file, f"invalid YAML: {error}") from None
-
-
-def _compose_with(cls: type[_Positions], text: str, file: str) -> tuple[Node | None, _Positions]:
-    loader = cls(text)
-    try:
-        return _compose_single(loader, file), loader
-    finally:
-        loader.dispose()  # type: ignore[attr-defined]
-
-
-def _compose_single(loader: Any, file: str) -> Node | None:
-    loader.get_event()  # StreamStartEvent
-    root = None
-    if not loader.check_event(yaml.StreamEndEvent):
-        root = loader.compose_document()
-    if not loader.check_event(yaml.StreamEndEvent):
-        event = loader.get_event()
-        raise ManifestError(
-            [
-                Diagnostic(
-                    "a second YAML document starts here",
-                    _location(file, event.start_mark),
-                    expected="a single YAML document",
-                    hint="remove the '---' separator and everything after it",
-                )
-            ]
-        )
-    return root
 
 
 def _decode(raw: bytes, file: str) -> str:
@@ -182,10 +164,8 @@ def _decode(raw: bytes, file: str) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
         before = raw[: error.start].decode("utf-8", "replace")
-        line, column = _line_column(before, len(before))
-        raise ManifestError(
-            [Diagnostic("the manifest is not valid UTF-8", Location(file, line, column))]
-        ) from None
+        where = _line_column(before, len(before))
+        raise _fatal(file, "the manifest is not valid UTF-8", *where) from None
 
 
 def _line_column(text: str, position: int) -> tuple[int, int]:
@@ -194,9 +174,7 @@ def _line_column(text: str, position: int) -> tuple[int, int]:
 
 
 def _location(file: str, mark: yaml.Mark | None) -> Location:
-    if mark is None:
-        return Location(file, 1, 1)
-    return Location(file, mark.line + 1, mark.column + 1)
+    return Location(file, mark.line + 1, mark.column + 1) if mark else Location(file, 1, 1)
 
 
 def _syntax_error(error: yaml.MarkedYAMLError, file: str) -> ManifestError:
@@ -213,16 +191,14 @@ def _syntax_error(error: yaml.MarkedYAMLError, file: str) -> ManifestError:
     return ManifestError([Diagnostic(f"YAML: {message}", _location(file, mark), hint=hint)])
 
 
-def _fatal(file: str, message: str, hint: str | None = None) -> ManifestError:
-    return ManifestError([Diagnostic(message, Location(file, 1, 1), hint=hint)])
+def _fatal(
+    file: str, message: str, line: int = 1, column: int = 1, hint: str | None = None
+) -> ManifestError:
+    return ManifestError([Diagnostic(message, Location(file, line, column), hint=hint)])
 
 
 class _BudgetExceeded(Exception):
-    """The document expands to too many nodes or too deep; stops the conversion."""
-
-    def __init__(self, diagnostic: Diagnostic) -> None:
-        super().__init__(diagnostic.message)
-        self.diagnostic = diagnostic
+    """Stops the conversion of a document too large or too deep (its argument says so)."""
 
 
 def _count_nodes(root: Node | None, limit: int) -> int:
@@ -243,7 +219,7 @@ def _count_nodes(root: Node | None, limit: int) -> int:
 class _Converter:
     """Nodes -> plain data, recording locations and collecting (not raising) key problems."""
 
-    def __init__(self, loader: Any, file: str) -> None:
+    def __init__(self, loader: _Loader, file: str) -> None:
         self.loader = loader
         self.file = file
         self.values: dict[JsonPath, Location] = {}
@@ -258,7 +234,7 @@ class _Converter:
         try:
             return self._value(node, path, self._where(node))
         except _BudgetExceeded as error:
-            self.diagnostics = [error.diagnostic]
+            self.diagnostics = [error.args[0]]
             return None
 
     def _where(self, node: Node, parent: Node | None = None, index: Any = None) -> Location:
@@ -272,7 +248,8 @@ class _Converter:
         self.values.setdefault(path, where)
         if isinstance(node, ScalarNode):
             return self._scalar(node, path, where)
-        self._check_collection_tag(node, path, where)
+        if node.tag != (_SEQ_TAG if isinstance(node, SequenceNode) else _MAP_TAG):
+            self._refuse_tag(node.tag, path, where)
         self.active.add(id(node))
         try:
             if isinstance(node, SequenceNode):
@@ -320,11 +297,6 @@ class _Converter:
             )
             return node.value
 
-    def _check_collection_tag(self, node: Node, path: JsonPath, where: Location) -> None:
-        expected = _SEQ_TAG if isinstance(node, SequenceNode) else _MAP_TAG
-        if node.tag != expected:
-            self._refuse_tag(node.tag, path, where)
-
     def _refuse_tag(self, tag: str, path: JsonPath, where: Location) -> None:
         self.diagnostics.append(
             Diagnostic(
@@ -341,21 +313,30 @@ class _Converter:
         first_seen: dict[str, Location] = {}
         merged: list[Node] = []
         for key_node, value_node in node.value:
-            if key_node.tag == _MERGE_TAG:
-                merged.append(value_node)
+            if key_node.tag == _MERGE_TAG:  # `<<: *base` or `<<: [*a, *b]`
+                merged += value_node.value if isinstance(value_node, SequenceNode) else [value_node]
                 continue
             key = self._key(key_node, path)
             if key is None:
                 continue
             key_where = self._where(key_node)
             if key in first_seen:
-                self._duplicate(key, (*path, key), first_seen[key], key_where)
+                first = first_seen[key]
+                self.diagnostics.append(
+                    Diagnostic(
+                        f"duplicate key {key!r} (first at line {first.line}, "
+                        f"column {first.column})",
+                        key_where,
+                        json_path((*path, key)),
+                        hint="each key may appear once in a mapping; remove or rename one of them",
+                    )
+                )
                 continue
             first_seen[key] = key_where
             self.keys.setdefault((*path, key), key_where)
             where = self._where(value_node, node, key_node)
             result[key] = self._value(value_node, (*path, key), where)
-        for source in _merge_sources(merged):
+        for source in merged:
             self._merge(source, path, result)
         return result
 
@@ -372,19 +353,14 @@ class _Converter:
                 )
             )
             return
-        self._count(source, path, where)
-        self.active.add(id(source))
-        try:
-            for key, value in self._mapping(source, path).items():
-                result.setdefault(key, value)
-        finally:
-            self.active.discard(id(source))
+        for key, value in self._value(source, path, where).items():
+            result.setdefault(key, value)
 
     def _key(self, node: Node, path: JsonPath) -> str | None:
-        self._count(node, path, self._where(node))
+        where = self._where(node)
+        self._count(node, path, where)
         if isinstance(node, ScalarNode) and node.tag == _TAG + "str":
             return node.value
-        where = self._where(node)
         shown = repr(node.value[:40]) if isinstance(node, ScalarNode) else "a collection"
         self.diagnostics.append(
             Diagnostic(
@@ -396,24 +372,6 @@ class _Converter:
             )
         )
         return None
-
-    def _duplicate(self, key: str, path: JsonPath, first: Location, again: Location) -> None:
-        self.diagnostics.append(
-            Diagnostic(
-                f"duplicate key {key!r} (first at line {first.line}, column {first.column})",
-                again,
-                json_path(path),
-                hint="each key may appear once in a mapping; remove or rename one of them",
-            )
-        )
-
-
-def _merge_sources(values: list[Node]) -> Iterator[Node]:
-    for value in values:
-        if isinstance(value, SequenceNode):
-            yield from value.value
-        else:
-            yield value
 
 
 def json_path(path: JsonPath) -> str:
