@@ -7,9 +7,6 @@ field is spelled in YAML and what it means: the JSON Schema (schemas/), the refe
 here and nowhere else. `VALUE_TYPES` are the YAML value types that are not classes.
 """
 
-# keys.key() and keys.mixin() return dataclasses.field()s; ruff cannot see through them.
-# ruff: noqa: RUF009
-
 from __future__ import annotations
 
 import math
