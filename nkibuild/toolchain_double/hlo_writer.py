@@ -19,8 +19,6 @@ from typing import Any
 from nkibuild.dtypes import BY_NAME
 from nkibuild.formats.hlo import TUPLE_TYPE, message_class
 
-__all__ = ["Origin", "build_hlo_module"]
-
 # The op_type the real nkipy writes into each traced instruction's metadata.
 TRACED_OP_TYPE = "NKIPy_Op"
 
@@ -54,10 +52,7 @@ def build_hlo_module(
     origin: Origin | None = None,
 ) -> bytes:
     """A minimal valid module: parameters, the `origin`'s constants, one custom-call (or
-    a copy) of them all as the root.
-
-    Used by nkibuild's toolchain double to stand in for what torch-xla and nkipy dump.
-    """
+    a copy) of them all as the root."""
     module = message_class("HloModuleProto")()
     module.name = name
     module.id = 1

@@ -22,6 +22,7 @@ import tarfile
 import types
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from nkibuild.dtypes import BY_NAME, neff_storage_dtype
@@ -34,6 +35,7 @@ from nkibuild.formats.neff import (
     NeffTensor,
     payload_md5_field,
 )
+from nkibuild.fsutil import atomic_write_bytes
 
 FORMAT_VERSION = (2, 0)  # what neuronx-cc 2.23 writes
 PLACEHOLDER_TEXT = (
@@ -44,8 +46,6 @@ PLACEHOLDER_TEXT = (
 
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://github.com/nkibuild/nkibuild/neff")
 _NO_MEMBERS: Mapping[str, bytes] = types.MappingProxyType({})
-
-__all__ = ["FORMAT_VERSION", "PLACEHOLDER_TEXT", "NeffTensor", "write_neff"]
 
 
 def write_neff(
@@ -89,7 +89,8 @@ def write_neff(
         uuid.uuid5(_UUID_NAMESPACE, hashlib.sha256(payload).hexdigest()).bytes,
         _fixed_field(name, 256, "name"),
     ).ljust(HEADER_SIZE, b"\0")
-    _write_atomically(os.fspath(path), header + payload)
+    # Readers (and a concurrent build) never see a half-written NEFF.
+    atomic_write_bytes(Path(path), header + payload, durable=False)
 
 
 def _build_string(build: str | None, placeholder: bool) -> str:
@@ -176,10 +177,8 @@ def _payload(members: Mapping[str, bytes], compress: bool) -> bytes:
     with tarfile.open(fileobj=tar_buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for member_name in sorted(members):
             data = members[member_name]
-            info = tarfile.TarInfo(member_name)
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
+            info = tarfile.TarInfo(member_name)  # mtime 0, mode 0o644, root, no user names
+            info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     if not compress:
         return tar_buffer.getvalue()
@@ -189,16 +188,3 @@ def _payload(members: Mapping[str, bytes], compress: bool) -> bytes:
     with gzip.GzipFile(filename="", mode="wb", fileobj=gz_buffer, mtime=0) as gz:
         gz.write(tar_buffer.getvalue())
     return gz_buffer.getvalue()
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    # Readers (and a concurrent build) never see a half-written NEFF.
-    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

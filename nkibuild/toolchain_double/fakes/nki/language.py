@@ -48,13 +48,11 @@ def _as(value: Any, dtype: Any) -> np.ndarray:
     return np.array(array, dtype=numpy_dtype(dtype) if dtype is not None else array.dtype)
 
 
-def ndarray(shape: tuple[int, ...], dtype: Any, buffer: Any = None, **_: Any) -> np.ndarray:
-    # Uninitialized on hardware; zeros keep simulation deterministic.
-    return np.zeros(tuple(shape), dtype=numpy_dtype(dtype))
-
-
 def zeros(shape: tuple[int, ...], dtype: Any, buffer: Any = None, **_: Any) -> np.ndarray:
     return np.zeros(tuple(shape), dtype=numpy_dtype(dtype))
+
+
+ndarray = zeros  # uninitialized on hardware; zeros keep simulation deterministic
 
 
 def load(source: np.ndarray, dtype: Any = None, **_: Any) -> np.ndarray:
