@@ -261,16 +261,12 @@ def _inject(fault: str, args: argparse.Namespace, log: _Log) -> int:
             log.info(filler)
         log.error("injected fault hugelog")
         return 1
+    # garbage: deterministic noise, long enough to look like a NEFF header but not parse as one
+    noise = (hashlib.sha256(b"nkibuild fake garbage %d" % i).digest() for i in range(128))
     with open(args.output, "wb") as f:
-        f.write(_garbage() if fault == "garbage" else b"")
+        f.write(b"".join(noise) if fault == "garbage" else b"")
     print("Compiler status PASS")
     return 0
-
-
-def _garbage() -> bytes:
-    """Deterministic noise, long enough to look like a NEFF header but not parse as one."""
-    blocks = [hashlib.sha256(f"nkibuild fake garbage {i}".encode()).digest() for i in range(128)]
-    return b"".join(blocks)
 
 
 def _content_identity(path: str) -> str:

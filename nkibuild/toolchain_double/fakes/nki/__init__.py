@@ -3,16 +3,10 @@ underneath).
 
 `NKIBUILD_FAKE_NKI_VERSION` names that release (default: the newest the double knows, as
 `nkibuild.toolchain_double.fake_nki_version` says; this module imports no nkibuild, so
-that a bundle run in isolation finds it), and the fake follows what changed:
-before 0.3 it also has `nki._torch_xla.PyTorchXLAKernel`; from 0.3 `platform_target=`
-raises and `mode=` is ignored; before 0.7 the launch grid (LNC) is `kernel[lnc]`, from
-0.7 on it is read from `NEURON_LOGICAL_NC_CONFIG` when the kernel runs.
-
-`nki.jit` kernels run on NumPy through `nki.simulate`, as the real CPU simulator
-runs them; called on (fake) torch XLA tensors they are traced through the fake
-torch_xla, as the real `nki.jit` dispatches on its arguments' types. Running on a
-device ("baremetal") is refused. `nki.language` implements only what typical tiled
-kernels use, `nki.isa` the few instructions of the NKI 0.3 tutorials.
+that a bundle run in isolation finds it), and the fake follows what changed in NKI at
+0.3 and 0.7 (docs/toolchain-double.md). As the real `nki.jit` dispatches on its
+arguments' types, a kernel runs on NumPy through `nki.simulate` and is traced through
+the fake torch_xla when called on (fake) torch tensors; running on a device is refused.
 """
 
 from __future__ import annotations
@@ -91,13 +85,12 @@ def jit(func: Callable[..., Any] | None = None, mode: str = "auto", **options: A
 def simulate(kernel: Any) -> Callable[..., Any]:
     """Run a kernel on NumPy arrays (like nki.simulate, with the launch grid the kernel
     would run with); returns its outputs."""
-    func = kernel.func if isinstance(kernel, JitKernel) else kernel
-    grid = kernel.grid if isinstance(kernel, JitKernel) else JitKernel(func).grid
+    jitted = kernel if isinstance(kernel, JitKernel) else JitKernel(kernel)
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        token = language.GRID.set(grid)
+        token = language.GRID.set(jitted.grid)
         try:
-            return func(*args, **kwargs)
+            return jitted.func(*args, **kwargs)
         finally:
             language.GRID.reset(token)
 

@@ -1,14 +1,8 @@
-"""nkibuild toolchain double: how the fake nki puts a kernel into an HLO module.
-
-`compile_kernel` is what both extraction routes share: the kernel runs once under
-`nki.simulate` on zeros of its tensors' shapes and dtypes (how the double learns its
-outputs), and is "compiled" into a file in a temp dir of its own, outside any dump
-directory, which an `AwsNeuronCustomNativeKernel` custom-call names by absolute path
-in its backend_config (base64 JSON), as the real toolchain does. The fake nkipy's NKI
-op puts that custom-call into the module it traces; `PyTorchXLAKernel` records it as a
-graph on the fake XLA device. `PyTorchXLAKernel` is public as
-`nki._torch_xla.PyTorchXLAKernel` before NKI 0.3 (see `_torch_xla.py`); from 0.3 an
-`nki.jit` kernel does this itself when called on XLA tensors.
+"""nkibuild toolchain double: how the fake nki puts a kernel into an HLO module, on both
+extraction routes: the fake nkipy's NKI op puts `compile_kernel`'s custom-call into the
+module it traces, and `PyTorchXLAKernel` records it as a graph on the fake XLA device
+(public as `nki._torch_xla.PyTorchXLAKernel` before NKI 0.3; from 0.3 an `nki.jit`
+kernel does this itself when called on XLA tensors).
 """
 
 from __future__ import annotations
@@ -35,9 +29,10 @@ Signature = list[tuple[str, str, tuple[int, ...]]]
 def compile_kernel(
     kernel: JitKernel, arguments: dict[str, Any], is_tensor: Callable[[Any], bool], target: str
 ) -> tuple[Any, Signature, list[tuple[str, tuple[int, ...]]], tuple[str, bytes], str]:
-    """The kernel's outputs on zeros, its tensor inputs and results, its custom-call and
-    what its compilation depends on (kernel source, signature, target, launch grid).
-    `arguments` by parameter name: tensors, and anything else that specializes the kernel."""
+    """The kernel's outputs (how the double learns them: `nki.simulate` on zeros), its
+    tensor inputs and results, its `AwsNeuronCustomNativeKernel` custom-call and what its
+    compilation depends on (kernel source, signature, target, launch grid). `arguments`
+    by parameter name: tensors, and anything else that specializes the kernel."""
     tensors = {k: v for k, v in arguments.items() if is_tensor(v)}
     constants = sorted((k, v) for k, v in arguments.items() if k not in tensors)
     zeros = {k: np.zeros(tuple(v.shape), numpy_dtype(v.dtype.name)) for k, v in tensors.items()}
