@@ -83,14 +83,9 @@ def find_compiler(configured: Path | None = None) -> Path | None:
     """The real neuronx-cc: as configured, else PATH, this Python's virtualenv, the SDK's."""
     if configured is not None:
         return _configured_compiler(configured)
-    found = shutil.which(COMPILER_NAME)
-    if found:
-        return Path(found)
-    for directory in _venv_bin_dirs():
-        candidate = directory / COMPILER_NAME
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    venvs = os.pathsep.join(map(str, _venv_bin_dirs()))
+    found = shutil.which(COMPILER_NAME) or shutil.which(COMPILER_NAME, path=venvs)
+    return Path(found) if found else None
 
 
 _SET_BY = "(set by --compiler, NKIBUILD_NEURONX_CC or `compiler: path:` in the manifest)"

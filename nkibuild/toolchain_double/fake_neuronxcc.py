@@ -1,15 +1,10 @@
 """A fake `neuronx-cc` for machines without the Neuron SDK: nkibuild's toolchain double.
 
-Run as `python -m nkibuild.toolchain_double.fake_neuronxcc ARGS`. It accepts the real compiler's
-command line (`--version`, `compile <in.pb> --framework XLA --target T --output OUT ...`),
-appends `NEURON_CC_FLAGS` to it as the real compiler does, applies the same option rules
-(lnc 2 only on trn2/trn3, error NCC_EARG001; default lnc 1 on trn1/trn1n/inf2, 2 on
-trn2/trn3), reads the HLO module and writes a *placeholder* NEFF whose inputs are the HLO
-parameters and whose outputs `output0`, `output1`, ... are the result's leaves, with
-dtypes stored as neuronx-cc stores them (fp8 as `int8`, bool as `uint8`). The NEFF
-member `nkibuild_fake_compile.json` records the argv and the input's SHA-256, so the
-output depends deterministically on the input and the flags. A log (default
-`log-neuron-cc.txt` in the current directory) says what happened.
+Run as `python -m nkibuild.toolchain_double.fake_neuronxcc ARGS`. It takes the real
+compiler's command line and option rules (NEURON_CC_FLAGS appended, lnc defaults and
+NCC_EARG001) and writes a *placeholder* NEFF with the HLO module's signature and a record
+(`nkibuild_fake_compile.json`) of the argv and the input's SHA-256, so the output depends
+deterministically on the input and the flags (docs/toolchain-double.md).
 
 Exit codes: 0 success, 1 bad options or a failed compile, 70 unreadable HLO (as the real
 compiler), 2 a misconfigured fault variable. The `NKIBUILD_FAKE_CC_*` variables make it

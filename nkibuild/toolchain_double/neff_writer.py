@@ -19,7 +19,6 @@ import io
 import json
 import os
 import tarfile
-import types
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -45,7 +44,6 @@ PLACEHOLDER_TEXT = (
 )
 
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://github.com/nkibuild/nkibuild/neff")
-_NO_MEMBERS: Mapping[str, bytes] = types.MappingProxyType({})
 
 
 def write_neff(
@@ -58,7 +56,7 @@ def write_neff(
     placeholder: bool,
     build: str | None = None,
     name: str = "file.neff",
-    extra_members: Mapping[str, bytes] = _NO_MEMBERS,
+    extra_members: Mapping[str, bytes] | None = None,
     compress: bool = True,
 ) -> None:
     """Write a NEFF with one subgraph per NeuronCore, atomically and deterministically.
@@ -73,8 +71,10 @@ def write_neff(
         raise ValueError(f"num_tpb must be at least 1, not {num_tpb}")
     build = _build_string(build, placeholder)
     members = _metadata_members(compiler_version, inputs, outputs, num_tpb, placeholder)
-    for member_name, data in extra_members.items():
-        _check_extra_member(member_name, members)
+    for member_name, data in (extra_members or {}).items():
+        parts = member_name.split("/")
+        if member_name in members or member_name.startswith("/") or {"", ".."} & set(parts):
+            raise ValueError(f"invalid or reserved extra NEFF member name {member_name!r}")
         members[member_name] = bytes(data)
     payload = _payload(members, compress)
     header = HEADER.pack(
@@ -115,7 +115,11 @@ def _metadata_members(
     num_tpb: int,
     placeholder: bool,
 ) -> dict[str, bytes]:
-    _check_names([*inputs, *outputs])
+    seen: set[str] = set()
+    for tensor in [*inputs, *outputs]:
+        if not tensor.name or tensor.name in seen:
+            raise ValueError(f"NEFF tensor names must be unique and non-empty: {tensor.name!r}")
+        seen.add(tensor.name)
     info: dict[str, Any] = {"tool_version": compiler_version, "num_tpb": num_tpb}
     if placeholder:
         info["nkibuild_placeholder"] = True
@@ -147,24 +151,10 @@ def _metadata_members(
     return members
 
 
-def _check_names(tensors: Sequence[NeffTensor]) -> None:
-    seen: set[str] = set()
-    for tensor in tensors:
-        if not tensor.name or tensor.name in seen:
-            raise ValueError(f"NEFF tensor names must be unique and non-empty: {tensor.name!r}")
-        seen.add(tensor.name)
-
-
 def _stored_dtype(tensor: NeffTensor) -> str:
     if tensor.dtype not in BY_NAME:
         raise ValueError(f"tensor {tensor.name!r} has unknown dtype {tensor.dtype!r}")
     return neff_storage_dtype(tensor.dtype)
-
-
-def _check_extra_member(name: str, members: Mapping[str, bytes]) -> None:
-    parts = name.split("/")
-    if name in members or not name or name.startswith("/") or ".." in parts or "" in parts:
-        raise ValueError(f"invalid or reserved extra NEFF member name {name!r}")
 
 
 def _json_bytes(value: Any) -> bytes:
