@@ -290,7 +290,8 @@ class Spike:
         """Run `model` once: check the tensor sets, zero the outputs, record the call."""
         model._check_loaded()
         sets = {"input": _tensor_set(inputs), "output": _tensor_set(outputs)}
-        call = {"path": model._neff_path, "inputs": _specs(sets["input"])}
+        inputs_written = {name: dict(tensor._written) for name, tensor in sets["input"].items()}
+        call = {"path": model._neff_path, "inputs": inputs_written}
         try:
             _check_tensor_sets(model, sets)
         except NrtError as error:
@@ -351,7 +352,11 @@ class Spike:
     ) -> None:
         view = _byte_view(buffer, writable=False)
         _write(tensor, view, offset)
-        tensor._written = _written_spec(buffer, view.nbytes)
+        # For the log only (the runtime itself sees bytes): an array's dtype and shape.
+        if isinstance(buffer, np.ndarray):
+            tensor._written = {"dtype": buffer.dtype.name, "shape": list(buffer.shape)}
+        else:
+            tensor._written = {"bytes": view.nbytes}
 
     def tensor_read_to_pybuffer(
         self, tensor: NrtTensor, buffer: object, offset: int = 0, size: int = 0
@@ -476,29 +481,13 @@ def _byte_view(buffer: object, *, writable: bool) -> memoryview:
     try:
         view = memoryview(buffer)  # type: ignore[arg-type]
     except (TypeError, ValueError, BufferError):
-        view = _numpy_bytes(buffer)  # NumPy cannot describe ml_dtypes' formats to memoryview
+        # NumPy cannot describe ml_dtypes' formats to memoryview: take the array's bytes.
+        whole = isinstance(buffer, np.ndarray) and buffer.flags.c_contiguous
+        view = memoryview(buffer.reshape(-1).view(np.uint8)) if whole else None
     if view is None or not view.c_contiguous or (writable and view.readonly):
         wanted = "a writable C-contiguous buffer" if writable else "a C-contiguous buffer"
         raise RuntimeError(f"expected {wanted}, got {type(buffer).__name__}")
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view
-
-
-def _numpy_bytes(buffer: object) -> memoryview | None:
-    if not isinstance(buffer, np.ndarray) or not buffer.flags.c_contiguous:
-        return None
-    return memoryview(buffer.reshape(-1).view(np.uint8))
-
-
-def _written_spec(buffer: object, nbytes: int) -> dict[str, Any]:
-    """dtype and shape of an array written into a tensor (only for the log: the runtime
-    itself sees bytes)."""
-    if isinstance(buffer, np.ndarray):
-        return {"dtype": buffer.dtype.name, "shape": list(buffer.shape)}
-    return {"bytes": nbytes}
-
-
-def _specs(tensors: Mapping[str, NrtTensor]) -> dict[str, Any]:
-    return {name: dict(tensor._written) for name, tensor in tensors.items()}
 
 
 def _record(event: dict[str, Any]) -> None:
