@@ -271,8 +271,7 @@ class VersionQuery:
 
     def __init__(self, command: tuple[str, ...]) -> None:
         self.command = command
-        self._answer: str | None = None
-        self._failure: ToolchainError | None = None
+        self._outcome: str | ToolchainError | None = None  # the version, or why there is none
         self._process: subprocess.Popen[str] | None = None
         try:
             with interrupts.deferred():  # started, then the process is in hand
@@ -284,26 +283,25 @@ class VersionQuery:
                     env=compiler_environment(""),
                 )
         except OSError as error:
-            self._failure = ToolchainError(f"could not run {command[-1]} --version: {error}")
+            self._outcome = ToolchainError(f"could not run {command[-1]} --version: {error}")
         except KeyboardInterrupt:
             self.cancel()
             raise
 
     @property
     def answered(self) -> bool:
-        return self._answer is not None
+        return isinstance(self._outcome, str)
 
     def version(self) -> str:
         """The version; waits for the compiler's answer the first time."""
-        if self._answer is None and self._failure is None:
+        if self._outcome is None:
             try:
-                self._answer = self._read_answer()
+                self._outcome = self._read_answer()
             except ToolchainError as failure:
-                self._failure = failure
-        if self._failure is not None:
-            raise self._failure
-        assert self._answer is not None
-        return self._answer
+                self._outcome = failure
+        if isinstance(self._outcome, ToolchainError):
+            raise self._outcome
+        return self._outcome
 
     def cancel(self) -> None:
         """Stop a query nobody will join; the process is reaped and its pipes closed."""

@@ -52,7 +52,11 @@ class JitKernel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.mode == "simulation":
             return simulate(self)(*args, **kwargs)
-        if self.mode == "torchxla" or _has_torch_tensor(args, kwargs):
+        # The real dispatch looks at argument types. No tensor can exist unless torch
+        # was imported, and NumPy-only kernels must not need torch.
+        torch = sys.modules.get("torch")
+        tensors = torch is not None and any(map(torch.is_tensor, (*args, *kwargs.values())))
+        if self.mode == "torchxla" or tensors:
             from nki._xla_trace import PyTorchXLAKernel
 
             return PyTorchXLAKernel(func=self)(*args, **kwargs)
@@ -60,15 +64,6 @@ class JitKernel:
             f"nkibuild's toolchain double cannot run {self.__name__} on a device: "
             "use nki.simulate(kernel)(*arrays) on NumPy arrays, or call it on XLA tensors"
         )
-
-
-def _has_torch_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    # The real dispatch looks at argument types. No tensor can exist unless torch
-    # was imported, and NumPy-only kernels must not need torch.
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    return any(torch.is_tensor(value) for value in (*args, *kwargs.values()))
 
 
 def jit(func: Callable[..., Any] | None = None, mode: str = "auto", **options: Any) -> Any:
