@@ -220,18 +220,16 @@ class NrtModel:
 
 # --- the runtime -------------------------------------------------------------------------
 
-_alive = False
-
 
 class Spike:
+    _alive = False  # whether a runtime is open in this process: only one may be
     _closed = False  # then its models and tensors are unusable
 
     def __init__(self, verbose_level: int = 0) -> None:
         """The runtime; only one may exist at a time."""
-        global _alive
-        if _alive:
+        if Spike._alive:
             raise _spike_error("a Spike runtime already exists in this process; close it first")
-        _alive = True
+        Spike._alive = True
 
     @staticmethod
     def get_visible_neuron_core_count() -> int:
@@ -245,10 +243,9 @@ class Spike:
 
     def close(self) -> int:
         """Close the runtime: its tensors and models become unusable. Returns 0."""
-        global _alive
         if not self._closed:
             self._closed = True
-            _alive = False
+            Spike._alive = False
         return 0
 
     def load_model(
