@@ -197,20 +197,15 @@ class Worker:
 class WorkerPool:
     """Workers by key, created on first use and replaced when they die."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch_root: Path | None = None) -> None:
         self._workers: dict[WorkerKey, Worker] = {}
         self._locks: dict[WorkerKey, threading.Lock] = {}
         self._guard = threading.Lock()
         # Where new workers keep their files (None: the system's temp dir). A build puts
-        # them under its build dir (`reopen`), so what a killed build's workers leave is
-        # found and removed by the next.
-        self.scratch_root: Path | None = None
+        # them under its build dir, so what a killed build's workers leave is found and
+        # removed by the next.
+        self.scratch_root = scratch_root
         self._closed = False  # closed: the build is stopping; no new work starts
-
-    def reopen(self, scratch_root: Path | None) -> None:
-        """Ready for a build whose workers keep their files under `scratch_root`."""
-        with self._guard:
-            self._closed, self.scratch_root = False, scratch_root
 
     def run(
         self, key: WorkerKey, job: dict[str, Any], *, timeout: float, unit: str
