@@ -61,11 +61,10 @@ def write_neff(
 ) -> None:
     """Write a NEFF with one subgraph per NeuronCore, atomically and deterministically.
 
-    Tensor dtypes are nkibuild names (`float8_e4m3`, `bool`, ...), stored the way
-    neuronx-cc stores them. `build` defaults to the placeholder marker (placeholders) or
-    "nkibuild"; a placeholder's build string always starts with the marker.
-    `compress=False` writes the uncompressed tar payload of
-    --enable-fast-loading-neuron-binaries.
+    Tensor dtypes are nkibuild names (`float8_e4m3`, `bool`, ...). `build` defaults to
+    the placeholder marker (placeholders) or "nkibuild"; a placeholder's build string
+    always starts with the marker. `compress=False` writes the uncompressed tar payload
+    of --enable-fast-loading-neuron-binaries.
     """
     if num_tpb < 1:
         raise ValueError(f"num_tpb must be at least 1, not {num_tpb}")

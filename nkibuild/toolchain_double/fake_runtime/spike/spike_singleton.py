@@ -1,9 +1,4 @@
-"""The one runtime of the process, made on first use.
-
-`configure(visible_cores=...)` sets NEURON_RT_VISIBLE_CORES before the runtime exists;
-`reset()` closes it (every tensor and model made so far becomes unusable);
-`get_spike_singleton()` returns it, making it on first use.
-"""
+"""The one runtime of the process, made on first use, and what configures and closes it."""
 
 from __future__ import annotations
 
