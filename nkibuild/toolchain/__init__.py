@@ -7,6 +7,7 @@ version it is; every later stage receives the resulting `Toolchain` value.
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import shlex
 import shutil
@@ -51,7 +52,6 @@ class Toolchain:
     neuron_cc_flags: str  # NEURON_CC_FLAGS: neuronx-cc appends it, so it changes output
     worker_path: tuple[str, ...] = ()  # prepended to frontend workers' PYTHONPATH
     runtime_path: tuple[str, ...] = ()  # prepended to sys.path where bundles run (spike)
-    placeholder_neffs: bool = False  # its NEFFs hold no executable code
     label: str = ""  # how `describe` qualifies the compiler
     notices: tuple[str, ...] = ()  # said once at the start of a build
     nki: NkiFrontend = field(default_factory=NkiFrontend)  # the NKI and route of nki kernels
@@ -83,14 +83,9 @@ def find_compiler(configured: Path | None = None) -> Path | None:
     """The real neuronx-cc: as configured, else PATH, this Python's virtualenv, the SDK's."""
     if configured is not None:
         return _configured_compiler(configured)
-    found = shutil.which(COMPILER_NAME)
-    if found:
-        return Path(found)
-    for directory in _venv_bin_dirs():
-        candidate = directory / COMPILER_NAME
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    venvs = os.pathsep.join(map(str, _venv_bin_dirs()))
+    found = shutil.which(COMPILER_NAME) or shutil.which(COMPILER_NAME, path=venvs)
+    return Path(found) if found else None
 
 
 _SET_BY = "(set by --compiler, NKIBUILD_NEURONX_CC or `compiler: path:` in the manifest)"
@@ -133,12 +128,12 @@ def resolve_toolchain(
         raise UsageError(f"unknown toolchain {mode!r}; choose one of {', '.join(TOOLCHAIN_MODES)}")
     if mode == "fake":
         return _double()
-    command, found = _compiler_identity(mode, compiler)
+    found = _required_compiler(mode, compiler)
     flags, notices = neuron_cc_flags()
     return Toolchain(
         name="neuron",
-        compiler_command=command,
-        compiler_version=_asked_version(command, found, memo),
+        compiler_command=(str(found),),
+        compiler_version=_asked_version(found, memo),
         python=sys.executable,
         neuron_cc_flags=flags,
         notices=notices,
@@ -146,12 +141,11 @@ def resolve_toolchain(
     )
 
 
-def _compiler_identity(mode: str, compiler: Path | None) -> tuple[tuple[str, ...], Path]:
-    """The command that runs the real compiler `mode` picks, and its launcher."""
+def _required_compiler(mode: str, compiler: Path | None) -> Path:
     found = find_compiler(compiler)
     if found is None:
         raise ToolchainError(f"toolchain {mode!r}: {NO_COMPILER_HELP}")
-    return (str(found),), found
+    return found
 
 
 def start_version_query(mode: str, compiler: Path | None, memo: VersionMemo) -> None:
@@ -165,13 +159,11 @@ def start_version_query(mode: str, compiler: Path | None, memo: VersionMemo) -> 
     if mode not in TOOLCHAIN_MODES or mode == "fake":  # the double answers in-process
         return
     try:
-        command, identity = _compiler_identity(mode, compiler)
-        stamp = _stat_stamp(identity)
+        key = _memo_key(_required_compiler(mode, compiler))
     except (ToolchainError, OSError):
         return
-    key = (command, tuple(stamp))
     if key not in memo:
-        memo[key] = VersionQuery(command)
+        memo[key] = VersionQuery(key[0])
 
 
 def cancel_unanswered(memo: VersionMemo) -> None:
@@ -208,18 +200,14 @@ def neuron_cc_flags() -> tuple[str, tuple[str, ...]]:
 
 def without_cache_dir(flags: str) -> tuple[str, list[str]]:
     """`flags` without `--cache_dir X` / `--cache_dir=X`, and the words removed."""
-    words = shlex.split(flags)
     kept: list[str] = []
     dropped: list[str] = []
-    index = 0
-    while index < len(words):
-        word = words[index]
+    words = iter(shlex.split(flags))
+    for word in words:
         if word == "--cache_dir":
-            dropped += words[index : index + 2]
-            index += 2
-            continue
-        (dropped if word.startswith("--cache_dir=") else kept).append(word)
-        index += 1
+            dropped += [word, *itertools.islice(words, 1)]
+        else:
+            (dropped if word.startswith("--cache_dir=") else kept).append(word)
     return (shlex.join(kept) if dropped else flags), dropped
 
 
@@ -244,23 +232,22 @@ def _double() -> Toolchain:
         neuron_cc_flags=flags,
         worker_path=tuple(worker_path),
         runtime_path=(str(toolchain_double.FAKE_RUNTIME_DIR),),
-        placeholder_neffs=True,
         label=toolchain_double.LABEL,
         notices=notices,
         nki=detect("fake"),
     )
 
 
-def _asked_version(command: tuple[str, ...], identity: Path, memo: VersionMemo | None) -> str:
+def _asked_version(launcher: Path, memo: VersionMemo | None) -> str:
     """`neuronx-cc --version`, asked in every build before anything is compiled or
     published: a launcher's stat says nothing of an SDK upgraded behind a wrapper script,
     and a version kept from another build would file NEFFs under another compiler's key.
     Within a build, `memo` answers (a query started while the manifest loaded)."""
     memo = {} if memo is None else memo
-    key = (command, tuple(_stat_stamp(identity)))
+    key = _memo_key(launcher)
     query = memo.get(key)
     if query is None:
-        query = memo[key] = VersionQuery(command)
+        query = memo[key] = VersionQuery(key[0])
     try:
         return query.version()
     except ToolchainError:
@@ -284,8 +271,7 @@ class VersionQuery:
 
     def __init__(self, command: tuple[str, ...]) -> None:
         self.command = command
-        self._answer: str | None = None
-        self._failure: ToolchainError | None = None
+        self._outcome: str | ToolchainError | None = None  # the version, or why there is none
         self._process: subprocess.Popen[str] | None = None
         try:
             with interrupts.deferred():  # started, then the process is in hand
@@ -297,26 +283,25 @@ class VersionQuery:
                     env=compiler_environment(""),
                 )
         except OSError as error:
-            self._failure = ToolchainError(f"could not run {command[-1]} --version: {error}")
+            self._outcome = ToolchainError(f"could not run {command[-1]} --version: {error}")
         except KeyboardInterrupt:
             self.cancel()
             raise
 
     @property
     def answered(self) -> bool:
-        return self._answer is not None
+        return isinstance(self._outcome, str)
 
     def version(self) -> str:
         """The version; waits for the compiler's answer the first time."""
-        if self._answer is None and self._failure is None:
+        if self._outcome is None:
             try:
-                self._answer = self._read_answer()
+                self._outcome = self._read_answer()
             except ToolchainError as failure:
-                self._failure = failure
-        if self._failure is not None:
-            raise self._failure
-        assert self._answer is not None
-        return self._answer
+                self._outcome = failure
+        if isinstance(self._outcome, ToolchainError):
+            raise self._outcome
+        return self._outcome
 
     def cancel(self) -> None:
         """Stop a query nobody will join; the process is reaped and its pipes closed."""
@@ -355,15 +340,16 @@ def parse_version_line(line: str) -> str | None:
     return words[0] if words else None
 
 
-def _stat_stamp(launcher: Path) -> list[int]:
-    """What changes when a launcher is replaced or the neuronx-cc package beside it is
-    upgraded in place: a query started for the old one (while the manifest loaded) is
-    not joined. Never kept across builds: a wrapper's stat says nothing of the SDK."""
+def _memo_key(launcher: Path) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The launcher's command, and what changes when it is replaced or the neuronx-cc
+    package beside it is upgraded in place: a query started for the old one (while the
+    manifest loaded) is not joined. Never kept across builds: a wrapper's stat says
+    nothing of the SDK."""
     stamp: list[int] = []
     for item in [launcher, *_installed_package_records(launcher)]:
         info = item.stat()
         stamp += [info.st_mtime_ns, info.st_size]
-    return stamp
+    return (str(launcher),), tuple(stamp)
 
 
 def _installed_package_records(launcher: Path) -> list[Path]:

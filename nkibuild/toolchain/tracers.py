@@ -103,9 +103,6 @@ def trace_jax(job: Job) -> tuple[bytes, dict[str, str]]:
     return proto, {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
 
 
-TRACERS: dict[str, Tracer] = {"jax": trace_jax}
-
-
 def sample_arrays(job: Job) -> list[Any]:
     """Zero-filled NumPy arrays of the job's input shapes and dtypes."""
     import ml_dtypes
@@ -133,11 +130,16 @@ def package_version(module: Any, distribution: str, job: Job) -> str:
 
 
 def trace_nkipy(job: Job) -> tuple[bytes, dict[str, str]]:
+    function = load_function(job["root"], job["path"], job["function"])
+    return _nkipy_module(job, function, {name: freeze(value) for name, value in job["constants"]})
+
+
+def _nkipy_module(
+    job: Job, function: Callable[..., Any], constants: dict[str, Any]
+) -> tuple[bytes, dict[str, str]]:
     import nkipy
     from nkipy.core.trace import NKIPyKernel
 
-    function = load_function(job["root"], job["path"], job["function"])
-    constants = {name: freeze(value) for name, value in job["constants"]}
     kernel = NKIPyKernel.trace(function)
     kernel.specialize(*sample_arrays(job), **constants)
     proto = kernel._code.to_proto().SerializeToString()
@@ -169,14 +171,11 @@ def trace_nki_nkipy(
     """nkipy's NKI op compiles the kernel for the unit's target (given explicitly: nkipy
     would take the host's) and, called in a function nkipy traces, embeds it as a
     custom-call; the function takes the kernel's parameters, so the module's do too."""
-    import nkipy
     from nkipy.core.nki_op import wrap_nki_kernel
-    from nkipy.core.trace import NKIPyKernel
 
     function = getattr(kernel, "func", kernel)
     signature = inspect.signature(function)
-    arrays = sample_arrays(job)
-    bound = signature.bind(*arrays, **constants)
+    bound = signature.bind(*sample_arrays(job), **constants)
     bound.apply_defaults()  # the op maps its operands to the kernel's parameters in order
     target = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")
     op = wrap_nki_kernel(
@@ -187,11 +186,7 @@ def trace_nki_nkipy(
     def embedded(*args: Any, **kwargs: Any) -> Any:
         return op(*signature.bind(*args, **kwargs).arguments.values())
 
-    traced = NKIPyKernel.trace(embedded)
-    traced.specialize(*arrays, **constants)
-    return traced._code.to_proto().SerializeToString(), {
-        "nkipy": package_version(nkipy, "nkipy", job)
-    }
+    return _nkipy_module(job, embedded, constants)
 
 
 def trace_nki_torch_xla(
@@ -243,5 +238,4 @@ def nki_launcher(kernel: Any, grid: int | None) -> Callable[..., Any]:
     return kernel[grid] if grid else kernel
 
 
-TRACERS["nkipy"] = trace_nkipy
-TRACERS["nki"] = trace_nki
+TRACERS: dict[str, Tracer] = {"jax": trace_jax, "nkipy": trace_nkipy, "nki": trace_nki}

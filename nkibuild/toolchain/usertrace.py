@@ -55,8 +55,11 @@ def _keep_user_frames(
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        frames = [_relative(frame, project) for frame in current.stack]
-        kept = [frame for frame in frames if frame is not None]
+        kept = [
+            traceback.FrameSummary(relative, frame.lineno, frame.name, line=frame.line)
+            for frame in current.stack
+            if (relative := _relative_path(frame.filename, project)) is not None
+        ]
         if getattr(current, "filename", None):  # a SyntaxError names its file itself
             current.filename = _relative_path(current.filename, project) or current.filename
         current.stack = traceback.StackSummary.from_list(kept)
@@ -67,13 +70,6 @@ def _keep_user_frames(
             innermost = kept[-1]
         pending += [current.__cause__, current.__context__]
     return innermost
-
-
-def _relative(frame: traceback.FrameSummary, project: str) -> traceback.FrameSummary | None:
-    relative = _relative_path(frame.filename, project)
-    if relative is None:
-        return None
-    return traceback.FrameSummary(relative, frame.lineno, frame.name, line=frame.line)
 
 
 def _relative_path(filename: str, project: str) -> str | None:

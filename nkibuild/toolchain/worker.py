@@ -53,18 +53,14 @@ def serve(results: TextIO) -> None:
         if line.strip():
             job = json.loads(line)
             project = project or job["root"]
-            result = run_job(job) if job["root"] == project else _foreign(job, project)
+            if job["root"] == project:
+                result = run_job(job)
+            else:
+                error = f"this worker serves {project}, not {job['root']} (an nkibuild bug)"
+                result = {"ok": False, "error": error, "traceback": ""}
             result["pid"] = os.getpid()
             results.write(json.dumps(result) + "\n")
             results.flush()
-
-
-def _foreign(job: Job, project: str) -> dict[str, Any]:
-    return {
-        "ok": False,
-        "error": f"this worker serves {project}, not {job['root']} (an nkibuild bug)",
-        "traceback": "",
-    }
 
 
 def stop_when_orphaned(interval: float = 0.2) -> None:

@@ -207,11 +207,6 @@ class WorkerPool:
         self.scratch_root = scratch_root
         self._closed = False  # closed: the build is stopping; no new work starts
 
-    def reopen(self, scratch_root: Path | None) -> None:
-        """Ready for a build whose workers keep their files under `scratch_root`."""
-        with self._guard:
-            self._closed, self.scratch_root = False, scratch_root
-
     def run(
         self, key: WorkerKey, job: dict[str, Any], *, timeout: float, unit: str
     ) -> dict[str, Any]:

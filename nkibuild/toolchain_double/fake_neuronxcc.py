@@ -1,40 +1,15 @@
 """A fake `neuronx-cc` for machines without the Neuron SDK: nkibuild's toolchain double.
 
-Run as `python -m nkibuild.toolchain_double.fake_neuronxcc ARGS`. It accepts the real compiler's
-command line (`--version`, `compile <in.pb> --framework XLA --target T --output OUT ...`),
-appends `NEURON_CC_FLAGS` to it as the real compiler does, applies the same option rules
-(lnc 2 only on trn2/trn3, error NCC_EARG001; default lnc 1 on trn1/trn1n/inf2, 2 on
-trn2/trn3), reads the HLO module and writes a *placeholder* NEFF whose inputs are the HLO
-parameters and whose outputs `output0`, `output1`, ... are the result's leaves, with
-dtypes stored as neuronx-cc stores them (fp8 as `int8`, bool as `uint8`). The NEFF
-member `nkibuild_fake_compile.json` records the argv and the input's SHA-256, so the
-output depends deterministically on the input and the flags. A log (default
-`log-neuron-cc.txt` in the current directory) says what happened.
+Run as `python -m nkibuild.toolchain_double.fake_neuronxcc ARGS`. It takes the real
+compiler's command line and option rules (NEURON_CC_FLAGS appended, lnc defaults and
+NCC_EARG001) and writes a *placeholder* NEFF with the HLO module's signature and a record
+(`nkibuild_fake_compile.json`) of the argv and the input's SHA-256, so the output depends
+deterministically on the input and the flags (docs/toolchain-double.md).
 
 Exit codes: 0 success, 1 bad options or a failed compile, 70 unreadable HLO (as the real
-compiler), 2 a misconfigured fault variable below.
-
-Environment variables that make it misbehave on purpose, for tests:
-
-- `NKIBUILD_FAKE_CC_FAULT`: one of
-    - `exit1`, `exit70`: log an error and exit with that status;
-    - `kill9`: SIGKILL itself (what the out-of-memory killer does);
-    - `hang`: sleep forever (tests use a timeout);
-    - `empty`: write a 0-byte output and exit 0;
-    - `garbage`: write non-NEFF bytes to the output and exit 0;
-    - `hugelog`: write a ~5 MB log, then exit 1.
-- `NKIBUILD_FAKE_CC_FAULT_MATCH`: apply the fault only if this substring occurs in the
-  input or output path, made absolute (to fail one unit of a build).
-- `NKIBUILD_FAKE_CC_FAULT_ONCE`: a file path; the fault fires only for the compile that
-  creates it (the first), so a retry succeeds.
-- `NKIBUILD_FAKE_CC_CPU_SECONDS`: busy-loop this many (wall-clock) seconds first.
-- `NKIBUILD_FAKE_CC_MEMORY_MB`: allocate and touch this many MB for the whole compile.
-- `NKIBUILD_FAKE_CC_COUNTER`: append one line (the argv) to this file per compile
-  invocation, before anything else, so tests can count compiler runs.
-- `NKIBUILD_FAKE_CC_TIMES`: append `start end` (epoch seconds) of every successful
-  compile, from the process's start (interpreter start-up included, as a real
-  compiler's would be) to its end, so tests and benchmarks can see which compiles
-  overlapped and how long the compiler processes lived.
+compiler), 2 a misconfigured fault variable. The `NKIBUILD_FAKE_CC_*` variables make it
+misbehave on purpose (exit, crash, hang, write garbage, burn CPU, hold memory) or count
+and time its runs, for tests: docs/toolchain-double.md lists them.
 """
 
 from __future__ import annotations
@@ -53,8 +28,8 @@ from nkibuild.toolchain_double import compiler_version
 
 FAKE_COMPILER_VERSION = compiler_version()
 VERSION_LINE = f"NeuronX Compiler version {FAKE_COMPILER_VERSION}"
+# Each target's default logical NeuronCore config, also the largest it supports.
 DEFAULT_LNC = {"inf2": 1, "trn1": 1, "trn1n": 1, "trn2": 2, "trn3": 2}
-LNC2_TARGETS = frozenset({"trn2", "trn3"})
 FAULTS = ("exit1", "exit70", "kill9", "hang", "empty", "garbage", "hugelog")
 EXIT_HLO_ERROR = 70
 HUGE_LOG_BYTES = 5 * 2**20
@@ -81,9 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = [*(sys.argv[1:] if argv is None else argv)]
     argv += shlex.split(os.environ.get("NEURON_CC_FLAGS", ""))
     if "compile" in argv:
-        _count_invocation(argv)
+        _append_line("NKIBUILD_FAKE_CC_COUNTER", shlex.join(argv))
     try:
-        args = _parse(argv)
+        args, unknown = _parser().parse_known_args(argv)
+        _check_unknown(unknown)
     except _UsageError as exc:
         print(f"neuronx-cc: error: {exc}", file=sys.stderr)
         return 1
@@ -112,20 +88,12 @@ def _process_start_time() -> float:
     return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
-def _count_invocation(argv: list[str]) -> None:
-    _append_line("NKIBUILD_FAKE_CC_COUNTER", shlex.join(argv))
-
-
 def _append_line(variable: str, line: str) -> None:
     path = os.environ.get(variable)
-    if not path:
-        return
-    # One O_APPEND write per line: concurrent compiles never interleave their lines.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+    if path:
+        # One append-mode write per line: concurrent compiles never interleave their lines.
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
 
 
 # --- command line ----------------------------------------------------------------------
@@ -155,12 +123,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    args, unknown = _parser().parse_known_args(argv)
-    _check_unknown(unknown)
-    return args
-
-
 def _check_unknown(unknown: list[str]) -> None:
     """Tolerate unknown `--internal-*` flags (`--internal-x=v`, or `--internal-x v` at the end)."""
     flag_may_take_value = False
@@ -180,7 +142,6 @@ class _Log:
     """The compile log; errors also go to stderr, as the real compiler prints them."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
         self._file: TextIO = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed by close)
 
     def info(self, message: str) -> None:
@@ -190,10 +151,6 @@ class _Log:
         self._file.write(f"ERROR: {message}\n")
         self._file.flush()
         print(f"ERROR: {message}", file=sys.stderr)
-
-    def write_filler(self, size: int) -> None:
-        line = "INFO: fake tensorizer pass: nothing to see here, padding the log on purpose\n"
-        self._file.write(line * (size // len(line) + 1))
 
     def close(self) -> None:
         self._file.close()
@@ -232,7 +189,7 @@ def _check_options(args: argparse.Namespace) -> int:
     if args.framework != "XLA":
         raise _CompileError(f"--framework {args.framework} is not supported (expected XLA)")
     lnc = DEFAULT_LNC[args.target] if args.lnc is None else args.lnc
-    if lnc == 2 and args.target not in LNC2_TARGETS:
+    if lnc > DEFAULT_LNC[args.target]:
         raise _CompileError(
             f"[NCC_EARG001] --logical-nc-config 2 is not supported on target {args.target}; "
             f"{args.target} supports only logical NeuronCore config 1"
@@ -294,19 +251,17 @@ def _inject(fault: str, args: argparse.Namespace, log: _Log) -> int:
         while True:
             time.sleep(3600)
     if fault == "hugelog":
-        log.write_filler(HUGE_LOG_BYTES)
+        filler = "fake tensorizer pass: nothing to see here, padding the log on purpose"
+        for _ in range(HUGE_LOG_BYTES // len(filler)):
+            log.info(filler)
         log.error("injected fault hugelog")
         return 1
+    # garbage: deterministic noise, long enough to look like a NEFF header but not parse as one
+    noise = (hashlib.sha256(b"nkibuild fake garbage %d" % i).digest() for i in range(128))
     with open(args.output, "wb") as f:
-        f.write(_garbage() if fault == "garbage" else b"")
+        f.write(b"".join(noise) if fault == "garbage" else b"")
     print("Compiler status PASS")
     return 0
-
-
-def _garbage() -> bytes:
-    """Deterministic noise, long enough to look like a NEFF header but not parse as one."""
-    blocks = [hashlib.sha256(f"nkibuild fake garbage {i}".encode()).digest() for i in range(128)]
-    return b"".join(blocks)
 
 
 def _content_identity(path: str) -> str:

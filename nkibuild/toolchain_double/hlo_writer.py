@@ -19,8 +19,6 @@ from typing import Any
 from nkibuild.dtypes import BY_NAME
 from nkibuild.formats.hlo import TUPLE_TYPE, message_class
 
-__all__ = ["Origin", "build_hlo_module"]
-
 # The op_type the real nkipy writes into each traced instruction's metadata.
 TRACED_OP_TYPE = "NKIPy_Op"
 
@@ -54,10 +52,7 @@ def build_hlo_module(
     origin: Origin | None = None,
 ) -> bytes:
     """A minimal valid module: parameters, the `origin`'s constants, one custom-call (or
-    a copy) of them all as the root.
-
-    Used by nkibuild's toolchain double to stand in for what torch-xla and nkipy dump.
-    """
+    a copy) of them all as the root."""
     module = message_class("HloModuleProto")()
     module.name = name
     module.id = 1
@@ -72,17 +67,22 @@ def build_hlo_module(
         )
         parameter.shape.CopyFrom(shape)
         if origin is not None:
-            _set_attribute(parameter, "neff_input_names", param_name)
+            parameter.frontend_attributes.map.add(key="neff_input_names", value=param_name)
         program.parameters.add().CopyFrom(shape)
         program.parameter_names.append(param_name)
-    if origin is not None:
-        _add_constants(entry, origin)
+    for constant_name, value in origin.constants if origin is not None else ():
+        constant = entry.instructions.add(
+            name=f"constant.{constant_name}", opcode="constant", id=len(entry.instructions) + 1
+        )
+        constant.shape.element_type = TUPLE_TYPE  # no literal: the value is in the metadata
+        _set_metadata(constant, origin, f"{constant_name}={value}")
     result = _result_shape(results)
     root = entry.instructions.add(name="root", id=len(entry.instructions) + 1)
     root.operand_ids.extend(range(1, len(entry.instructions)))
     if origin is not None:
         _set_metadata(root, origin, f"kernel_code:{origin.code_digest}")
-        _set_attribute(root, "neff_output_names", ",".join(origin.output_names))
+        names = ",".join(origin.output_names)
+        root.frontend_attributes.map.add(key="neff_output_names", value=names)
         for result_index, parameter_number in origin.aliases:
             module.input_output_alias.entries.add(
                 output_shape_index=[result_index], parameter_number=parameter_number
@@ -113,19 +113,6 @@ def _result_shape(results: Sequence[tuple[str, Sequence[int]]]) -> Any:
     for dtype, dims in results:
         shape.tuple_shapes.add().CopyFrom(_array_shape(dtype, dims))
     return shape
-
-
-def _add_constants(entry: Any, origin: Origin) -> None:
-    for constant_name, value in origin.constants:
-        constant = entry.instructions.add(
-            name=f"constant.{constant_name}", opcode="constant", id=len(entry.instructions) + 1
-        )
-        constant.shape.element_type = TUPLE_TYPE  # no literal: the value is in the metadata
-        _set_metadata(constant, origin, f"{constant_name}={value}")
-
-
-def _set_attribute(instruction: Any, key: str, value: str) -> None:
-    instruction.frontend_attributes.map.add(key=key, value=value)
 
 
 def _set_metadata(instruction: Any, origin: Origin, op_name: str) -> None:

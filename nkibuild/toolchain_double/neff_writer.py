@@ -19,9 +19,9 @@ import io
 import json
 import os
 import tarfile
-import types
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from nkibuild.dtypes import BY_NAME, neff_storage_dtype
@@ -34,6 +34,7 @@ from nkibuild.formats.neff import (
     NeffTensor,
     payload_md5_field,
 )
+from nkibuild.fsutil import atomic_write_bytes
 
 FORMAT_VERSION = (2, 0)  # what neuronx-cc 2.23 writes
 PLACEHOLDER_TEXT = (
@@ -43,9 +44,6 @@ PLACEHOLDER_TEXT = (
 )
 
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://github.com/nkibuild/nkibuild/neff")
-_NO_MEMBERS: Mapping[str, bytes] = types.MappingProxyType({})
-
-__all__ = ["FORMAT_VERSION", "PLACEHOLDER_TEXT", "NeffTensor", "write_neff"]
 
 
 def write_neff(
@@ -58,23 +56,24 @@ def write_neff(
     placeholder: bool,
     build: str | None = None,
     name: str = "file.neff",
-    extra_members: Mapping[str, bytes] = _NO_MEMBERS,
+    extra_members: Mapping[str, bytes] | None = None,
     compress: bool = True,
 ) -> None:
     """Write a NEFF with one subgraph per NeuronCore, atomically and deterministically.
 
-    Tensor dtypes are nkibuild names (`float8_e4m3`, `bool`, ...), stored the way
-    neuronx-cc stores them. `build` defaults to the placeholder marker (placeholders) or
-    "nkibuild"; a placeholder's build string always starts with the marker.
-    `compress=False` writes the uncompressed tar payload of
-    --enable-fast-loading-neuron-binaries.
+    Tensor dtypes are nkibuild names (`float8_e4m3`, `bool`, ...). `build` defaults to
+    the placeholder marker (placeholders) or "nkibuild"; a placeholder's build string
+    always starts with the marker. `compress=False` writes the uncompressed tar payload
+    of --enable-fast-loading-neuron-binaries.
     """
     if num_tpb < 1:
         raise ValueError(f"num_tpb must be at least 1, not {num_tpb}")
     build = _build_string(build, placeholder)
     members = _metadata_members(compiler_version, inputs, outputs, num_tpb, placeholder)
-    for member_name, data in extra_members.items():
-        _check_extra_member(member_name, members)
+    for member_name, data in (extra_members or {}).items():
+        parts = member_name.split("/")
+        if member_name in members or member_name.startswith("/") or {"", ".."} & set(parts):
+            raise ValueError(f"invalid or reserved extra NEFF member name {member_name!r}")
         members[member_name] = bytes(data)
     payload = _payload(members, compress)
     header = HEADER.pack(
@@ -89,7 +88,8 @@ def write_neff(
         uuid.uuid5(_UUID_NAMESPACE, hashlib.sha256(payload).hexdigest()).bytes,
         _fixed_field(name, 256, "name"),
     ).ljust(HEADER_SIZE, b"\0")
-    _write_atomically(os.fspath(path), header + payload)
+    # Readers (and a concurrent build) never see a half-written NEFF.
+    atomic_write_bytes(Path(path), header + payload, durable=False)
 
 
 def _build_string(build: str | None, placeholder: bool) -> str:
@@ -114,7 +114,11 @@ def _metadata_members(
     num_tpb: int,
     placeholder: bool,
 ) -> dict[str, bytes]:
-    _check_names([*inputs, *outputs])
+    seen: set[str] = set()
+    for tensor in [*inputs, *outputs]:
+        if not tensor.name or tensor.name in seen:
+            raise ValueError(f"NEFF tensor names must be unique and non-empty: {tensor.name!r}")
+        seen.add(tensor.name)
     info: dict[str, Any] = {"tool_version": compiler_version, "num_tpb": num_tpb}
     if placeholder:
         info["nkibuild_placeholder"] = True
@@ -146,24 +150,10 @@ def _metadata_members(
     return members
 
 
-def _check_names(tensors: Sequence[NeffTensor]) -> None:
-    seen: set[str] = set()
-    for tensor in tensors:
-        if not tensor.name or tensor.name in seen:
-            raise ValueError(f"NEFF tensor names must be unique and non-empty: {tensor.name!r}")
-        seen.add(tensor.name)
-
-
 def _stored_dtype(tensor: NeffTensor) -> str:
     if tensor.dtype not in BY_NAME:
         raise ValueError(f"tensor {tensor.name!r} has unknown dtype {tensor.dtype!r}")
     return neff_storage_dtype(tensor.dtype)
-
-
-def _check_extra_member(name: str, members: Mapping[str, bytes]) -> None:
-    parts = name.split("/")
-    if name in members or not name or name.startswith("/") or ".." in parts or "" in parts:
-        raise ValueError(f"invalid or reserved extra NEFF member name {name!r}")
 
 
 def _json_bytes(value: Any) -> bytes:
@@ -176,10 +166,8 @@ def _payload(members: Mapping[str, bytes], compress: bool) -> bytes:
     with tarfile.open(fileobj=tar_buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for member_name in sorted(members):
             data = members[member_name]
-            info = tarfile.TarInfo(member_name)
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
+            info = tarfile.TarInfo(member_name)  # mtime 0, mode 0o644, root, no user names
+            info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     if not compress:
         return tar_buffer.getvalue()
@@ -189,16 +177,3 @@ def _payload(members: Mapping[str, bytes], compress: bool) -> bytes:
     with gzip.GzipFile(filename="", mode="wb", fileobj=gz_buffer, mtime=0) as gz:
         gz.write(tar_buffer.getvalue())
     return gz_buffer.getvalue()
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    # Readers (and a concurrent build) never see a half-written NEFF.
-    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -1,14 +1,9 @@
-"""nkibuild's toolchain double for `spike`, the Neuron runtime binding from aws-neuron/nkipy.
-
-`spike._spike` is a CPU stand-in for spike's native core that never computes a kernel
-(every output is zeros) and never touches a device. The Python layer around it
-(`SpikeModel`, `SpikeTensor`, `configure`, ...) is nkibuild's own code. Both offer the
-public names, parameters and defaults that `../shared/testdata/spike-api.json` records
-of spike (nkibuild's tests check them), so code written for spike runs here unchanged.
-
-Labelled: `IS_TOOLCHAIN_DOUBLE` (here and on `spike._spike`, which is what bundles check
-before loading a placeholder NEFF); `CALLS` lists what the core received (see `_spike`).
-It must not import nkibuild: it runs in environments where only a bundle is installed.
+"""nkibuild's toolchain double for `spike`, the Neuron runtime binding from aws-neuron/nkipy:
+nkibuild's own Python layer (`SpikeModel`, `SpikeTensor`, `configure`, ...) over a CPU
+stand-in for spike's native core (`spike._spike`), offering the public names, parameters
+and defaults that `../shared/testdata/spike-api.json` records of spike, so code written for
+spike runs here unchanged. It must not import nkibuild: it runs in environments where
+only a bundle is installed.
 """
 
 # The double's labels, outside __all__ (which is spike's): re-exported by alias.

@@ -1,27 +1,9 @@
 """nkibuild's CPU stand-in for `spike._spike`, spike's native core (nanobind over libnrt).
 
-It offers the core's interface as `../shared/testdata/spike-api.json` records it (class
-and method names, parameters and defaults), so a Python layer written for spike runs on
-it. It is NOT the Neuron runtime: it never computes a kernel and never touches a device.
-"Device memory" is host memory; `execute` checks the tensor sets as the runtime would and
-fills every output with zeros.
-
-Behaviours it imitates (spike's C++ and libnrt):
-
-- `load_model` reads the NEFF (a file that cannot be opened: `SpikeError`; one that is
-  not a NEFF, or compiled for another lnc than NEURON_LOGICAL_NC_CONFIG: `NrtError`);
-- `get_tensor_info` reports the NEFF's non-const I/O with the runtime's dtype names
-  (anything else is "unknown"), in no meaningful order (the runtime fills them from an
-  unordered_map; here they come in reverse NEFF order);
-- tensor reads and writes are bounds-checked (`SpikeError`), freed tensors and tensors
-  of a closed runtime refuse every use (`SpikeError`), `*_pybuffer` take any C-contiguous
-  buffer as raw bytes, as `PyBUF_SIMPLE` does;
-- `execute` fails with `NrtError` when the tensor sets do not match the NEFF (a missing,
-  unknown or wrongly sized tensor, a tensor on another core); the runtime knows bytes,
-  not dtypes, so dtype checks are the Python layer's;
-- `SystemTraceSession` records an `nc_exec_running` start/stop pair per execute on its
-  core, so device-mode benchmarks work (the times are of the double's own call);
-- only one `Spike` may be alive at a time.
+It offers the core's interface as `../shared/testdata/spike-api.json` records it, so a
+Python layer written for spike runs on it, and checks what libnrt and spike's C++ check
+(docs/toolchain-double.md lists each rule). It is NOT the Neuron runtime: "device memory"
+is host memory and `execute` fills every output with zeros.
 
 It is labelled (`IS_TOOLCHAIN_DOUBLE = True`): a bundle loads placeholder NEFFs only into
 this core. Every load, execute and refused execute is appended to `CALLS` and, as one
@@ -33,6 +15,7 @@ it must not import nkibuild (it runs where only a bundle is installed).
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import math
 import os
@@ -54,7 +37,6 @@ RUNTIME_DTYPES = frozenset(
     {"float32", "float16", "bfloat16", "int8", "uint8", "int16", "uint16", "int32"}
     | {"uint32", "int64", "uint64"}
 )
-UNKNOWN_DTYPE = "unknown"
 # Bytes per element of every dtype a NEFF tensor map may carry, including those the
 # runtime has no name for (older placeholder NEFFs spell bool, float64 and fp8 names).
 _ITEMSIZE = {
@@ -103,16 +85,10 @@ def _made(cls: type, **attributes: Any) -> Any:
     return made
 
 
-class _Runtime:
-    """What a Spike instance's models and tensors share: whether it was closed."""
-
-    closed = False
-
-
 # --- trace sessions (the runtime's system trace is process-wide) ----------------------
 
 _TRACES: list[SystemTraceSession] = []
-_tracking_ids = iter(range(1, 2**62))
+_tracking_ids = itertools.count(1)
 
 
 class SystemTraceSession:
@@ -174,7 +150,7 @@ def _metadata(tensor: _neff.NeffTensor) -> TensorMetadata:
     return _made(
         TensorMetadata,
         size=math.prod(tensor.shape) * _ITEMSIZE[tensor.dtype],
-        dtype=tensor.dtype if tensor.dtype in RUNTIME_DTYPES else UNKNOWN_DTYPE,
+        dtype=tensor.dtype if tensor.dtype in RUNTIME_DTYPES else "unknown",
         shape=tuple(tensor.shape),
     )
 
@@ -201,11 +177,8 @@ class NrtTensor:
         window = (ctypes.c_char * self._size).from_buffer(self._memory, self._offset)
         return ctypes.addressof(window)
 
-    def _freed(self) -> bool:
-        return self._memory is None or (self._owner and self._runtime.closed)
-
     def _check_usable(self) -> None:
-        if self._freed() or self._runtime.closed:
+        if self._memory is None or self._runtime._closed:
             raise _spike_error(f"tensor {self._name!r} was freed (or its runtime closed)")
 
     def _bytes(self) -> memoryview:
@@ -214,7 +187,7 @@ class NrtTensor:
 
 
 def _tensor(
-    runtime: _Runtime, memory: bytearray, offset: int, size: int, core_id: int, name: str | None
+    runtime: Spike, memory: bytearray, offset: int, size: int, core_id: int, name: str | None
 ) -> NrtTensor:
     return _made(
         NrtTensor,
@@ -240,27 +213,23 @@ class NrtModel:
     def __repr__(self) -> str:
         return f"<NrtModel of {self._neff_path} on core {self._core_id}: {_DOUBLE}>"
 
-    def _unloaded(self) -> bool:
-        return self._contents is None or self._runtime.closed
-
     def _check_loaded(self) -> None:
-        if self._unloaded():
+        if self._contents is None or self._runtime._closed:
             raise _spike_error(f"the model of {self._neff_path} is no longer loaded")
 
 
 # --- the runtime -------------------------------------------------------------------------
 
-_alive = False
-
 
 class Spike:
+    _alive = False  # whether a runtime is open in this process: only one may be
+    _closed = False  # then its models and tensors are unusable
+
     def __init__(self, verbose_level: int = 0) -> None:
         """The runtime; only one may exist at a time."""
-        global _alive
-        if _alive:
+        if Spike._alive:
             raise _spike_error("a Spike runtime already exists in this process; close it first")
-        self._runtime = _Runtime()
-        _alive = True
+        Spike._alive = True
 
     @staticmethod
     def get_visible_neuron_core_count() -> int:
@@ -274,10 +243,9 @@ class Spike:
 
     def close(self) -> int:
         """Close the runtime: its tensors and models become unusable. Returns 0."""
-        global _alive
-        if not self._runtime.closed:
-            self._runtime.closed = True
-            _alive = False
+        if not self._closed:
+            self._closed = True
+            Spike._alive = False
         return 0
 
     def load_model(
@@ -290,21 +258,15 @@ class Spike:
     ) -> NrtModel:
         """Read a NEFF and "load" it on `core_id`."""
         self._check_open()
-        contents = _load_neff(str(neff_file))
+        path = str(neff_file)
+        contents = _load_neff(path)
         placeholder = contents.info.get("nkibuild_placeholder") is True
-        _record(
-            {
-                "event": "load",
-                "path": str(neff_file),
-                "core_id": core_id,
-                "placeholder": placeholder,
-            }
-        )
+        _record({"event": "load", "path": path, "core_id": core_id, "placeholder": placeholder})
         return _made(
             NrtModel,
-            runtime=self._runtime,
+            runtime=self,
             contents=contents,
-            neff_path=str(neff_file),
+            neff_path=path,
             core_id=core_id,
             rank_id=rank_id,
             world_size=world_size,
@@ -325,7 +287,8 @@ class Spike:
         """Run `model` once: check the tensor sets, zero the outputs, record the call."""
         model._check_loaded()
         sets = {"input": _tensor_set(inputs), "output": _tensor_set(outputs)}
-        call = {"path": model._neff_path, "inputs": _specs(sets["input"])}
+        inputs_written = {name: dict(tensor._written) for name, tensor in sets["input"].items()}
+        call = {"path": model._neff_path, "inputs": inputs_written}
         try:
             _check_tensor_sets(model, sets)
         except NrtError as error:
@@ -348,7 +311,7 @@ class Spike:
         self._check_open()
         if size < 0:  # the binding takes a size_t
             raise OverflowError(f"a tensor size cannot be negative ({size})")
-        return _tensor(self._runtime, bytearray(size), 0, size, core_id, name)
+        return _tensor(self, bytearray(size), 0, size, core_id, name)
 
     def slice_from_tensor(
         self, source: NrtTensor, offset: int = 0, size: int = 0, name: str | None = None
@@ -386,7 +349,11 @@ class Spike:
     ) -> None:
         view = _byte_view(buffer, writable=False)
         _write(tensor, view, offset)
-        tensor._written = _written_spec(buffer, view.nbytes)
+        # For the log only (the runtime itself sees bytes): an array's dtype and shape.
+        if isinstance(buffer, np.ndarray):
+            tensor._written = {"dtype": buffer.dtype.name, "shape": list(buffer.shape)}
+        else:
+            tensor._written = {"bytes": view.nbytes}
 
     def tensor_read_to_pybuffer(
         self, tensor: NrtTensor, buffer: object, offset: int = 0, size: int = 0
@@ -400,16 +367,14 @@ class Spike:
     def get_tensor_info(self, model: NrtModel) -> ModelTensorInfo:
         """The model's inputs and outputs (non-const tensors of its NEFF)."""
         model._check_loaded()
-        contents = model._contents
-        assert contents is not None
         return _made(
             ModelTensorInfo,
-            inputs=_unordered(contents, "input"),
-            outputs=_unordered(contents, "output"),
+            inputs=_unordered(model._contents, "input"),
+            outputs=_unordered(model._contents, "output"),
         )
 
     def _check_open(self) -> None:
-        if self._runtime.closed:
+        if self._closed:
             raise _spike_error("this Spike runtime was closed")
 
 
@@ -476,17 +441,15 @@ def _unordered(contents: _neff.NeffContents, kind: str) -> dict[str, TensorMetad
     """The runtime fills these dicts from an unordered_map: a caller that relies on their
     order is wrong and should find out here. So the order is the reverse of the NEFF's
     own (parameter ids for inputs, output numbers for outputs, else tensor-map order)."""
-    tensors = [t for t in contents.tensors if t.kind == kind]
     rank = {name: i for i, name in enumerate(contents.parameter_order)}
 
-    def position(index_tensor: tuple[int, _neff.NeffTensor]) -> tuple[int, int]:
-        index, tensor = index_tensor
+    def position(tensor: _neff.NeffTensor) -> float:
         number = tensor.name.removeprefix("output")
         if kind == "output" and number.isdigit():
-            return (0, int(number))
-        return (0, rank[tensor.name]) if tensor.name in rank else (1, index)
+            return int(number)
+        return rank.get(tensor.name, math.inf)  # a stable sort keeps the rest in map order
 
-    ordered = [t for _, t in sorted(enumerate(tensors), key=position)]
+    ordered = sorted((t for t in contents.tensors if t.kind == kind), key=position)
     return {t.name: _metadata(t) for t in reversed(ordered)}
 
 
@@ -515,38 +478,19 @@ def _byte_view(buffer: object, *, writable: bool) -> memoryview:
     try:
         view = memoryview(buffer)  # type: ignore[arg-type]
     except (TypeError, ValueError, BufferError):
-        view = _numpy_bytes(buffer)  # NumPy cannot describe ml_dtypes' formats to memoryview
+        # NumPy cannot describe ml_dtypes' formats to memoryview: take the array's bytes.
+        whole = isinstance(buffer, np.ndarray) and buffer.flags.c_contiguous
+        view = memoryview(buffer.reshape(-1).view(np.uint8)) if whole else None
     if view is None or not view.c_contiguous or (writable and view.readonly):
         wanted = "a writable C-contiguous buffer" if writable else "a C-contiguous buffer"
         raise RuntimeError(f"expected {wanted}, got {type(buffer).__name__}")
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view
 
 
-def _numpy_bytes(buffer: object) -> memoryview | None:
-    if not isinstance(buffer, np.ndarray) or not buffer.flags.c_contiguous:
-        return None
-    return memoryview(buffer.reshape(-1).view(np.uint8))
-
-
-def _written_spec(buffer: object, nbytes: int) -> dict[str, Any]:
-    """dtype and shape of an array written into a tensor (only for the log: the runtime
-    itself sees bytes)."""
-    if isinstance(buffer, np.ndarray):
-        return {"dtype": buffer.dtype.name, "shape": list(buffer.shape)}
-    return {"bytes": nbytes}
-
-
-def _specs(tensors: Mapping[str, NrtTensor]) -> dict[str, Any]:
-    return {name: dict(tensor._written) for name, tensor in tensors.items()}
-
-
 def _record(event: dict[str, Any]) -> None:
     CALLS.append(event)
     log = os.environ.get(LOG_ENV)
     if log:
-        # One O_APPEND write per record: processes sharing the log never interleave lines.
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(fd, (json.dumps(event) + "\n").encode())
-        finally:
-            os.close(fd)
+        # One append-mode write per record: processes sharing the log never interleave lines.
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(event) + "\n")

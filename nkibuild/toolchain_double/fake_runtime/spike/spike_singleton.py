@@ -1,14 +1,7 @@
-"""The one runtime of the process, made on first use.
-
-`configure(visible_cores=...)` sets NEURON_RT_VISIBLE_CORES before the runtime exists;
-`reset()` closes it (every tensor and model made so far becomes unusable);
-`get_spike_singleton()` returns it, making it on first use. The runtime is closed at
-interpreter exit.
-"""
+"""The one runtime of the process, made on first use, and what configures and closes it."""
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 import warnings
@@ -68,14 +61,3 @@ def get_spike_singleton() -> Spike:
         if _runtime is None:
             _runtime = Spike()
         return _runtime
-
-
-def _close_at_exit() -> None:
-    global _runtime
-    with _lock:
-        runtime, _runtime = _runtime, None
-    if runtime is not None:
-        runtime.close()
-
-
-atexit.register(_close_at_exit)

@@ -3,16 +3,10 @@ underneath).
 
 `NKIBUILD_FAKE_NKI_VERSION` names that release (default: the newest the double knows, as
 `nkibuild.toolchain_double.fake_nki_version` says; this module imports no nkibuild, so
-that a bundle run in isolation finds it), and the fake follows what changed:
-before 0.3 it also has `nki._torch_xla.PyTorchXLAKernel`; from 0.3 `platform_target=`
-raises and `mode=` is ignored; before 0.7 the launch grid (LNC) is `kernel[lnc]`, from
-0.7 on it is read from `NEURON_LOGICAL_NC_CONFIG` when the kernel runs.
-
-`nki.jit` kernels run on NumPy through `nki.simulate`, as the real CPU simulator
-runs them; called on (fake) torch XLA tensors they are traced through the fake
-torch_xla, as the real `nki.jit` dispatches on its arguments' types. Running on a
-device ("baremetal") is refused. `nki.language` implements only what typical tiled
-kernels use, `nki.isa` the few instructions of the NKI 0.3 tutorials.
+that a bundle run in isolation finds it), and the fake follows what changed in NKI at
+0.3 and 0.7 (docs/toolchain-double.md). As the real `nki.jit` dispatches on its
+arguments' types, a kernel runs on NumPy through `nki.simulate` and is traced through
+the fake torch_xla when called on (fake) torch tensors; running on a device is refused.
 """
 
 from __future__ import annotations
@@ -58,7 +52,11 @@ class JitKernel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.mode == "simulation":
             return simulate(self)(*args, **kwargs)
-        if self.mode == "torchxla" or _has_torch_tensor(args, kwargs):
+        # The real dispatch looks at argument types. No tensor can exist unless torch
+        # was imported, and NumPy-only kernels must not need torch.
+        torch = sys.modules.get("torch")
+        tensors = torch is not None and any(map(torch.is_tensor, (*args, *kwargs.values())))
+        if self.mode == "torchxla" or tensors:
             from nki._xla_trace import PyTorchXLAKernel
 
             return PyTorchXLAKernel(func=self)(*args, **kwargs)
@@ -66,15 +64,6 @@ class JitKernel:
             f"nkibuild's toolchain double cannot run {self.__name__} on a device: "
             "use nki.simulate(kernel)(*arrays) on NumPy arrays, or call it on XLA tensors"
         )
-
-
-def _has_torch_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    # The real dispatch looks at argument types. No tensor can exist unless torch
-    # was imported, and NumPy-only kernels must not need torch.
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    return any(torch.is_tensor(value) for value in (*args, *kwargs.values()))
 
 
 def jit(func: Callable[..., Any] | None = None, mode: str = "auto", **options: Any) -> Any:
@@ -91,13 +80,12 @@ def jit(func: Callable[..., Any] | None = None, mode: str = "auto", **options: A
 def simulate(kernel: Any) -> Callable[..., Any]:
     """Run a kernel on NumPy arrays (like nki.simulate, with the launch grid the kernel
     would run with); returns its outputs."""
-    func = kernel.func if isinstance(kernel, JitKernel) else kernel
-    grid = kernel.grid if isinstance(kernel, JitKernel) else JitKernel(func).grid
+    jitted = kernel if isinstance(kernel, JitKernel) else JitKernel(kernel)
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        token = language.GRID.set(grid)
+        token = language.GRID.set(jitted.grid)
         try:
-            return func(*args, **kwargs)
+            return jitted.func(*args, **kwargs)
         finally:
             language.GRID.reset(token)
 

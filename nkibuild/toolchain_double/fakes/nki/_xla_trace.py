@@ -1,14 +1,8 @@
-"""nkibuild toolchain double: how the fake nki puts a kernel into an HLO module.
-
-`compile_kernel` is what both extraction routes share: the kernel runs once under
-`nki.simulate` on zeros of its tensors' shapes and dtypes (how the double learns its
-outputs), and is "compiled" into a file in a temp dir of its own, outside any dump
-directory, which an `AwsNeuronCustomNativeKernel` custom-call names by absolute path
-in its backend_config (base64 JSON), as the real toolchain does. The fake nkipy's NKI
-op puts that custom-call into the module it traces; `PyTorchXLAKernel` records it as a
-graph on the fake XLA device. `PyTorchXLAKernel` is public as
-`nki._torch_xla.PyTorchXLAKernel` before NKI 0.3 (see `_torch_xla.py`); from 0.3 an
-`nki.jit` kernel does this itself when called on XLA tensors.
+"""nkibuild toolchain double: how the fake nki puts a kernel into an HLO module, on both
+extraction routes: the fake nkipy's NKI op puts `compile_kernel`'s custom-call into the
+module it traces, and `PyTorchXLAKernel` records it as a graph on the fake XLA device
+(public as `nki._torch_xla.PyTorchXLAKernel` before NKI 0.3; from 0.3 an `nki.jit`
+kernel does this itself when called on XLA tensors).
 """
 
 from __future__ import annotations
@@ -35,31 +29,25 @@ Signature = list[tuple[str, str, tuple[int, ...]]]
 def compile_kernel(
     kernel: JitKernel, arguments: dict[str, Any], is_tensor: Callable[[Any], bool], target: str
 ) -> tuple[Any, Signature, list[tuple[str, tuple[int, ...]]], tuple[str, bytes], str]:
-    """The kernel's outputs on zeros, its tensor inputs and results, its custom-call and
-    what its compilation depends on (kernel source, signature, target, launch grid).
-    `arguments` by parameter name: tensors, and anything else that specializes the kernel."""
-    tensors = [value for value in arguments.values() if is_tensor(value)]
-    constants = sorted((k, v) for k, v in arguments.items() if not is_tensor(v))
-    samples = {k: _zeros_like(v) if is_tensor(v) else v for k, v in arguments.items()}
-    result = simulate(kernel)(**samples)
+    """The kernel's outputs (how the double learns them: `nki.simulate` on zeros), its
+    tensor inputs and results, its `AwsNeuronCustomNativeKernel` custom-call and what its
+    compilation depends on (kernel source, signature, target, launch grid). `arguments`
+    by parameter name: tensors, and anything else that specializes the kernel."""
+    tensors = {k: v for k, v in arguments.items() if is_tensor(v)}
+    constants = sorted((k, v) for k, v in arguments.items() if k not in tensors)
+    zeros = {k: np.zeros(tuple(v.shape), numpy_dtype(v.dtype.name)) for k, v in tensors.items()}
+    result = simulate(kernel)(**(arguments | zeros))
     if result is None:
         raise TypeError(
             f"{kernel.__name__} returned nothing: the toolchain double supports "
             "kernels that return their outputs (nl.ndarray(..., buffer=nl.shared_hbm))"
         )
     outputs = result if isinstance(result, tuple) else (result,)
-    inputs = [(f"p{i}", t.dtype.name, tuple(t.shape)) for i, t in enumerate(tensors)]
+    inputs = [(f"p{i}", t.dtype.name, tuple(t.shape)) for i, t in enumerate(tensors.values())]
     results = [(np.dtype(o.dtype).name, tuple(o.shape)) for o in outputs]
     key = [inspect.getsource(kernel.func), inputs, constants, target, kernel.grid]
     identity = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()
     return result, inputs, results, _custom_call(kernel, identity, target), identity
-
-
-def bind(kernel: JitKernel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A call's arguments by parameter name, defaults included."""
-    bound = inspect.signature(kernel.func).bind(*args, **kwargs)
-    bound.apply_defaults()
-    return bound.arguments
 
 
 def _custom_call(kernel: JitKernel, identity: str, target: str) -> tuple[str, bytes]:
@@ -88,15 +76,12 @@ class PyTorchXLAKernel:
         import torch
         from torch_xla.core import xla_model
 
-        arguments = bind(self.kernel, args, kwargs)
+        bound = inspect.signature(self.kernel.func).bind(*args, **kwargs)
+        bound.apply_defaults()
         result, inputs, results, call, identity = compile_kernel(
-            self.kernel, arguments, torch.is_tensor, xla_model.target()
+            self.kernel, bound.arguments, torch.is_tensor, xla_model.target()
         )
         xla_model.record(xla_model.Graph(self.kernel.__name__, inputs, results, call, identity))
         device = xla_model.xla_device()
         fakes = tuple(torch.Tensor(dims, getattr(torch, dtype), device) for dtype, dims in results)
         return fakes if isinstance(result, tuple) else fakes[0]
-
-
-def _zeros_like(tensor: Any) -> np.ndarray:
-    return np.zeros(tuple(tensor.shape), numpy_dtype(tensor.dtype.name))

@@ -42,31 +42,23 @@ def numpy_dtype(dtype: Any) -> np.dtype:
     return np.dtype(dtype)
 
 
-def _as(value: Any, dtype: Any) -> np.ndarray:
-    """A fresh array (never a view: loads copy out of HBM), in `dtype` if given."""
-    array = np.asarray(value)
-    return np.array(array, dtype=numpy_dtype(dtype) if dtype is not None else array.dtype)
-
-
-def ndarray(shape: tuple[int, ...], dtype: Any, buffer: Any = None, **_: Any) -> np.ndarray:
-    # Uninitialized on hardware; zeros keep simulation deterministic.
-    return np.zeros(tuple(shape), dtype=numpy_dtype(dtype))
-
-
 def zeros(shape: tuple[int, ...], dtype: Any, buffer: Any = None, **_: Any) -> np.ndarray:
     return np.zeros(tuple(shape), dtype=numpy_dtype(dtype))
 
 
-def load(source: np.ndarray, dtype: Any = None, **_: Any) -> np.ndarray:
-    return _as(source, dtype)
+ndarray = zeros  # uninitialized on hardware; zeros keep simulation deterministic
+
+
+def load(src: Any, dtype: Any = None, **_: Any) -> np.ndarray:
+    """A fresh array (never a view: loads copy out of HBM), in `dtype` if given."""
+    return np.array(src, dtype=None if dtype is None else numpy_dtype(dtype))
+
+
+copy = load
 
 
 def store(destination: np.ndarray, value: Any, **_: Any) -> None:
     destination[...] = value  # `destination` is a view into the output tensor
-
-
-def copy(x: Any, dtype: Any = None, **_: Any) -> np.ndarray:
-    return _as(x, dtype)
 
 
 def matmul(x: np.ndarray, y: np.ndarray, transpose_x: bool = False, **_: Any) -> np.ndarray:
@@ -76,28 +68,20 @@ def matmul(x: np.ndarray, y: np.ndarray, transpose_x: bool = False, **_: Any) ->
 
 
 def add(x: Any, y: Any, dtype: Any = None, **_: Any) -> np.ndarray:
-    return _as(np.add(x, y), dtype)
+    return load(np.add(x, y), dtype)
 
 
 def multiply(x: Any, y: Any, dtype: Any = None, **_: Any) -> np.ndarray:
-    return _as(np.multiply(x, y), dtype)
+    return load(np.multiply(x, y), dtype)
 
 
 def exp(x: Any, dtype: Any = None, **_: Any) -> np.ndarray:
-    return _as(np.exp(x), dtype)
+    return load(np.exp(x), dtype)
 
 
-def affine_range(*args: int) -> range:
-    # Iterations are independent on hardware (may run in parallel); in order here.
-    return range(*args)
-
-
-sequential_range = affine_range
-static_range = affine_range
-
-
-def arange(*args: int) -> np.ndarray:
-    return np.arange(*args)
+# Iterations are independent on hardware (may run in parallel); in order here.
+affine_range = sequential_range = static_range = range
+arange = np.arange
 
 
 # The launch grid of the kernel being simulated (`kernel[2]` under LNC 2): one program

@@ -36,20 +36,17 @@ _TRACED_AS = {"float64": np.dtype(np.float32), "int64": np.dtype(np.int32)}
 WRITTEN_SUFFIX = ".must_alias_input"
 
 
-class _Proto:
+class _Code:
+    """The traced module, as `kernel._code.to_proto().SerializeToString()` reads it."""
+
     def __init__(self, data: bytes) -> None:
         self._data = data
+
+    def to_proto(self) -> _Code:
+        return self
 
     def SerializeToString(self) -> bytes:
         return self._data
-
-
-class _Code:
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-
-    def to_proto(self) -> _Proto:
-        return _Proto(self._data)
 
 
 class NKIPyKernel:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from nkibuild.toolchain_double.hlo_writer import build_hlo_module
@@ -44,12 +44,7 @@ class Graph:
     identity: str | None = None
 
 
-@dataclass
-class _Pending:
-    graphs: list[Graph] = field(default_factory=list)
-
-
-PENDING = _Pending()
+_PENDING: list[Graph] = []  # recorded since the last mark_step()
 
 
 def xla_device() -> Device:
@@ -61,7 +56,7 @@ def target() -> str:
 
 
 def record(graph: Graph) -> None:
-    PENDING.graphs.append(graph)
+    _PENDING.append(graph)
 
 
 def mark_step() -> None:
@@ -72,23 +67,15 @@ def mark_step() -> None:
         )
     cache = Path(os.environ["NEURON_COMPILE_CACHE_URL"]) / COMPILER_DIR
     flags = json.dumps([f"--target={target()}", "--framework=XLA"])
-    graphs, PENDING.graphs = PENDING.graphs, []
+    graphs, _PENDING[:] = list(_PENDING), []
     for graph in graphs:
-        _dump(cache, _glue(graph), None, flags)
-        _dump(cache, _kernel_module(graph), graph.identity, flags)
-
-
-def _glue(graph: Graph) -> bytes:
-    # Parameter loading: touches every input several times, so it is often the
-    # largest module of the step although it holds no kernel.
-    results = [(dtype, dims) for _, dtype, dims in graph.inputs] * GLUE_REPEATS
-    return build_hlo_module(f"SyncTensorsGraph.{graph.name}.params", graph.inputs, results)
-
-
-def _kernel_module(graph: Graph) -> bytes:
-    return build_hlo_module(
-        f"SyncTensorsGraph.{graph.name}", graph.inputs, graph.outputs, graph.custom_call
-    )
+        name = f"SyncTensorsGraph.{graph.name}"
+        # Parameter loading: touches every input several times, so it is often the
+        # largest module of the step although it holds no kernel.
+        loads = [(dtype, dims) for _, dtype, dims in graph.inputs] * GLUE_REPEATS
+        _dump(cache, build_hlo_module(f"{name}.params", graph.inputs, loads), None, flags)
+        kernel = build_hlo_module(name, graph.inputs, graph.outputs, graph.custom_call)
+        _dump(cache, kernel, graph.identity, flags)
 
 
 def _dump(cache: Path, module: bytes, identity: str | None, flags: str) -> None:
