@@ -13,7 +13,7 @@ existed have the layout of version 1.
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from types import NoneType
 from typing import Any, TypeVar, get_args, get_origin
@@ -173,7 +173,7 @@ class BuildInfo(_Record):
     # None in documents written before nkibuild recorded it (an optional key: older
     # readers ignore it, so the format version stays)
     provenance: ProvenanceInfo | None = None
-    format_version: int = field(default=FORMAT_VERSION)
+    format_version: int = FORMAT_VERSION
 
     def targets(self) -> list[str]:
         """Every target some kernel has a NEFF for."""

@@ -29,7 +29,7 @@ def package_init(package: Package, kernels: Sequence[Kernel]) -> str:
     # called `importlib`, `getattr`, `globals` or `AttributeError` breaks nothing.
     names = [kernel.name for kernel in kernels]
     type_imports = "".join(f"    from ._kernels.{name} import {name}\n" for name in sorted(names))
-    exported = ", ".join(map(_py, [*names, "build_info"]))
+    kernels = ", ".join(map(_py, names)) + ("," if len(names) == 1 else "")  # a 1-tuple's comma
     return (
         f'"""Neuron kernels of {package.name!r}, built by nkibuild.\n\n'
         f"Kernels: {', '.join(names)}. Each is loaded on first use.\n"
@@ -39,9 +39,9 @@ def package_init(package: Package, kernels: Sequence[Kernel]) -> str:
         "import importlib as __nkibuild_importlib\n"
         "import typing as __nkibuild_typing\n\n"
         f"__version__ = {_py(package.version)}\n"
-        f"KERNELS = {_py_tuple(names)}\n"
+        f"KERNELS = ({kernels})\n"
         "__nkibuild_kernels = KERNELS\n"
-        f"__all__ = [{exported}]\n\n"
+        f"__all__ = {json.dumps([*names, 'build_info'])}\n\n"
         "if __nkibuild_typing.TYPE_CHECKING:\n"
         f"{type_imports}\n\n"
         "def build_info() -> dict:\n"
@@ -175,11 +175,6 @@ def _py(text: str) -> str:
     return json.dumps(text)
 
 
-def _py_tuple(items: Sequence[str]) -> str:
-    inner = ", ".join(map(_py, items))
-    return f"({inner},)" if len(items) == 1 else f"({inner})"
-
-
 def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -203,7 +198,7 @@ def pyproject(
         f"version = {_toml(package.version)}",
         f"description = {_toml(package.description)}",
         f"requires-python = {_toml(package.requires_python)}",
-        f"dependencies = [{', '.join(_toml(r) for r in requirements)}]",
+        f"dependencies = {_toml(requirements)}",
     ]
     if package.license:
         lines.append(f"license = {_toml(package.license)}")
@@ -211,9 +206,7 @@ def pyproject(
         lines += ["", "[project.optional-dependencies]"]
         pinned = {name: [f"{r}=={package.version}" for r in reqs] for name, reqs in extras.items()}
         pinned["all"] = sorted({r for reqs in pinned.values() for r in reqs})
-        lines += [
-            f"{name} = [{', '.join(_toml(r) for r in reqs)}]" for name, reqs in pinned.items()
-        ]
+        lines += [f"{name} = {_toml(reqs)}" for name, reqs in pinned.items()]
     if entry_point:
         lines += [
             "",
@@ -230,8 +223,9 @@ def pyproject(
     return "\n".join(lines)
 
 
-def _toml(value: str) -> str:
-    """A TOML basic string: JSON's escapes are TOML's, but JSON writes characters beyond the
-    BMP as surrogate pairs unless left raw (`ensure_ascii=False`), and leaves DEL raw, which
-    TOML refuses (the manifest loader refuses lone surrogates, which no UTF-8 file can hold)."""
+def _toml(value: str | Sequence[str]) -> str:
+    """A TOML basic string, or an array of them: JSON's escapes are TOML's, but JSON writes
+    characters beyond the BMP as surrogate pairs unless left raw (`ensure_ascii=False`),
+    and leaves DEL raw, which TOML refuses (the manifest loader refuses lone surrogates,
+    which no UTF-8 file can hold)."""
     return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")

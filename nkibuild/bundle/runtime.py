@@ -68,7 +68,6 @@ def build_info(package: str) -> dict[str, Any]:
 
 @cache
 def _document(package: str) -> dict[str, Any]:
-    """The bundle's `_build.json`, read once."""
     from importlib import resources
 
     return json.loads(resources.files(package).joinpath("_build.json").read_text("utf-8"))
@@ -206,9 +205,9 @@ class Padding:
         import numpy as np
 
         results = [np.asarray(r) for r in (result if isinstance(result, tuple) else [result])]
-        for index, wanted in enumerate(self.cut_shapes([r.shape for r in results], shapes)):
-            results[index] = results[index][tuple(slice(0, length) for length in wanted)]
-        return tuple(results) if isinstance(result, tuple) else results[0]
+        wanted = self.cut_shapes([r.shape for r in results], shapes)
+        cut = tuple(r[tuple(map(slice, shape))] for r, shape in zip(results, wanted, strict=True))
+        return cut if isinstance(result, tuple) else cut[0]
 
 
 class Kernel:
@@ -229,7 +228,7 @@ class Kernel:
         ]
         self._padding = Padding(self._names, **padding) if padding else None
         # Padding picks the smallest variant that fits: fewest input elements first.
-        self._buckets = sorted(self._shapes_by_variant, key=lambda item: _elements(item[1]))
+        self._buckets = sorted(self._shapes_by_variant, key=lambda v: sum(map(math.prod, v[1])))
         self._constant_values = {n: _constant(v) for n, v in self._info["constants"]}
         # nkipy kernels are NumPy code: without a reference, the kernel is its own.
         nkipy_source = self._info.get("source") if self._info["frontend"] == "nkipy" else None
@@ -238,7 +237,7 @@ class Kernel:
     @property
     def signature(self) -> tuple[tuple[str, str], ...]:
         """(argument name, dtype) in call order; shapes depend on the variant."""
-        return tuple((arg["name"], arg["dtype"]) for arg in self._info["inputs"])
+        return tuple(zip(self._names, self._dtypes, strict=True))
 
     @property
     def variants(self) -> dict[str, dict[str, tuple[int, ...]]]:
@@ -294,6 +293,8 @@ class Kernel:
     def _bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
         """Arguments by name, as NumPy arrays, and the torch device to return results on
         (None when no torch tensor was passed)."""
+        import numpy as np
+
         names = self._names
         if len(args) > len(names):
             raise KernelError(f"{self.name}() takes {len(names)} arguments ({', '.join(names)})")
@@ -310,7 +311,7 @@ class Kernel:
         if missing:
             raise KernelError(f"{self.name}() is missing {', '.join(missing)}")
         values = [bound[name] for name in names]
-        if all(type(value) is _ndarray() for value in values):
+        if all(type(value) is np.ndarray for value in values):
             return values, None  # the common case, without conversions
         devices = [value.device for value in values if _is_torch(value)]
         return [_as_numpy(value) for value in values], (devices[0] if devices else None)
@@ -425,7 +426,7 @@ class Kernel:
 
     def _listing(self) -> str:
         return "built variants: " + "; ".join(
-            f"{v}: {_shapes(s.values())}" for v, s in self.variants.items()
+            f"{v}: {_shapes(s)}" for v, s in self._shapes_by_variant
         )
 
     # --- modes -------------------------------------------------------------------------
@@ -836,13 +837,6 @@ def _constant(value: Any) -> Any:
     return tuple(_constant(v) for v in value) if isinstance(value, list) else value
 
 
-@cache
-def _ndarray() -> type:
-    import numpy as np
-
-    return np.ndarray
-
-
 def _is_torch(value: Any) -> bool:
     return type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach")
 
@@ -871,10 +865,6 @@ def _as_torch(result: Any, device: Any) -> Any:
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16).to(device)
     return torch.from_numpy(array).to(device)
-
-
-def _elements(shapes: Sequence[tuple[int, ...]]) -> int:
-    return sum(math.prod(shape) for shape in shapes)
 
 
 def _shapes(shapes: Any) -> str:
