@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from nkibuild import __version__
 from nkibuild.bundle.buildinfo import KernelInfo
@@ -28,7 +29,7 @@ def package_init(package: Package, kernels: Sequence[Kernel]) -> str:
     # called `importlib`, `getattr`, `globals` or `AttributeError` breaks nothing.
     names = [kernel.name for kernel in kernels]
     type_imports = "".join(f"    from ._kernels.{name} import {name}\n" for name in sorted(names))
-    exported = _py_items([*names, "build_info"])
+    kernels = ", ".join(map(_py, names)) + ("," if len(names) == 1 else "")  # a 1-tuple's comma
     return (
         f'"""Neuron kernels of {package.name!r}, built by nkibuild.\n\n'
         f"Kernels: {', '.join(names)}. Each is loaded on first use.\n"
@@ -38,9 +39,9 @@ def package_init(package: Package, kernels: Sequence[Kernel]) -> str:
         "import importlib as __nkibuild_importlib\n"
         "import typing as __nkibuild_typing\n\n"
         f"__version__ = {_py(package.version)}\n"
-        f"KERNELS = {_py_tuple(names)}\n"
+        f"KERNELS = ({kernels})\n"
         "__nkibuild_kernels = KERNELS\n"
-        f"__all__ = [{exported}]\n\n"
+        f"__all__ = {json.dumps([*names, 'build_info'])}\n\n"
         "if __nkibuild_typing.TYPE_CHECKING:\n"
         f"{type_imports}\n\n"
         "def build_info() -> dict:\n"
@@ -90,48 +91,37 @@ def kernel_module(import_name: str, kernel: Kernel, info: KernelInfo | None = No
         f"{_docstring(kernel)}"
         f"    return __nkibuild_kernel({call_args}, mode=mode)\n\n\n"
         f"{kernel.name}.kernel = _kernel  # type: ignore[attr-defined]\n"
-        f"{kernel.name}.variants = _kernel.variants  # type: ignore[attr-defined]\n"
-        f"{kernel.name}.targets = _kernel.targets  # type: ignore[attr-defined]\n"
-        f"{kernel.name}.signature = _kernel.signature  # type: ignore[attr-defined]\n"
-        f"{kernel.name}.load = _kernel.load  # type: ignore[attr-defined]\n"
-        f"{kernel.name}.benchmark = _kernel.benchmark  # type: ignore[attr-defined]\n"
-        f"{kernel.name}.frontend = _kernel.frontend  # type: ignore[attr-defined]\n"
+        + "".join(
+            f"{kernel.name}.{name} = _kernel.{name}  # type: ignore[attr-defined]\n"
+            for name in ("variants", "targets", "signature", "load", "benchmark", "frontend")
+        )
     )
 
 
 def _padding_literal(padding: Padding) -> str:
-    """The declaration as the runtime takes it, laid out as ruff format keeps it: every
-    mapping and list split one item per line (a trailing comma keeps them split), except
-    an axes list or an output entry that fits on its line. Only validated input names,
-    integers and the pad value as a string ("0.0", "-inf") appear, all through json.dumps."""
-    data = padding.to_json()
-    inputs = [
-        f"{_py(name)}: {_fitting(axes, 12 + len(_py(name)) + 2)},"
-        for name, axes in data["inputs"].items()
-    ]
-    outputs = [f"{json.dumps(entry)}," for entry in data["outputs"]]
-    return "\n".join(
-        [
-            "{",
-            '        "inputs": {',
-            *(f"            {line}" for line in inputs),
-            "        },",
-            f'        "value": {_py(repr(float(padding.value)))},',  # ruff rewrites 1e+20
-            '        "outputs": [' + ("" if outputs else "],"),
-            *(f"            {line}" for line in outputs),
-            *(["        ],"] if outputs else []),
-            "    }",
+    """The declaration as the runtime takes it. Only validated input names, integers and
+    the pad value as a string ("0.0", "-inf": ruff would rewrite a literal 1e+20) appear."""
+    return _literal({**padding.to_json(), "value": repr(float(padding.value))}, 12, 4)
+
+
+def _literal(value: Any, column: int, indent: int) -> str:
+    """JSON data as a Python literal starting at `column` on a line indented by `indent`,
+    laid out as ruff format keeps it: a list of numbers and strings on its line if that
+    fits in 100 columns; else, and a dict or a list of lists always, one item a line with
+    a trailing comma (which keeps it split)."""
+    flat = isinstance(value, list) and not any(isinstance(item, list | dict) for item in value)
+    if not isinstance(value, list | dict) or (flat and column + len(json.dumps(value)) < 100):
+        return json.dumps(value)
+    inner = " " * (indent + 4)
+    if isinstance(value, dict):
+        items = [
+            f"{_py(k)}: {_literal(v, len(inner + _py(k)) + 2, len(inner))}"
+            for k, v in value.items()
         ]
-    )
-
-
-def _fitting(items: list[int], column: int) -> str:
-    """An input's axes (its line indented by 12) on one line if that fits in 100 columns,
-    else one per line."""
-    inline = json.dumps(items)
-    if column + len(inline) + 1 <= 100:
-        return inline
-    return "[\n" + "".join(f"                {item},\n" for item in items) + "            ]"
+    else:
+        items = [_literal(item, len(inner), len(inner)) for item in value]
+    opening, closing = "{}" if isinstance(value, dict) else "[]"
+    return opening + "".join(f"\n{inner}{item}," for item in items) + f"\n{' ' * indent}{closing}"
 
 
 def _check_padding(kernel: Kernel, info: KernelInfo) -> None:
@@ -185,16 +175,6 @@ def _py(text: str) -> str:
     return json.dumps(text)
 
 
-def _py_tuple(items: Sequence[str]) -> str:
-    inner = _py_items(items)
-    return f"({inner},)" if len(items) == 1 else f"({inner})"
-
-
-def _py_items(items: Sequence[str]) -> str:
-    """`", ".join(_py(item) for item in items)` (a JSON list separates its items so)."""
-    return json.dumps(list(items))[1:-1]
-
-
 def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -218,7 +198,7 @@ def pyproject(
         f"version = {_toml(package.version)}",
         f"description = {_toml(package.description)}",
         f"requires-python = {_toml(package.requires_python)}",
-        f"dependencies = [{', '.join(_toml(r) for r in requirements)}]",
+        f"dependencies = {_toml(requirements)}",
     ]
     if package.license:
         lines.append(f"license = {_toml(package.license)}")
@@ -226,9 +206,7 @@ def pyproject(
         lines += ["", "[project.optional-dependencies]"]
         pinned = {name: [f"{r}=={package.version}" for r in reqs] for name, reqs in extras.items()}
         pinned["all"] = sorted({r for reqs in pinned.values() for r in reqs})
-        lines += [
-            f"{name} = [{', '.join(_toml(r) for r in reqs)}]" for name, reqs in pinned.items()
-        ]
+        lines += [f"{name} = {_toml(reqs)}" for name, reqs in pinned.items()]
     if entry_point:
         lines += [
             "",
@@ -245,18 +223,9 @@ def pyproject(
     return "\n".join(lines)
 
 
-def _toml(value: str) -> str:
-    """A TOML basic string. Not json.dumps: JSON writes characters beyond the BMP as
-    surrogate pairs (`\\ud83d\\ude00`), which TOML refuses, and leaves DEL raw, which
-    TOML refuses too. Only what TOML forbids raw is escaped (the manifest loader
-    refuses lone surrogates, which no UTF-8 file can hold)."""
-    escaped = (_TOML_ESCAPES.get(char) or _toml_char(char) for char in value)
-    return '"' + "".join(escaped) + '"'
-
-
-_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-def _toml_char(char: str) -> str:
-    code = ord(char)
-    return f"\\u{code:04x}" if code < 0x20 or code == 0x7F else char
+def _toml(value: str | Sequence[str]) -> str:
+    """A TOML basic string, or an array of them: JSON's escapes are TOML's, but JSON writes
+    characters beyond the BMP as surrogate pairs unless left raw (`ensure_ascii=False`),
+    and leaves DEL raw, which TOML refuses (the manifest loader refuses lone surrogates,
+    which no UTF-8 file can hold)."""
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")

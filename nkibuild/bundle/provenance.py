@@ -27,15 +27,10 @@ def material_files(manifest: Manifest) -> list[Path]:
     source, the files its `deps` match, and its reference, each once, sorted."""
     from nkibuild.confine import glob_files
 
-    root = manifest.root
+    root, kernels = manifest.root, manifest.kernels
     # Each distinct name once: kernels share files and patterns.
-    named: set[str] = set()
-    patterns: set[str] = set()
-    for kernel in manifest.kernels:
-        named.add(kernel.source.path)
-        patterns.update(kernel.deps)
-        if kernel.reference is not None:
-            named.add(kernel.reference.path)
+    named = {k.source.path for k in kernels} | {k.reference.path for k in kernels if k.reference}
+    patterns = {pattern for kernel in kernels for pattern in kernel.deps}
     found = {root / name for name in named}
     found.update(Path(match) for pattern in patterns for match in glob_files(root, pattern))
     return sorted(found)

@@ -21,7 +21,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from functools import cache
+from functools import cache, cached_property
 from typing import Any, NamedTuple
 
 MODES = ("auto", "neuron", "simulate", "reference")
@@ -68,7 +68,6 @@ def build_info(package: str) -> dict[str, Any]:
 
 @cache
 def _document(package: str) -> dict[str, Any]:
-    """The bundle's `_build.json`, read once."""
     from importlib import resources
 
     return json.loads(resources.files(package).joinpath("_build.json").read_text("utf-8"))
@@ -206,9 +205,9 @@ class Padding:
         import numpy as np
 
         results = [np.asarray(r) for r in (result if isinstance(result, tuple) else [result])]
-        for index, wanted in enumerate(self.cut_shapes([r.shape for r in results], shapes)):
-            results[index] = results[index][tuple(slice(0, length) for length in wanted)]
-        return tuple(results) if isinstance(result, tuple) else results[0]
+        wanted = self.cut_shapes([r.shape for r in results], shapes)
+        cut = tuple(r[tuple(map(slice, shape))] for r, shape in zip(results, wanted, strict=True))
+        return cut if isinstance(result, tuple) else cut[0]
 
 
 class Kernel:
@@ -229,20 +228,21 @@ class Kernel:
         ]
         self._padding = Padding(self._names, **padding) if padding else None
         # Padding picks the smallest variant that fits: fewest input elements first.
-        self._buckets = sorted(self._shapes_by_variant, key=lambda item: _elements(item[1]))
+        self._buckets = sorted(self._shapes_by_variant, key=lambda v: sum(map(math.prod, v[1])))
         self._constant_values = {n: _constant(v) for n, v in self._info["constants"]}
-        self._functions: dict[str, Callable[..., Any]] = {}
+        # nkipy kernels are NumPy code: without a reference, the kernel is its own.
+        nkipy_source = self._info.get("source") if self._info["frontend"] == "nkipy" else None
+        self._reference = self._info["reference"] or nkipy_source
 
     @property
     def signature(self) -> tuple[tuple[str, str], ...]:
         """(argument name, dtype) in call order; shapes depend on the variant."""
-        return tuple((arg["name"], arg["dtype"]) for arg in self._info["inputs"])
+        return tuple(zip(self._names, self._dtypes, strict=True))
 
     @property
     def variants(self) -> dict[str, dict[str, tuple[int, ...]]]:
         return {
-            variant: {t["name"]: tuple(t["shape"]) for t in spec["inputs"]}
-            for variant, spec in self._info["variants"].items()
+            v: dict(zip(self._names, shapes, strict=True)) for v, shapes in self._shapes_by_variant
         }
 
     @property
@@ -258,12 +258,7 @@ class Kernel:
         arrays, device = self._bind(args, kwargs)
         variant, inputs = self._fitted(arrays)
         chosen, reason = self._resolve_mode(mode, variant)
-        runner: Callable[[list[Any], str], Any] = {
-            "neuron": self._run_neuron,
-            "simulate": self._run_simulate,
-            "reference": self._run_reference,
-        }[chosen]
-        result = runner(inputs, variant)
+        result = getattr(self, f"_run_{chosen}")(inputs, variant)
         if inputs is not arrays and self._padding is not None:  # padded: cut back
             result = self._padding.cut(result, [a.shape for a in arrays])
         # Said after the run: a mode that then fails (no target, no spike) must not have
@@ -288,9 +283,7 @@ class Kernel:
         """The binding's benchmark of the NEFF that `args` select, on this host's device."""
         arrays, _ = self._bind(args, kwargs)
         variant, fitted = self._fitted(arrays)
-        target = self._target(None)
-        model = self.load(target, variant)
-        inputs = self._device_inputs(fitted, target, variant)
+        model, inputs, _ = self._loaded(fitted, variant)
         return model.benchmark(
             inputs, outputs=None, warmup_iter=warmup_iter, benchmark_iter=benchmark_iter
         )
@@ -300,6 +293,8 @@ class Kernel:
     def _bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[Any], Any]:
         """Arguments by name, as NumPy arrays, and the torch device to return results on
         (None when no torch tensor was passed)."""
+        import numpy as np
+
         names = self._names
         if len(args) > len(names):
             raise KernelError(f"{self.name}() takes {len(names)} arguments ({', '.join(names)})")
@@ -316,7 +311,7 @@ class Kernel:
         if missing:
             raise KernelError(f"{self.name}() is missing {', '.join(missing)}")
         values = [bound[name] for name in names]
-        if all(type(value) is _ndarray() for value in values):
+        if all(type(value) is np.ndarray for value in values):
             return values, None  # the common case, without conversions
         devices = [value.device for value in values if _is_torch(value)]
         return [_as_numpy(value) for value in values], (devices[0] if devices else None)
@@ -390,7 +385,9 @@ class Kernel:
             tuple(n if axis in self._padding.axes[argument] else int(n) for axis, n in enumerate(s))
             for argument, s in enumerate(shapes)
         ]
-        candidates = [v for v, bucket in self._buckets if self._allows(shapes, bucket)]
+        # The variants the known lengths fit (an unknown length is on a padded axis).
+        known = [tuple(n if isinstance(n, int) else 0 for n in shape) for shape in shapes]
+        candidates = [v for v, bucket in self._buckets if self._padding.fits(known, bucket)]
         listed = {(output, axis) for output, axis, _, _ in self._padding.outputs}
         kept = {self._kept_outputs(variant, listed) for variant in candidates}
         if len(kept) != 1:
@@ -404,15 +401,6 @@ class Kernel:
         outputs = self._neff(self._signature_target(), candidates[0])["outputs"]
         found = self._padding.cut_shapes([tuple(t["shape"]) for t in outputs], shapes)
         return [(t["dtype"], shape) for t, shape in zip(outputs, found, strict=True)]
-
-    def _allows(
-        self, shapes: Sequence[tuple[Any, ...]], bucket: tuple[tuple[int, ...], ...]
-    ) -> bool:
-        """Whether the known lengths fit the variant (unknown ones are padded axes)."""
-        known = [
-            tuple(length if isinstance(length, int) else 0 for length in shape) for shape in shapes
-        ]
-        return self._padding is not None and self._padding.fits(known, bucket)
 
     def _kept_outputs(self, variant: str, listed: set[tuple[int, int]]) -> tuple[Any, ...]:
         """A variant's outputs (dtype, shape) on every target, cut-back axes left out."""
@@ -438,7 +426,7 @@ class Kernel:
 
     def _listing(self) -> str:
         return "built variants: " + "; ".join(
-            f"{v}: {_shapes(s.values())}" for v, s in self.variants.items()
+            f"{v}: {_shapes(s)}" for v, s in self._shapes_by_variant
         )
 
     # --- modes -------------------------------------------------------------------------
@@ -452,7 +440,7 @@ class Kernel:
         problem = self._neuron_problem(variant)
         if problem is None:
             return "neuron", f"Neuron host {host_target()}"
-        if self._reference_function_info() is None:
+        if self._reference is None:
             raise KernelError(f"{self.name}: cannot run: {problem}; and no reference was built")
         return "reference", problem
 
@@ -466,10 +454,8 @@ class Kernel:
         neff = self._info["neffs"][target][variant]
         if neff["placeholder"]:
             return "the NEFFs are placeholders from nkibuild's toolchain double"
-        if _neff_package_missing(self.package, neff):
-            return _install_hint(self.package, target)
         binding = runtime_binding()
-        return None if binding.name else binding.why
+        return _missing_part(self.package, target, neff) or (None if binding.name else binding.why)
 
     def _announce(self, mode: str, reason: str) -> None:
         if self._announced != mode:
@@ -479,26 +465,16 @@ class Kernel:
                 "%s.%s runs in %s mode %s: %s", self.package, self.name, mode, where, reason
             )
 
-    def _function(self, role: str, where: dict[str, str]) -> Callable[..., Any]:
-        if role not in self._functions:
-            self._functions[role] = _shipped_function(self.package, where)
-        return self._functions[role]
-
-    def _reference_function_info(self) -> dict[str, str] | None:
-        # nkipy kernels are NumPy code: without a reference, the kernel is its own.
-        if self._info["reference"] is not None:
-            return self._info["reference"]
-        if self._info["frontend"] == "nkipy":
-            return self._info.get("source")
-        return None
-
     def _run_reference(self, arrays: Sequence[Any], _variant: str) -> Any:
-        reference = self._reference_function_info()
-        if reference is None:
+        return self._reference_function(*arrays, **self._constant_values)
+
+    @cached_property
+    def _reference_function(self) -> Callable[..., Any]:
+        if self._reference is None:
             raise KernelError(
                 f"{self.name}: no reference implementation was built into this bundle"
             )
-        return self._function("reference", reference)(*arrays, **self._constant_values)
+        return _shipped_function(self.package, self._reference)
 
     def _run_simulate(self, arrays: Sequence[Any], variant: str) -> Any:
         source = self._info.get("source")
@@ -516,7 +492,7 @@ class Kernel:
         # As the NEFF runs it: the unit's launch grid (lnc) and the target it was built for.
         target = self._signature_target()
         lnc = int(self._neff(target, variant)["lnc"])
-        kernel = self._function("source", source)
+        kernel = _shipped_function(self.package, source)
         # From NKI 0.7 the variable alone says it; an unknown version is taken as older.
         if lnc > 1 and _release(str(getattr(nki, "__version__", ""))) < (0, 7):
             kernel = (kernel if hasattr(kernel, "__getitem__") else nki.jit(kernel))[lnc]
@@ -530,21 +506,26 @@ class Kernel:
         return host if host in self.targets else self.targets[0]
 
     def _run_neuron(self, arrays: Sequence[Any], variant: str) -> Any:
-        target = self._target(None)
-        model = self.load(target, variant)
-        neff = self._neff(target, variant)
-        outputs = model(inputs=self._device_inputs(arrays, target, variant), outputs=None)
+        model, inputs, neff = self._loaded(arrays, variant)
+        outputs = model(inputs=inputs, outputs=None)
         results = tuple(outputs[name].numpy() for name in neff["output_names"])
         return results[0] if len(results) == 1 else results
 
-    def _device_inputs(self, arrays: Sequence[Any], target: str, variant: str) -> dict[str, Any]:
+    def _loaded(
+        self, arrays: Sequence[Any], variant: str
+    ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        """The model of this host's NEFF of `variant`, `arrays` as its input tensors, and
+        the NEFF's record."""
+        target = self._target(None)
+        model = self.load(target, variant)
+        neff = self._neff(target, variant)
         tensor = runtime_binding().api("Tensor")
         # The NEFF's own input names, in parameter order: input0..., parameter names, ...
-        names = self._neff(target, variant)["input_names"]
-        return {
+        inputs = {
             name: tensor.from_numpy(as_neff_storage(array), name)
-            for name, array in zip(names, arrays, strict=True)
+            for name, array in zip(neff["input_names"], arrays, strict=True)
         }
+        return model, inputs, neff
 
     def _neff(self, target: str, variant: str) -> dict[str, Any]:
         if target not in self._info["neffs"]:
@@ -669,8 +650,8 @@ def _load_model(package: str, kernel: str, target: str, variant: str) -> Any:
         )
     _preflight(what, target, neff, binding, sorted(neffs))
     _check_sdk(what, info.get("neuron_sdk"), binding)
-    if _neff_package_missing(package, neff):
-        raise KernelError(f"{what}: {_install_hint(package, target)}")
+    if missing := _missing_part(package, target, neff):
+        raise KernelError(f"{what}: {missing}")
     from importlib import resources
 
     home = neff.get("package", package)
@@ -761,17 +742,15 @@ def as_neff_storage(array: Any) -> Any:
     return array if stored is None else array.view(stored)
 
 
-def _neff_package_missing(package: str, neff: dict[str, Any]) -> bool:
-    """A split bundle keeps each target's NEFFs in a package installed by an extra."""
+def _missing_part(package: str, target: str, neff: dict[str, Any]) -> str | None:
+    """What to install if the NEFF is in a package of its own that is not installed (a split
+    bundle keeps each target's NEFFs in a package installed by an extra)."""
     home = neff.get("package", package)
-    return home != package and importlib.util.find_spec(home) is None
-
-
-def _install_hint(package: str, target: str) -> str:
-    distribution = _document(package)["package"]
+    if home == package or importlib.util.find_spec(home) is not None:
+        return None
     return (
         f"the {target} NEFFs are in a separate package that is not installed: "
-        f"pip install '{distribution}[{target}]'"
+        f"pip install '{_document(package)['package']}[{target}]'"
     )
 
 
@@ -858,13 +837,6 @@ def _constant(value: Any) -> Any:
     return tuple(_constant(v) for v in value) if isinstance(value, list) else value
 
 
-@cache
-def _ndarray() -> type:
-    import numpy as np
-
-    return np.ndarray
-
-
 def _is_torch(value: Any) -> bool:
     return type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach")
 
@@ -893,10 +865,6 @@ def _as_torch(result: Any, device: Any) -> Any:
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16).to(device)
     return torch.from_numpy(array).to(device)
-
-
-def _elements(shapes: Sequence[tuple[int, ...]]) -> int:
-    return sum(math.prod(shape) for shape in shapes)
 
 
 def _shapes(shapes: Any) -> str:
