@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from doit.exceptions import BaseFail, TaskFailed
 
 import nkibuild
-from nkibuild.errors import NkibuildError
+from nkibuild.errors import NkibuildError, storage_error
 from nkibuild.fsutil import atomic_write_text, stamp_ctime_ns, stamp_of
 
 if TYPE_CHECKING:
@@ -65,7 +65,6 @@ class Graph:
     toolchain: Toolchain
     toolchain_setting: str
     max_compile_memory: int | None
-    stages: Stages
 
 
 class Stages:
@@ -90,6 +89,11 @@ class Stages:
             task = self._real(name)
         except NkibuildError as error:
             return TaskFailed(error.render())
+        except OSError as error:  # the project could not be read (as `tasks._guarded`)
+            refused = storage_error(error)
+            if refused is None:
+                raise
+            return TaskFailed(refused.render())
         values: dict[str, Any] = {}
         for action in task["actions"]:
             function, args = action if isinstance(action, tuple) else (action, ())
@@ -104,7 +108,8 @@ class Stages:
             if self._tasks is None:
                 self._tasks = {task_name(task): task for task in self._load()}
         task = self._tasks.get(name)
-        if task is None or _encoded(task) != self._snapshot[name]:
+        # As read back from JSON (a tuple is a list there).
+        if task is None or json.loads(json.dumps(_encoded(task))) != self._snapshot[name]:
             if self._path is not None:  # the next build loads the project
                 self._path.unlink(missing_ok=True)
             raise NkibuildError(f"the project changed while {name} was checked; build again")
@@ -188,7 +193,7 @@ def _graph(snapshot: dict[str, Any], toolchain: Toolchain, stages: Stages) -> Gr
         for task in snapshot["tasks"]
     ]
     settings = snapshot["settings"]
-    return Graph(tasks, toolchain, settings["toolchain"], settings["max_compile_memory"], stages)
+    return Graph(tasks, toolchain, settings["toolchain"], settings["max_compile_memory"])
 
 
 def _values_kept_once() -> None:
@@ -215,22 +220,31 @@ def _snapshot(
     globs: dict[str, list[str]],
 ) -> dict[str, Any]:
     manifest, settings = context.manifest, context.settings
-    return {
-        "format": FORMAT,
-        "inputs": inputs,
-        "root": str(manifest.root),
-        "named": _named_stamps(manifest.root, _named_files(context), _parsed_files(context)),
-        "globs": globs,
-        "toolchain": _toolchain_json(context.toolchain),
-        # Of the frontends that have packages (hlo has none).
-        "frontend_versions": {f: v for f, v in sorted(context.frontend_versions.items()) if v},
-        "settings": {
-            "toolchain": settings.toolchain,
-            "compiler": None if settings.compiler is None else str(settings.compiler),
-            "max_compile_memory": settings.max_compile_memory,
-        },
-        "tasks": [_encoded(task) for task in dicts],
-    }
+    # As the next build reads it back (a tuple is a list in JSON).
+    return json.loads(
+        json.dumps(
+            {
+                "format": FORMAT,
+                "inputs": inputs,
+                "root": str(manifest.root),
+                "named": _named_stamps(
+                    manifest.root, _named_files(context), _parsed_files(context)
+                ),
+                "globs": globs,
+                "toolchain": _toolchain_json(context.toolchain),
+                # Of the frontends that have packages (hlo has none).
+                "frontend_versions": {
+                    f: v for f, v in sorted(context.frontend_versions.items()) if v
+                },
+                "settings": {
+                    "toolchain": settings.toolchain,
+                    "compiler": None if settings.compiler is None else str(settings.compiler),
+                    "max_compile_memory": settings.max_compile_memory,
+                },
+                "tasks": [_encoded(task) for task in dicts],
+            }
+        )
+    )
 
 
 def _settled(snapshot: dict[str, Any], started: int) -> bool:
