@@ -11,7 +11,7 @@ from typing import Any
 from nkibuild.cache.key import CacheKey
 from nkibuild.cache.stats import CacheCounters, Event
 from nkibuild.cache.store import NeffStore
-from nkibuild.cache.trust import CacheTrust, trust_from_environment
+from nkibuild.cache.trust import trust_from_environment
 
 
 @dataclass(frozen=True)
@@ -110,11 +110,8 @@ class CacheChain:
 
     def _publish_to(self, tiers: Sequence[NeffStore], *args: Any, vouched: bool) -> None:
         for tier in tiers:
-            self._upload(tier, partial(tier.publish, *args, vouched=vouched))
-
-    def _upload(self, tier: NeffStore, call: Any) -> None:
-        if self._attempt(tier, "publish to", call)[1]:
-            self.stats.count(tier.kind, "write_errors")
+            if self._attempt(tier, "publish to", partial(tier.publish, *args, vouched=vouched))[1]:
+                self.stats.count(tier.kind, "write_errors")
 
     def _guard(self, tier: NeffStore, doing: str, call: Any) -> Any:
         return self._attempt(tier, doing, call)[0]
@@ -138,20 +135,19 @@ def open_cache_chain(
     remote_url: str | None,
     *,
     read_only: bool = False,
-    trust: CacheTrust | None = None,
     stats: CacheCounters | None = None,
 ) -> CacheChain | None:
     """The configured tiers, or None when caching is off.
 
-    `trust` (entry signing) defaults to the environment's NKIBUILD_CACHE_HMAC_KEY /
+    Entries are signed and checked as the environment says (NKIBUILD_CACHE_HMAC_KEY /
     _KEY_FILE and NKIBUILD_REQUIRE_SIGNED_CACHE, which `--cache-key-file` and
-    `--require-signed-cache` set: so every opener (compile, explain, Ray workers on
+    `--require-signed-cache` set): so every opener (compile, explain, Ray workers on
     this machine) applies the same policy. `stats`: where lookups are counted (a build
     session's counters). Raises CacheConfigError for unusable settings.
     """
     if local_dir is None and not remote_url:
         return None
-    trust = trust_from_environment() if trust is None else trust
+    trust = trust_from_environment()
     tiers: list[NeffStore] = []
     if local_dir is not None:
         from nkibuild.cache.local import LocalCache

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nkibuild.cache.key import file_sha256
 from nkibuild.confine import read_regular
@@ -23,11 +23,6 @@ from nkibuild.errors import ManifestError, UsageError
 from nkibuild.graph.report import BuildSummary, Display
 from nkibuild.session import BuildSession
 from nkibuild.settings import BuildOptions
-
-if TYPE_CHECKING:
-    from sigstore.oidc import IdentityToken
-
-    from nkibuild.release.provenance import ReleaseStart
 
 RELEASE_DIR = "build/nkibuild-release"  # under the root: state and staged wheels
 SUMS_FILE = "SHA256SUMS"
@@ -58,6 +53,7 @@ class ReleaseResult:
     published: list[Path] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     provenance: list[Path] = field(default_factory=list)  # the statement, its signature
+    digests: dict[str, str] = field(default_factory=dict)  # OUT's wheels' sha256, by name
 
     @property
     def ok(self) -> bool:
@@ -168,7 +164,10 @@ def _check_out_dir(projects: Sequence[BuildContext], out: Path) -> None:
     into OUT (not in its SHA256SUMS), came from elsewhere: refuse before building. Wheels
     an earlier release published are compared after the build instead (a rerun that
     produces the same bytes is fine; other bytes are refused then)."""
-    listed = _listed_wheels(out)
+    try:
+        listed = set(_sums(out))
+    except OSError:
+        listed = set()
     released: dict[object, list[str]] = {}
     for wheel in out.glob("*.whl"):
         released.setdefault(_release_of(wheel.name), []).append(wheel.name)
@@ -197,13 +196,6 @@ def _release_of(wheel_name: str) -> object:
         return wheel_name
 
 
-def _listed_wheels(out: Path) -> set[str]:
-    try:
-        return set(_sums(out))
-    except OSError:
-        return set()
-
-
 def _sums(out: Path) -> dict[str, str]:
     """SHA256SUMS of OUT as name -> digest, read as a bounded regular file."""
     lines = read_regular(out / SUMS_FILE, 64 << 20).decode(errors="replace").splitlines()
@@ -215,6 +207,7 @@ def release(
 ) -> ReleaseResult:
     from nkibuild.graph.run import RunOptions, run_task_graph
     from nkibuild.release import provenance
+    from nkibuild.release.report import write_reports
     from nkibuild.session import SessionDirs
 
     began = provenance.start(options.root)  # the revision the build starts from
@@ -238,41 +231,19 @@ def release(
             else BuildSummary()
         )
         result = ReleaseResult(summary, projects)
-        if not options.shard:  # a shard's NEFFs went to the caches; the final job packages
-            _publish_and_report(result, options, began, identity)
+        if options.shard:  # a shard's NEFFs went to the caches; the final job packages
+            return result
+        try:
+            if summary.ok:
+                _publish(result, options)
+            if result.ok:  # the provenance statement of what was published, signed if asked
+                statement = provenance.write_statement(result, options, began)
+                result.provenance.append(statement)
+                if identity is not None:
+                    result.provenance.append(provenance.sign_statement(statement, identity))
+        finally:  # also when signing failed: the wheels and the statement are out
+            write_reports(result, options.out)
     return result
-
-
-def _publish_and_report(
-    result: ReleaseResult,
-    options: ReleaseOptions,
-    began: ReleaseStart,
-    identity: IdentityToken | None,
-) -> None:
-    from nkibuild.release.report import write_reports
-
-    try:
-        if result.summary.ok:
-            _publish(result, options)
-        if result.ok:
-            _attest(result, options, began, identity)
-    finally:  # also when signing failed: the wheels and the statement are out
-        write_reports(result, options.out)
-
-
-def _attest(
-    result: ReleaseResult,
-    options: ReleaseOptions,
-    began: ReleaseStart,
-    identity: IdentityToken | None,
-) -> None:
-    """The provenance statement of what was published, signed if asked."""
-    from nkibuild.release.provenance import sign_statement, write_statement
-
-    statement = write_statement(result, options, began)
-    result.provenance.append(statement)
-    if identity is not None:
-        result.provenance.append(sign_statement(statement, identity))
 
 
 def release_graph(
@@ -280,12 +251,18 @@ def release_graph(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """All projects' tasks as one graph, and the doit configuration that runs it."""
     from nkibuild.graph.state import BACKEND_NAME
+    from nkibuild.graph.tasks import task_dicts
 
-    dicts = [task for p in projects for task in namespaced(p)]
+    # Each project's tasks renamed `<distribution>/<task>`, so projects never clash.
+    dicts = [
+        {**task, "basename": f"{p.manifest.package.name}/{task['basename']}"}
+        for p in projects
+        for task in task_dicts(p)
+    ]
     config = {
         "dep_file": str(options.release_dir / "state" / "doit-state.json"),
         "backend": BACKEND_NAME,
-        "default_tasks": [f"{_prefix(p)}/wheel" for p in projects],
+        "default_tasks": [f"{p.manifest.package.name}/wheel" for p in projects],
     }
     return dicts, config
 
@@ -300,34 +277,26 @@ def _shard_selection(projects: Sequence[BuildContext], options: ReleaseOptions) 
     return tuple(unit.task for unit in shards[index - 1])
 
 
-def namespaced(project: BuildContext) -> list[dict[str, Any]]:
-    """The project's tasks, renamed `<distribution>/<task>` so projects never clash."""
-    from nkibuild.graph.tasks import task_dicts
-
-    prefix = _prefix(project)
-    return [{**task, "basename": f"{prefix}/{task['basename']}"} for task in task_dicts(project)]
-
-
-def _prefix(project: BuildContext) -> str:
-    return project.manifest.package.name
-
-
 def _publish(result: ReleaseResult, options: ReleaseOptions) -> None:
     """Copy staged wheels to OUT; a different wheel already there under the same name
     (the same version with other contents) is never replaced. SHA256SUMS is written
     first, listing what is about to be copied: a release stopped in between leaves no
     wheel in OUT that SHA256SUMS does not list, so its rerun takes them for its own
     (preflight) and completes."""
-    from nkibuild.fsutil import atomic_copy
+    from nkibuild.fsutil import atomic_copy, atomic_write_text
 
     staged = {w.name: (w, file_sha256(w)) for p in result.projects for w in staged_wheels(p)}
     options.out.mkdir(parents=True, exist_ok=True)
-    _write_sums(options.out, {name: digest for name, (_, digest) in staged.items()})
+    present = _digests(options.out)
+    # Every wheel in OUT, and the staged ones not there yet: OUT once they are copied.
+    sums = result.digests = {**{name: digest for name, (_, digest) in staged.items()}, **present}
+    text = "".join(f"{sums[name]}  {name}\n" for name in sorted(sums))
+    atomic_write_text(options.out / SUMS_FILE, text)
     for name, (wheel, digest) in staged.items():
         published = options.out / name
-        if not published.exists():
+        if name not in present:
             atomic_copy(wheel, published)
-        elif file_sha256(published) != digest:
+        elif present[name] != digest:
             result.refused.append(
                 f"{published} already exists with other contents: this version was "
                 "released before; bump the version"
@@ -336,13 +305,9 @@ def _publish(result: ReleaseResult, options: ReleaseOptions) -> None:
         result.published.append(published)
 
 
-def _write_sums(out: Path, pending: dict[str, str]) -> None:
-    """SHA256SUMS of every wheel in OUT, and of the `pending` ones not there yet."""
-    from nkibuild.fsutil import atomic_write_text
-
-    sums = {**pending, **{w.name: file_sha256(w) for w in out.glob("*.whl")}}
-    text = "".join(f"{sums[name]}  {name}\n" for name in sorted(sums))
-    atomic_write_text(out / SUMS_FILE, text)
+def _digests(out: Path) -> dict[str, str]:
+    """The sha256 of every wheel in OUT, by name."""
+    return {wheel.name: file_sha256(wheel) for wheel in out.glob("*.whl")}
 
 
 def check(options: ReleaseOptions) -> list[str]:
@@ -353,14 +318,13 @@ def check(options: ReleaseOptions) -> list[str]:
     projects = load_projects(options)
     preflight(projects, options)
     problems = [f"{task} would run" for task in pending_tasks(*release_graph(projects, options))]
-    for project in projects:
-        for staged in staged_wheels(project):
-            published = options.out / staged.name
-            if not published.exists():
-                problems.append(f"{published} is missing")
-            elif not staged.exists() or file_sha256(published) != file_sha256(staged):
-                problems.append(f"{published} differs from what the build produced")
-    return problems + _sums_problems(options.out) + _provenance_problems(options.out)
+    present = _digests(options.out)
+    for staged in (wheel for project in projects for wheel in staged_wheels(project)):
+        if staged.name not in present:
+            problems.append(f"{options.out / staged.name} is missing")
+        elif not staged.exists() or present[staged.name] != file_sha256(staged):
+            problems.append(f"{options.out / staged.name} differs from what the build produced")
+    return problems + _sums_problems(options.out, present) + _provenance_problems(options.out)
 
 
 def staged_wheels(project: BuildContext) -> list[Path]:
@@ -371,20 +335,19 @@ def staged_wheels(project: BuildContext) -> list[Path]:
     return [project.layout.dist_dir / wheel_file_name(p) for p in distributions(project.manifest)]
 
 
-def _sums_problems(out: Path) -> list[str]:
+def _sums_problems(out: Path, present: dict[str, str]) -> list[str]:
     sums = out / SUMS_FILE
     if not sums.exists():
         return [f"{sums} is missing"]
     listed = _sums(out)
-    present = {p.name for p in out.glob("*.whl")}
-    problems = [f"{name} is not in {SUMS_FILE}" for name in sorted(present - set(listed))]
+    problems = [f"{name} is not in {SUMS_FILE}" for name in sorted(present.keys() - listed)]
     problems += [
-        f"{name} is listed in {SUMS_FILE} but missing" for name in sorted(set(listed) - present)
+        f"{name} is listed in {SUMS_FILE} but missing" for name in sorted(listed.keys() - present)
     ]
     problems += [
         f"{name} does not match its sha256 in {SUMS_FILE}"
-        for name in sorted(present & set(listed))
-        if file_sha256(out / name) != listed[name]
+        for name in sorted(present.keys() & listed)
+        if present[name] != listed[name]
     ]
     return problems
 

@@ -130,7 +130,7 @@ def statement(
     for project in result.projects:
         directory = Path(os.path.relpath(project.manifest.root, root)).as_posix()
         for wheel in _published(result, project):
-            subjects.append({"name": wheel.name, "digest": {"sha256": file_sha256(wheel)}})
+            subjects.append({"name": wheel.name, "digest": {"sha256": result.digests[wheel.name]}})
             info = wheel_build_info(wheel)
             if info is not None and info.provenance is not None:
                 materials += project_dependencies(info, directory)
@@ -162,9 +162,8 @@ def statement(
 def _published(result: ReleaseResult, project: BuildContext) -> list[Path]:
     from nkibuild.release import staged_wheels
 
-    published = set(result.published)
     names = {staged.name for staged in staged_wheels(project)}
-    return sorted(path for path in published if path.name in names)
+    return sorted(path for path in result.published if path.name in names)
 
 
 def _with_materials(
@@ -254,18 +253,19 @@ def write_statement(result: ReleaseResult, options: ReleaseOptions, began: Relea
     vouches for a wheel in OUT the new one does not, so every wheel stays verifiable."""
     path = options.out / STATEMENT_FILE
     document = statement(result, options, began)
-    _keep_earlier(path, digests_of(document))
+    _keep_earlier(path, set(result.digests.values()) - digests_of(document))
     _signature(path).unlink(missing_ok=True)  # it signed the statement being replaced
     atomic_write_text(path, json.dumps(document, indent=2) + "\n")
     return path
 
 
-def _keep_earlier(path: Path, covered: set[str]) -> None:
+def _keep_earlier(path: Path, uncovered: set[str]) -> None:
+    """Keep the statement at `path` if it vouches for one of the `uncovered` wheels."""
     try:
         earlier = digests_of(read_statement(path))
     except (UsageError, ValueError):
         return  # none, or not a statement nkibuild wrote
-    if not earlier & ({file_sha256(w) for w in path.parent.glob("*.whl")} - covered):
+    if not earlier & uncovered:
         return
     name = f"provenance-{file_sha256(path)[:16]}.intoto.json"
     for source, kept in (

@@ -71,13 +71,10 @@ def _project(project: BuildContext, statuses: dict[str, Any]) -> dict[str, Any]:
 
 
 def _unit(project: BuildContext, unit: Any, outcome: Any) -> dict[str, Any]:
-    from nkibuild.compiler import load_result
+    from nkibuild.compiler.record import last_result
 
     status = outcome.status if outcome is not None else "not run"
-    try:
-        result = load_result(project.layout.compile_dir(unit))
-    except (OSError, ValueError, KeyError, TypeError):
-        result = None
+    result = last_result(project.layout.compile_dir(unit))
     return {
         "unit": unit.name,
         "kernel": unit.kernel,

@@ -106,23 +106,18 @@ def bundle_of_project(
 
 def bundle_of_wheel(wheel: Path, scratch: Path) -> BundleUnderTest:
     """Unpack a wheel (bundles are pure Python) to import it without installing it."""
-    from nkibuild.bundle.buildinfo import BuildInfo, BuildInfoError
+    from nkibuild.verify.provenance import wheel_build_info
 
+    info = wheel_build_info(wheel)  # UsageError for a wheel that is not readable
+    if info is None:
+        raise UsageError(f"{wheel}: not an nkibuild bundle (no package with {BUILD_INFO})")
     try:
         with opened_wheel(wheel) as archive:
             archive.extractall(scratch)
-        packages = [p.parent.name for p in scratch.glob(f"*/{BUILD_INFO}")]
-        if len(packages) != 1:
-            raise UsageError(
-                f"{wheel}: not an nkibuild bundle (no single package with {BUILD_INFO})"
-            )
-        text = read_regular(scratch / packages[0] / BUILD_INFO, MAX_BUILD_INFO_BYTES)
-        info = BuildInfo.from_text(text.decode("utf-8", errors="replace"))
     except UNREADABLE_WHEEL as error:
         raise UsageError(f"{wheel}: not a readable wheel ({error})") from None
-    except BuildInfoError as error:
-        raise UsageError(f"{wheel}: {error.of(f'{packages[0]}/{BUILD_INFO}')}") from None
-    return BundleUnderTest(packages[0], (scratch,), info, wheel.with_suffix(".verify.json"))
+    (package,) = (found.parent.name for found in scratch.glob(f"*/{BUILD_INFO}"))
+    return BundleUnderTest(package, (scratch,), info, wheel.with_suffix(".verify.json"))
 
 
 @contextlib.contextmanager
@@ -212,28 +207,35 @@ def _run(
     kernels = bundle.info.kernels.items()
     tolerances = {n: k.tolerance.to_json() for n, k in kernels if target in (None, *k.neffs)}
     request = {"package": bundle.package, "mode": mode, "tolerances": tolerances}
-    path = os.pathsep.join(str(p) for p in (*bundle.paths, *extra_path))
-    # -I: no user site, no PYTHONPATH, no cwd on sys.path; the bootstrap adds `path`.
-    command = [sys.executable, "-I", "-c", _BOOTSTRAP, path, str(RUNNER)]
+    # -I: no user site, no PYTHONPATH, no cwd on sys.path; the bootstrap adds the paths.
+    python = [sys.executable, "-I"]
     environment = {**os.environ, **env, "NKIBUILD_MODE": ""}
-    return run_runner(command, request, f"verifying {bundle.package}", None, environment)
+    paths = (*bundle.paths, *extra_path)
+    return run_runner(python, paths, request, f"verifying {bundle.package}", None, environment)
 
 
 def run_runner(
-    command: list[str], request: dict[str, Any], what: str, cwd: Path | None, env: dict[str, str]
+    python: list[str],
+    paths: Sequence[Path],
+    request: dict[str, Any],
+    what: str,
+    cwd: Path | None,
+    env: dict[str, str],
 ) -> dict[str, Any]:
-    """Run runner.py (`command` without its request file) in its own process group and
-    return its answer: `{"results": [...], **its last line}`. The answer comes through a
-    file (runner.py's docstring), never stdout: what a kernel or reference prints goes to
-    a log whose tail errors show. BuildError when the run outlasts the timeout (naming
-    what was running; the process group is killed), fails, or leaves no complete answer."""
+    """Run runner.py in `python` (an interpreter and its options), with `paths` first on
+    sys.path, in its own process group and return its answer: `{"results": [...], **its
+    last line}`. The answer comes through a file (runner.py's docstring), never stdout:
+    what a kernel or reference prints goes to a log whose tail errors show. BuildError
+    when the run outlasts the timeout (naming what was running; the process group is
+    killed), fails, or leaves no complete answer."""
     from nkibuild.compiler.process import run_process
 
     timeout = verify_timeout()
     with tempfile.TemporaryDirectory(prefix="nkibuild-verify-") as scratch:
         answer, log, request_file = (Path(scratch, n) for n in ("answer", "log", "request"))
         request_file.write_text(json.dumps({**request, "output": str(answer)}))
-        command = [*command, str(request_file)]
+        path = os.pathsep.join(map(str, paths))
+        command = [*python, "-c", _BOOTSTRAP, path, str(RUNNER), str(request_file)]
         outcome = run_process(command, cwd or Path(scratch), log, timeout, env=env)
         lines, tail = _answer_lines(answer), _log_tail(log)
     if outcome.timed_out:
@@ -283,12 +285,13 @@ def _log_tail(log: Path) -> str:
         return ""
 
 
-# Runs the runner with only the bundle (and, for the double, the fake spike) added to
-# sys.path: the interpreter's site-packages stay, so NumPy and friends are found.
+# Runs the runner with the paths first on sys.path (the bundle, the project root, the
+# double's packages), in place of the working directory `-c` puts there (-I puts none),
+# so the runner's own directory never shadows them; site-packages stay, for NumPy.
 _BOOTSTRAP = (
-    "import runpy, sys; "
+    "import os, runpy, sys; "
     "path, runner = sys.argv[1], sys.argv[2]; "
-    "sys.path[:0] = path.split(__import__('os').pathsep); "
+    "sys.path[: 1 - sys.flags.isolated] = path.split(os.pathsep); "
     "sys.argv = [runner, *sys.argv[3:]]; "
     "runpy.run_path(runner, run_name='__main__')"
 )
@@ -317,8 +320,8 @@ def _judge_result(
         ]
         if compiled != reference:
             check.problems.append(
-                f"the reference returns {_signature(reference)} but the {target} NEFF "
-                f"returns {_signature(compiled)}"
+                f"the reference returns {signature_text(reference)} but the {target} NEFF "
+                f"returns {signature_text(compiled)}"
             )
     check.figures["reference_seconds"] = result["reference_seconds"]
     resolved = result.get("resolved_mode")
@@ -333,8 +336,8 @@ def _judge_result(
         return
     if result["outputs"] != reference:
         check.problems.append(
-            f"{mode} mode returned {_signature(result['outputs'])}, "
-            f"the reference {_signature(reference)}"
+            f"{mode} mode returned {signature_text(result['outputs'])}, "
+            f"the reference {signature_text(reference)}"
         )
     check.figures["seconds"] = result["seconds"]
     if double:
@@ -351,7 +354,7 @@ def _judge_result(
         )
 
 
-def _signature(outputs: list[dict[str, Any]]) -> str:
+def signature_text(outputs: Sequence[dict[str, Any]]) -> str:
     return ", ".join(f"{o['dtype']}[{','.join(map(str, o['shape']))}]" for o in outputs)
 
 

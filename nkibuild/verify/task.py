@@ -15,11 +15,9 @@ No baselines here: those belong to `nkibuild verify`, which a user runs on purpo
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,22 +77,9 @@ def _config(context: BuildContext) -> dict[str, Any]:
 
 def source_files(manifest: Manifest) -> list[str]:
     """Kernel and reference files and the kernels' `deps` globs, absolute and sorted."""
-    root = manifest.root
-    found = set()
-    for kernel in manifest.kernels:
-        refs = [kernel.source, *([kernel.reference] if kernel.reference else [])]
-        found.update(os.path.abspath(root / ref.path) for ref in refs)
-        found.update(_globbed(root, kernel.deps))
-    return sorted(found)
+    from nkibuild.bundle.provenance import material_files
 
-
-def _globbed(root: Path, patterns: Sequence[str]) -> set[str]:
-    return {
-        os.path.abspath(match)
-        for pattern in patterns
-        for match in glob.glob(str(root / pattern), recursive=True)
-        if os.path.isfile(match)
-    }
+    return sorted(os.path.abspath(path) for path in material_files(manifest))
 
 
 def run_verify(context: BuildContext) -> Any:
