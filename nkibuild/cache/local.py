@@ -23,7 +23,6 @@ import secrets
 import stat
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -59,7 +58,7 @@ UNFINISHED_AFTER_S = 3600.0  # far longer than any publish takes
 OWN_FILES = frozenset({NEFF_FILE, LOG_FILE, ENTRY_FILE})
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
-# A publish's staging dir (tempfile.mkdtemp's 8 random characters) and a discard's.
+# A publish's staging dir (8 random characters, as mkdtemp made them too) and a discard's.
 _UNFINISHED = re.compile(r"\.[0-9a-f]{64}\.(?:[a-z0-9_]{8}\.new|discard-\d+(?:-[0-9a-f]{8})?)")
 
 
@@ -71,12 +70,8 @@ class CacheEntry:
 
 
 class LocalCache:
-    """A directory of NEFF entries keyed by `CacheKey.digest`.
-
-    Nothing under the root is trusted: paths are walked without following symlinks,
-    only regular files of bounded size are read, and only nkibuild's own names are
-    ever removed (see `safefs`).
-    """
+    """A directory of NEFF entries keyed by `CacheKey.digest`; nothing under it is trusted
+    (it is walked, read and cleaned through `safefs`)."""
 
     kind = "local"
 
@@ -177,7 +172,7 @@ class LocalCache:
             # relative to one: a symlinked neff/, shard or entry dir, planted before or
             # during the publish, never takes a write outside the cache.
             with safefs.opened_dir(self.root, entry_parts(key.digest)[:-1], make=True) as shard_fd:
-                if _exists(shard_fd, key.digest):
+                if key.digest in os.listdir(shard_fd):
                     return
                 record = self.trust.sign(entry_record(key, meta, neff, sha256), vouched)
                 _assemble(shard_fd, key.digest, record, files)
@@ -320,7 +315,7 @@ class LocalCache:
             with safefs.opened_dir(self.root, parts[:-1]) as shard_fd:
                 with safefs.opened_dir(shard_fd, parts[-1:]) as entry_fd:
                     safefs.check_owned(entry_fd, OWN_FILES.__contains__)
-                doomed = f".{entry.name}.discard-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                doomed = f".{entry.name}.discard-{os.getpid()}-{secrets.token_hex(4)}"
                 os.rename(entry.name, doomed, src_dir_fd=shard_fd, dst_dir_fd=shard_fd)
                 safefs.remove_owned_dir(shard_fd, doomed, OWN_FILES.__contains__)
         except FileNotFoundError:
@@ -352,20 +347,12 @@ def _assemble(
     except BaseException as error:
         with contextlib.suppress(OSError, CorruptEntry):  # a foreign file in it: left
             safefs.remove_owned_dir(shard_fd, stage, OWN_FILES.__contains__)
-        if not (isinstance(error, OSError) and _exists(shard_fd, digest)):
+        if not (isinstance(error, OSError) and digest in os.listdir(shard_fd)):
             raise
 
 
 def _is_entry(shard: str, name: str) -> bool:
     return _DIGEST.fullmatch(name) is not None and name[:2] == shard
-
-
-def _exists(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def _link_or_copy(source: Path, dir_fd: int, name: str) -> None:

@@ -141,22 +141,17 @@ class RemoteCache:
                 record["log"] = f"{record['sha256']}.log"
                 objects[record["log"]] = log
         data = json.dumps(self.trust.sign(record, vouched), indent=2, sort_keys=True).encode()
-        if self._local:
-            self._publish_here(key.digest, objects, data)
+        if not self._local:
+            for name, source in objects.items():
+                self.fs.put_file(str(source), posixpath.join(entry, name))  # one PUT: atomic
+            # Last: from this moment readers see the entry, and everything it names is there.
+            self.fs.pipe_file(posixpath.join(entry, ENTRY_FILE), data)
             return
-        for name, source in objects.items():
-            self.fs.put_file(str(source), posixpath.join(entry, name))  # one PUT: atomic
-        # Last: from this moment readers see the entry, and everything it names is there.
-        self.fs.pipe_file(posixpath.join(entry, ENTRY_FILE), data)
-
-    def _publish_here(self, digest: str, objects: dict[str, Path], data: bytes) -> None:
-        """A publish on a local filesystem: each object, then entry.json, written and
-        renamed relative to the entry directory, which was opened (or made) one
-        component at a time without following a symlink. Nothing planted in the cache (a
-        symlinked neff/, shard or entry dir, a symlink at an object's or a temp file's
-        name), before or during the publish, sends a write elsewhere."""
+        # On a local filesystem, each object and then entry.json are written and renamed
+        # relative to the entry directory, opened (or made) one component at a time: no
+        # symlink planted in the cache, before or during the publish, sends a write elsewhere.
         try:
-            with safefs.opened_dir(self.root, entry_parts(digest), make=True) as entry_fd:
+            with safefs.opened_dir(self.root, entry_parts(key.digest), make=True) as entry_fd:
                 for name, source in objects.items():
                     safefs.replace_file(entry_fd, name, source)
                 safefs.replace_file(entry_fd, ENTRY_FILE, data)
@@ -165,7 +160,7 @@ class RemoteCache:
 
     def discard(self, key: CacheKey) -> None:
         if not self.read_only:
-            self._discard(self.entry_dir(key))
+            self._discard(key.digest)
 
     def entries(self) -> list[str]:
         """Digests of the complete entries (those with an entry.json)."""
@@ -224,23 +219,21 @@ class RemoteCache:
     def _corrupt(self, key: CacheKey, why: str) -> None:
         self.notices.append(corrupt_notice(self.location, key, why, discarded=not self.read_only))
         if not self.read_only:
-            self._discard(self.entry_dir(key))
+            self._discard(key.digest)
 
-    def _discard(self, entry: str) -> None:
+    def _discard(self, digest: str) -> None:
         """entry.json first, so readers stop seeing the entry before its objects go;
         then only the objects nkibuild names (never another writer's foreign files)."""
-        if self._local:
-            self._discard_local(posixpath.basename(entry))
+        if not self._local:
+            entry = self.entry_dir(digest)
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(posixpath.join(entry, ENTRY_FILE))
+            with contextlib.suppress(FileNotFoundError):
+                for path in self.fs.ls(entry, detail=False):
+                    if _OWN_NAME.fullmatch(posixpath.basename(path.rstrip("/"))):
+                        with contextlib.suppress(FileNotFoundError):
+                            self.fs.rm_file(path)
             return
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(posixpath.join(entry, ENTRY_FILE))
-        with contextlib.suppress(FileNotFoundError):
-            for path in self.fs.ls(entry, detail=False):
-                if _OWN_NAME.fullmatch(posixpath.basename(path.rstrip("/"))):
-                    with contextlib.suppress(FileNotFoundError):
-                        self.fs.rm_file(path)
-
-    def _discard_local(self, digest: str) -> None:
         try:
             with safefs.opened_dir(self.root, entry_parts(digest)[:-1]) as shard_fd:
                 with (

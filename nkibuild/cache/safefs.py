@@ -64,7 +64,6 @@ def opened_dir(
 
 
 def _opened_or_made(parent: int, name: str) -> int:
-    """A descriptor of the directory `name` in `parent`, made first if it is missing."""
     try:
         return _open_child_dir(parent, name)
     except FileNotFoundError:

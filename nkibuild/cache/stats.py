@@ -89,10 +89,10 @@ class CacheCounters:
         self._counts: dict[str, TierCounts] = {}
         self.log_dir: Path | None = None
 
-    def count(self, tier: str, event: Event, amount: int = 1) -> None:
+    def count(self, tier: str, event: Event) -> None:
         with self._lock:
             counts = self._counts.get(tier, TierCounts())
-            self._counts[tier] = replace(counts, **{event: getattr(counts, event) + amount})
+            self._counts[tier] = replace(counts, **{event: getattr(counts, event) + 1})
 
     def rejected_hit(self, tier: str) -> None:
         """A hit whose NEFF was then found not to fit its unit: it served nothing, a miss."""
@@ -207,7 +207,8 @@ def _lock(dir_fd: int) -> None:
     deadline = time.monotonic() + LOCK_TIMEOUT_S
     while True:
         try:
-            return fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
         except BlockingIOError:
             if time.monotonic() > deadline:
                 raise TimeoutError from None

@@ -8,13 +8,14 @@ import argparse
 import sys
 from typing import Any
 
+from nkibuild.cache.stats import read_log
+from nkibuild.quantities import format_size
+from nkibuild.settings import default_cache_dir
+
 
 def state(args: argparse.Namespace, usage: tuple[int, int]) -> dict[str, Any]:
     """The local cache after the action: where it is, its entries and their size; and per
     tier its entries (the remote's with --remote-cache) and counts over the last builds."""
-    from nkibuild.cache.stats import read_log
-    from nkibuild.settings import default_cache_dir
-
     local_dir = args.cache_dir or default_cache_dir()
     entries, size = usage
     log = read_log(local_dir)
@@ -45,8 +46,6 @@ def stats_lines(args: argparse.Namespace, usage: tuple[int, int]) -> list[str]:
 
 
 def _tier_line(tier: dict[str, Any]) -> str:
-    from nkibuild.quantities import format_size
-
     rate = tier["hit_rate"]
     shown = f"{rate:.0%} of {tier['lookups']} lookups" if rate is not None else "no lookups"
     line = f"{tier['hits']} hits, {tier['misses']} misses, {tier['errors']} errors ({shown})"

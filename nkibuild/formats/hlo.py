@@ -191,7 +191,8 @@ _MESSAGES: dict[str, tuple[tuple[str, int, int, int, str | None], ...]] = {
 }
 
 
-def _schema() -> descriptor_pb2.FileDescriptorProto:
+@functools.cache
+def _pool() -> descriptor_pool.DescriptorPool:
     schema = descriptor_pb2.FileDescriptorProto(
         name="nkibuild/hlo_subset.proto", package=_PACKAGE, syntax="proto3"
     )
@@ -207,14 +208,9 @@ def _schema() -> descriptor_pb2.FileDescriptorProto:
             field = message.field.add(name=field_name, number=number, type=type_, label=label)
             if type_name:
                 field.type_name = f".{_PACKAGE}.{type_name}"
-    return schema
-
-
-@functools.cache
-def _pool() -> descriptor_pool.DescriptorPool:
     # A private pool: the default one may already hold XLA's real hlo.proto (jax, nkipy).
     pool = descriptor_pool.DescriptorPool()
-    pool.Add(_schema())
+    pool.Add(schema)
     return pool
 
 
@@ -250,15 +246,13 @@ def _read(data: bytes, origin: str) -> HloModuleInfo:
             f"({MAX_MODULE_BYTES})"
         )
     try:
-        module = _parsed(data)
+        return _module_info(_parsed(data))
+    except HloFormatError as exc:
+        raise HloFormatError(f"{origin}: {exc}") from None
     except Exception as exc:  # any parse failure of untrusted bytes is a format error
         raise HloFormatError(
             f"{origin}: not a serialized HloModuleProto (truncated or corrupt?): {exc}"
         ) from None
-    try:
-        return _module_info(module)
-    except HloFormatError as exc:
-        raise HloFormatError(f"{origin}: {exc}") from None
 
 
 def _module_info(module: Any) -> HloModuleInfo:
@@ -381,7 +375,6 @@ def _shape(proto: Any) -> HloShape:
 
 
 def _instructions(module: Any) -> Iterator[tuple[Any, Any]]:
-    """(computation, instruction) for every instruction of the module."""
     return ((c, i) for c in module.computations for i in c.instructions)
 
 

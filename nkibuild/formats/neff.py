@@ -56,6 +56,7 @@ import uuid
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import IO, Any, NamedTuple
 
 from nkibuild.confine import UnreadableFile, open_regular
@@ -183,7 +184,7 @@ def _parse(stream: IO[bytes], size: int, verify_checksum: bool, limits: NeffLimi
     if size > limits.file_bytes:
         raise NeffFormatError(f"{size} bytes is more than the {limits.file_bytes} a NEFF may have")
     header = _read_header(stream.read(HEADER_SIZE), size)
-    checksum, warnings = _checksum(header, _payload_md5_field(stream))
+    checksum, warnings = _checksum(header, payload_md5_field(stream))
     if verify_checksum and checksum == "mismatch":
         raise NeffFormatError("payload MD5 does not match the header (corrupted file?)")
     stream.seek(HEADER_SIZE)
@@ -192,7 +193,9 @@ def _parse(stream: IO[bytes], size: int, verify_checksum: bool, limits: NeffLimi
     build_text = _c_string(header.build)
     maps = _tensor_maps(names)
     subgraphs = _subgraph_names(_json_object(members, _KELF, limits), maps)
-    first_map = _json_object(members, maps.get(subgraphs[0]) or _first_map(maps), limits)
+    if not maps:
+        raise NeffFormatError("payload has no member sg00/tensor_map.json (no tensor map)")
+    first_map = _json_object(members, maps.get(subgraphs[0]) or maps[min(maps)], limits)
     inputs, fallback = _inputs(members.get(_NEFF), first_map, limits)
     if fallback:
         warnings = (*warnings, fallback)
@@ -233,20 +236,14 @@ def _read_header(data: bytes, size: int) -> _Header:
     return header
 
 
-def _payload_md5_field(stream: IO[bytes]) -> bytes:
+def payload_md5_field(payload: bytes | IO[bytes]) -> bytes:
+    """The header's MD5 of `payload` (bytes, or a stream read to its end): the big-endian
+    digest re-packed as little-endian u32s."""
+    stream = io.BytesIO(payload) if isinstance(payload, bytes) else payload
     digest = hashlib.md5(usedforsecurity=False)
     for block in iter(lambda: stream.read(_CHUNK), b""):
         digest.update(block)
-    return _md5_words(digest.digest())
-
-
-def payload_md5_field(payload: bytes) -> bytes:
-    """The header's MD5 layout: the big-endian digest re-packed as little-endian u32s."""
-    return _md5_words(hashlib.md5(payload, usedforsecurity=False).digest())
-
-
-def _md5_words(digest: bytes) -> bytes:
-    return struct.pack("<4I", *struct.unpack(">4I", digest))
+    return struct.pack("<4I", *struct.unpack(">4I", digest.digest()))
 
 
 def _checksum(header: _Header, payload_md5: bytes) -> tuple[str, tuple[str, ...]]:
@@ -416,12 +413,6 @@ def _tensor_maps(names: Iterable[str]) -> dict[str, str]:
     return found
 
 
-def _first_map(maps: Mapping[str, str]) -> str:
-    if not maps:
-        raise NeffFormatError("payload has no member sg00/tensor_map.json (no tensor map)")
-    return maps[min(maps)]
-
-
 def _subgraph_names(kelf: Mapping[str, Any], maps: Mapping[str, str]) -> tuple[str, ...]:
     graphs = kelf.get("graphs")
     if isinstance(graphs, Mapping):
@@ -447,10 +438,8 @@ def _inputs(
     entries = None
     if neff_json is not None:
         neff = _json_object({_NEFF: neff_json}, _NEFF, limits)
-        try:
+        with contextlib.suppress(KeyError, TypeError):
             entries = neff["metadata"]["signatures"]["default"]["inputs"]
-        except (KeyError, TypeError):
-            entries = None
     if entries is None:
         why = "has no" if neff_json is not None else "is missing, so no"
         return _io_tensors(tensor_map, "input", _INPUT_NAME), (
@@ -473,24 +462,20 @@ def _io_tensors(
         for name, entry in tensor_map.items()
         if isinstance(entry, Mapping) and entry.get("kind") == kind and not entry.get("is_const")
     ]
-    ordered = [name for _, name in sorted(enumerate(names), key=_numbered_first(numbered))]
+    ordered = sorted(names, key=partial(_numbered_first, numbered))
     return tuple(_tensor(n, tensor_map[n], "tf_shape", f"tensor_map {kind}") for n in ordered)
 
 
-def _numbered_first(numbered: re.Pattern[str]) -> Any:
-    """Sort key: output0, output1, ..., output10 numerically; other names after, in map order."""
-
-    def key(index_name: tuple[int, str]) -> tuple[int, int, str]:
-        index, name = index_name
-        match = numbered.fullmatch(name)
-        if not match:
-            return (1, index, "")
-        # Compared as digit strings (shorter is smaller), never through int(): a name of
-        # 5000 digits is past Python's int() limit, and ASCII digits only (\d is Unicode).
-        digits = match.group(1).lstrip("0")
-        return (0, len(digits), digits)
-
-    return key
+def _numbered_first(numbered: re.Pattern[str], name: str) -> tuple[int, int, str]:
+    """Sort key: output0, output1, ..., output10 numerically; other names after, in map
+    order (the sort is stable)."""
+    match = numbered.fullmatch(name)
+    if not match:
+        return (1, 0, "")
+    # Compared as digit strings (shorter is smaller), never through int(): a name of
+    # 5000 digits is past Python's int() limit, and ASCII digits only (\d is Unicode).
+    digits = match.group(1).lstrip("0")
+    return (0, len(digits), digits)
 
 
 def _tensor(name: str, entry: Any, shape_key: str, where: str) -> NeffTensor:

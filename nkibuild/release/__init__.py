@@ -16,12 +16,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from nkibuild import fsutil
+from nkibuild.bundle import distributions, split_targets
+from nkibuild.bundle.wheel import wheel_file_name
 from nkibuild.cache.key import file_sha256
 from nkibuild.confine import read_regular
 from nkibuild.context import BuildContext
 from nkibuild.errors import ManifestError, UsageError
 from nkibuild.graph.report import BuildSummary, Display
-from nkibuild.session import BuildSession
+from nkibuild.graph.run import RunOptions, pending_tasks, run_task_graph
+from nkibuild.graph.state import BACKEND_NAME
+from nkibuild.graph.tasks import task_dicts
+from nkibuild.session import BuildSession, SessionDirs
 from nkibuild.settings import BuildOptions
 
 RELEASE_DIR = "build/nkibuild-release"  # under the root: state and staged wheels
@@ -113,8 +119,6 @@ def _narrowed(project: BuildContext, targets: tuple[str, ...]) -> BuildContext:
     """The project's units for `targets` only; UsageError if one of its wheels would then
     lack NEFFs: a kernel variant none of whose targets is selected, or the split part of
     a target that is not (a release is whole or not at all)."""
-    from nkibuild.bundle import split_targets
-
     units = tuple(u for u in project.units if u.target in targets)
     kept = {(u.kernel, u.variant) for u in units}
     lacking = sorted(
@@ -133,8 +137,6 @@ def _narrowed(project: BuildContext, targets: tuple[str, ...]) -> BuildContext:
 def preflight(projects: Sequence[BuildContext], options: ReleaseOptions) -> None:
     """Refuse a release that cannot be published consistently, before building anything."""
     from packaging.utils import canonicalize_name
-
-    from nkibuild.bundle import distributions
 
     claimed: dict[tuple[str, str], Path] = {}  # what a wheel installs -> whose it is
     for project, package in ((p, d) for p in projects for d in distributions(p.manifest)):
@@ -205,10 +207,9 @@ def _sums(out: Path) -> dict[str, str]:
 def release(
     options: ReleaseOptions, display: Display, session: BuildSession | None = None
 ) -> ReleaseResult:
-    from nkibuild.graph.run import RunOptions, run_task_graph
     from nkibuild.release import provenance
     from nkibuild.release.report import write_reports
-    from nkibuild.session import SessionDirs
+    from nkibuild.release.shard import assign, shard_units
 
     began = provenance.start(options.root)  # the revision the build starts from
     session = session if session is not None else BuildSession()
@@ -223,7 +224,11 @@ def release(
     memory = projects[0].settings.max_compile_memory
     with session.running(dirs, max_compile_memory=memory, jobs=options.jobs):
         dicts, config = release_graph(projects, options)
-        selection = _shard_selection(projects, options) if options.shard else ()
+        selection: tuple[str, ...] = ()
+        if options.shard:  # this shard's compile tasks (doit adds the extractions they need)
+            index, count = options.shard
+            shards = assign(shard_units(projects, projects[0].settings.cache.local_dir), count)
+            selection = tuple(unit.task for unit in shards[index - 1])
         run = RunOptions(jobs=options.jobs, keep_going=options.keep_going, selection=selection)
         summary = (
             run_task_graph(session, dicts, config, run, display)
@@ -250,9 +255,6 @@ def release_graph(
     projects: Sequence[BuildContext], options: ReleaseOptions
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """All projects' tasks as one graph, and the doit configuration that runs it."""
-    from nkibuild.graph.state import BACKEND_NAME
-    from nkibuild.graph.tasks import task_dicts
-
     # Each project's tasks renamed `<distribution>/<task>`, so projects never clash.
     dicts = [
         {**task, "basename": f"{p.manifest.package.name}/{task['basename']}"}
@@ -267,35 +269,23 @@ def release_graph(
     return dicts, config
 
 
-def _shard_selection(projects: Sequence[BuildContext], options: ReleaseOptions) -> tuple[str, ...]:
-    """This shard's compile tasks (doit adds the extractions they need)."""
-    from nkibuild.release.shard import assign, shard_units
-
-    assert options.shard is not None
-    index, count = options.shard
-    shards = assign(shard_units(projects, projects[0].settings.cache.local_dir), count)
-    return tuple(unit.task for unit in shards[index - 1])
-
-
 def _publish(result: ReleaseResult, options: ReleaseOptions) -> None:
     """Copy staged wheels to OUT; a different wheel already there under the same name
     (the same version with other contents) is never replaced. SHA256SUMS is written
     first, listing what is about to be copied: a release stopped in between leaves no
     wheel in OUT that SHA256SUMS does not list, so its rerun takes them for its own
     (preflight) and completes."""
-    from nkibuild.fsutil import atomic_copy, atomic_write_text
-
     staged = {w.name: (w, file_sha256(w)) for p in result.projects for w in staged_wheels(p)}
     options.out.mkdir(parents=True, exist_ok=True)
     present = _digests(options.out)
     # Every wheel in OUT, and the staged ones not there yet: OUT once they are copied.
     sums = result.digests = {**{name: digest for name, (_, digest) in staged.items()}, **present}
     text = "".join(f"{sums[name]}  {name}\n" for name in sorted(sums))
-    atomic_write_text(options.out / SUMS_FILE, text)
+    fsutil.atomic_write_text(options.out / SUMS_FILE, text)
     for name, (wheel, digest) in staged.items():
         published = options.out / name
         if name not in present:
-            atomic_copy(wheel, published)
+            fsutil.atomic_copy(wheel, published)
         elif present[name] != digest:
             result.refused.append(
                 f"{published} already exists with other contents: this version was "
@@ -306,15 +296,12 @@ def _publish(result: ReleaseResult, options: ReleaseOptions) -> None:
 
 
 def _digests(out: Path) -> dict[str, str]:
-    """The sha256 of every wheel in OUT, by name."""
     return {wheel.name: file_sha256(wheel) for wheel in out.glob("*.whl")}
 
 
 def check(options: ReleaseOptions) -> list[str]:
     """Why the release is not up to date, or []: doit would run nothing, and OUT holds
     exactly the wheels the last release built, with matching SHA256SUMS. Builds nothing."""
-    from nkibuild.graph.run import pending_tasks
-
     projects = load_projects(options)
     preflight(projects, options)
     problems = [f"{task} would run" for task in pending_tasks(*release_graph(projects, options))]
@@ -329,9 +316,6 @@ def check(options: ReleaseOptions) -> list[str]:
 
 def staged_wheels(project: BuildContext) -> list[Path]:
     """Where the project's wheels are staged (the main one, then one per split target)."""
-    from nkibuild.bundle import distributions
-    from nkibuild.bundle.wheel import wheel_file_name
-
     return [project.layout.dist_dir / wheel_file_name(p) for p in distributions(project.manifest)]
 
 

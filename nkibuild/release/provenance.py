@@ -37,7 +37,6 @@ from nkibuild.verify.provenance import (
 if TYPE_CHECKING:
     from sigstore.oidc import IdentityToken
 
-    from nkibuild.context import BuildContext
     from nkibuild.release import ReleaseOptions, ReleaseResult
 
 BUILD_TYPE = "https://github.com/nkibuild/nkibuild/blob/main/docs/release.md#provenance"
@@ -125,17 +124,24 @@ def statement(
     result: ReleaseResult, options: ReleaseOptions, began: ReleaseStart
 ) -> dict[str, Any]:
     """The statement for the wheels `result` published."""
-    subjects, materials = [], []
+    from nkibuild.release import staged_wheels
+
+    subjects, dependencies = [], []
     root = options.root.resolve()
     for project in result.projects:
         directory = Path(os.path.relpath(project.manifest.root, root)).as_posix()
-        for wheel in _published(result, project):
+        names = {staged.name for staged in staged_wheels(project)}
+        for wheel in sorted(path for path in result.published if path.name in names):
             subjects.append({"name": wheel.name, "digest": {"sha256": result.digests[wheel.name]}})
             info = wheel_build_info(wheel)
             if info is not None and info.provenance is not None:
-                materials += project_dependencies(info, directory)
-    began = replace(began, revision=_with_materials(began.revision, root, materials))
-    dependencies = _revision_dependencies(began.revision) + materials
+                dependencies += project_dependencies(info, directory)
+    revision = _with_materials(began.revision, root, dependencies)
+    if revision.commit is not None:  # the source revision, before the materials
+        source = {"gitCommit": revision.commit}
+        dependencies.insert(
+            0, {"name": "source", "digest": source, "annotations": {"dirty": revision.dirty}}
+        )
     return {
         "_type": STATEMENT_TYPE,
         "subject": subjects,
@@ -143,7 +149,13 @@ def statement(
         "predicate": {
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
-                "externalParameters": _external_parameters(result, options, began),
+                "externalParameters": {
+                    "command": "nkibuild release",
+                    "projects": [p.manifest.package.name for p in result.projects],
+                    "targets": list(options.targets) or "each project's own",
+                    "toolchain": sorted({p.toolchain.name for p in result.projects}),
+                    "source": revision.to_json(),
+                },
                 "internalParameters": {"python": platform.python_version()},
                 "resolvedDependencies": dependencies,
             },
@@ -157,13 +169,6 @@ def statement(
             },
         },
     }
-
-
-def _published(result: ReleaseResult, project: BuildContext) -> list[Path]:
-    from nkibuild.release import staged_wheels
-
-    names = {staged.name for staged in staged_wheels(project)}
-    return sorted(path for path in result.published if path.name in names)
 
 
 def _with_materials(
@@ -208,30 +213,6 @@ def _sha256_of(path: Path) -> str | None:
         return file_sha256(path)
     except OSError:
         return None
-
-
-def _revision_dependencies(revision: SourceRevision) -> list[dict[str, Any]]:
-    if revision.commit is None:
-        return []
-    return [
-        {
-            "name": "source",
-            "digest": {"gitCommit": revision.commit},
-            "annotations": {"dirty": revision.dirty},
-        }
-    ]
-
-
-def _external_parameters(
-    result: ReleaseResult, options: ReleaseOptions, began: ReleaseStart
-) -> dict[str, Any]:
-    return {
-        "command": "nkibuild release",
-        "projects": [p.manifest.package.name for p in result.projects],
-        "targets": list(options.targets) or "each project's own",
-        "toolchain": sorted({p.toolchain.name for p in result.projects}),
-        "source": began.revision.to_json(),
-    }
 
 
 def _invocation_id() -> str:

@@ -19,12 +19,14 @@ import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nkibuild.bundle.buildinfo import FILE_NAME as BUILD_INFO
 from nkibuild.confine import open_regular, read_regular
 from nkibuild.errors import BuildError, UsageError
+from nkibuild.formats.jsonlimits import load_json
 from nkibuild.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
     from nkibuild.verify.sources import ProjectSources
 
 RUNNER = Path(__file__).with_name("runner.py")
-BUILD_INFO = "_build.json"
 ERROR_GROWTH = 2.0  # an error this many times the baseline's is a regression
 SLOWDOWN = 1.10  # and so is a benchmark this much slower
 VERIFY_TIMEOUT_S = 1800
@@ -146,16 +147,26 @@ def verify(
 
     With `double` (the toolchain double, resolved by the caller), simulate mode uses its
     nki and neuron mode runs for every target through its spike core."""
+    from nkibuild.verify.sources import source_checks, wheel_source_checks
+
     frontends = [Path(p) for p in double.worker_path] if double and mode == "simulate" else []
     label = " (toolchain double's nki)" if frontends else ""
-    checks = _judge(bundle, mode, _run(bundle, mode, {}, frontends), label)
+    checks = _run(bundle, mode, label, extra_path=frontends)
     if double is not None:
         runtime = [Path(p) for p in double.runtime_path]
         for target in bundle.info.targets():
             env = {"NKIBUILD_TARGET": target}
-            results = _run(bundle, "neuron", env, extra_path=runtime, target=target)
-            checks += _judge(bundle, "neuron", results, f" (toolchain double, {target})")
-    checks += _source_checks(bundle, double)
+            label = f" (toolchain double, {target})"
+            checks += _run(bundle, "neuron", label, env, extra_path=runtime, target=target)
+    # Each kernel's own source against its reference (a wheel has none: skipped); the
+    # double's nki.simulate really executes NKI kernels (on NumPy).
+    if bundle.sources is None:
+        checks += wheel_source_checks(bundle.info)
+    elif double is None:
+        checks += source_checks(bundle.sources)
+    else:
+        sources = replace(bundle.sources, extra_path=tuple(map(Path, double.worker_path)))
+        checks += source_checks(sources, " (toolchain double's nki)")
     baseline = _read_baseline(bundle.baseline)
     if not update_baseline:
         _compare_with_baseline(checks, baseline)
@@ -166,22 +177,7 @@ def verify(
 
 def bundle_checks(bundle: BundleUnderTest, mode: str) -> list[Check]:
     """The bundle run in one mode against its reference, without baselines (build step)."""
-    return _judge(bundle, mode, _run(bundle, mode, {}), "")
-
-
-def _source_checks(bundle: BundleUnderTest, double: Toolchain | None) -> list[Check]:
-    """Each kernel's own source against its reference (a wheel has no source: skipped)."""
-    from dataclasses import replace
-
-    from nkibuild.verify.sources import source_checks, wheel_source_checks
-
-    if bundle.sources is None:
-        return wheel_source_checks(bundle.info)
-    if double is None:
-        return source_checks(bundle.sources)
-    # The double's nki.simulate really executes NKI kernels (on NumPy).
-    sources = replace(bundle.sources, extra_path=tuple(Path(p) for p in double.worker_path))
-    return source_checks(sources, " (toolchain double's nki)")
+    return _run(bundle, mode)
 
 
 def _record_baseline(
@@ -199,19 +195,30 @@ def _record_baseline(
 def _run(
     bundle: BundleUnderTest,
     mode: str,
-    env: dict[str, str],
+    label: str = "",
+    env: dict[str, str] | None = None,
     extra_path: Sequence[Path] = (),
     target: str | None = None,
-) -> dict[str, Any]:
-    """The runner's results for the bundle's kernels (those with NEFFs for `target`, if given)."""
+) -> list[Check]:
+    """The checks of the bundle's kernels (those with NEFFs for `target`, if given) run in
+    `mode`, labelled `label`."""
     kernels = bundle.info.kernels.items()
     tolerances = {n: k.tolerance.to_json() for n, k in kernels if target in (None, *k.neffs)}
     request = {"package": bundle.package, "mode": mode, "tolerances": tolerances}
     # -I: no user site, no PYTHONPATH, no cwd on sys.path; the bootstrap adds the paths.
     python = [sys.executable, "-I"]
-    environment = {**os.environ, **env, "NKIBUILD_MODE": ""}
+    environment = {**os.environ, **(env or {}), "NKIBUILD_MODE": ""}
     paths = (*bundle.paths, *extra_path)
-    return run_runner(python, paths, request, f"verifying {bundle.package}", None, environment)
+    run = run_runner(python, paths, request, f"verifying {bundle.package}", None, environment)
+    checks = []
+    for result in run["results"]:
+        check = Check(result["kernel"], result["variant"], mode + label)
+        if "error" in result:
+            check.problems.append(result["error"])
+        else:
+            _judge_result(bundle.info, mode, result, run["spike_double"], check)
+        checks.append(check)
+    return checks
 
 
 def run_runner(
@@ -229,8 +236,12 @@ def run_runner(
     when the run outlasts the timeout (naming what was running; the process group is
     killed), fails, or leaves no complete answer."""
     from nkibuild.compiler.process import run_process
+    from nkibuild.quantities import parse_duration
 
-    timeout = verify_timeout()
+    try:  # NKIBUILD_VERIFY_TIMEOUT, else 30 minutes
+        timeout = parse_duration(os.environ.get(ENV_TIMEOUT, VERIFY_TIMEOUT_S))
+    except ValueError as error:
+        raise UsageError(f"{ENV_TIMEOUT}: {error}") from None
     with tempfile.TemporaryDirectory(prefix="nkibuild-verify-") as scratch:
         answer, log, request_file = (Path(scratch, n) for n in ("answer", "log", "request"))
         request_file.write_text(json.dumps({**request, "output": str(answer)}))
@@ -254,20 +265,8 @@ def run_runner(
     return {"results": [line for line in lines if "kernel" in line], **lines[-1]}
 
 
-def verify_timeout() -> float:
-    """How long one run of runner.py may take: NKIBUILD_VERIFY_TIMEOUT, else 30 minutes."""
-    from nkibuild.quantities import parse_duration
-
-    try:
-        return parse_duration(os.environ.get(ENV_TIMEOUT, VERIFY_TIMEOUT_S))
-    except ValueError as error:
-        raise UsageError(f"{ENV_TIMEOUT}: {error}") from None
-
-
 def _answer_lines(answer: Path) -> list[dict[str, Any]]:
     """The answer's JSON objects, one a line; none if it is absent or not runner.py's."""
-    from nkibuild.formats.jsonlimits import load_json
-
     try:
         text = read_regular(answer, MAX_ANSWER_BYTES).decode("utf-8", errors="replace")
         lines = [load_json(line) for line in text.splitlines()]
@@ -295,18 +294,6 @@ _BOOTSTRAP = (
     "sys.argv = [runner, *sys.argv[3:]]; "
     "runpy.run_path(runner, run_name='__main__')"
 )
-
-
-def _judge(bundle: BundleUnderTest, mode: str, run: dict[str, Any], label: str) -> list[Check]:
-    checks = []
-    for result in run["results"]:
-        check = Check(result["kernel"], result["variant"], mode + label)
-        if "error" in result:
-            check.problems.append(result["error"])
-        else:
-            _judge_result(bundle.info, mode, result, run["spike_double"], check)
-        checks.append(check)
-    return checks
 
 
 def _judge_result(
@@ -343,10 +330,8 @@ def _judge_result(
     if double:
         check.figures["note"] = "marshalling only: the toolchain double does not compute"
         return
-    check.figures["max_abs_error"] = result["max_abs_error"]
-    check.figures["max_rel_error"] = result["max_rel_error"]
-    if "benchmark_mean_ms" in result:
-        check.figures["benchmark_mean_ms"] = result["benchmark_mean_ms"]
+    figures = ("max_abs_error", "max_rel_error", "benchmark_mean_ms")
+    check.figures.update({name: result[name] for name in figures if name in result})
     if not result.get("within_tolerance", False):
         check.problems.append(
             f"{mode} mode differs from the reference by up to {result['max_abs_error']:.3g} "
@@ -363,8 +348,6 @@ def _key(check: Check) -> str:
 
 
 def _read_baseline(path: Path) -> dict[str, Any]:
-    from nkibuild.formats.jsonlimits import load_json
-
     try:
         data = load_json(read_regular(path, MAX_BUILD_INFO_BYTES))
     except (OSError, ValueError):  # none yet, or not one nkibuild wrote: start afresh

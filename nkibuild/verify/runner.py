@@ -25,6 +25,7 @@ import importlib
 import json
 import sys
 import time
+import timeit
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
@@ -78,14 +79,11 @@ def _tolerance(expected: np.ndarray, given: dict[str, float | None]) -> dict[str
 
 
 def timed(call: Any) -> tuple[Any, float]:
+    """The first call's result, and the best time of TIMING_CALLS calls."""
     started = time.perf_counter()
     result = call()
-    best = time.perf_counter() - started
-    for _ in range(TIMING_CALLS - 1):
-        started = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - started)
-    return result, best
+    first = time.perf_counter() - started
+    return result, min(first, *timeit.repeat(call, repeat=TIMING_CALLS - 1, number=1))
 
 
 Announce = Callable[[str], None]  # says what runs next, before it runs
@@ -172,18 +170,6 @@ def bundle_records(request: dict[str, Any], announce: Announce) -> Iterator[dict
 
 # What user code may raise and still fail only its own kernel (sys.exit included).
 USER_ERRORS = (Exception, SystemExit)
-
-
-def load_user_function(root: str, where: dict[str, str]) -> Any:
-    """Import `function` from the file `path` (relative to the project root `root`) as
-    the frontend workers do, with nkibuild's tracers (the frontends' interpreter, which
-    runs this check, has nkibuild): its own directory and the project root on sys.path
-    while it loads, and afterwards no module of the project left in sys.modules, so a
-    kernel in another folder importing its own `utils` gets its own."""
-    from nkibuild.toolchain.tracers import load_function, project_imports
-
-    with project_imports(root, where["path"]):
-        return load_function(root, where["path"], where["function"])
 
 
 def nki_simulate() -> tuple[Any, str | None]:
@@ -310,17 +296,23 @@ def check_kernel_source(
     reason = why_not_runnable(kernel)
     if reason is not None:
         return [{"kernel": kernel["name"], "variant": v, "skipped": reason} for v in names]
-    from nkibuild.toolchain.tracers import freeze
+    # Kernel files are imported as the frontend workers import them (the frontends'
+    # interpreter runs this, and has nkibuild): each with its own directory and the
+    # project root on sys.path, and no module of the project kept after it, so a kernel
+    # in another folder importing its own `utils` gets its own.
+    from nkibuild.toolchain.tracers import freeze, load_function, project_imports
 
     constants = {key: freeze(value) for key, value in kernel["constants"]}
     loaded: dict[str, Any] = {}
     for role in ("source", "reference"):
-        announce(f"loading {kernel[role]['path']}")
+        path, function = kernel[role]["path"], kernel[role]["function"]
+        announce(f"loading {path}")
         try:
-            loaded[role] = load_user_function(root, kernel[role])
+            with project_imports(root, path):
+                loaded[role] = load_function(root, path, function)
         except USER_ERRORS as error:
             what = "the kernel" if role == "source" else "the reference"
-            problem = f"cannot load {what} {kernel[role]['path']}: {_failure(error)}"
+            problem = f"cannot load {what} {path}: {_failure(error)}"
             return [{"kernel": kernel["name"], "variant": v, "error": problem} for v in names]
     call = kernel_call(kernel["frontend"], loaded["source"], constants)
     return [

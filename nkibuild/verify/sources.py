@@ -58,11 +58,17 @@ def project_sources(manifest: Manifest, python: str) -> ProjectSources:
 
 
 def source_checks(sources: ProjectSources, nki_label: str = "") -> list[Check]:
-    """One check per kernel and variant: compared, skipped (with why) or failed.
-    `nki_label` says whose nki.simulate ran the NKI kernels."""
+    """One check per kernel and variant, run in a fresh interpreter: compared, skipped
+    (with why) or failed. `nki_label` says whose nki.simulate ran the NKI kernels."""
+    request = {"root": str(sources.root), "kernels": [_kernel_job(k) for k in sources.kernels]}
+    # The check is about the CPU: JAX must not pick up a Neuron (or GPU) plugin.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    what = f"running the kernels of {sources.root} on the CPU"
+    paths = (*sources.extra_path, sources.root)
+    answer = run_runner([sources.python], paths, request, what, sources.root, env)
     by_name = {kernel.name: kernel for kernel in sources.kernels}
     checks = []
-    for result in run_sources(sources):
+    for result in answer["results"]:
         kernel = by_name[result["kernel"]]
         label = nki_label if kernel.frontend == "nki" else ""
         check = Check(kernel.name, result["variant"], MODES[kernel.frontend] + label)
@@ -105,16 +111,6 @@ def _kernel_job(kernel: Kernel) -> dict[str, Any]:
 
 def _where(ref: SourceRef) -> dict[str, str | None]:
     return {"path": ref.path, "function": ref.function}
-
-
-def run_sources(sources: ProjectSources) -> list[dict[str, Any]]:
-    """Run the check in a fresh interpreter; its JSON answer, one record per variant."""
-    request = {"root": str(sources.root), "kernels": [_kernel_job(k) for k in sources.kernels]}
-    # The check is about the CPU: JAX must not pick up a Neuron (or GPU) plugin.
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    what = f"running the kernels of {sources.root} on the CPU"
-    paths = (*sources.extra_path, sources.root)
-    return run_runner([sources.python], paths, request, what, sources.root, env)["results"]
 
 
 def _judge(kernel: Kernel, result: dict[str, Any], check: Check) -> None:
