@@ -16,9 +16,7 @@ _HOMES = {
     "CacheKey": "key",
     "file_sha256": "key",
     "UNFINISHED_AFTER_S": "local",
-    "CacheEntry": "local",
     "LocalCache": "local",
-    "NeffStore": "store",
 }
 __all__ = sorted(_HOMES)
 

@@ -11,7 +11,7 @@ from typing import Any
 from nkibuild.cache.key import CacheKey
 from nkibuild.cache.stats import CacheCounters, Event
 from nkibuild.cache.store import NeffStore
-from nkibuild.cache.trust import CacheTrust, trust_from_environment
+from nkibuild.cache.trust import trust_from_environment
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,10 @@ class CacheChain:
 
     def fetch(self, key: CacheKey, destination: Path) -> CacheHit | None:
         for index, tier in enumerate(self.tiers):
-            meta = self._lookup(tier, key, destination)
+            # Counted: a hit, a miss (also a corrupt entry), or an error.
+            meta, failed = self._attempt(tier, "read from", partial(tier.fetch, key, destination))
+            outcome: Event = "hits" if meta is not None else "errors" if failed else "misses"
+            self.stats.count(tier.kind, outcome)
             if meta is not None:
                 return self._hit(index, key, destination, meta)
         return None
@@ -58,7 +61,7 @@ class CacheChain:
         holding one, copied into the earlier tiers as a NEFF is, and counted as that
         tier's `failures`. Asked only after `fetch` missed: a NEFF anywhere wins."""
         for index, tier in enumerate(self.tiers):
-            meta = self._guard(tier, "read from", lambda t=tier: t.fetch(key.failure, None))
+            meta = self._guard(tier, "read from", partial(tier.fetch, key.failure, None))
             if meta is not None:
                 self.stats.count(tier.kind, "failures")
                 return self._hit(index, key.failure, None, meta)
@@ -73,26 +76,17 @@ class CacheChain:
         self._publish_to(self.tiers[:index], key, neff, meta, None, sha256, vouched=vouched)
         return CacheHit(meta, tier.location, tier.kind, vouched)
 
-    def _lookup(self, tier: NeffStore, key: CacheKey, destination: Path) -> dict[str, Any] | None:
-        """One tier's fetch, counted: a hit, a miss (also a corrupt entry), or an error."""
-        meta, failed = self._attempt(tier, "read from", lambda: tier.fetch(key, destination))
-        outcome: Event = "hits" if meta is not None else "errors" if failed else "misses"
-        self.stats.count(tier.kind, outcome)
-        return meta
-
     def locate(self, key: CacheKey) -> str | None:
         """The first tier holding an entry for `key`, without fetching it."""
-        for tier in self.tiers:
-            if self._guard(tier, "read from", lambda t=tier: t.contains(key)):
-                return tier.location
-        return None
+        found = (t for t in self.tiers if self._guard(t, "read from", partial(t.contains, key)))
+        return next((tier.location for tier in found), None)
 
     def discard(self, key: CacheKey, location: str) -> None:
         """Drop the entry a hit came from (it was found wrong after fetching)."""
         for tier in self.tiers:
             if tier.location == location:
                 self.stats.rejected_hit(tier.kind)
-                self._guard(tier, "discard from", lambda t=tier: t.discard(key))
+                self._guard(tier, "discard from", partial(tier.discard, key))
 
     def publish(
         self,
@@ -110,11 +104,8 @@ class CacheChain:
 
     def _publish_to(self, tiers: Sequence[NeffStore], *args: Any, vouched: bool) -> None:
         for tier in tiers:
-            self._upload(tier, partial(tier.publish, *args, vouched=vouched))
-
-    def _upload(self, tier: NeffStore, call: Any) -> None:
-        if self._attempt(tier, "publish to", call)[1]:
-            self.stats.count(tier.kind, "write_errors")
+            if self._attempt(tier, "publish to", partial(tier.publish, *args, vouched=vouched))[1]:
+                self.stats.count(tier.kind, "write_errors")
 
     def _guard(self, tier: NeffStore, doing: str, call: Any) -> Any:
         return self._attempt(tier, doing, call)[0]
@@ -138,20 +129,19 @@ def open_cache_chain(
     remote_url: str | None,
     *,
     read_only: bool = False,
-    trust: CacheTrust | None = None,
     stats: CacheCounters | None = None,
 ) -> CacheChain | None:
     """The configured tiers, or None when caching is off.
 
-    `trust` (entry signing) defaults to the environment's NKIBUILD_CACHE_HMAC_KEY /
+    Entries are signed and checked as the environment says (NKIBUILD_CACHE_HMAC_KEY /
     _KEY_FILE and NKIBUILD_REQUIRE_SIGNED_CACHE, which `--cache-key-file` and
-    `--require-signed-cache` set: so every opener (compile, explain, Ray workers on
+    `--require-signed-cache` set): so every opener (compile, explain, Ray workers on
     this machine) applies the same policy. `stats`: where lookups are counted (a build
     session's counters). Raises CacheConfigError for unusable settings.
     """
     if local_dir is None and not remote_url:
         return None
-    trust = trust_from_environment() if trust is None else trust
+    trust = trust_from_environment()
     tiers: list[NeffStore] = []
     if local_dir is not None:
         from nkibuild.cache.local import LocalCache

@@ -44,11 +44,11 @@ class CacheKey:
         return dict(self.inputs)
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
+def file_sha256(path: str | os.PathLike[str], max_bytes: int = MAX_HASHED_BYTES) -> str:
     """The sha256 of a regular file, read through the bounded reader (a FIFO or a
     device raises `confine.UnreadableFile`, an OSError, instead of blocking)."""
     digest = hashlib.sha256()
-    with open_regular(path, MAX_HASHED_BYTES) as handle:
+    with open_regular(path, max_bytes) as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

@@ -23,8 +23,9 @@ import secrets
 import stat
 import tempfile
 import time
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,9 @@ from nkibuild.cache.store import (
     LOG_FILE,
     NEFF_FILE,
     CorruptEntry,
+    check_sha256,
     corrupt_notice,
+    entry_parts,
     entry_record,
 )
 from nkibuild.cache.trust import (
@@ -55,7 +58,7 @@ UNFINISHED_AFTER_S = 3600.0  # far longer than any publish takes
 OWN_FILES = frozenset({NEFF_FILE, LOG_FILE, ENTRY_FILE})
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
-# A publish's staging dir (tempfile.mkdtemp's 8 random characters) and a discard's.
+# A publish's staging dir (8 random characters, as mkdtemp made them too) and a discard's.
 _UNFINISHED = re.compile(r"\.[0-9a-f]{64}\.(?:[a-z0-9_]{8}\.new|discard-\d+(?:-[0-9a-f]{8})?)")
 
 
@@ -67,12 +70,8 @@ class CacheEntry:
 
 
 class LocalCache:
-    """A directory of NEFF entries keyed by `CacheKey.digest`.
-
-    Nothing under the root is trusted: paths are walked without following symlinks,
-    only regular files of bounded size are read, and only nkibuild's own names are
-    ever removed (see `safefs`).
-    """
+    """A directory of NEFF entries keyed by `CacheKey.digest`; nothing under it is trusted
+    (it is walked, read and cleaned through `safefs`)."""
 
     kind = "local"
 
@@ -88,12 +87,12 @@ class LocalCache:
 
     def entry_dir(self, key: CacheKey | str) -> Path:
         digest = key if isinstance(key, str) else key.digest
-        return self.root / "neff" / digest[:2] / digest
+        return self.root.joinpath(*entry_parts(digest))
 
     def contains(self, key: CacheKey) -> bool:
         try:
             with (
-                safefs.opened_dir(self.root, _parts(key.digest)) as fd,
+                safefs.opened_dir(self.root, entry_parts(key.digest)) as fd,
                 safefs.opened_file(fd, ENTRY_FILE, MAX_RECORD_BYTES),
             ):
                 return True
@@ -119,10 +118,13 @@ class LocalCache:
         FileNotFoundError: no entry. CorruptEntry: an entry that proves nothing (or
         cannot be read). Other OSErrors are `destination`'s (the build dir's disk)."""
         with contextlib.ExitStack() as stack:
-            entry_fd, record, fd = self._open_entry(stack, digest)
-            if fd is not None:
+            entry_fd, record, read = self._open_entry(stack, digest)
+            if read is not None:
                 assert destination is not None  # only a failure record has no NEFF
-                _verified_copy(fd, destination, record)
+                # What the build uses is exactly what was hashed; not fsync'd: the build
+                # checks it again before use.
+                with atomic_output(destination, durable=False) as copy:
+                    check_sha256(safefs.copy_hashed(read, copy, MAX_NEFF_BYTES), record)
             if touch:  # a cache on a read-only mount still serves hits
                 with contextlib.suppress(OSError):
                     os.utime(ENTRY_FILE, dir_fd=entry_fd, follow_symlinks=False)
@@ -130,13 +132,12 @@ class LocalCache:
 
     def _open_entry(
         self, stack: contextlib.ExitStack, digest: str
-    ) -> tuple[int, dict[str, Any], int | None]:
-        """The entry directory's descriptor, its validated record and an open descriptor
-        of its NEFF (None for a failure record, which has none)."""
+    ) -> tuple[int, dict[str, Any], Callable[[int], bytes] | None]:
+        """The entry directory's descriptor, its validated record and a reader of its
+        NEFF, open (None for a failure record, which has none)."""
         try:
-            entry_fd = stack.enter_context(safefs.opened_dir(self.root, _parts(digest)))
-            with safefs.opened_file(entry_fd, ENTRY_FILE, MAX_RECORD_BYTES) as (fd, _):
-                raw = safefs.read_small_fd(fd, MAX_RECORD_BYTES)
+            entry_fd = stack.enter_context(safefs.opened_dir(self.root, entry_parts(digest)))
+            raw = safefs.read_small(entry_fd, (), ENTRY_FILE, MAX_RECORD_BYTES)
         except FileNotFoundError:
             raise
         except OSError as error:
@@ -145,11 +146,13 @@ class LocalCache:
         if "failure" in record:
             return entry_fd, record, None
         try:
-            fd, size = stack.enter_context(safefs.opened_file(entry_fd, NEFF_FILE, MAX_NEFF_BYTES))
+            read, size = stack.enter_context(
+                safefs.opened_file(entry_fd, NEFF_FILE, MAX_NEFF_BYTES)
+            )
         except OSError as error:
             raise CorruptEntry(f"unreadable {NEFF_FILE} ({error.strerror or error})") from None
         check_size(size, record)
-        return entry_fd, record, fd
+        return entry_fd, record, read
 
     def publish(
         self,
@@ -168,8 +171,8 @@ class LocalCache:
             # Every directory opened (or made) one component at a time, and every file made
             # relative to one: a symlinked neff/, shard or entry dir, planted before or
             # during the publish, never takes a write outside the cache.
-            with safefs.opened_dir(self.root, _parts(key.digest)[:-1], make=True) as shard_fd:
-                if _exists(shard_fd, key.digest):
+            with safefs.opened_dir(self.root, entry_parts(key.digest)[:-1], make=True) as shard_fd:
+                if key.digest in os.listdir(shard_fd):
                     return
                 record = self.trust.sign(entry_record(key, meta, neff, sha256), vouched)
                 _assemble(shard_fd, key.digest, record, files)
@@ -192,7 +195,10 @@ class LocalCache:
                 shards, odd = safefs.child_dirs(neff_fd, _SHARD.fullmatch)
                 strays += [f"neff/{name}" for name in odd]
                 for shard in shards:
-                    self._scan_shard(neff_fd, shard, found, strays)
+                    with safefs.opened_dir(neff_fd, (shard,)) as shard_fd:
+                        names, odd = safefs.child_dirs(shard_fd, partial(_is_entry, shard))
+                        strays += [f"neff/{shard}/{name}" for name in odd]
+                        found += filter(None, (self._entry(shard_fd, name) for name in names))
         except FileNotFoundError:
             pass
         except CorruptEntry as error:
@@ -200,20 +206,6 @@ class LocalCache:
         except OSError as error:
             strays.append(f"neff: {error.strerror or error}")
         return found, strays
-
-    def _scan_shard(
-        self, neff_fd: int, shard: str, found: list[CacheEntry], strays: list[str]
-    ) -> None:
-        def is_entry(name: str) -> bool:
-            return _DIGEST.fullmatch(name) is not None and name.startswith(shard)
-
-        with safefs.opened_dir(neff_fd, (shard,)) as shard_fd:
-            names, odd = safefs.child_dirs(shard_fd, is_entry)
-            strays += [f"neff/{shard}/{name}" for name in odd]
-            for name in names:
-                entry = self._entry(shard_fd, name)
-                if entry is not None:
-                    found.append(entry)
 
     def _entry(self, shard_fd: int, name: str) -> CacheEntry | None:
         try:
@@ -277,37 +269,32 @@ class LocalCache:
         """Remove publishes and discards a killed build left (hidden entry dirs of the
         names nkibuild gives them); only old ones, since another build may be
         publishing into a shared cache right now."""
-        now = time.time()
+        before = time.time() - older_than_s
         removed = 0
         try:
             with safefs.opened_dir(self.root, ("neff",)) as neff_fd:
-                shards, _ = safefs.child_dirs(neff_fd, _SHARD.fullmatch)
-                for shard in shards:
-                    removed += self._remove_unfinished(neff_fd, shard, now - older_than_s)
+                for shard in safefs.child_dirs(neff_fd, _SHARD.fullmatch)[0]:
+                    with safefs.opened_dir(neff_fd, (shard,)) as shard_fd:
+                        for name in safefs.child_dirs(shard_fd, _UNFINISHED.fullmatch)[0]:
+                            removed += self._remove_unfinished(shard_fd, shard, name, before)
         except (OSError, CorruptEntry):
             pass  # no neff/ (or not a real one): nothing of nkibuild's to remove
         return removed
 
-    def _remove_unfinished(self, neff_fd: int, shard: str, before: float) -> int:
-        removed = 0
-        with safefs.opened_dir(neff_fd, (shard,)) as shard_fd:
-            names, _ = safefs.child_dirs(shard_fd, _UNFINISHED.fullmatch)
-            for name in names:
-                try:
-                    if os.stat(name, dir_fd=shard_fd, follow_symlinks=False).st_mtime > before:
-                        continue
-                    safefs.remove_owned_dir(shard_fd, name, OWN_FILES.__contains__)
-                    removed += 1
-                except CorruptEntry as error:
-                    self.notices.append(
-                        f"{self.root / 'neff' / shard / name}: {error}; left in place"
-                    )
-                except OSError as error:
-                    self.failures.append(
-                        f"could not remove {self.root / 'neff' / shard / name}: "
-                        f"{error.strerror or error}"
-                    )
-        return removed
+    def _remove_unfinished(self, shard_fd: int, shard: str, name: str, before: float) -> int:
+        """1 if `name` in the shard was older than `before`, and removed; else 0."""
+        try:
+            if os.stat(name, dir_fd=shard_fd, follow_symlinks=False).st_mtime > before:
+                return 0
+            safefs.remove_owned_dir(shard_fd, name, OWN_FILES.__contains__)
+            return 1
+        except CorruptEntry as error:
+            self.notices.append(f"{self.root / 'neff' / shard / name}: {error}; left in place")
+        except OSError as error:
+            self.failures.append(
+                f"could not remove {self.root / 'neff' / shard / name}: {error.strerror or error}"
+            )
+        return 0
 
     def _corrupt(self, key: CacheKey, why: str) -> None:
         self.notices.append(corrupt_notice(self.location, key, why, not self.read_only))
@@ -323,16 +310,12 @@ class LocalCache:
         and reported; a refusal of the filesystem is recorded in `failures`."""
         if self.read_only:
             return False
-        parts = _parts(entry.name)
+        parts = entry_parts(entry.name)
         try:
             with safefs.opened_dir(self.root, parts[:-1]) as shard_fd:
                 with safefs.opened_dir(shard_fd, parts[-1:]) as entry_fd:
-                    others = safefs.foreign(entry_fd, OWN_FILES.__contains__)
-                    if others:
-                        raise CorruptEntry(
-                            f"it holds files nkibuild did not write ({', '.join(others[:5])})"
-                        )
-                doomed = f".{entry.name}.discard-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                    safefs.check_owned(entry_fd, OWN_FILES.__contains__)
+                doomed = f".{entry.name}.discard-{os.getpid()}-{secrets.token_hex(4)}"
                 os.rename(entry.name, doomed, src_dir_fd=shard_fd, dst_dir_fd=shard_fd)
                 safefs.remove_owned_dir(shard_fd, doomed, OWN_FILES.__contains__)
         except FileNotFoundError:
@@ -344,10 +327,6 @@ class LocalCache:
             self.failures.append(f"could not remove {entry}: {error.strerror or error}")
             return False
         return True
-
-
-def _parts(digest: str) -> tuple[str, str, str]:
-    return ("neff", digest[:2], digest)
 
 
 def _assemble(
@@ -368,16 +347,12 @@ def _assemble(
     except BaseException as error:
         with contextlib.suppress(OSError, CorruptEntry):  # a foreign file in it: left
             safefs.remove_owned_dir(shard_fd, stage, OWN_FILES.__contains__)
-        if not (isinstance(error, OSError) and _exists(shard_fd, digest)):
+        if not (isinstance(error, OSError) and digest in os.listdir(shard_fd)):
             raise
 
 
-def _exists(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
+def _is_entry(shard: str, name: str) -> bool:
+    return _DIGEST.fullmatch(name) is not None and name[:2] == shard
 
 
 def _link_or_copy(source: Path, dir_fd: int, name: str) -> None:
@@ -387,14 +362,3 @@ def _link_or_copy(source: Path, dir_fd: int, name: str) -> None:
         os.link(source, name, dst_dir_fd=dir_fd, follow_symlinks=False)
     except OSError:  # another filesystem (EXDEV), or one without hard links
         safefs.replace_file(dir_fd, name, source)
-
-
-def _verified_copy(fd: int, destination: Path, record: dict[str, Any]) -> None:
-    """Copy from the opened entry file, hashing what is written: what the build uses is
-    exactly what was verified. Not fsync'd: the build checks it again before use."""
-    with atomic_output(destination, durable=False) as copy:
-        found, _ = safefs.copy_hashed(fd, copy, MAX_NEFF_BYTES)
-        if found != record["sha256"]:
-            raise CorruptEntry(
-                f"NEFF sha256 {found[:16]}... differs from the recorded {record['sha256']}"
-            )

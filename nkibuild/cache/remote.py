@@ -15,7 +15,6 @@ Network and auth errors propagate: `CacheChain` turns them into notices.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import posixpath
@@ -29,7 +28,14 @@ from fsspec.implementations.local import LocalFileSystem
 
 from nkibuild.cache import safefs
 from nkibuild.cache.key import CacheKey
-from nkibuild.cache.store import ENTRY_FILE, CorruptEntry, corrupt_notice, entry_record
+from nkibuild.cache.store import (
+    ENTRY_FILE,
+    CorruptEntry,
+    check_sha256,
+    corrupt_notice,
+    entry_parts,
+    entry_record,
+)
 from nkibuild.cache.trust import (
     MAX_NEFF_BYTES,
     MAX_RECORD_BYTES,
@@ -46,7 +52,6 @@ from nkibuild.fsutil import atomic_output
 # names on a local filesystem): a discard removes these and nothing else.
 _OBJECT = re.compile(r"[0-9a-f]{64}\.(?:neff|log)")
 _OWN_NAME = re.compile(r"entry\.json|[0-9a-f]{64}\.(?:neff|log)|\..+\.[0-9a-f]{32}\.tmp")
-_CHUNK = 1 << 20
 
 
 class RemoteCache:
@@ -77,25 +82,20 @@ class RemoteCache:
 
     def entry_dir(self, key: CacheKey | str) -> str:
         digest = key if isinstance(key, str) else key.digest
-        return posixpath.join(self.root, "neff", digest[:2], digest)
+        return posixpath.join(self.root, *entry_parts(digest))
 
     def contains(self, key: CacheKey) -> bool:
         return self._exists(posixpath.join(self.entry_dir(key), ENTRY_FILE))
 
     def fetch(self, key: CacheKey, destination: Path | None) -> dict[str, Any] | None:
         try:
-            raw = self._read_record(key.digest)
-        except FileNotFoundError:
-            return None
-        except CorruptEntry as error:
-            self._corrupt(key, str(error))
-            return None
-        try:
-            record = parse_record(raw, key.digest, self.trust)
+            record = parse_record(self._read_record(key.digest), key.digest, self.trust)
             if "failure" not in record:  # a failed compile's record names no objects
                 assert destination is not None
                 _check_object_names(record)
                 self._verified_download(key.digest, record, destination)
+        except FileNotFoundError:
+            return None
         except CorruptEntry as error:
             self._corrupt(key, str(error))
             return None
@@ -104,8 +104,9 @@ class RemoteCache:
     def _read_record(self, digest: str) -> bytes:
         """entry.json's bytes, at most MAX_RECORD_BYTES of them; FileNotFoundError: a miss."""
         if self._local:
+            parts = entry_parts(digest)
             try:
-                return safefs.read_small(self.root, _parts(digest), ENTRY_FILE, MAX_RECORD_BYTES)
+                return safefs.read_small(self.root, parts, ENTRY_FILE, MAX_RECORD_BYTES)
             except (FileNotFoundError, CorruptEntry):
                 raise
             except OSError as error:
@@ -140,22 +141,17 @@ class RemoteCache:
                 record["log"] = f"{record['sha256']}.log"
                 objects[record["log"]] = log
         data = json.dumps(self.trust.sign(record, vouched), indent=2, sort_keys=True).encode()
-        if self._local:
-            self._publish_here(key.digest, objects, data)
+        if not self._local:
+            for name, source in objects.items():
+                self.fs.put_file(str(source), posixpath.join(entry, name))  # one PUT: atomic
+            # Last: from this moment readers see the entry, and everything it names is there.
+            self.fs.pipe_file(posixpath.join(entry, ENTRY_FILE), data)
             return
-        for name, source in objects.items():
-            self.fs.put_file(str(source), posixpath.join(entry, name))  # one PUT: atomic
-        # Last: from this moment readers see the entry, and everything it names is there.
-        self.fs.pipe_file(posixpath.join(entry, ENTRY_FILE), data)
-
-    def _publish_here(self, digest: str, objects: dict[str, Path], data: bytes) -> None:
-        """A publish on a local filesystem: each object, then entry.json, written and
-        renamed relative to the entry directory, which was opened (or made) one
-        component at a time without following a symlink. Nothing planted in the cache (a
-        symlinked neff/, shard or entry dir, a symlink at an object's or a temp file's
-        name), before or during the publish, sends a write elsewhere."""
+        # On a local filesystem, each object and then entry.json are written and renamed
+        # relative to the entry directory, opened (or made) one component at a time: no
+        # symlink planted in the cache, before or during the publish, sends a write elsewhere.
         try:
-            with safefs.opened_dir(self.root, _parts(digest), make=True) as entry_fd:
+            with safefs.opened_dir(self.root, entry_parts(key.digest), make=True) as entry_fd:
                 for name, source in objects.items():
                     safefs.replace_file(entry_fd, name, source)
                 safefs.replace_file(entry_fd, ENTRY_FILE, data)
@@ -164,7 +160,7 @@ class RemoteCache:
 
     def discard(self, key: CacheKey) -> None:
         if not self.read_only:
-            self._discard(self.entry_dir(key))
+            self._discard(key.digest)
 
     def entries(self) -> list[str]:
         """Digests of the complete entries (those with an entry.json)."""
@@ -183,30 +179,21 @@ class RemoteCache:
         """Download, hashing what is written: what the build uses is exactly what was
         verified. The object must be a regular file (on a local filesystem) of the
         recorded size, and never more than MAX_NEFF_BYTES are read."""
-        name = record["neff"]
+        copy_from = self._copy_local if self._local else self._copy_remote
         with atomic_output(destination) as copy:
             try:
-                if self._local:
-                    found = self._copy_local(digest, record, copy)
-                else:
-                    found = self._copy_remote(
-                        posixpath.join(self.entry_dir(digest), name), record, copy
-                    )
+                check_sha256(copy_from(digest, record, copy), record)
             except FileNotFoundError:
-                raise CorruptEntry(f"its NEFF object {name} is missing") from None
-            if found != record["sha256"]:
-                raise CorruptEntry(
-                    f"NEFF sha256 {found[:16]}... differs from the recorded {record['sha256']}"
-                )
+                raise CorruptEntry(f"its NEFF object {record['neff']} is missing") from None
 
     def _copy_local(self, digest: str, record: dict[str, Any], copy: Path) -> str:
         try:
             with (
-                safefs.opened_dir(self.root, _parts(digest)) as entry_fd,
-                safefs.opened_file(entry_fd, record["neff"], MAX_NEFF_BYTES) as (fd, size),
+                safefs.opened_dir(self.root, entry_parts(digest)) as entry_fd,
+                safefs.opened_file(entry_fd, record["neff"], MAX_NEFF_BYTES) as (read, size),
             ):
                 check_size(size, record)
-                return safefs.copy_hashed(fd, copy, MAX_NEFF_BYTES)[0]
+                return safefs.copy_hashed(read, copy, MAX_NEFF_BYTES)
         except (FileNotFoundError, CorruptEntry):
             raise
         except OSError as error:
@@ -214,20 +201,14 @@ class RemoteCache:
                 raise  # the build dir's disk, not the entry
             raise CorruptEntry(f"unreadable NEFF object ({error.strerror})") from None
 
-    def _copy_remote(self, source: str, record: dict[str, Any], copy: Path) -> str:
+    def _copy_remote(self, digest: str, record: dict[str, Any], copy: Path) -> str:
+        source = posixpath.join(self.entry_dir(digest), record["neff"])
         size = self.fs.info(source).get("size")
         if not isinstance(size, int) or size > MAX_NEFF_BYTES:
             raise CorruptEntry(f"its NEFF object is {size} bytes (at most {MAX_NEFF_BYTES})")
         check_size(size, record)
-        digest, total = hashlib.sha256(), 0
-        with self.fs.open(source, "rb") as remote, open(copy, "wb") as out:
-            while block := remote.read(_CHUNK):
-                total += len(block)
-                if total > MAX_NEFF_BYTES:
-                    raise CorruptEntry(f"its NEFF object is more than {MAX_NEFF_BYTES} bytes")
-                digest.update(block)
-                out.write(block)
-        return digest.hexdigest()
+        with self.fs.open(source, "rb") as remote:
+            return safefs.copy_hashed(remote.read, copy, MAX_NEFF_BYTES)
 
     def _exists(self, path: str) -> bool:
         # fsspec filesystems answer `exists` from cached listings, which would
@@ -238,44 +219,33 @@ class RemoteCache:
     def _corrupt(self, key: CacheKey, why: str) -> None:
         self.notices.append(corrupt_notice(self.location, key, why, discarded=not self.read_only))
         if not self.read_only:
-            self._discard(self.entry_dir(key))
+            self._discard(key.digest)
 
-    def _discard(self, entry: str) -> None:
+    def _discard(self, digest: str) -> None:
         """entry.json first, so readers stop seeing the entry before its objects go;
         then only the objects nkibuild names (never another writer's foreign files)."""
-        if self._local:
-            self._discard_local(posixpath.basename(entry))
+        if not self._local:
+            entry = self.entry_dir(digest)
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(posixpath.join(entry, ENTRY_FILE))
+            with contextlib.suppress(FileNotFoundError):
+                for path in self.fs.ls(entry, detail=False):
+                    if _OWN_NAME.fullmatch(posixpath.basename(path.rstrip("/"))):
+                        with contextlib.suppress(FileNotFoundError):
+                            self.fs.rm_file(path)
             return
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(posixpath.join(entry, ENTRY_FILE))
-        with contextlib.suppress(FileNotFoundError):
-            for path in self.fs.ls(entry, detail=False):
-                if _OWN_NAME.fullmatch(posixpath.basename(path.rstrip("/"))):
-                    with contextlib.suppress(FileNotFoundError):
-                        self.fs.rm_file(path)
-
-    def _discard_local(self, digest: str) -> None:
         try:
-            with safefs.opened_dir(self.root, _parts(digest)[:-1]) as shard_fd:
+            with safefs.opened_dir(self.root, entry_parts(digest)[:-1]) as shard_fd:
                 with (
                     contextlib.suppress(FileNotFoundError),
                     safefs.opened_dir(shard_fd, (digest,)) as entry_fd,
                 ):
-                    if safefs.regular_files(entry_fd).get(ENTRY_FILE) is not None:
-                        os.unlink(ENTRY_FILE, dir_fd=entry_fd)
-                safefs.remove_owned_dir(shard_fd, digest, _is_own_name)
+                    os.unlink(ENTRY_FILE, dir_fd=entry_fd)
+                safefs.remove_owned_dir(shard_fd, digest, _OWN_NAME.fullmatch)
         except FileNotFoundError:
             return
         except CorruptEntry as error:
             self.notices.append(f"{self.entry_dir(digest)}: {error}; not removed, left in place")
-
-
-def _is_own_name(name: str) -> bool:
-    return _OWN_NAME.fullmatch(name) is not None
-
-
-def _parts(digest: str) -> tuple[str, str, str]:
-    return ("neff", digest[:2], digest)
 
 
 def _check_object_names(record: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import os
 import secrets
@@ -30,10 +31,9 @@ from typing import BinaryIO
 from nkibuild.cache.store import CorruptEntry
 from nkibuild.confine import file_kind
 
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
-_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20
 
 
@@ -52,7 +52,7 @@ def opened_dir(
     else:
         if make:
             Path(root).mkdir(parents=True, exist_ok=True)
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for part in parts:
             child = _opened_or_made(fd, part) if make else _open_child_dir(fd, part)
@@ -64,7 +64,6 @@ def opened_dir(
 
 
 def _opened_or_made(parent: int, name: str) -> int:
-    """A descriptor of the directory `name` in `parent`, made first if it is missing."""
     try:
         return _open_child_dir(parent, name)
     except FileNotFoundError:
@@ -85,8 +84,11 @@ def _open_child_dir(parent: int, name: str) -> int:
 
 
 @contextlib.contextmanager
-def opened_file(dir_fd: int, name: str, max_bytes: int) -> Iterator[tuple[int, int]]:
-    """(descriptor, size) of a regular file of at most `max_bytes` in `dir_fd`."""
+def opened_file(
+    dir_fd: int, name: str, max_bytes: int
+) -> Iterator[tuple[Callable[[int], bytes], int]]:
+    """(a read function, size) of a regular file of at most `max_bytes` in `dir_fd`. A
+    read that fails (EIO) raises CorruptEntry: the file's failure, not the reader's."""
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
     except OSError as error:
@@ -99,9 +101,16 @@ def opened_file(dir_fd: int, name: str, max_bytes: int) -> Iterator[tuple[int, i
             raise CorruptEntry(f"{name} is not a regular file ({file_kind(status.st_mode)})")
         if status.st_size > max_bytes:
             raise CorruptEntry(f"{name} is {status.st_size} bytes, more than {max_bytes}")
-        yield fd, status.st_size
+        yield functools.partial(_read, fd), status.st_size
     finally:
         os.close(fd)
+
+
+def _read(fd: int, size: int) -> bytes:
+    try:
+        return os.read(fd, size)
+    except OSError as error:
+        raise CorruptEntry(f"unreadable ({error.strerror or error})") from None
 
 
 def replace_file(dir_fd: int, name: str, content: bytes | Path) -> None:
@@ -129,43 +138,32 @@ def _fill(out: BinaryIO, content: bytes | Path) -> None:
 
 
 def read_small(root: str | Path | int, parts: Sequence[str], name: str, max_bytes: int) -> bytes:
-    with opened_dir(root, parts) as dir_fd, opened_file(dir_fd, name, max_bytes) as (fd, _):
-        return read_small_fd(fd, max_bytes)
+    with opened_dir(root, parts) as dir_fd, opened_file(dir_fd, name, max_bytes) as (read, _):
+        return b"".join(blocks(read, max_bytes))
 
 
-def copy_hashed(fd: int, destination: Path, max_bytes: int) -> tuple[str, int]:
-    """Copy an open file to `destination` (hashing what is written); (sha256, size).
-    Stops past `max_bytes` even if the file grows while it is read."""
-    digest, size = hashlib.sha256(), 0
+def copy_hashed(read: Callable[[int], bytes], destination: Path, max_bytes: int) -> str:
+    """Copy what `read` gives to `destination`, hashing what is written; its sha256."""
+    digest = hashlib.sha256()
     with open(destination, "wb") as out:
-        while block := _read(fd, _CHUNK):
-            size += len(block)
-            if size > max_bytes:
-                raise CorruptEntry(f"the NEFF grew past {max_bytes} bytes while being read")
+        for block in blocks(read, max_bytes):
             digest.update(block)
             out.write(block)
-    return digest.hexdigest(), size
+    return digest.hexdigest()
 
 
-def read_small_fd(fd: int, max_bytes: int) -> bytes:
-    chunks, size = [], 0
-    while block := _read(fd, min(_CHUNK, max_bytes + 1 - size)):
-        chunks.append(block)
+def blocks(read: Callable[[int], bytes], max_bytes: int) -> Iterator[bytes]:
+    """What `read` gives until its end, stopped past `max_bytes`: a file that grows while
+    it is read (its size was checked when it was opened)."""
+    size = 0
+    while block := read(_CHUNK):
         size += len(block)
         if size > max_bytes:
-            raise CorruptEntry(f"more than {max_bytes} bytes")
-    return b"".join(chunks)
+            raise CorruptEntry(f"it grew past {max_bytes} bytes while being read")
+        yield block
 
 
-def _read(fd: int, size: int) -> bytes:
-    """A read of the entry's file; its failure (EIO) is the entry's, not the reader's."""
-    try:
-        return os.read(fd, size)
-    except OSError as error:
-        raise CorruptEntry(f"unreadable ({error.strerror or error})") from None
-
-
-def child_dirs(dir_fd: int, wanted: Callable[[str], bool]) -> tuple[list[str], list[str]]:
+def child_dirs(dir_fd: int, wanted: Callable[[str], object]) -> tuple[list[str], list[str]]:
     """(real subdirectories whose names are `wanted`, wanted names that are symlinks or
     other non-directories). Other names are not nkibuild's and are not looked at."""
     found, strays = [], []
@@ -189,30 +187,26 @@ def regular_files(dir_fd: int) -> dict[str, os.stat_result]:
     return found
 
 
-def foreign(dir_fd: int, ours: Callable[[str], bool]) -> list[str]:
-    """What in `dir_fd` nkibuild did not write: other names, or its names as non-files."""
-    return sorted(
+def check_owned(dir_fd: int, ours: Callable[[str], object]) -> None:
+    """CorruptEntry naming what in `dir_fd` nkibuild did not write (other names, or its
+    names as non-files), if anything."""
+    others = sorted(
         name
         for name, status in regular_files(dir_fd).items()
         if not (ours(name) and stat.S_ISREG(status.st_mode))
     )
+    if others:
+        raise CorruptEntry(f"it holds files nkibuild did not write ({', '.join(others[:5])})")
 
 
-def remove_owned_dir(parent_fd: int, name: str, ours: Callable[[str], bool]) -> None:
+def remove_owned_dir(parent_fd: int, name: str, ours: Callable[[str], object]) -> None:
     """Remove `parent/name`: its regular files named `ours`, then the directory.
 
     Raises CorruptEntry (nothing removed) when it holds anything else, OSError when
     the filesystem refuses (read-only, permissions)."""
+    fd = _open_child_dir(parent_fd, name)
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    except OSError as error:
-        if error.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise CorruptEntry(f"{name} is a symbolic link or not a directory") from None
-        raise
-    try:
-        others = foreign(fd, ours)
-        if others:
-            raise CorruptEntry(f"it holds files nkibuild did not write ({', '.join(others[:5])})")
+        check_owned(fd, ours)
         for child, status in regular_files(fd).items():
             if ours(child) and stat.S_ISREG(status.st_mode):  # re-checked: it may have changed
                 with contextlib.suppress(FileNotFoundError):

@@ -12,19 +12,18 @@ is untrusted: read and written without following symlinks, bounded in size.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from nkibuild.cache import safefs
 from nkibuild.cache.store import CorruptEntry
-from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, load_json
+from nkibuild.formats.jsonlimits import JsonLimits, load_json
 
 TIERS = ("local", "remote")
 LOG_DIR = "stats"
@@ -90,10 +89,10 @@ class CacheCounters:
         self._counts: dict[str, TierCounts] = {}
         self.log_dir: Path | None = None
 
-    def count(self, tier: str, event: Event, amount: int = 1) -> None:
+    def count(self, tier: str, event: Event) -> None:
         with self._lock:
             counts = self._counts.get(tier, TierCounts())
-            self._counts[tier] = replace(counts, **{event: getattr(counts, event) + amount})
+            self._counts[tier] = replace(counts, **{event: getattr(counts, event) + 1})
 
     def rejected_hit(self, tier: str) -> None:
         """A hit whose NEFF was then found not to fit its unit: it served nothing, a miss."""
@@ -156,18 +155,12 @@ def read_log(cache_dir: Path) -> BuildLog:
     """The log of `cache_dir`; an absent one is empty, a damaged one empty with a notice."""
     path = log_path(cache_dir)
     try:
-        data = safefs.read_small(cache_dir, (LOG_DIR,), LOG_FILE, MAX_LOG_BYTES)
+        return BuildLog(_parse(safefs.read_small(cache_dir, (LOG_DIR,), LOG_FILE, MAX_LOG_BYTES)))
     except FileNotFoundError:
         return BuildLog(())
-    except CorruptEntry as error:
-        return BuildLog(
-            (), (f"the cache's build log {path} is damaged ({error}); its counts are ignored",)
-        )
     except OSError as error:
         return BuildLog((), (f"cannot read the cache's build log {path}: {error.strerror}",))
-    try:
-        return BuildLog(_parse(data))
-    except (JsonLimitError, ValueError) as error:
+    except (CorruptEntry, ValueError) as error:  # ValueError: JsonLimitError too
         notice = f"the cache's build log {path} is damaged ({error}); its counts are ignored"
         return BuildLog((), (notice,))
 
@@ -190,7 +183,8 @@ def record_build(
     path = log_path(cache_dir)
     record = BuildRecord(time.time() if finished is None else finished, dict(tiers))
     try:
-        with safefs.opened_dir(cache_dir, (LOG_DIR,), make=True) as stats_dir, _locked(stats_dir):
+        with safefs.opened_dir(cache_dir, (LOG_DIR,), make=True) as stats_dir:
+            _lock(stats_dir)
             log = read_log(cache_dir)
             builds = (*log.builds, record)[-MAX_BUILDS:]
             document = {"format": LOG_FORMAT, "builds": [b.to_json() for b in builds]}
@@ -204,22 +198,18 @@ def record_build(
     return [f"{notice}; a new one was started" for notice in log.notices]
 
 
-@contextlib.contextmanager
-def _locked(dir_fd: int) -> Iterator[None]:
+def _lock(dir_fd: int) -> None:
     """An exclusive lock on the log's directory, held through the descriptor that checked
-    it. Not filelock's lock file: filelock opens it with O_TRUNC, following a symlink,
-    so a link planted in a cache others can write to would truncate a file outside it.
-    Each caller opens its own descriptor, so threads of one process exclude each other."""
+    it, until it is closed. Not filelock's lock file: filelock opens it with O_TRUNC,
+    following a symlink, so a link planted in a cache others can write to would truncate
+    a file outside it. Each caller opens its own descriptor, so threads of one process
+    exclude each other."""
     deadline = time.monotonic() + LOCK_TIMEOUT_S
     while True:
         try:
             fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
+            return
         except BlockingIOError:
             if time.monotonic() > deadline:
                 raise TimeoutError from None
             time.sleep(0.01)
-    try:
-        yield
-    finally:
-        fcntl.flock(dir_fd, fcntl.LOCK_UN)

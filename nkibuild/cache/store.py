@@ -64,13 +64,24 @@ class NeffStore(Protocol):
 def entry_record(
     key: CacheKey, meta: dict[str, Any], neff: Path | None, sha256: str | None = None
 ) -> dict[str, Any]:
-    """entry.json: the caller's metadata plus what makes the entry self-describing (a
-    signature, if any, is added by the tier's `CacheTrust`)."""
-    meta = {k: v for k, v in meta.items() if k != "signature"}
+    """entry.json: the caller's metadata plus what makes the entry self-describing (its
+    signature is the tier's `CacheTrust.sign`, which drops one `meta` carries)."""
     record = {**meta, "key": key.to_json(), "digest": key.digest}
     if neff is not None:
         record.update(sha256=sha256 or file_sha256(neff), size=neff.stat().st_size)
     return record
+
+
+def entry_parts(digest: str) -> tuple[str, str, str]:
+    """An entry's directory under a tier's root: `neff/<key[:2]>/<key>`."""
+    return ("neff", digest[:2], digest)
+
+
+def check_sha256(found: str, record: dict[str, Any]) -> None:
+    if found != record["sha256"]:
+        raise CorruptEntry(
+            f"NEFF sha256 {found[:16]}... differs from the recorded {record['sha256']}"
+        )
 
 
 def corrupt_notice(location: str, key: CacheKey, why: str, discarded: bool) -> str:

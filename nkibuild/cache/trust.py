@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -115,7 +114,7 @@ def _check_neff_fields(record: Mapping[str, Any]) -> None:
     if not isinstance(sha256, str) or not _HEX64.fullmatch(sha256):
         raise CorruptEntry(f"{ENTRY_FILE} records no valid sha256")
     size = record.get("size")
-    if size is not None and not _is_int(size, 0, MAX_NEFF_BYTES):
+    if size is not None and not _in_range(size, 0, MAX_NEFF_BYTES):
         raise CorruptEntry(f"{ENTRY_FILE} records an invalid size ({_short(size)})")
     if "failure" in record:
         raise CorruptEntry(f"{ENTRY_FILE} records a compile failure under a NEFF's key")
@@ -128,7 +127,7 @@ def _check_failure(failure: object) -> None:
     if not (
         isinstance(failure, dict)
         and set(failure) == {"returncode", *texts}
-        and _is_int(failure["returncode"], 1, 255)
+        and _in_range(failure["returncode"], 1, 255)
         and all(isinstance(failure[t], str) and len(failure[t]) <= MAX_LOG_TAIL for t in texts)
     ):
         raise CorruptEntry(f"{ENTRY_FILE} records no valid compile failure")
@@ -151,10 +150,10 @@ def _check_meta(record: Mapping[str, Any]) -> None:
         if value is not None and not (isinstance(value, str) and len(value) <= MAX_TEXT):
             raise CorruptEntry(f"{ENTRY_FILE}: {field} is not a string ({_short(value)})")
     seconds = record.get("compile_seconds")
-    if seconds is not None and not _is_number(seconds, MAX_SECONDS):
+    if seconds is not None and not _in_range(seconds, 0, MAX_SECONDS, (int, float)):
         raise CorruptEntry(f"{ENTRY_FILE}: compile_seconds is invalid ({_short(seconds)})")
     memory = record.get("peak_memory")
-    if memory is not None and not _is_int(memory, 0, 2**63 - 1):
+    if memory is not None and not _in_range(memory, 0, 2**63 - 1):
         raise CorruptEntry(f"{ENTRY_FILE}: peak_memory is invalid ({_short(memory)})")
 
 
@@ -174,14 +173,9 @@ def caller_meta(record: Mapping[str, Any]) -> dict[str, Any]:
     return {name: record[name] for name in fields if record.get(name) is not None}
 
 
-def _is_int(value: object, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-def _is_number(value: object, high: float) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return math.isfinite(value) and 0 <= value <= high
+def _in_range(value: object, low: float, high: float, kinds: tuple[type, ...] = (int,)) -> bool:
+    """`value` of one of `kinds` exactly (not a bool), from `low` to `high` (not NaN)."""
+    return type(value) in kinds and low <= value <= high  # type: ignore[operator]
 
 
 def _short(value: object) -> str:

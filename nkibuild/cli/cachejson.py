@@ -8,22 +8,23 @@ import argparse
 import sys
 from typing import Any
 
+from nkibuild.cache.stats import read_log
+from nkibuild.quantities import format_size
+from nkibuild.settings import default_cache_dir
+
 
 def state(args: argparse.Namespace, usage: tuple[int, int]) -> dict[str, Any]:
     """The local cache after the action: where it is, its entries and their size; and per
     tier its entries (the remote's with --remote-cache) and counts over the last builds."""
-    from nkibuild.cache.stats import read_log
-
-    local_dir = _local_dir(args)
+    local_dir = args.cache_dir or default_cache_dir()
     entries, size = usage
     log = read_log(local_dir)
     totals = log.totals()
-    remote = _remote_usage(args)
-    for notice in (*log.notices, *remote["notices"]):
+    for notice in log.notices:
         print(f"warning: {notice}", file=sys.stderr)
     tiers = {
         "local": {"location": str(local_dir), "entries": entries, "bytes": size},
-        "remote": {k: v for k, v in remote.items() if k != "notices"},
+        "remote": _remote_usage(args),
     }
     return {
         "root": str(local_dir),
@@ -45,8 +46,6 @@ def stats_lines(args: argparse.Namespace, usage: tuple[int, int]) -> list[str]:
 
 
 def _tier_line(tier: dict[str, Any]) -> str:
-    from nkibuild.quantities import format_size
-
     rate = tier["hit_rate"]
     shown = f"{rate:.0%} of {tier['lookups']} lookups" if rate is not None else "no lookups"
     line = f"{tier['hits']} hits, {tier['misses']} misses, {tier['errors']} errors ({shown})"
@@ -59,18 +58,12 @@ def _tier_line(tier: dict[str, Any]) -> str:
     return line
 
 
-def _local_dir(args: argparse.Namespace) -> Any:
-    from nkibuild.settings import default_cache_dir
-
-    return args.cache_dir or default_cache_dir()
-
-
 def _remote_usage(args: argparse.Namespace) -> dict[str, Any]:
     """The remote's location, entries and bytes (a listing of its prefix), with
-    --remote-cache only; None where unknown, and why."""
+    --remote-cache only; None where unknown (with a warning saying why)."""
     url = getattr(args, "remote_cache", None)
     if not url:
-        return {"location": None, "entries": None, "bytes": None, "notices": []}
+        return {"location": None, "entries": None, "bytes": None}
     from nkibuild.cache.remote import RemoteCache, public_url
 
     location = public_url(url)
@@ -78,6 +71,6 @@ def _remote_usage(args: argparse.Namespace) -> dict[str, Any]:
         entries, size = RemoteCache(url, read_only=True).usage()
     # Remote filesystems raise their own exception types (botocore, aiohttp, ...).
     except Exception as error:
-        why = f"could not list the remote cache at {location}: {error}"
-        return {"location": location, "entries": None, "bytes": None, "notices": [why]}
-    return {"location": location, "entries": entries, "bytes": size, "notices": []}
+        print(f"warning: could not list the remote cache at {location}: {error}", file=sys.stderr)
+        entries = size = None
+    return {"location": location, "entries": entries, "bytes": size}

@@ -15,8 +15,11 @@ import os
 import shutil
 from pathlib import Path
 
+from nkibuild.bundle import distributions
 from nkibuild.bundle.provenance import material_files
+from nkibuild.bundle.wheel import wheel_file_name
 from nkibuild.errors import ManifestError, UsageError
+from nkibuild.manifest import load_manifest
 from nkibuild.manifest.model import Manifest
 from nkibuild.plan import PLAN_CACHE_FILE
 from nkibuild.session import LOCK_FILE, acquire_build_lock
@@ -51,8 +54,6 @@ def clean(build_dir: Path, dist_dir: Path | None, manifest_path: Path) -> list[s
 def _manifest(path: Path, *, needed: bool) -> Manifest | None:
     """The manifest, to know its sources and wheels; without `needed`, None if it does
     not load (the build dir can be cleaned of a broken project too)."""
-    from nkibuild.manifest import load_manifest
-
     try:
         return load_manifest(path)
     except ManifestError:
@@ -84,9 +85,6 @@ def _ours(build_dir: Path, manifest_path: Path, manifest: Manifest | None) -> bo
 
 def _own_wheels(dist_dir: Path, manifest: Manifest) -> list[Path]:
     """The wheels the project's build writes into `dist_dir` that are there."""
-    from nkibuild.bundle import distributions
-    from nkibuild.bundle.wheel import wheel_file_name
-
     _not_a_link(dist_dir, "--dist-dir")
     wheels = [dist_dir / wheel_file_name(p) for p in distributions(manifest)]
     return [w for w in wheels if w.is_file() and not w.is_symlink()]

@@ -5,38 +5,40 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 from typing import Any
 
+from nkibuild.settings import (
+    ENV_CACHE_DIR,
+    ENV_CACHE_READ_ONLY,
+    ENV_REMOTE_CACHE,
+    TRUE_WORDS,
+    BuildOptions,
+    default_cache_dir,
+    value_before_manifest,
+)
 
-def report(toolchain: str | None = None, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+
+def report(toolchain: str | None = None) -> dict[str, Any]:
     """The JSON document of `doctor --json`, for the toolchain `--toolchain` (None: not
     given) selects as a build would: the option, else NKIBUILD_TOOLCHAIN, else auto."""
     from nkibuild.bundle.runtime import runtime_binding
-    from nkibuild.settings import BuildOptions, value_before_manifest
     from nkibuild.toolchain.doctor import diagnose
 
-    selected = value_before_manifest(BuildOptions(toolchain=toolchain), "toolchain", environ)
+    selected = value_before_manifest(BuildOptions(toolchain=toolchain), "toolchain")
     runtime = runtime_binding().report()  # this interpreter's, as a bundle run here gets it
-    return {**diagnose(selected), "caches": caches(environ), "runtime": runtime}
+    return {**diagnose(selected), "caches": caches(), "runtime": runtime}
 
 
-def caches(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+def caches() -> dict[str, Any]:
     """The caches a build here would use by default: what the environment says.
 
     A build's --cache-dir, --remote-cache and the manifest's `cache:` can change them;
     doctor reports the host, not a project.
     """
-    from nkibuild.settings import (
-        ENV_CACHE_DIR,
-        ENV_CACHE_READ_ONLY,
-        ENV_REMOTE_CACHE,
-        default_cache_dir,
-    )
-
-    local = default_cache_dir(environ)
+    environ = os.environ
+    local = default_cache_dir()
     remote = environ.get(ENV_REMOTE_CACHE) or None
-    read_only = environ.get(ENV_CACHE_READ_ONLY, "").lower() in ("1", "true", "yes", "on")
+    read_only = environ.get(ENV_CACHE_READ_ONLY, "").strip().lower() in TRUE_WORDS
     return {
         "local": {
             "path": str(local),

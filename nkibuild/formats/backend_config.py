@@ -8,7 +8,6 @@ them as neuronx-cc does).
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 from collections.abc import Callable
 from typing import Any
@@ -76,14 +75,13 @@ def decode(backend_config: bytes) -> tuple[Any, bytes | None] | None:
     altchars = b"-_" if (b"-" in backend_config or b"_" in backend_config) else None
     try:
         text = base64.b64decode(backend_config, altchars=altchars, validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    try:
         return load_json(text, CONFIG_JSON), altchars
     except JsonSyntaxError:
         return None
     except JsonLimitError as error:
         raise BackendConfigError(f"a custom-call backend_config is {error}") from None
+    except ValueError:  # binascii.Error: not base64
+        return None
 
 
 def map_strings(value: Any, function: Callable[[str], str]) -> Any:

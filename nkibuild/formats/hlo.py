@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,10 +122,6 @@ def read_hlo_file(path: str | os.PathLike[str]) -> HloModuleInfo:
 MAX_MODULE_BYTES = (2 << 30) - 1
 
 
-def _too_large(size: int) -> str:
-    return f"{size} bytes is more than a serialized HloModuleProto can be ({MAX_MODULE_BYTES})"
-
-
 # --- schema -------------------------------------------------------------------------
 
 _PACKAGE = "nkibuild.hlo"
@@ -195,7 +191,8 @@ _MESSAGES: dict[str, tuple[tuple[str, int, int, int, str | None], ...]] = {
 }
 
 
-def _schema() -> descriptor_pb2.FileDescriptorProto:
+@functools.cache
+def _pool() -> descriptor_pool.DescriptorPool:
     schema = descriptor_pb2.FileDescriptorProto(
         name="nkibuild/hlo_subset.proto", package=_PACKAGE, syntax="proto3"
     )
@@ -211,19 +208,10 @@ def _schema() -> descriptor_pb2.FileDescriptorProto:
             field = message.field.add(name=field_name, number=number, type=type_, label=label)
             if type_name:
                 field.type_name = f".{_PACKAGE}.{type_name}"
-    return schema
-
-
-@functools.cache
-def _pool() -> descriptor_pool.DescriptorPool:
     # A private pool: the default one may already hold XLA's real hlo.proto (jax, nkipy).
     pool = descriptor_pool.DescriptorPool()
-    pool.Add(_schema())
+    pool.Add(schema)
     return pool
-
-
-def _module_class() -> Any:
-    return message_class("HloModuleProto")
 
 
 @functools.cache
@@ -238,6 +226,12 @@ def message_class(name: str) -> Any:
     return message_factory.MessageFactory(pool).GetPrototype(descriptor)  # protobuf 4.21
 
 
+def _parsed(data: bytes) -> Any:
+    module = message_class("HloModuleProto")()
+    module.ParseFromString(bytes(data))
+    return module
+
+
 # --- conversion -----------------------------------------------------------------------
 
 
@@ -247,18 +241,18 @@ def _read(data: bytes, origin: str) -> HloModuleInfo:
     if not data:
         raise HloFormatError(f"{origin}: empty file, expected a serialized HloModuleProto")
     if len(data) > MAX_MODULE_BYTES:
-        raise HloFormatError(f"{origin}: {_too_large(len(data))}")
-    module = _module_class()()
+        raise HloFormatError(
+            f"{origin}: {len(data)} bytes is more than a serialized HloModuleProto can be "
+            f"({MAX_MODULE_BYTES})"
+        )
     try:
-        module.ParseFromString(bytes(data))
+        return _module_info(_parsed(data))
+    except HloFormatError as exc:
+        raise HloFormatError(f"{origin}: {exc}") from None
     except Exception as exc:  # any parse failure of untrusted bytes is a format error
         raise HloFormatError(
             f"{origin}: not a serialized HloModuleProto (truncated or corrupt?): {exc}"
         ) from None
-    try:
-        return _module_info(module)
-    except HloFormatError as exc:
-        raise HloFormatError(f"{origin}: {exc}") from None
 
 
 def _module_info(module: Any) -> HloModuleInfo:
@@ -280,7 +274,7 @@ def _module_info(module: Any) -> HloModuleInfo:
         shapes = [_shape(p.shape) for p in parameter_instructions]
         result = _shape(_root_instruction(entry).shape)
         declared_names = ()
-    names = _parameter_names(declared_names, parameter_instructions, len(shapes))
+    names = _parameter_names(declared_names, parameter_instructions)
     return HloModuleInfo(
         name=module.name,
         entry_computation_name=entry.name,
@@ -288,7 +282,11 @@ def _module_info(module: Any) -> HloModuleInfo:
             HloParameter(i, n, s) for i, (n, s) in enumerate(zip(names, shapes, strict=True))
         ),
         result=result,
-        custom_calls=tuple(_custom_calls(module.computations)),
+        custom_calls=tuple(
+            HloCustomCall(c.name, i.name, i.custom_call_target, bytes(i.backend_config))
+            for c, i in _instructions(module)
+            if i.custom_call_target
+        ),
         output_names=_output_names(entry),
         aliases=tuple(
             HloAlias(tuple(int(i) for i in entry.output_shape_index), int(entry.parameter_number))
@@ -339,21 +337,20 @@ def _root_instruction(computation: Any) -> Any:
     )
 
 
-def _parameter_names(declared: Sequence[str], instructions: Sequence[Any], count: int) -> list[str]:
+def _parameter_names(declared: Sequence[str], instructions: Sequence[Any]) -> list[str]:
     """Per parameter: the NEFF input name the tracer chose (nkipy's `neff_input_names`
     attribute), else the declared name, else the instruction's name, else `input{i}`.
 
     (The real nkipy names an input the kernel writes into `x.must_alias_input`, in the
     attribute and the declared names alike; the aliased output is then named `x`.)
     """
-    names = []
-    for i in range(count):
-        instruction = instructions[i] if i < len(instructions) else None
-        chosen = _attribute(instruction, "neff_input_names") if instruction is not None else ""
-        declared_name = declared[i] if i < len(declared) else ""
-        instruction_name = instruction.name if instruction is not None else ""
-        names.append(chosen or declared_name or instruction_name or f"input{i}")
-    return names
+    return [
+        _attribute(instruction, "neff_input_names")
+        or (declared[i] if i < len(declared) else "")
+        or instruction.name
+        or f"input{i}"
+        for i, instruction in enumerate(instructions)
+    ]
 
 
 def _attribute(instruction: Any, key: str) -> str:
@@ -377,16 +374,8 @@ def _shape(proto: Any) -> HloShape:
     )
 
 
-def _custom_calls(computations: Iterable[Any]) -> Iterable[HloCustomCall]:
-    for computation in computations:
-        for instruction in computation.instructions:
-            if instruction.custom_call_target:
-                yield HloCustomCall(
-                    computation=computation.name,
-                    instruction=instruction.name,
-                    target=instruction.custom_call_target,
-                    backend_config=bytes(instruction.backend_config),
-                )
+def _instructions(module: Any) -> Iterator[tuple[Any, Any]]:
+    return ((c, i) for c in module.computations for i in c.instructions)
 
 
 # --- rewriting ---------------------------------------------------------------------------
@@ -398,17 +387,15 @@ def rewrite_backend_configs(data: bytes, rewrite: Callable[[str, bytes], bytes |
     Returns `data` itself when nothing changed: re-serializing may reorder the
     fields this subset does not declare, so bytes are rewritten only when needed.
     """
-    module = _module_class()()
-    module.ParseFromString(bytes(data))
+    module = _parsed(data)
     changed = False
-    for computation in module.computations:
-        for instruction in computation.instructions:
-            if not instruction.custom_call_target:
-                continue
-            new = rewrite(instruction.custom_call_target, bytes(instruction.backend_config))
-            if new is not None and new != instruction.backend_config:
-                instruction.backend_config = new
-                changed = True
+    for _, instruction in _instructions(module):
+        if not instruction.custom_call_target:
+            continue
+        new = rewrite(instruction.custom_call_target, bytes(instruction.backend_config))
+        if new is not None and new != instruction.backend_config:
+            instruction.backend_config = new
+            changed = True
     return module.SerializeToString() if changed else data
 
 
@@ -427,11 +414,12 @@ def canonical_module(data: bytes, root: str | None = None) -> bytes:
     basename: what JAX's source-file canonicalization regex does for JAX kernels
     (`nkibuild.toolchain.tracers.portable_source_paths`). Relative paths are kept.
     """
-    module = _module_class()()
-    module.ParseFromString(bytes(data))
+    module = _parsed(data)
     module.id = 0
-    if root is not None:
-        _portable_source_files(module, root)
+    for _, instruction in _instructions(module):
+        if root is not None and instruction.metadata.source_file:
+            metadata = instruction.metadata
+            metadata.source_file = portable_source_file(metadata.source_file, root)
     return module.SerializeToString()
 
 
@@ -443,11 +431,3 @@ def portable_source_file(path: str, root: str) -> str:
     if path.startswith("/"):
         return path.rsplit("/", 1)[-1]
     return path
-
-
-def _portable_source_files(module: Any, root: str) -> None:
-    for computation in module.computations:
-        for instruction in computation.instructions:
-            if instruction.HasField("metadata") and instruction.metadata.source_file:
-                metadata = instruction.metadata
-                metadata.source_file = portable_source_file(metadata.source_file, root)

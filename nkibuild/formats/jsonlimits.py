@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 
@@ -35,13 +36,10 @@ def load_json(data: bytes | str, limits: JsonLimits = JsonLimits()) -> Any:
     """Parse `data`; raise JsonLimitError (never RecursionError, never OverflowError)."""
     if len(data) > limits.max_bytes:
         raise JsonLimitError(f"{len(data)} bytes long, more than the {limits.max_bytes} allowed")
+    # json's own float and constants (NaN, Infinity) unless non-numbers are refused.
+    finite = {} if limits.allow_nonfinite else {"parse_float": _finite, "parse_constant": _nan}
     try:
-        value = json.loads(
-            data,
-            parse_int=_int_parser(limits.max_int_digits),
-            parse_float=_float_parser(limits.allow_nonfinite),
-            parse_constant=_constant_parser(limits.allow_nonfinite),
-        )
+        value = json.loads(data, parse_int=partial(_int, limits.max_int_digits), **finite)
     except JsonLimitError:
         raise
     except RecursionError:
@@ -68,29 +66,18 @@ def check_depth(value: Any, max_depth: int) -> None:
         stack.extend((child, depth + 1) for child in children)
 
 
-def _int_parser(max_digits: int) -> Any:
-    def parse(text: str) -> int:
-        if len(text.lstrip("-")) > max_digits:
-            raise JsonLimitError(f"holding an integer of {len(text)} digits (at most {max_digits})")
-        return int(text)
-
-    return parse
+def _int(max_digits: int, text: str) -> int:
+    if len(text.lstrip("-")) > max_digits:
+        raise JsonLimitError(f"holding an integer of {len(text)} digits (at most {max_digits})")
+    return int(text)
 
 
-def _float_parser(allow_nonfinite: bool) -> Any:
-    def parse(text: str) -> float:
-        value = float(text)
-        if not allow_nonfinite and not math.isfinite(value):
-            raise JsonLimitError(f"holding {text[:40]}, out of range")
-        return value
-
-    return parse
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise JsonLimitError(f"holding {text[:40]}, out of range")
+    return value
 
 
-def _constant_parser(allow_nonfinite: bool) -> Any:
-    def parse(name: str) -> float:
-        if not allow_nonfinite:
-            raise JsonLimitError(f"holding {name}, not a number")
-        return float(name)
-
-    return parse
+def _nan(name: str) -> float:
+    raise JsonLimitError(f"holding {name}, not a number")

@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import _compression
 import bz2
+import contextlib
 import gzip
 import hashlib
 import io
+import json
 import lzma
 import os
 import re
@@ -53,7 +55,8 @@ import tarfile
 import uuid
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import IO, Any, NamedTuple
 
 from nkibuild.confine import UnreadableFile, open_regular
@@ -101,9 +104,6 @@ class NeffTensor:
     dtype: str  # as the NEFF stores it: float32, bfloat16, int8 (also fp8), uint8 (also bool)
     shape: tuple[int, ...]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
-
 
 @dataclass(frozen=True)
 class NeffInfo:
@@ -119,34 +119,15 @@ class NeffInfo:
     outputs: tuple[NeffTensor, ...]
     placeholder: bool
     checksum_ok: bool  # False only for a checksum that was verified and does not match
+    checksum: str  # "ok", "mismatch" or "unverified" (see warnings)
+    warnings: tuple[str, ...]
     payload_size: int
-    checksum: str = "ok"  # "ok", "mismatch" or "unverified" (see warnings)
-    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "packaging_version": self.packaging_version,
-            "format_version": list(self.format_version),
-            "build": self.build,
-            "num_tpb": self.num_tpb,
-            "name": self.name,
-            "uuid": self.uuid,
-            "compiler_version": self.compiler_version,
-            "subgraphs": list(self.subgraphs),
-            "inputs": [t.to_json() for t in self.inputs],
-            "outputs": [t.to_json() for t in self.outputs],
-            "placeholder": self.placeholder,
-            "checksum_ok": self.checksum_ok,
-            "checksum": self.checksum,
-            "warnings": list(self.warnings),
-            "payload_size": self.payload_size,
-        }
+        return json.loads(json.dumps(asdict(self)))  # its tuples as lists
 
 
 # --- reading ---------------------------------------------------------------------------
-
-
-_NEFF_JSON = JsonLimits(max_bytes=64 << 20)
 
 
 @dataclass(frozen=True)
@@ -162,7 +143,7 @@ class NeffLimits:
     members: int = 50_000
     extended_header_bytes: int = 64 << 10  # one pax or GNU long-name header
     names_bytes: int = 16 << 20  # all member names together
-    json: JsonLimits = _NEFF_JSON
+    json: JsonLimits = field(default_factory=JsonLimits)
 
 
 DEFAULT_LIMITS = NeffLimits()
@@ -182,24 +163,17 @@ def read_neff(
     stays bounded whatever the input: the payload is streamed.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
-        data = bytes(source)
-        return _parse_named(io.BytesIO(data), len(data), "NEFF data", verify_checksum, limits)
-    origin = os.fspath(source)
+        origin, opened = "NEFF data", contextlib.nullcontext(io.BytesIO(bytes(source)))
+    else:
+        origin = os.fspath(source)
+        opened = open_regular(origin, limits.file_bytes)
     try:
-        with open_regular(origin, limits.file_bytes) as stream:
-            size = os.fstat(stream.fileno()).st_size
-            return _parse_named(stream, size, origin, verify_checksum, limits)
+        with opened as stream:
+            size = stream.seek(0, os.SEEK_END)
+            stream.seek(0)
+            return _parse(stream, size, verify_checksum, limits)
     except UnreadableFile as exc:
         raise NeffFormatError(f"{origin}: not a valid NEFF: {exc.strerror}") from None
-    except OSError as exc:
-        raise NeffFormatError(f"cannot read NEFF {origin}: {exc.strerror or exc}") from None
-
-
-def _parse_named(
-    stream: IO[bytes], size: int, origin: str, verify_checksum: bool, limits: NeffLimits
-) -> NeffInfo:
-    try:
-        return _parse(stream, size, verify_checksum, limits)
     except NeffFormatError as exc:
         raise NeffFormatError(f"{origin}: not a valid NEFF: {exc}") from None
     except OSError as exc:  # the file itself failed while being read (EIO, ...)
@@ -210,7 +184,7 @@ def _parse(stream: IO[bytes], size: int, verify_checksum: bool, limits: NeffLimi
     if size > limits.file_bytes:
         raise NeffFormatError(f"{size} bytes is more than the {limits.file_bytes} a NEFF may have")
     header = _read_header(stream.read(HEADER_SIZE), size)
-    checksum, warnings = _checksum(header, _payload_md5_field(stream))
+    checksum, warnings = _checksum(header, payload_md5_field(stream))
     if verify_checksum and checksum == "mismatch":
         raise NeffFormatError("payload MD5 does not match the header (corrupted file?)")
     stream.seek(HEADER_SIZE)
@@ -219,7 +193,9 @@ def _parse(stream: IO[bytes], size: int, verify_checksum: bool, limits: NeffLimi
     build_text = _c_string(header.build)
     maps = _tensor_maps(names)
     subgraphs = _subgraph_names(_json_object(members, _KELF, limits), maps)
-    first_map = _json_object(members, maps.get(subgraphs[0]) or _first_map(maps), limits)
+    if not maps:
+        raise NeffFormatError("payload has no member sg00/tensor_map.json (no tensor map)")
+    first_map = _json_object(members, maps.get(subgraphs[0]) or maps[min(maps)], limits)
     inputs, fallback = _inputs(members.get(_NEFF), first_map, limits)
     if fallback:
         warnings = (*warnings, fallback)
@@ -240,9 +216,9 @@ def _parse(stream: IO[bytes], size: int, verify_checksum: bool, limits: NeffLimi
             or build_text.startswith(PLACEHOLDER_BUILD)
         ),
         checksum_ok=checksum != "mismatch",
-        payload_size=header.payload_size,
         checksum=checksum,
         warnings=warnings,
+        payload_size=header.payload_size,
     )
 
 
@@ -260,20 +236,14 @@ def _read_header(data: bytes, size: int) -> _Header:
     return header
 
 
-def _payload_md5_field(stream: IO[bytes]) -> bytes:
+def payload_md5_field(payload: bytes | IO[bytes]) -> bytes:
+    """The header's MD5 of `payload` (bytes, or a stream read to its end): the big-endian
+    digest re-packed as little-endian u32s."""
+    stream = io.BytesIO(payload) if isinstance(payload, bytes) else payload
     digest = hashlib.md5(usedforsecurity=False)
     for block in iter(lambda: stream.read(_CHUNK), b""):
         digest.update(block)
-    return _md5_words(digest.digest())
-
-
-def payload_md5_field(payload: bytes) -> bytes:
-    """The header's MD5 layout: the big-endian digest re-packed as little-endian u32s."""
-    return _md5_words(hashlib.md5(payload, usedforsecurity=False).digest())
-
-
-def _md5_words(digest: bytes) -> bytes:
-    return struct.pack("<4I", *struct.unpack(">4I", digest))
+    return struct.pack("<4I", *struct.unpack(">4I", digest.digest()))
 
 
 def _checksum(header: _Header, payload_md5: bytes) -> tuple[str, tuple[str, ...]]:
@@ -295,14 +265,6 @@ def _c_string(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", errors="replace")
 
 
-def _member_name(name: str) -> str:
-    return name[2:] if name.startswith("./") else name
-
-
-def _wanted(name: str) -> bool:
-    return name in (_INFO, _NEFF, _KELF) or _TENSOR_MAP.fullmatch(name) is not None
-
-
 def _read_members(stream: IO[bytes], limits: NeffLimits) -> tuple[dict[str, bytes], frozenset[str]]:
     """The metadata members' bytes, and the names of all members.
 
@@ -313,17 +275,20 @@ def _read_members(stream: IO[bytes], limits: NeffLimits) -> tuple[dict[str, byte
     members: dict[str, bytes] = {}
     names: set[str] = set()
     budget = _Budget(_decompressed(stream, limits), limits.payload_bytes)
-    tarinfo = _bounded_tarinfo(limits)
+    # The TarInfo class that applies `limits`.
+    tarinfo = type("BoundedTarInfo", (_BoundedTarInfo,), {"limits": limits})
     counts = {"members": 0, "names": 0, "metadata": 0}
     try:
         with tarfile.open(fileobj=budget, mode="r|", tarinfo=tarinfo) as tar:
             while (member := tar.next()) is not None:
                 tar.members.clear()
-                name = _member_name(member.name)
+                name = member.name.removeprefix("./")
                 _count(counts, "members", 1, limits.members, "members")
                 _count(counts, "names", len(name), limits.names_bytes, "bytes of member names")
                 names.add(name)
-                if member.isfile() and _wanted(name):
+                if member.isfile() and (
+                    name in (_INFO, _NEFF, _KELF) or _TENSOR_MAP.fullmatch(name)
+                ):
                     members[name] = _member_data(tar, member, name, counts, limits)
     except _READ_ERRORS as exc:
         raise NeffFormatError(f"payload is not a readable (gzip) tar archive: {exc}") from None
@@ -391,11 +356,6 @@ class _BoundedTarInfo(tarfile.TarInfo):
     _proc_gnusparse_01 = _proc_gnusparse_10 = _proc_gnusparse_00
 
 
-def _bounded_tarinfo(limits: NeffLimits) -> type[_BoundedTarInfo]:
-    """The TarInfo class that applies `limits`."""
-    return type("BoundedTarInfo", (_BoundedTarInfo,), {"limits": limits})
-
-
 _EXTENDED_TYPES = frozenset(
     {
         tarfile.XHDTYPE,
@@ -453,12 +413,6 @@ def _tensor_maps(names: Iterable[str]) -> dict[str, str]:
     return found
 
 
-def _first_map(maps: Mapping[str, str]) -> str:
-    if not maps:
-        raise NeffFormatError("payload has no member sg00/tensor_map.json (no tensor map)")
-    return maps[min(maps)]
-
-
 def _subgraph_names(kelf: Mapping[str, Any], maps: Mapping[str, str]) -> tuple[str, ...]:
     graphs = kelf.get("graphs")
     if isinstance(graphs, Mapping):
@@ -484,10 +438,8 @@ def _inputs(
     entries = None
     if neff_json is not None:
         neff = _json_object({_NEFF: neff_json}, _NEFF, limits)
-        try:
+        with contextlib.suppress(KeyError, TypeError):
             entries = neff["metadata"]["signatures"]["default"]["inputs"]
-        except (KeyError, TypeError):
-            entries = None
     if entries is None:
         why = "has no" if neff_json is not None else "is missing, so no"
         return _io_tensors(tensor_map, "input", _INPUT_NAME), (
@@ -510,24 +462,20 @@ def _io_tensors(
         for name, entry in tensor_map.items()
         if isinstance(entry, Mapping) and entry.get("kind") == kind and not entry.get("is_const")
     ]
-    ordered = [name for _, name in sorted(enumerate(names), key=_numbered_first(numbered))]
+    ordered = sorted(names, key=partial(_numbered_first, numbered))
     return tuple(_tensor(n, tensor_map[n], "tf_shape", f"tensor_map {kind}") for n in ordered)
 
 
-def _numbered_first(numbered: re.Pattern[str]) -> Any:
-    """Sort key: output0, output1, ..., output10 numerically; other names after, in map order."""
-
-    def key(index_name: tuple[int, str]) -> tuple[int, int, str]:
-        index, name = index_name
-        match = numbered.fullmatch(name)
-        if not match:
-            return (1, index, "")
-        # Compared as digit strings (shorter is smaller), never through int(): a name of
-        # 5000 digits is past Python's int() limit, and ASCII digits only (\d is Unicode).
-        digits = match.group(1).lstrip("0")
-        return (0, len(digits), digits)
-
-    return key
+def _numbered_first(numbered: re.Pattern[str], name: str) -> tuple[int, int, str]:
+    """Sort key: output0, output1, ..., output10 numerically; other names after, in map
+    order (the sort is stable)."""
+    match = numbered.fullmatch(name)
+    if not match:
+        return (1, 0, "")
+    # Compared as digit strings (shorter is smaller), never through int(): a name of
+    # 5000 digits is past Python's int() limit, and ASCII digits only (\d is Unicode).
+    digits = match.group(1).lstrip("0")
+    return (0, len(digits), digits)
 
 
 def _tensor(name: str, entry: Any, shape_key: str, where: str) -> NeffTensor:

@@ -14,20 +14,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from nkibuild import fsutil
+from nkibuild.bundle import distributions, split_targets
+from nkibuild.bundle.wheel import wheel_file_name
 from nkibuild.cache.key import file_sha256
 from nkibuild.confine import read_regular
 from nkibuild.context import BuildContext
 from nkibuild.errors import ManifestError, UsageError
 from nkibuild.graph.report import BuildSummary, Display
-from nkibuild.session import BuildSession
+from nkibuild.graph.run import RunOptions, pending_tasks, run_task_graph
+from nkibuild.graph.state import BACKEND_NAME
+from nkibuild.graph.tasks import task_dicts
+from nkibuild.session import BuildSession, SessionDirs
 from nkibuild.settings import BuildOptions
-
-if TYPE_CHECKING:
-    from sigstore.oidc import IdentityToken
-
-    from nkibuild.release.provenance import ReleaseStart
 
 RELEASE_DIR = "build/nkibuild-release"  # under the root: state and staged wheels
 SUMS_FILE = "SHA256SUMS"
@@ -58,6 +59,7 @@ class ReleaseResult:
     published: list[Path] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     provenance: list[Path] = field(default_factory=list)  # the statement, its signature
+    digests: dict[str, str] = field(default_factory=dict)  # OUT's wheels' sha256, by name
 
     @property
     def ok(self) -> bool:
@@ -117,8 +119,6 @@ def _narrowed(project: BuildContext, targets: tuple[str, ...]) -> BuildContext:
     """The project's units for `targets` only; UsageError if one of its wheels would then
     lack NEFFs: a kernel variant none of whose targets is selected, or the split part of
     a target that is not (a release is whole or not at all)."""
-    from nkibuild.bundle import split_targets
-
     units = tuple(u for u in project.units if u.target in targets)
     kept = {(u.kernel, u.variant) for u in units}
     lacking = sorted(
@@ -137,8 +137,6 @@ def _narrowed(project: BuildContext, targets: tuple[str, ...]) -> BuildContext:
 def preflight(projects: Sequence[BuildContext], options: ReleaseOptions) -> None:
     """Refuse a release that cannot be published consistently, before building anything."""
     from packaging.utils import canonicalize_name
-
-    from nkibuild.bundle import distributions
 
     claimed: dict[tuple[str, str], Path] = {}  # what a wheel installs -> whose it is
     for project, package in ((p, d) for p in projects for d in distributions(p.manifest)):
@@ -168,7 +166,10 @@ def _check_out_dir(projects: Sequence[BuildContext], out: Path) -> None:
     into OUT (not in its SHA256SUMS), came from elsewhere: refuse before building. Wheels
     an earlier release published are compared after the build instead (a rerun that
     produces the same bytes is fine; other bytes are refused then)."""
-    listed = _listed_wheels(out)
+    try:
+        listed = set(_sums(out))
+    except OSError:
+        listed = set()
     released: dict[object, list[str]] = {}
     for wheel in out.glob("*.whl"):
         released.setdefault(_release_of(wheel.name), []).append(wheel.name)
@@ -197,13 +198,6 @@ def _release_of(wheel_name: str) -> object:
         return wheel_name
 
 
-def _listed_wheels(out: Path) -> set[str]:
-    try:
-        return set(_sums(out))
-    except OSError:
-        return set()
-
-
 def _sums(out: Path) -> dict[str, str]:
     """SHA256SUMS of OUT as name -> digest, read as a bounded regular file."""
     lines = read_regular(out / SUMS_FILE, 64 << 20).decode(errors="replace").splitlines()
@@ -213,9 +207,9 @@ def _sums(out: Path) -> dict[str, str]:
 def release(
     options: ReleaseOptions, display: Display, session: BuildSession | None = None
 ) -> ReleaseResult:
-    from nkibuild.graph.run import RunOptions, run_task_graph
     from nkibuild.release import provenance
-    from nkibuild.session import SessionDirs
+    from nkibuild.release.report import write_reports
+    from nkibuild.release.shard import assign, shard_units
 
     began = provenance.start(options.root)  # the revision the build starts from
     session = session if session is not None else BuildSession()
@@ -230,7 +224,11 @@ def release(
     memory = projects[0].settings.max_compile_memory
     with session.running(dirs, max_compile_memory=memory, jobs=options.jobs):
         dicts, config = release_graph(projects, options)
-        selection = _shard_selection(projects, options) if options.shard else ()
+        selection: tuple[str, ...] = ()
+        if options.shard:  # this shard's compile tasks (doit adds the extractions they need)
+            index, count = options.shard
+            shards = assign(shard_units(projects, projects[0].settings.cache.local_dir), count)
+            selection = tuple(unit.task for unit in shards[index - 1])
         run = RunOptions(jobs=options.jobs, keep_going=options.keep_going, selection=selection)
         summary = (
             run_task_graph(session, dicts, config, run, display)
@@ -238,78 +236,37 @@ def release(
             else BuildSummary()
         )
         result = ReleaseResult(summary, projects)
-        if not options.shard:  # a shard's NEFFs went to the caches; the final job packages
-            _publish_and_report(result, options, began, identity)
+        if options.shard:  # a shard's NEFFs went to the caches; the final job packages
+            return result
+        try:
+            if summary.ok:
+                _publish(result, options)
+            if result.ok:  # the provenance statement of what was published, signed if asked
+                statement = provenance.write_statement(result, options, began)
+                result.provenance.append(statement)
+                if identity is not None:
+                    result.provenance.append(provenance.sign_statement(statement, identity))
+        finally:  # also when signing failed: the wheels and the statement are out
+            write_reports(result, options.out)
     return result
-
-
-def _publish_and_report(
-    result: ReleaseResult,
-    options: ReleaseOptions,
-    began: ReleaseStart,
-    identity: IdentityToken | None,
-) -> None:
-    from nkibuild.release.report import write_reports
-
-    try:
-        if result.summary.ok:
-            _publish(result, options)
-        if result.ok:
-            _attest(result, options, began, identity)
-    finally:  # also when signing failed: the wheels and the statement are out
-        write_reports(result, options.out)
-
-
-def _attest(
-    result: ReleaseResult,
-    options: ReleaseOptions,
-    began: ReleaseStart,
-    identity: IdentityToken | None,
-) -> None:
-    """The provenance statement of what was published, signed if asked."""
-    from nkibuild.release.provenance import sign_statement, write_statement
-
-    statement = write_statement(result, options, began)
-    result.provenance.append(statement)
-    if identity is not None:
-        result.provenance.append(sign_statement(statement, identity))
 
 
 def release_graph(
     projects: Sequence[BuildContext], options: ReleaseOptions
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """All projects' tasks as one graph, and the doit configuration that runs it."""
-    from nkibuild.graph.state import BACKEND_NAME
-
-    dicts = [task for p in projects for task in namespaced(p)]
+    # Each project's tasks renamed `<distribution>/<task>`, so projects never clash.
+    dicts = [
+        {**task, "basename": f"{p.manifest.package.name}/{task['basename']}"}
+        for p in projects
+        for task in task_dicts(p)
+    ]
     config = {
         "dep_file": str(options.release_dir / "state" / "doit-state.json"),
         "backend": BACKEND_NAME,
-        "default_tasks": [f"{_prefix(p)}/wheel" for p in projects],
+        "default_tasks": [f"{p.manifest.package.name}/wheel" for p in projects],
     }
     return dicts, config
-
-
-def _shard_selection(projects: Sequence[BuildContext], options: ReleaseOptions) -> tuple[str, ...]:
-    """This shard's compile tasks (doit adds the extractions they need)."""
-    from nkibuild.release.shard import assign, shard_units
-
-    assert options.shard is not None
-    index, count = options.shard
-    shards = assign(shard_units(projects, projects[0].settings.cache.local_dir), count)
-    return tuple(unit.task for unit in shards[index - 1])
-
-
-def namespaced(project: BuildContext) -> list[dict[str, Any]]:
-    """The project's tasks, renamed `<distribution>/<task>` so projects never clash."""
-    from nkibuild.graph.tasks import task_dicts
-
-    prefix = _prefix(project)
-    return [{**task, "basename": f"{prefix}/{task['basename']}"} for task in task_dicts(project)]
-
-
-def _prefix(project: BuildContext) -> str:
-    return project.manifest.package.name
 
 
 def _publish(result: ReleaseResult, options: ReleaseOptions) -> None:
@@ -318,16 +275,18 @@ def _publish(result: ReleaseResult, options: ReleaseOptions) -> None:
     first, listing what is about to be copied: a release stopped in between leaves no
     wheel in OUT that SHA256SUMS does not list, so its rerun takes them for its own
     (preflight) and completes."""
-    from nkibuild.fsutil import atomic_copy
-
     staged = {w.name: (w, file_sha256(w)) for p in result.projects for w in staged_wheels(p)}
     options.out.mkdir(parents=True, exist_ok=True)
-    _write_sums(options.out, {name: digest for name, (_, digest) in staged.items()})
+    present = _digests(options.out)
+    # Every wheel in OUT, and the staged ones not there yet: OUT once they are copied.
+    sums = result.digests = {**{name: digest for name, (_, digest) in staged.items()}, **present}
+    text = "".join(f"{sums[name]}  {name}\n" for name in sorted(sums))
+    fsutil.atomic_write_text(options.out / SUMS_FILE, text)
     for name, (wheel, digest) in staged.items():
         published = options.out / name
-        if not published.exists():
-            atomic_copy(wheel, published)
-        elif file_sha256(published) != digest:
+        if name not in present:
+            fsutil.atomic_copy(wheel, published)
+        elif present[name] != digest:
             result.refused.append(
                 f"{published} already exists with other contents: this version was "
                 "released before; bump the version"
@@ -336,55 +295,43 @@ def _publish(result: ReleaseResult, options: ReleaseOptions) -> None:
         result.published.append(published)
 
 
-def _write_sums(out: Path, pending: dict[str, str]) -> None:
-    """SHA256SUMS of every wheel in OUT, and of the `pending` ones not there yet."""
-    from nkibuild.fsutil import atomic_write_text
-
-    sums = {**pending, **{w.name: file_sha256(w) for w in out.glob("*.whl")}}
-    text = "".join(f"{sums[name]}  {name}\n" for name in sorted(sums))
-    atomic_write_text(out / SUMS_FILE, text)
+def _digests(out: Path) -> dict[str, str]:
+    return {wheel.name: file_sha256(wheel) for wheel in out.glob("*.whl")}
 
 
 def check(options: ReleaseOptions) -> list[str]:
     """Why the release is not up to date, or []: doit would run nothing, and OUT holds
     exactly the wheels the last release built, with matching SHA256SUMS. Builds nothing."""
-    from nkibuild.graph.run import pending_tasks
-
     projects = load_projects(options)
     preflight(projects, options)
     problems = [f"{task} would run" for task in pending_tasks(*release_graph(projects, options))]
-    for project in projects:
-        for staged in staged_wheels(project):
-            published = options.out / staged.name
-            if not published.exists():
-                problems.append(f"{published} is missing")
-            elif not staged.exists() or file_sha256(published) != file_sha256(staged):
-                problems.append(f"{published} differs from what the build produced")
-    return problems + _sums_problems(options.out) + _provenance_problems(options.out)
+    present = _digests(options.out)
+    for staged in (wheel for project in projects for wheel in staged_wheels(project)):
+        if staged.name not in present:
+            problems.append(f"{options.out / staged.name} is missing")
+        elif not staged.exists() or present[staged.name] != file_sha256(staged):
+            problems.append(f"{options.out / staged.name} differs from what the build produced")
+    return problems + _sums_problems(options.out, present) + _provenance_problems(options.out)
 
 
 def staged_wheels(project: BuildContext) -> list[Path]:
     """Where the project's wheels are staged (the main one, then one per split target)."""
-    from nkibuild.bundle import distributions
-    from nkibuild.bundle.wheel import wheel_file_name
-
     return [project.layout.dist_dir / wheel_file_name(p) for p in distributions(project.manifest)]
 
 
-def _sums_problems(out: Path) -> list[str]:
+def _sums_problems(out: Path, present: dict[str, str]) -> list[str]:
     sums = out / SUMS_FILE
     if not sums.exists():
         return [f"{sums} is missing"]
     listed = _sums(out)
-    present = {p.name for p in out.glob("*.whl")}
-    problems = [f"{name} is not in {SUMS_FILE}" for name in sorted(present - set(listed))]
+    problems = [f"{name} is not in {SUMS_FILE}" for name in sorted(present.keys() - listed)]
     problems += [
-        f"{name} is listed in {SUMS_FILE} but missing" for name in sorted(set(listed) - present)
+        f"{name} is listed in {SUMS_FILE} but missing" for name in sorted(listed.keys() - present)
     ]
     problems += [
         f"{name} does not match its sha256 in {SUMS_FILE}"
-        for name in sorted(present & set(listed))
-        if file_sha256(out / name) != listed[name]
+        for name in sorted(present.keys() & listed)
+        if present[name] != listed[name]
     ]
     return problems
 

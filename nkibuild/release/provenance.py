@@ -37,7 +37,6 @@ from nkibuild.verify.provenance import (
 if TYPE_CHECKING:
     from sigstore.oidc import IdentityToken
 
-    from nkibuild.context import BuildContext
     from nkibuild.release import ReleaseOptions, ReleaseResult
 
 BUILD_TYPE = "https://github.com/nkibuild/nkibuild/blob/main/docs/release.md#provenance"
@@ -125,17 +124,24 @@ def statement(
     result: ReleaseResult, options: ReleaseOptions, began: ReleaseStart
 ) -> dict[str, Any]:
     """The statement for the wheels `result` published."""
-    subjects, materials = [], []
+    from nkibuild.release import staged_wheels
+
+    subjects, dependencies = [], []
     root = options.root.resolve()
     for project in result.projects:
         directory = Path(os.path.relpath(project.manifest.root, root)).as_posix()
-        for wheel in _published(result, project):
-            subjects.append({"name": wheel.name, "digest": {"sha256": file_sha256(wheel)}})
+        names = {staged.name for staged in staged_wheels(project)}
+        for wheel in sorted(path for path in result.published if path.name in names):
+            subjects.append({"name": wheel.name, "digest": {"sha256": result.digests[wheel.name]}})
             info = wheel_build_info(wheel)
             if info is not None and info.provenance is not None:
-                materials += project_dependencies(info, directory)
-    began = replace(began, revision=_with_materials(began.revision, root, materials))
-    dependencies = _revision_dependencies(began.revision) + materials
+                dependencies += project_dependencies(info, directory)
+    revision = _with_materials(began.revision, root, dependencies)
+    if revision.commit is not None:  # the source revision, before the materials
+        source = {"gitCommit": revision.commit}
+        dependencies.insert(
+            0, {"name": "source", "digest": source, "annotations": {"dirty": revision.dirty}}
+        )
     return {
         "_type": STATEMENT_TYPE,
         "subject": subjects,
@@ -143,7 +149,13 @@ def statement(
         "predicate": {
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
-                "externalParameters": _external_parameters(result, options, began),
+                "externalParameters": {
+                    "command": "nkibuild release",
+                    "projects": [p.manifest.package.name for p in result.projects],
+                    "targets": list(options.targets) or "each project's own",
+                    "toolchain": sorted({p.toolchain.name for p in result.projects}),
+                    "source": revision.to_json(),
+                },
                 "internalParameters": {"python": platform.python_version()},
                 "resolvedDependencies": dependencies,
             },
@@ -157,14 +169,6 @@ def statement(
             },
         },
     }
-
-
-def _published(result: ReleaseResult, project: BuildContext) -> list[Path]:
-    from nkibuild.release import staged_wheels
-
-    published = set(result.published)
-    names = {staged.name for staged in staged_wheels(project)}
-    return sorted(path for path in published if path.name in names)
 
 
 def _with_materials(
@@ -211,30 +215,6 @@ def _sha256_of(path: Path) -> str | None:
         return None
 
 
-def _revision_dependencies(revision: SourceRevision) -> list[dict[str, Any]]:
-    if revision.commit is None:
-        return []
-    return [
-        {
-            "name": "source",
-            "digest": {"gitCommit": revision.commit},
-            "annotations": {"dirty": revision.dirty},
-        }
-    ]
-
-
-def _external_parameters(
-    result: ReleaseResult, options: ReleaseOptions, began: ReleaseStart
-) -> dict[str, Any]:
-    return {
-        "command": "nkibuild release",
-        "projects": [p.manifest.package.name for p in result.projects],
-        "targets": list(options.targets) or "each project's own",
-        "toolchain": sorted({p.toolchain.name for p in result.projects}),
-        "source": began.revision.to_json(),
-    }
-
-
 def _invocation_id() -> str:
     """The CI run when there is one (GitHub Actions), else a fresh UUID."""
     server, repository = os.environ.get("GITHUB_SERVER_URL"), os.environ.get("GITHUB_REPOSITORY")
@@ -254,18 +234,19 @@ def write_statement(result: ReleaseResult, options: ReleaseOptions, began: Relea
     vouches for a wheel in OUT the new one does not, so every wheel stays verifiable."""
     path = options.out / STATEMENT_FILE
     document = statement(result, options, began)
-    _keep_earlier(path, digests_of(document))
+    _keep_earlier(path, set(result.digests.values()) - digests_of(document))
     _signature(path).unlink(missing_ok=True)  # it signed the statement being replaced
     atomic_write_text(path, json.dumps(document, indent=2) + "\n")
     return path
 
 
-def _keep_earlier(path: Path, covered: set[str]) -> None:
+def _keep_earlier(path: Path, uncovered: set[str]) -> None:
+    """Keep the statement at `path` if it vouches for one of the `uncovered` wheels."""
     try:
         earlier = digests_of(read_statement(path))
     except (UsageError, ValueError):
         return  # none, or not a statement nkibuild wrote
-    if not earlier & ({file_sha256(w) for w in path.parent.glob("*.whl")} - covered):
+    if not earlier & uncovered:
         return
     name = f"provenance-{file_sha256(path)[:16]}.intoto.json"
     for source, kept in (

@@ -27,6 +27,7 @@ def build_report(result: ReleaseResult) -> dict[str, Any]:
     statuses = {o.name: o for o in result.summary.outcomes}
     projects = [_project(p, statuses) for p in result.projects]
     units = [u for p in projects for u in p["units"]]
+    counts = compile_counts(Counter(u["origin"] for u in units))  # as the build summary's
     failures = [
         {"task": o.name, "detail": o.detail}
         for o in result.summary.outcomes
@@ -38,7 +39,8 @@ def build_report(result: ReleaseResult) -> dict[str, Any]:
         "totals": {
             "projects": len(projects),
             "units": len(units),
-            **_origin_totals(units),
+            **counts,
+            "cache_hits": counts["local_cache_hits"] + counts["remote_cache_hits"],
             "up_to_date": sum(u["status"] == "up-to-date" for u in units),
             "compile_seconds": round(sum(u["compile_seconds"] or 0 for u in units), 3),
             "neff_bytes": sum(u["neff_bytes"] or 0 for u in units),
@@ -49,12 +51,6 @@ def build_report(result: ReleaseResult) -> dict[str, Any]:
         "failures": failures,
         "notices": result.summary.notices,
     }
-
-
-def _origin_totals(units: list[dict[str, Any]]) -> dict[str, int]:
-    """The build summary's counts (`compile_counts`), plus cache_hits: local + remote."""
-    counts = compile_counts(Counter(u["origin"] for u in units))
-    return {**counts, "cache_hits": counts["local_cache_hits"] + counts["remote_cache_hits"]}
 
 
 def _project(project: BuildContext, statuses: dict[str, Any]) -> dict[str, Any]:
@@ -71,13 +67,10 @@ def _project(project: BuildContext, statuses: dict[str, Any]) -> dict[str, Any]:
 
 
 def _unit(project: BuildContext, unit: Any, outcome: Any) -> dict[str, Any]:
-    from nkibuild.compiler import load_result
+    from nkibuild.compiler.record import last_result
 
     status = outcome.status if outcome is not None else "not run"
-    try:
-        result = load_result(project.layout.compile_dir(unit))
-    except (OSError, ValueError, KeyError, TypeError):
-        result = None
+    result = last_result(project.layout.compile_dir(unit))
     return {
         "unit": unit.name,
         "kernel": unit.kernel,
@@ -115,12 +108,9 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"| {unit['origin']} | {'' if seconds is None else seconds} "
                 f"| {unit['neff_bytes'] or ''} | {unit['compiler_version'] or ''} |"
             )
-    if report["published"]:
-        lines += ["", "## Published", "", *(f"- {name}" for name in report["published"])]
-    if report["provenance"]:
-        lines += ["", "## Provenance", "", *(f"- {name}" for name in report["provenance"])]
-    if report["refused"]:
-        lines += ["", "## Refused", "", *(f"- {why}" for why in report["refused"])]
+    for section in ("published", "provenance", "refused"):
+        if report[section]:
+            lines += ["", f"## {section.capitalize()}", "", *(f"- {x}" for x in report[section])]
     for failure in report["failures"]:
         lines += ["", f"## Failed: {failure['task']}", "", "```", failure["detail"], "```"]
     return "\n".join(lines) + "\n"

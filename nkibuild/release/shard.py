@@ -17,7 +17,6 @@ from pathlib import Path
 
 from nkibuild.context import BuildContext
 from nkibuild.errors import UsageError
-from nkibuild.plan import BuildUnit
 
 # Seconds per million input elements when a unit has never been compiled: a guess
 # that only has to order unknown units sensibly among themselves.
@@ -61,24 +60,19 @@ def balance(shards: Sequence[Sequence[ShardUnit]]) -> float:
 
 
 def shard_units(projects: Sequence[BuildContext], cache_dir: Path | None) -> list[ShardUnit]:
+    from nkibuild.compiler.record import last_result
+
     known = _cached_compile_times(cache_dir)
     units = []
     for project in projects:
         prefix = project.manifest.package.name
         for unit in project.units:
-            cost = _last_compile_seconds(project, unit) or known.get(unit.name) or _guess(unit)
+            last = last_result(project.layout.compile_dir(unit))
+            elements = sum(math.prod(t.shape) for t in unit.extract.inputs)
+            guess = elements / 1e6 * SECONDS_PER_MILLION_ELEMENTS
+            cost = (last and last.compile_seconds) or known.get(unit.name) or guess
             units.append(ShardUnit(f"{prefix}/compile:{unit.name}", max(cost, MINIMUM_SECONDS)))
     return units
-
-
-def _last_compile_seconds(project: BuildContext, unit: BuildUnit) -> float | None:
-    from nkibuild.compiler import RESULT_FILE
-
-    try:
-        result = json.loads((project.layout.compile_dir(unit) / RESULT_FILE).read_text())
-        return float(result["compile_seconds"]) or None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _cached_compile_times(cache_dir: Path | None) -> dict[str, float]:
@@ -97,8 +91,3 @@ def _cached_compile_times(cache_dir: Path | None) -> dict[str, float]:
             continue
         times[name] = max(times.get(name, 0.0), seconds)
     return times
-
-
-def _guess(unit: BuildUnit) -> float:
-    elements = sum(math.prod(t.shape) for t in unit.extract.inputs)
-    return elements / 1e6 * SECONDS_PER_MILLION_ELEMENTS

@@ -19,12 +19,14 @@ import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nkibuild.bundle.buildinfo import FILE_NAME as BUILD_INFO
 from nkibuild.confine import open_regular, read_regular
 from nkibuild.errors import BuildError, UsageError
+from nkibuild.formats.jsonlimits import load_json
 from nkibuild.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
     from nkibuild.verify.sources import ProjectSources
 
 RUNNER = Path(__file__).with_name("runner.py")
-BUILD_INFO = "_build.json"
 ERROR_GROWTH = 2.0  # an error this many times the baseline's is a regression
 SLOWDOWN = 1.10  # and so is a benchmark this much slower
 VERIFY_TIMEOUT_S = 1800
@@ -106,23 +107,18 @@ def bundle_of_project(
 
 def bundle_of_wheel(wheel: Path, scratch: Path) -> BundleUnderTest:
     """Unpack a wheel (bundles are pure Python) to import it without installing it."""
-    from nkibuild.bundle.buildinfo import BuildInfo, BuildInfoError
+    from nkibuild.verify.provenance import wheel_build_info
 
+    info = wheel_build_info(wheel)  # UsageError for a wheel that is not readable
+    if info is None:
+        raise UsageError(f"{wheel}: not an nkibuild bundle (no package with {BUILD_INFO})")
     try:
         with opened_wheel(wheel) as archive:
             archive.extractall(scratch)
-        packages = [p.parent.name for p in scratch.glob(f"*/{BUILD_INFO}")]
-        if len(packages) != 1:
-            raise UsageError(
-                f"{wheel}: not an nkibuild bundle (no single package with {BUILD_INFO})"
-            )
-        text = read_regular(scratch / packages[0] / BUILD_INFO, MAX_BUILD_INFO_BYTES)
-        info = BuildInfo.from_text(text.decode("utf-8", errors="replace"))
     except UNREADABLE_WHEEL as error:
         raise UsageError(f"{wheel}: not a readable wheel ({error})") from None
-    except BuildInfoError as error:
-        raise UsageError(f"{wheel}: {error.of(f'{packages[0]}/{BUILD_INFO}')}") from None
-    return BundleUnderTest(packages[0], (scratch,), info, wheel.with_suffix(".verify.json"))
+    (package,) = (found.parent.name for found in scratch.glob(f"*/{BUILD_INFO}"))
+    return BundleUnderTest(package, (scratch,), info, wheel.with_suffix(".verify.json"))
 
 
 @contextlib.contextmanager
@@ -151,16 +147,26 @@ def verify(
 
     With `double` (the toolchain double, resolved by the caller), simulate mode uses its
     nki and neuron mode runs for every target through its spike core."""
+    from nkibuild.verify.sources import source_checks, wheel_source_checks
+
     frontends = [Path(p) for p in double.worker_path] if double and mode == "simulate" else []
     label = " (toolchain double's nki)" if frontends else ""
-    checks = _judge(bundle, mode, _run(bundle, mode, {}, frontends), label)
+    checks = _run(bundle, mode, label, extra_path=frontends)
     if double is not None:
         runtime = [Path(p) for p in double.runtime_path]
         for target in bundle.info.targets():
             env = {"NKIBUILD_TARGET": target}
-            results = _run(bundle, "neuron", env, extra_path=runtime, target=target)
-            checks += _judge(bundle, "neuron", results, f" (toolchain double, {target})")
-    checks += _source_checks(bundle, double)
+            label = f" (toolchain double, {target})"
+            checks += _run(bundle, "neuron", label, env, extra_path=runtime, target=target)
+    # Each kernel's own source against its reference (a wheel has none: skipped); the
+    # double's nki.simulate really executes NKI kernels (on NumPy).
+    if bundle.sources is None:
+        checks += wheel_source_checks(bundle.info)
+    elif double is None:
+        checks += source_checks(bundle.sources)
+    else:
+        sources = replace(bundle.sources, extra_path=tuple(map(Path, double.worker_path)))
+        checks += source_checks(sources, " (toolchain double's nki)")
     baseline = _read_baseline(bundle.baseline)
     if not update_baseline:
         _compare_with_baseline(checks, baseline)
@@ -171,22 +177,7 @@ def verify(
 
 def bundle_checks(bundle: BundleUnderTest, mode: str) -> list[Check]:
     """The bundle run in one mode against its reference, without baselines (build step)."""
-    return _judge(bundle, mode, _run(bundle, mode, {}), "")
-
-
-def _source_checks(bundle: BundleUnderTest, double: Toolchain | None) -> list[Check]:
-    """Each kernel's own source against its reference (a wheel has no source: skipped)."""
-    from dataclasses import replace
-
-    from nkibuild.verify.sources import source_checks, wheel_source_checks
-
-    if bundle.sources is None:
-        return wheel_source_checks(bundle.info)
-    if double is None:
-        return source_checks(bundle.sources)
-    # The double's nki.simulate really executes NKI kernels (on NumPy).
-    sources = replace(bundle.sources, extra_path=tuple(Path(p) for p in double.worker_path))
-    return source_checks(sources, " (toolchain double's nki)")
+    return _run(bundle, mode)
 
 
 def _record_baseline(
@@ -204,36 +195,58 @@ def _record_baseline(
 def _run(
     bundle: BundleUnderTest,
     mode: str,
-    env: dict[str, str],
+    label: str = "",
+    env: dict[str, str] | None = None,
     extra_path: Sequence[Path] = (),
     target: str | None = None,
-) -> dict[str, Any]:
-    """The runner's results for the bundle's kernels (those with NEFFs for `target`, if given)."""
+) -> list[Check]:
+    """The checks of the bundle's kernels (those with NEFFs for `target`, if given) run in
+    `mode`, labelled `label`."""
     kernels = bundle.info.kernels.items()
     tolerances = {n: k.tolerance.to_json() for n, k in kernels if target in (None, *k.neffs)}
     request = {"package": bundle.package, "mode": mode, "tolerances": tolerances}
-    path = os.pathsep.join(str(p) for p in (*bundle.paths, *extra_path))
-    # -I: no user site, no PYTHONPATH, no cwd on sys.path; the bootstrap adds `path`.
-    command = [sys.executable, "-I", "-c", _BOOTSTRAP, path, str(RUNNER)]
-    environment = {**os.environ, **env, "NKIBUILD_MODE": ""}
-    return run_runner(command, request, f"verifying {bundle.package}", None, environment)
+    # -I: no user site, no PYTHONPATH, no cwd on sys.path; the bootstrap adds the paths.
+    python = [sys.executable, "-I"]
+    environment = {**os.environ, **(env or {}), "NKIBUILD_MODE": ""}
+    paths = (*bundle.paths, *extra_path)
+    run = run_runner(python, paths, request, f"verifying {bundle.package}", None, environment)
+    checks = []
+    for result in run["results"]:
+        check = Check(result["kernel"], result["variant"], mode + label)
+        if "error" in result:
+            check.problems.append(result["error"])
+        else:
+            _judge_result(bundle.info, mode, result, run["spike_double"], check)
+        checks.append(check)
+    return checks
 
 
 def run_runner(
-    command: list[str], request: dict[str, Any], what: str, cwd: Path | None, env: dict[str, str]
+    python: list[str],
+    paths: Sequence[Path],
+    request: dict[str, Any],
+    what: str,
+    cwd: Path | None,
+    env: dict[str, str],
 ) -> dict[str, Any]:
-    """Run runner.py (`command` without its request file) in its own process group and
-    return its answer: `{"results": [...], **its last line}`. The answer comes through a
-    file (runner.py's docstring), never stdout: what a kernel or reference prints goes to
-    a log whose tail errors show. BuildError when the run outlasts the timeout (naming
-    what was running; the process group is killed), fails, or leaves no complete answer."""
+    """Run runner.py in `python` (an interpreter and its options), with `paths` first on
+    sys.path, in its own process group and return its answer: `{"results": [...], **its
+    last line}`. The answer comes through a file (runner.py's docstring), never stdout:
+    what a kernel or reference prints goes to a log whose tail errors show. BuildError
+    when the run outlasts the timeout (naming what was running; the process group is
+    killed), fails, or leaves no complete answer."""
     from nkibuild.compiler.process import run_process
+    from nkibuild.quantities import parse_duration
 
-    timeout = verify_timeout()
+    try:  # NKIBUILD_VERIFY_TIMEOUT, else 30 minutes
+        timeout = parse_duration(os.environ.get(ENV_TIMEOUT, VERIFY_TIMEOUT_S))
+    except ValueError as error:
+        raise UsageError(f"{ENV_TIMEOUT}: {error}") from None
     with tempfile.TemporaryDirectory(prefix="nkibuild-verify-") as scratch:
         answer, log, request_file = (Path(scratch, n) for n in ("answer", "log", "request"))
         request_file.write_text(json.dumps({**request, "output": str(answer)}))
-        command = [*command, str(request_file)]
+        path = os.pathsep.join(map(str, paths))
+        command = [*python, "-c", _BOOTSTRAP, path, str(RUNNER), str(request_file)]
         outcome = run_process(command, cwd or Path(scratch), log, timeout, env=env)
         lines, tail = _answer_lines(answer), _log_tail(log)
     if outcome.timed_out:
@@ -252,20 +265,8 @@ def run_runner(
     return {"results": [line for line in lines if "kernel" in line], **lines[-1]}
 
 
-def verify_timeout() -> float:
-    """How long one run of runner.py may take: NKIBUILD_VERIFY_TIMEOUT, else 30 minutes."""
-    from nkibuild.quantities import parse_duration
-
-    try:
-        return parse_duration(os.environ.get(ENV_TIMEOUT, VERIFY_TIMEOUT_S))
-    except ValueError as error:
-        raise UsageError(f"{ENV_TIMEOUT}: {error}") from None
-
-
 def _answer_lines(answer: Path) -> list[dict[str, Any]]:
     """The answer's JSON objects, one a line; none if it is absent or not runner.py's."""
-    from nkibuild.formats.jsonlimits import load_json
-
     try:
         text = read_regular(answer, MAX_ANSWER_BYTES).decode("utf-8", errors="replace")
         lines = [load_json(line) for line in text.splitlines()]
@@ -283,27 +284,16 @@ def _log_tail(log: Path) -> str:
         return ""
 
 
-# Runs the runner with only the bundle (and, for the double, the fake spike) added to
-# sys.path: the interpreter's site-packages stay, so NumPy and friends are found.
+# Runs the runner with the paths first on sys.path (the bundle, the project root, the
+# double's packages), in place of the working directory `-c` puts there (-I puts none),
+# so the runner's own directory never shadows them; site-packages stay, for NumPy.
 _BOOTSTRAP = (
-    "import runpy, sys; "
+    "import os, runpy, sys; "
     "path, runner = sys.argv[1], sys.argv[2]; "
-    "sys.path[:0] = path.split(__import__('os').pathsep); "
+    "sys.path[: 1 - sys.flags.isolated] = path.split(os.pathsep); "
     "sys.argv = [runner, *sys.argv[3:]]; "
     "runpy.run_path(runner, run_name='__main__')"
 )
-
-
-def _judge(bundle: BundleUnderTest, mode: str, run: dict[str, Any], label: str) -> list[Check]:
-    checks = []
-    for result in run["results"]:
-        check = Check(result["kernel"], result["variant"], mode + label)
-        if "error" in result:
-            check.problems.append(result["error"])
-        else:
-            _judge_result(bundle.info, mode, result, run["spike_double"], check)
-        checks.append(check)
-    return checks
 
 
 def _judge_result(
@@ -317,8 +307,8 @@ def _judge_result(
         ]
         if compiled != reference:
             check.problems.append(
-                f"the reference returns {_signature(reference)} but the {target} NEFF "
-                f"returns {_signature(compiled)}"
+                f"the reference returns {signature_text(reference)} but the {target} NEFF "
+                f"returns {signature_text(compiled)}"
             )
     check.figures["reference_seconds"] = result["reference_seconds"]
     resolved = result.get("resolved_mode")
@@ -333,17 +323,15 @@ def _judge_result(
         return
     if result["outputs"] != reference:
         check.problems.append(
-            f"{mode} mode returned {_signature(result['outputs'])}, "
-            f"the reference {_signature(reference)}"
+            f"{mode} mode returned {signature_text(result['outputs'])}, "
+            f"the reference {signature_text(reference)}"
         )
     check.figures["seconds"] = result["seconds"]
     if double:
         check.figures["note"] = "marshalling only: the toolchain double does not compute"
         return
-    check.figures["max_abs_error"] = result["max_abs_error"]
-    check.figures["max_rel_error"] = result["max_rel_error"]
-    if "benchmark_mean_ms" in result:
-        check.figures["benchmark_mean_ms"] = result["benchmark_mean_ms"]
+    figures = ("max_abs_error", "max_rel_error", "benchmark_mean_ms")
+    check.figures.update({name: result[name] for name in figures if name in result})
     if not result.get("within_tolerance", False):
         check.problems.append(
             f"{mode} mode differs from the reference by up to {result['max_abs_error']:.3g} "
@@ -351,7 +339,7 @@ def _judge_result(
         )
 
 
-def _signature(outputs: list[dict[str, Any]]) -> str:
+def signature_text(outputs: Sequence[dict[str, Any]]) -> str:
     return ", ".join(f"{o['dtype']}[{','.join(map(str, o['shape']))}]" for o in outputs)
 
 
@@ -360,8 +348,6 @@ def _key(check: Check) -> str:
 
 
 def _read_baseline(path: Path) -> dict[str, Any]:
-    from nkibuild.formats.jsonlimits import load_json
-
     try:
         data = load_json(read_regular(path, MAX_BUILD_INFO_BYTES))
     except (OSError, ValueError):  # none yet, or not one nkibuild wrote: start afresh

@@ -11,7 +11,6 @@ summary to the statement's entries; the release writes with it, this module read
 
 from __future__ import annotations
 
-import hashlib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,8 @@ from typing import Any
 from urllib.parse import quote
 
 from nkibuild.bundle.buildinfo import FILE_NAME, BuildInfo, BuildInfoError
-from nkibuild.confine import open_regular, read_regular
+from nkibuild.cache.key import file_sha256
+from nkibuild.confine import read_regular
 from nkibuild.errors import UsageError
 from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, load_json
 from nkibuild.verify import (
@@ -208,15 +208,11 @@ def check_wheel(wheel: Path, statement_path: Path) -> ProvenanceCheck:
 def _wheel_sha256(wheel: Path) -> str:
     """Hashed through the bounded reader; UsageError for a missing or unreadable wheel."""
     try:
-        with open_regular(wheel, MAX_WHEEL_BYTES) as handle:
-            digest = hashlib.sha256()
-            while block := handle.read(1 << 20):
-                digest.update(block)
+        return file_sha256(wheel, MAX_WHEEL_BYTES)
     except FileNotFoundError:
         raise UsageError(f"{wheel}: no such wheel") from None
     except OSError as error:
         raise UsageError(f"{wheel}: not a readable wheel ({error.strerror or error})") from None
-    return digest.hexdigest()
 
 
 def _subject_problems(name: str, digest: str, subjects: list[dict[str, Any]]) -> list[str]:

@@ -5,11 +5,12 @@ bundle, never nkibuild: what it measures is the bundle as users get it. Per kern
 and variant: the reference's outputs' signature, the error of the requested mode
 against the reference, and timings.
 
-`python runner.py --sources REQUEST.json` instead runs a project's kernels from their
+A request that names a project's `kernels` (not a `package`) instead runs them from their
 own source on the CPU (JAX under jax.jit, nkipy as the NumPy functions they are, NKI
 under nki.simulate where it is installed) on the same sample inputs, and compares
-each with its reference. It is started in a fresh interpreter per project, with the
-project root first on sys.path.
+each with its reference. It is started in a fresh interpreter per project (the
+frontends', which has nkibuild: kernel files are imported as its frontend workers import
+them), with the project root first on sys.path.
 
 Both write their answer to the request's `output` file, never to stdout (whatever
 user code prints cannot garble it): one JSON object per line, flushed as it is
@@ -21,13 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.util
 import json
-import os
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
+import timeit
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import numpy as np
@@ -55,26 +54,17 @@ def _sample(rng: np.random.Generator, dtype: str, shape: tuple[int, ...]) -> np.
     return values.astype(dtype)
 
 
-def as_tuple(result: Any) -> tuple[np.ndarray, ...]:
-    return (
-        tuple(np.asarray(r) for r in result) if isinstance(result, tuple) else (np.asarray(result),)
-    )
-
-
 def signature(arrays: tuple[np.ndarray, ...]) -> list[dict[str, Any]]:
     return [{"dtype": a.dtype.name, "shape": list(a.shape)} for a in arrays]
 
 
 def errors(result: tuple[np.ndarray, ...], expected: tuple[np.ndarray, ...]) -> dict[str, float]:
-    """Largest absolute and relative differences over all outputs (in float64)."""
-    worst_abs, worst_rel = 0.0, 0.0
-    for got, want in zip(result, expected, strict=True):
-        got64, want64 = got.astype(np.float64), want.astype(np.float64)
-        difference = np.abs(got64 - want64)
-        worst_abs = max(worst_abs, float(difference.max(initial=0.0)))
-        relative = difference / np.maximum(np.abs(want64), np.finfo(np.float64).tiny)
-        worst_rel = max(worst_rel, float(relative.max(initial=0.0)))
-    return {"max_abs_error": worst_abs, "max_rel_error": worst_rel}
+    """Largest absolute and relative differences over all outputs (`output_errors`)."""
+    pairs = [output_errors(got, want) for got, want in zip(result, expected, strict=True)]
+    return {
+        "max_abs_error": max((abs_error for abs_error, _ in pairs), default=0.0),
+        "max_rel_error": max((rel_error for _, rel_error in pairs), default=0.0),
+    }
 
 
 def _tolerance(expected: np.ndarray, given: dict[str, float | None]) -> dict[str, float]:
@@ -89,14 +79,11 @@ def _tolerance(expected: np.ndarray, given: dict[str, float | None]) -> dict[str
 
 
 def timed(call: Any) -> tuple[Any, float]:
+    """The first call's result, and the best time of TIMING_CALLS calls."""
     started = time.perf_counter()
     result = call()
-    best = time.perf_counter() - started
-    for _ in range(TIMING_CALLS - 1):
-        started = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - started)
-    return result, best
+    first = time.perf_counter() - started
+    return result, min(first, *timeit.repeat(call, repeat=TIMING_CALLS - 1, number=1))
 
 
 Announce = Callable[[str], None]  # says what runs next, before it runs
@@ -119,7 +106,7 @@ def check_variant(
     specs = [{"dtype": dtype, "shape": shapes[arg]} for arg, dtype in kernel.signature]
     inputs = sample_inputs(name, variant, specs)
     announce(f"the reference of {name}/{variant}")
-    expected, reference_s = timed(lambda: as_tuple(kernel(*inputs, mode="reference")))
+    expected, reference_s = timed(lambda: as_outputs(kernel(*inputs, mode="reference")))
     record: dict[str, Any] = {
         "kernel": name,
         "variant": variant,
@@ -129,7 +116,7 @@ def check_variant(
     if mode == "reference" or (mode == "simulate" and kernel.frontend != "nki"):
         return record  # simulate applies to NKI kernels only: the others are checked as such
     announce(f"{name}/{variant} in {mode} mode")
-    result, seconds = timed(lambda: as_tuple(kernel(*inputs, mode=mode)))
+    result, seconds = timed(lambda: as_outputs(kernel(*inputs, mode=mode)))
     resolved = kernel.kernel.last_mode
     if resolved == "reference":
         return {**record, "resolved_mode": resolved}  # nothing but the reference ran
@@ -158,78 +145,31 @@ def main(request_path: str) -> None:
     with open(request_path, encoding="utf-8") as handle:
         request = json.load(handle)
     with open(request["output"], "w", encoding="utf-8") as out:
-        package = importlib.import_module(request["package"])
-        mode, tolerances = request["mode"], request["tolerances"]
-        for name in (name for name in package.KERNELS if name in tolerances):  # those asked
-            kernel = getattr(package, name)
-            for variant in kernel.variants:
-                try:
-                    record = check_variant(
-                        kernel, name, variant, mode, tolerances[name], _announcer(out)
-                    )
-                except Exception as error:  # reported per variant; the others still run
-                    record = {"kernel": name, "variant": variant, "error": _failure(error)}
-                emit(out, record)
+        checked = source_records if "kernels" in request else bundle_records
+        for record in checked(request, lambda what: emit(out, {"running": what})):
+            emit(out, record)
         emit(out, {"done": True, "spike_double": spike_core_is_double()})
 
 
-def _announcer(out: IO[str]) -> Announce:
-    return lambda what: emit(out, {"running": what})
+def bundle_records(request: dict[str, Any], announce: Announce) -> Iterator[dict[str, Any]]:
+    package = importlib.import_module(request["package"])
+    mode, tolerances = request["mode"], request["tolerances"]
+    for name in (name for name in package.KERNELS if name in tolerances):  # those asked
+        kernel = getattr(package, name)
+        for variant in kernel.variants:
+            try:
+                record = check_variant(kernel, name, variant, mode, tolerances[name], announce)
+            except Exception as error:  # reported per variant; the others still run
+                record = {"kernel": name, "variant": variant, "error": _failure(error)}
+            yield record
 
 
 # ---------------------------------------------------------------------------
-# `--sources`: a project's kernels run from their own source on the CPU.
+# A project's kernels run from their own source on the CPU.
 # ---------------------------------------------------------------------------
 
 # What user code may raise and still fail only its own kernel (sys.exit included).
 USER_ERRORS = (Exception, SystemExit)
-
-
-def load_user_function(root: str, where: dict[str, str]) -> Any:
-    """Import `function` from the file `path` (relative to the project root `root`).
-
-    As the frontend tracers do: the file imports its siblings (`import utils`) and the
-    project's packages as it would when run as a script, so its own directory and the
-    project root are on sys.path while it loads; afterwards no module of the project
-    stays in sys.modules, so a kernel in another folder importing its own `utils` gets
-    its own. (This script runs without nkibuild: nkibuild.toolchain.tracers does the
-    same for the frontend workers.)
-    """
-    path = where["path"]
-    saved_path, before = list(sys.path), set(sys.modules)
-    sys.path[:0] = [str(Path(root, path).parent), root]
-    try:
-        module = _import_file(root, path)
-    finally:
-        sys.path[:] = saved_path
-        project = os.path.join(os.path.realpath(root), "")
-        for name in set(sys.modules) - before:
-            origin = getattr(sys.modules[name], "__file__", None) or ""
-            if os.path.realpath(origin).startswith(project):
-                del sys.modules[name]
-    try:
-        return getattr(module, where["function"])
-    except AttributeError:
-        raise AttributeError(f"{path} defines no function {where['function']!r}") from None
-
-
-def _import_file(root: str, path: str) -> Any:
-    # The digest keeps `a/b_c.py` and `a_b/c.py` apart.
-    digest = hashlib.sha256(path.encode()).hexdigest()[:8]
-    stem = "_".join(Path(path).with_suffix("").parts)
-    name = f"nkibuild_user_{''.join(c if c.isalnum() else '_' for c in stem)}_{digest}"
-    spec = importlib.util.spec_from_file_location(name, Path(root, path))
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def freeze(value: Any) -> Any:
-    """JSON lists back to tuples, as the manifest had them (JAX static args must hash)."""
-    return tuple(freeze(item) for item in value) if isinstance(value, list) else value
 
 
 def nki_simulate() -> tuple[Any, str | None]:
@@ -312,9 +252,7 @@ def compare_outputs(
         )
         figures = {"max_abs_error": abs_error, "max_rel_error": rel_error}
         outputs.append({**figures, "within": bool(close), **limits})
-    record["outputs"] = outputs
-    record["max_abs_error"] = max((o["max_abs_error"] for o in outputs), default=0.0)
-    record["max_rel_error"] = max((o["max_rel_error"] for o in outputs), default=0.0)
+    record.update(errors(result, expected), outputs=outputs)
     record["within_tolerance"] = all(o["within"] for o in outputs)
     return record
 
@@ -324,10 +262,14 @@ def _failure(error: BaseException) -> str:
 
 
 def check_source_variant(
-    kernel: dict[str, Any], variant: dict[str, Any], call: Any, reference: Any, announce: Announce
+    kernel: dict[str, Any],
+    variant: dict[str, Any],
+    call: Any,
+    reference: Any,
+    constants: dict[str, Any],
+    announce: Announce,
 ) -> dict[str, Any]:
     name, specs = kernel["name"], variant["inputs"]
-    constants = {key: freeze(value) for key, value in kernel["constants"]}
     record: dict[str, Any] = {"kernel": name, "variant": variant["name"]}
     # Fresh arrays for each call: a function that writes into its inputs must not
     # change what the other one sees.
@@ -354,38 +296,35 @@ def check_kernel_source(
     reason = why_not_runnable(kernel)
     if reason is not None:
         return [{"kernel": kernel["name"], "variant": v, "skipped": reason} for v in names]
+    # Kernel files are imported as the frontend workers import them (the frontends'
+    # interpreter runs this, and has nkibuild): each with its own directory and the
+    # project root on sys.path, and no module of the project kept after it, so a kernel
+    # in another folder importing its own `utils` gets its own.
+    from nkibuild.toolchain.tracers import freeze, load_function, project_imports
+
     constants = {key: freeze(value) for key, value in kernel["constants"]}
     loaded: dict[str, Any] = {}
     for role in ("source", "reference"):
-        announce(f"loading {kernel[role]['path']}")
+        path, function = kernel[role]["path"], kernel[role]["function"]
+        announce(f"loading {path}")
         try:
-            loaded[role] = load_user_function(root, kernel[role])
+            with project_imports(root, path):
+                loaded[role] = load_function(root, path, function)
         except USER_ERRORS as error:
             what = "the kernel" if role == "source" else "the reference"
-            problem = f"cannot load {what} {kernel[role]['path']}: {_failure(error)}"
+            problem = f"cannot load {what} {path}: {_failure(error)}"
             return [{"kernel": kernel["name"], "variant": v, "error": problem} for v in names]
     call = kernel_call(kernel["frontend"], loaded["source"], constants)
     return [
-        check_source_variant(kernel, variant, call, loaded["reference"], announce)
+        check_source_variant(kernel, variant, call, loaded["reference"], constants, announce)
         for variant in kernel["variants"]
     ]
 
 
-def main_sources(request_path: str) -> None:
-    with open(request_path, encoding="utf-8") as handle:
-        request = json.load(handle)
-    root = request["root"]
-    if root not in sys.path:
-        sys.path.insert(0, root)  # so kernel files can import their siblings
-    with open(request["output"], "w", encoding="utf-8") as out:
-        for kernel in request["kernels"]:
-            for record in check_kernel_source(root, kernel, _announcer(out)):
-                emit(out, record)
-        emit(out, {"done": True})
+def source_records(request: dict[str, Any], announce: Announce) -> Iterator[dict[str, Any]]:
+    for kernel in request["kernels"]:
+        yield from check_kernel_source(request["root"], kernel, announce)
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--sources":
-        main_sources(sys.argv[2])
-    else:
-        main(sys.argv[1])
+    main(sys.argv[1])

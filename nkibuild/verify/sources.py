@@ -8,7 +8,7 @@ as they were traced), nkipy kernels as the NumPy functions they are, NKI kernels
 `nki.simulate` when it is installed. hlo kernels (and NKI kernels without a
 simulator) are reported as skipped, never as passed.
 
-User code runs in `runner.py --sources`, in a fresh interpreter per project (the
+User code runs in `runner.py`, in a fresh interpreter per project (the
 frontends' interpreter), with the project root first on sys.path: never in the
 nkibuild process, and never sharing a module with another project.
 """
@@ -16,13 +16,12 @@ nkibuild process, and never sharing a module with another project.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nkibuild.manifest.model import Kernel, Manifest, SourceRef, TensorSpec
-from nkibuild.verify import RUNNER, Check, run_runner
+from nkibuild.manifest.model import Kernel, Manifest, SourceRef
+from nkibuild.verify import Check, run_runner, signature_text
 
 # How each frontend's source runs on the CPU (a check's `mode`).
 MODES = {
@@ -59,11 +58,17 @@ def project_sources(manifest: Manifest, python: str) -> ProjectSources:
 
 
 def source_checks(sources: ProjectSources, nki_label: str = "") -> list[Check]:
-    """One check per kernel and variant: compared, skipped (with why) or failed.
-    `nki_label` says whose nki.simulate ran the NKI kernels."""
+    """One check per kernel and variant, run in a fresh interpreter: compared, skipped
+    (with why) or failed. `nki_label` says whose nki.simulate ran the NKI kernels."""
+    request = {"root": str(sources.root), "kernels": [_kernel_job(k) for k in sources.kernels]}
+    # The check is about the CPU: JAX must not pick up a Neuron (or GPU) plugin.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    what = f"running the kernels of {sources.root} on the CPU"
+    paths = (*sources.extra_path, sources.root)
+    answer = run_runner([sources.python], paths, request, what, sources.root, env)
     by_name = {kernel.name: kernel for kernel in sources.kernels}
     checks = []
-    for result in run_sources(sources):
+    for result in answer["results"]:
         kernel = by_name[result["kernel"]]
         label = nki_label if kernel.frontend == "nki" else ""
         check = Check(kernel.name, result["variant"], MODES[kernel.frontend] + label)
@@ -88,10 +93,6 @@ def wheel_source_checks(info: Any) -> list[Check]:
     return checks
 
 
-def source_request(sources: ProjectSources) -> dict[str, Any]:
-    return {"root": str(sources.root), "kernels": [_kernel_job(k) for k in sources.kernels]}
-
-
 def _kernel_job(kernel: Kernel) -> dict[str, Any]:
     return {
         "name": kernel.name,
@@ -99,43 +100,17 @@ def _kernel_job(kernel: Kernel) -> dict[str, Any]:
         "source": _where(kernel.source),
         "reference": _where(kernel.reference) if kernel.reference else None,
         "constants": [[name, value] for name, value in kernel.constants],
-        "variants": [{"name": v.name, "inputs": _specs(v.inputs)} for v in kernel.variants],
+        # The inputs' shapes and dtypes, as runner.py's bundle check derives them: the
+        # samples are the same.
+        "variants": [
+            {"name": v.name, "inputs": [t.to_json() for t in v.inputs]} for v in kernel.variants
+        ],
         "tolerance": {"rtol": kernel.tolerance.rtol, "atol": kernel.tolerance.atol},
     }
 
 
-def _specs(inputs: Sequence[TensorSpec]) -> list[dict[str, Any]]:
-    # The same specs runner.py's bundle check derives, so the samples are the same.
-    return [{"shape": list(t.shape), "dtype": t.dtype} for t in inputs]
-
-
 def _where(ref: SourceRef) -> dict[str, str | None]:
     return {"path": ref.path, "function": ref.function}
-
-
-def run_sources(sources: ProjectSources) -> list[dict[str, Any]]:
-    """Run the check in a fresh interpreter; its JSON answer, one record per variant."""
-    path = os.pathsep.join(map(str, (*sources.extra_path, sources.root)))
-    command = [sources.python, "-c", _BOOTSTRAP, path, str(RUNNER), "--sources"]
-    what = f"running the kernels of {sources.root} on the CPU"
-    answer = run_runner(command, source_request(sources), what, sources.root, _environment())
-    return answer["results"]
-
-
-def _environment() -> dict[str, str]:
-    # The check is about the CPU: JAX must not pick up a Neuron (or GPU) plugin.
-    return {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
-
-
-# `-c` puts the working directory first on sys.path; replace it by the project root
-# (and anything before it), so the runner's own directory never shadows user modules.
-_BOOTSTRAP = (
-    "import os, runpy, sys; "
-    "path, runner = sys.argv[1], sys.argv[2]; "
-    "sys.path[:1] = path.split(os.pathsep); "
-    "sys.argv = [runner, *sys.argv[3:]]; "
-    "runpy.run_path(runner, run_name='__main__')"
-)
 
 
 def _judge(kernel: Kernel, result: dict[str, Any], check: Check) -> None:
@@ -145,9 +120,9 @@ def _judge(kernel: Kernel, result: dict[str, Any], check: Check) -> None:
         check.problems.append(result["error"])
     elif result["kernel_outputs"] != result["reference_outputs"]:
         check.problems.append(
-            f"the {kernel.frontend} kernel returns {_signature(result['kernel_outputs'])} "
+            f"the {kernel.frontend} kernel returns {signature_text(result['kernel_outputs'])} "
             f"but its reference ({kernel.reference}) returns "
-            f"{_signature(result['reference_outputs'])}"
+            f"{signature_text(result['reference_outputs'])}"
         )
     else:
         check.figures["max_abs_error"] = result["max_abs_error"]
@@ -170,11 +145,7 @@ def _disagreement(kernel: Kernel, result: dict[str, Any]) -> str:
     )
     return (
         f"the {kernel.frontend} kernel disagrees with its reference ({kernel.reference}): "
-        f"{which}{_signature([output])} max abs error {worst['max_abs_error']:.3g}, "
+        f"{which}{signature_text([output])} max abs error {worst['max_abs_error']:.3g}, "
         f"max rel error {worst['max_rel_error']:.3g}, beyond rtol {worst['rtol']:.3g}, "
         f"atol {worst['atol']:.3g} ({source})"
     )
-
-
-def _signature(outputs: Sequence[dict[str, Any]]) -> str:
-    return ", ".join(f"{o['dtype']}[{','.join(map(str, o['shape']))}]" for o in outputs)

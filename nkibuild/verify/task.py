@@ -15,18 +15,26 @@ No baselines here: those belong to `nkibuild verify`, which a user runs on purpo
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from doit.exceptions import TaskFailed
+from doit.tools import config_changed
+
+from nkibuild import __version__
+from nkibuild.bundle import STAMP_FILE
+from nkibuild.bundle.provenance import material_files
+from nkibuild.errors import NkibuildError
+from nkibuild.fsutil import atomic_write_text
+from nkibuild.verify import RUNNER, Check, bundle_checks, bundle_of_project
+from nkibuild.verify.sources import project_sources, source_checks
 
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext
     from nkibuild.manifest.model import Manifest
-    from nkibuild.verify import Check
 
 REPORT = Path("verify") / "checks.json"  # under the build dir
 TIMINGS = ("seconds", "reference_seconds")  # figures that differ from run to run
@@ -37,10 +45,6 @@ def verify_task(context: BuildContext) -> dict[str, Any] | None:
     manifest = context.manifest
     if not manifest.verify:
         return None
-    from doit.tools import config_changed
-
-    from nkibuild.bundle import STAMP_FILE
-
     stamp = os.path.join(context.layout.bundle_dir(manifest), STAMP_FILE)
     return {
         "basename": "verify",
@@ -66,9 +70,6 @@ def verify_outputs(context: BuildContext) -> list[str]:
 
 def _config(context: BuildContext) -> dict[str, Any]:
     """Everything besides files that decides the checks' outcome."""
-    from nkibuild import __version__
-    from nkibuild.verify import RUNNER
-
     return {
         "kernels": [kernel.config() for kernel in context.manifest.kernels],
         "python": context.toolchain.python,  # its jax decides the JAX kernels' results
@@ -79,30 +80,11 @@ def _config(context: BuildContext) -> dict[str, Any]:
 
 def source_files(manifest: Manifest) -> list[str]:
     """Kernel and reference files and the kernels' `deps` globs, absolute and sorted."""
-    root = manifest.root
-    found = set()
-    for kernel in manifest.kernels:
-        refs = [kernel.source, *([kernel.reference] if kernel.reference else [])]
-        found.update(os.path.abspath(root / ref.path) for ref in refs)
-        found.update(_globbed(root, kernel.deps))
-    return sorted(found)
-
-
-def _globbed(root: Path, patterns: Sequence[str]) -> set[str]:
-    return {
-        os.path.abspath(match)
-        for pattern in patterns
-        for match in glob.glob(str(root / pattern), recursive=True)
-        if os.path.isfile(match)
-    }
+    return sorted(os.path.abspath(path) for path in material_files(manifest))
 
 
 def run_verify(context: BuildContext) -> Any:
     """doit action: the checks; a TaskFailed naming every disagreement, else a summary."""
-    from doit.exceptions import TaskFailed
-
-    from nkibuild.errors import NkibuildError
-
     try:
         checks = build_checks(context)
     except NkibuildError as error:  # e.g. user code ended the checking process
@@ -111,13 +93,12 @@ def run_verify(context: BuildContext) -> Any:
     failed = [check for check in checks if not check.ok]
     if failed:
         return TaskFailed(_failures(failed, len(checks)))
-    return {"origin": _summary(checks), "notices": _skip_notices(checks)}
+    skipped = sum(check.status == "skipped" for check in checks)  # the others passed
+    origin = f"{len(checks) - skipped} checks passed" + (f", {skipped} skipped" if skipped else "")
+    return {"origin": origin, "notices": _skip_notices(checks)}
 
 
 def build_checks(context: BuildContext) -> list[Check]:
-    from nkibuild.verify import bundle_checks, bundle_of_project
-    from nkibuild.verify.sources import project_sources, source_checks
-
     manifest, layout = context.manifest, context.layout
     checks = source_checks(project_sources(manifest, context.toolchain.python))
     bundle = bundle_of_project(layout.bundle_dir(manifest), layout.state_dir)
@@ -127,8 +108,6 @@ def build_checks(context: BuildContext) -> list[Check]:
 def _write_report(path: Path, checks: list[Check]) -> None:
     """The checks without timings: the same results write the same bytes, so a task
     that depends on this file (the wheel) is not redone when nothing changed."""
-    from nkibuild.fsutil import atomic_write_text
-
     report = [
         {key: value for key, value in check.to_json().items() if key not in TIMINGS}
         for check in checks
@@ -143,12 +122,6 @@ def _failures(failed: list[Check], total: int) -> str:
         where = f"{check.kernel}/{check.variant} [{check.mode}]"
         lines.extend(f"  {where}: {problem}" for problem in check.problems)
     return "\n".join(lines)
-
-
-def _summary(checks: list[Check]) -> str:
-    passed = sum(check.status == "ok" for check in checks)
-    skipped = sum(check.status == "skipped" for check in checks)
-    return f"{passed} checks passed" + (f", {skipped} skipped" if skipped else "")
 
 
 def _skip_notices(checks: list[Check]) -> list[str]:
