@@ -158,12 +158,11 @@ def _current_hlo_hash(context: BuildContext, unit: BuildUnit) -> str | None:
 
 
 def _key_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    changes = []
-    for field in sorted(current, key=list(KEY_FIELDS).index):
-        old, new = recorded.get(field), current[field]
-        if old != new:
-            changes.append(f"{KEY_FIELDS[field]}: {_show(old)} -> {_show(new)}")
-    return changes
+    return [
+        f"{KEY_FIELDS[field]}: {_show(recorded.get(field))} -> {_show(current[field])}"
+        for field in sorted(current, key=list(KEY_FIELDS).index)
+        if recorded.get(field) != current[field]
+    ]
 
 
 def _neff_intact(context: BuildContext, unit: BuildUnit, recorded: dict[str, Any]) -> bool:
@@ -223,9 +222,7 @@ def explain(context: BuildContext, names: list[str]) -> list[Explanation]:
     from nkibuild.errors import UsageError
 
     units = context.units
-    if not names:
-        return [explain_unit(context, unit) for unit in units]
-    chosen: list[BuildUnit] = []
+    chosen = [] if names else list(units)
     for name in names:
         plain = name.removeprefix("compile:")
         matches = [u for u in units if plain in (u.name, u.kernel, f"{u.kernel}/{u.variant}")]

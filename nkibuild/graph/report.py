@@ -50,7 +50,6 @@ class BuildSummary:
 
     @property
     def compiles(self) -> list[TaskOutcome]:
-        """The compile tasks' outcomes, whatever their status."""
         # A release namespaces tasks: "<distribution>/compile:<unit>".
         return [o for o in self.outcomes if o.name.partition(":")[0].endswith("compile")]
 
@@ -148,8 +147,6 @@ class BuildReporter:
     A group task is told by `has_subtask`, not by its empty `actions`: doit creates a
     task's action objects when `actions` is first read, which for tasks that do not
     run is work spent only on the report."""
-
-    desc = "nkibuild progress reporter"
 
     def __init__(self, display: Display) -> None:
         self.display = display
