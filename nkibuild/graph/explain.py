@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from nkibuild.cache import CacheKey
+from nkibuild.compiler import KEY_FILE, cache_key, finished_result
 from nkibuild.context import BuildContext
+from nkibuild.errors import UsageError
+from nkibuild.frontends import METADATA_FILE, load_artifact
 from nkibuild.graph.records import extract_record_path, file_hashes, read_json_object
 from nkibuild.graph.tasks import extract_config, extract_files
 from nkibuild.plan import BuildUnit
-
-if TYPE_CHECKING:
-    from nkibuild.cache import CacheKey
 
 KEY_FIELDS = {
     "hlo": "HLO module (normalized content hash)",
@@ -72,8 +73,6 @@ class Explanation:
 
 
 def explain_unit(context: BuildContext, unit: BuildUnit) -> Explanation:
-    from nkibuild.compiler import KEY_FILE, cache_key
-
     extract_reasons = _extract_changes(context, unit)
     hlo_hash = None if extract_reasons else _current_hlo_hash(context, unit)
     key = cache_key(unit, hlo_hash or "", context.toolchain)
@@ -93,8 +92,6 @@ def explain_unit(context: BuildContext, unit: BuildUnit) -> Explanation:
 
 
 def _extract_changes(context: BuildContext, unit: BuildUnit) -> list[str]:
-    from nkibuild.frontends import METADATA_FILE
-
     spec = unit.extract
     record = read_json_object(extract_record_path(context.layout.state_dir, spec.name))
     if record is None:
@@ -149,8 +146,6 @@ def _config_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 
 def _current_hlo_hash(context: BuildContext, unit: BuildUnit) -> str | None:
-    from nkibuild.frontends import load_artifact
-
     try:
         return load_artifact(context.layout.extract_dir(unit.extract)).content_hash
     except (OSError, ValueError, KeyError):
@@ -166,9 +161,6 @@ def _key_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]
 
 
 def _neff_intact(context: BuildContext, unit: BuildUnit, recorded: dict[str, Any]) -> bool:
-    from nkibuild.cache import CacheKey
-    from nkibuild.compiler import finished_result
-
     digest = CacheKey(tuple(sorted(recorded.items()))).digest
     return finished_result(context.layout.compile_dir(unit), digest) is not None
 
@@ -219,8 +211,6 @@ def _show(value: Any) -> str:
 
 def explain(context: BuildContext, names: list[str]) -> list[Explanation]:
     """Explanations for the named units, kernels or `compile:` tasks (all units if none)."""
-    from nkibuild.errors import UsageError
-
     units = context.units
     chosen = [] if names else list(units)
     for name in names:
