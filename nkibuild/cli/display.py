@@ -54,11 +54,8 @@ HEARTBEAT_TASKS = 8  # listed by name in one heartbeat line; the rest are counte
 
 def heartbeat_interval() -> float:
     """Seconds between heartbeats of the plain display (0: none), from NKIBUILD_HEARTBEAT."""
-    text = os.environ.get(HEARTBEAT_ENV, "").strip()
-    if not text:
-        return DEFAULT_HEARTBEAT_S
     try:
-        return parse_duration(text)
+        return parse_duration(os.environ.get(HEARTBEAT_ENV, "").strip() or DEFAULT_HEARTBEAT_S)
     except ValueError as error:
         raise UsageError(f"{HEARTBEAT_ENV}: {error} (0 turns the heartbeat off)") from None
 

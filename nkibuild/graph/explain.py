@@ -11,7 +11,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from nkibuild.cache import CacheKey
+from nkibuild.compiler import KEY_FILE, cache_key, finished_result
 from nkibuild.context import BuildContext
+from nkibuild.errors import UsageError
+from nkibuild.frontends import METADATA_FILE, load_artifact
+from nkibuild.graph.records import extract_record_path, file_hashes, read_json_object
 from nkibuild.graph.tasks import extract_config, extract_files
 from nkibuild.plan import BuildUnit
 
@@ -70,23 +75,25 @@ class Explanation:
 def explain_unit(context: BuildContext, unit: BuildUnit) -> Explanation:
     extract_reasons = _extract_changes(context, unit)
     hlo_hash = None if extract_reasons else _current_hlo_hash(context, unit)
-    recorded = _recorded_key(context, unit)
+    key = cache_key(unit, hlo_hash or "", context.toolchain)
+    recorded = read_json_object(context.layout.compile_dir(unit) / KEY_FILE)
     if recorded is None:
         compile_reasons = ["never compiled in this build directory"]
     else:
-        compile_reasons = _key_changes(recorded, _current_key_fields(context, unit, hlo_hash))
-    if not extract_reasons and not compile_reasons and not _neff_intact(context, unit, recorded):
-        compile_reasons.append("the NEFF of the last build is missing or damaged")
-    action, outcome = _next_step(context, unit, hlo_hash, bool(extract_reasons), compile_reasons)
+        current = key.to_json()
+        if hlo_hash is None:
+            del current["hlo"]  # unknown until the extraction reruns
+        compile_reasons = _key_changes(recorded, current)
+        if not (extract_reasons or compile_reasons or _neff_intact(context, unit, recorded)):
+            compile_reasons.append("the NEFF of the last build is missing or damaged")
+    known_key = None if hlo_hash is None else key
+    action, outcome = _next_step(context, known_key, bool(extract_reasons), compile_reasons)
     return Explanation(unit.name, action, (*extract_reasons, *compile_reasons), outcome)
 
 
 def _extract_changes(context: BuildContext, unit: BuildUnit) -> list[str]:
-    from nkibuild.frontends import METADATA_FILE
-    from nkibuild.graph.records import file_hashes, read_extract_record
-
     spec = unit.extract
-    record = read_extract_record(context.layout.state_dir, spec.name)
+    record = read_json_object(extract_record_path(context.layout.state_dir, spec.name))
     if record is None:
         return [f"extraction {spec.name} never ran in this build directory"]
     changes = _file_changes(
@@ -99,12 +106,18 @@ def _extract_changes(context: BuildContext, unit: BuildUnit) -> list[str]:
     return changes
 
 
+def _differences(before: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, value before, value now) of each key whose value changed, in key order."""
+    return [
+        (key, before.get(key), now.get(key))
+        for key in sorted(before.keys() | now.keys())
+        if before.get(key) != now.get(key)
+    ]
+
+
 def _file_changes(before: dict[str, str | None], now: dict[str, str | None]) -> list[str]:
     changes = []
-    for path in sorted(before.keys() | now.keys()):
-        old, new = before.get(path), now.get(path)
-        if old == new:
-            continue
+    for path, old, new in _differences(before, now):
         if old is None:
             changes.append(f"file {path} is new to this kernel")
         elif new is None:
@@ -116,99 +129,54 @@ def _file_changes(before: dict[str, str | None], now: dict[str, str | None]) -> 
 
 def _config_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     changes = []
-    for key in sorted(before.keys() | now.keys()):
-        old, new = before.get(key), now.get(key)
-        if old == new:
-            continue
+    for key, old, new in _differences(before, now):
         if key == "passed_env":
-            names = sorted(
-                n for n in (old or {}).keys() | (new or {}).keys() if _differs(old, new, n)
-            )
+            names = [name for name, _, _ in _differences(old or {}, new or {})]
             # Values may be secrets: name the variables only.
             changes.append(f"passed environment variables changed: {', '.join(names)}")
         elif key == "versions":
-            changes.append(f"frontend packages changed: {_version_changes(old or {}, new or {})}")
+            versions = ", ".join(
+                f"{name} {old_version or 'absent'} -> {new_version or 'absent'}"
+                for name, old_version, new_version in _differences(old or {}, new or {})
+            )
+            changes.append(f"frontend packages changed: {versions}")
         else:
             changes.append(f"extraction setting {key}: {_show(old)} -> {_show(new)}")
     return changes
 
 
-def _differs(old: dict | None, new: dict | None, name: str) -> bool:
-    return (old or {}).get(name) != (new or {}).get(name)
-
-
-def _version_changes(old: dict[str, str], new: dict[str, str]) -> str:
-    return ", ".join(
-        f"{name} {old.get(name, 'absent')} -> {new.get(name, 'absent')}"
-        for name in sorted(old.keys() | new.keys())
-        if old.get(name) != new.get(name)
-    )
-
-
 def _current_hlo_hash(context: BuildContext, unit: BuildUnit) -> str | None:
-    from nkibuild.frontends import load_artifact
-
     try:
         return load_artifact(context.layout.extract_dir(unit.extract)).content_hash
     except (OSError, ValueError, KeyError):
         return None
 
 
-def _recorded_key(context: BuildContext, unit: BuildUnit) -> dict[str, Any] | None:
-    from nkibuild.compiler import KEY_FILE
-
-    try:
-        recorded = json.loads((context.layout.compile_dir(unit) / KEY_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return recorded if isinstance(recorded, dict) else None
-
-
-def _current_key_fields(
-    context: BuildContext, unit: BuildUnit, hlo_hash: str | None
-) -> dict[str, Any]:
-    from nkibuild.compiler import cache_key
-
-    fields = cache_key(unit, hlo_hash or "", context.toolchain).to_json()
-    if hlo_hash is None:
-        del fields["hlo"]  # unknown until the extraction reruns
-    return fields
-
-
 def _key_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    changes = []
-    for field in sorted(current, key=list(KEY_FIELDS).index):
-        old, new = recorded.get(field), current[field]
-        if old != new:
-            changes.append(f"{KEY_FIELDS[field]}: {_show(old)} -> {_show(new)}")
-    return changes
+    return [
+        f"{KEY_FIELDS[field]}: {_show(recorded.get(field))} -> {_show(current[field])}"
+        for field in sorted(current, key=list(KEY_FIELDS).index)
+        if recorded.get(field) != current[field]
+    ]
 
 
-def _neff_intact(context: BuildContext, unit: BuildUnit, recorded: dict[str, Any] | None) -> bool:
-    from nkibuild.cache import CacheKey
-    from nkibuild.compiler import finished_result
-
-    if recorded is None:
-        return False
+def _neff_intact(context: BuildContext, unit: BuildUnit, recorded: dict[str, Any]) -> bool:
     digest = CacheKey(tuple(sorted(recorded.items()))).digest
     return finished_result(context.layout.compile_dir(unit), digest) is not None
 
 
 def _next_step(
-    context: BuildContext,
-    unit: BuildUnit,
-    hlo_hash: str | None,
-    re_extract: bool,
-    compile_reasons: list[str],
+    context: BuildContext, key: CacheKey | None, re_extract: bool, compile_reasons: list[str]
 ) -> tuple[str, str]:
-    """The action (a key of ACTIONS) and what it means for this unit, in words."""
+    """The action (a key of ACTIONS) and what it means for this unit, in words; `key` is
+    the unit's cache key now, None while its HLO is unknown."""
     if re_extract and not compile_reasons:
         # Every kernel of an edited file re-extracts; most come out with the same HLO.
         return "re-extract", (
             "re-extract; if the HLO comes out the same, the NEFF in the build directory is "
             "kept (no compile), otherwise it is compiled or taken from a cache"
         )
-    if re_extract or hlo_hash is None:
+    if key is None:
         return "re-extract-and-rebuild", (
             "re-extract first, then compile or take the NEFF from a cache: which one is "
             "known once the new HLO is"
@@ -216,9 +184,7 @@ def _next_step(
     if not compile_reasons:
         return "none", "nothing to do: the NEFF in the build directory is current"
     from nkibuild.cache import open_cache_chain
-    from nkibuild.compiler import cache_key
 
-    key = cache_key(unit, hlo_hash, context.toolchain)
     settings = context.settings.cache
     chain = open_cache_chain(settings.local_dir, settings.remote_url, read_only=True)
     where = chain.locate(key) if chain else None
@@ -245,12 +211,8 @@ def _show(value: Any) -> str:
 
 def explain(context: BuildContext, names: list[str]) -> list[Explanation]:
     """Explanations for the named units, kernels or `compile:` tasks (all units if none)."""
-    from nkibuild.errors import UsageError
-
     units = context.units
-    if not names:
-        return [explain_unit(context, unit) for unit in units]
-    chosen: list[BuildUnit] = []
+    chosen = [] if names else list(units)
     for name in names:
         plain = name.removeprefix("compile:")
         matches = [u for u in units if plain in (u.name, u.kernel, f"{u.kernel}/{u.variant}")]

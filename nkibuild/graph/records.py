@@ -33,19 +33,20 @@ def write_extract_record(
     state_dir: Path, name: str, config: dict[str, Any], root: Path, files: list[str]
 ) -> None:
     record = {"config": config, "files": file_hashes(root, files)}
-    # One line: json's C encoder does not indent, and `explain` is its only reader.
+    # One line (json's C encoder does not indent), not durable: `explain` is its only reader.
     text = json.dumps(record, sort_keys=True)
-    atomic_write_text(_path(state_dir, name), text, durable=False)  # for `explain` only
+    atomic_write_text(extract_record_path(state_dir, name), text, durable=False)
 
 
-def read_extract_record(state_dir: Path, name: str) -> dict[str, Any] | None:
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`; None if it is missing, unreadable or not an object."""
     try:
-        record = json.loads(_path(state_dir, name).read_text())
+        record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
 
 
-def _path(state_dir: Path, name: str) -> Path:
+def extract_record_path(state_dir: Path, name: str) -> Path:
     # Extraction names are validated identifiers joined by "/": safe as a relative path.
     return state_dir / RECORDS_DIR / "extract" / f"{name}.json"

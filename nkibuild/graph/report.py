@@ -32,7 +32,6 @@ class TaskOutcome:
 class BuildSummary:
     outcomes: list[TaskOutcome] = field(default_factory=list)
     runtime_errors: list[str] = field(default_factory=list)
-    selected: int = 0
 
     def names(self, status: str) -> list[str]:
         return [o.name for o in self.outcomes if o.status == status]
@@ -51,7 +50,6 @@ class BuildSummary:
 
     @property
     def compiles(self) -> list[TaskOutcome]:
-        """The compile tasks' outcomes, whatever their status."""
         # A release namespaces tasks: "<distribution>/compile:<unit>".
         return [o for o in self.outcomes if o.name.partition(":")[0].endswith("compile")]
 
@@ -150,8 +148,6 @@ class BuildReporter:
     task's action objects when `actions` is first read, which for tasks that do not
     run is work spent only on the report."""
 
-    desc = "nkibuild progress reporter"
-
     def __init__(self, display: Display) -> None:
         self.display = display
         self.summary = BuildSummary()
@@ -159,14 +155,7 @@ class BuildReporter:
 
     def initialize(self, tasks: dict[str, Any], selected_tasks: list[str]) -> None:
         closure = _closure(tasks, selected_tasks)
-        self.start(sum(1 for name in closure if not tasks[name].has_subtask))
-
-    def start(self, tasks: int) -> None:
-        self.summary.selected = tasks
-        self.display.start(tasks)
-
-    def up_to_date(self, name: str) -> None:
-        self._record(TaskOutcome(name, "up-to-date"))
+        self.display.start(sum(1 for name in closure if not tasks[name].has_subtask))
 
     def get_status(self, task: Any) -> None:
         pass
@@ -199,7 +188,7 @@ class BuildReporter:
 
     def skip_uptodate(self, task: Any) -> None:
         if not task.has_subtask:
-            self.up_to_date(task.name)
+            self._record(TaskOutcome(task.name, "up-to-date"))
 
     def skip_ignore(self, task: Any) -> None:
         if not task.has_subtask:
@@ -237,7 +226,6 @@ class RecordingDisplay:
         self.summary = BuildSummary()
 
     def start(self, tasks: int) -> None:
-        self.summary.selected = tasks
         self.display.start(tasks)
 
     def task_started(self, name: str) -> None:
