@@ -118,9 +118,7 @@ def _built_bundle(config_settings: ConfigSettings) -> BundleProject:
     """Build the project in its build dir; its bundle (bundle.json read, not _build.json)."""
     from nkibuild.bundle import load_bundle
 
-    project = project_of(config_settings)
-    context = _context(project)
-    _run(context, project.jobs)
+    context = _build(config_settings)
     return load_bundle(context.layout.bundle_dir(context.manifest), build_info=False)
 
 
@@ -155,9 +153,7 @@ def build_wheel(
     from nkibuild.fsutil import atomic_copy
 
     with _reported():
-        project = project_of(config_settings)
-        context = _context(project)
-        _run(context, project.jobs)
+        context = _build(config_settings)
         built = context.layout.dist_dir / wheel_file_name(context.manifest.package)
         atomic_copy(built, Path(wheel_directory) / built.name)
         return built.name
@@ -256,30 +252,29 @@ def _shown(path: Path, root: Path) -> str:
     return os.path.relpath(path, root) if path.is_relative_to(root) else str(path)
 
 
-def _context(project: Project) -> BuildContext:
+def _build(config_settings: ConfigSettings) -> BuildContext:
+    """Build the project as `nkibuild build` does; its context."""
+    from nkibuild.cli.display import PlainDisplay
     from nkibuild.context import Layout, load_context
+    from nkibuild.errors import BuildError
+    from nkibuild.graph.run import RunOptions, run_build
     from nkibuild.plan import load_plan
 
+    project = project_of(config_settings)
     # The [project] check comes before the toolchain is resolved: it is the likelier
     # mistake. load_plan caches the plan, so load_context below does not parse again.
     state_dir = Layout(project.build_dir, project.dist_dir).state_dir
     manifest, _ = load_plan(Path(_shown(project.manifest, project.root)), state_dir)
     check_pyproject(project, manifest)
-    return load_context(manifest.path, project.build_dir, project.dist_dir, project.options)
-
-
-def _run(context: BuildContext, jobs: int) -> None:
-    from nkibuild.cli.display import PlainDisplay
-    from nkibuild.errors import BuildError
-    from nkibuild.graph.run import RunOptions, run_build
-
+    context = load_context(manifest.path, project.build_dir, project.dist_dir, project.options)
     # Plain lines on stderr: stdout belongs to the frontend, and no live display.
-    summary = run_build(context, RunOptions(jobs=jobs), PlainDisplay(sys.stderr))
+    summary = run_build(context, RunOptions(jobs=project.jobs), PlainDisplay(sys.stderr))
     if not summary.ok:
         details = [f"{f.name} failed:\n{f.detail}" for f in summary.failures]
         raise BuildError(
             "the bundle could not be built:\n" + "\n".join(details + summary.runtime_errors)
         )
+    return context
 
 
 def check_pyproject(project: Project, manifest: Manifest) -> None:

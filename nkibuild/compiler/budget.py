@@ -24,13 +24,8 @@ class MemoryBudget:
         self._in_use = 0
         self._running = 0
         self._alone = False
-        self.configure(total, jobs)
-
-    def configure(self, total: int | None, jobs: int) -> None:
-        """Set the budget (bytes; None: unlimited) for a build running `jobs` tasks at once."""
-        with self._condition:
-            self.total = total
-            self.jobs = max(1, jobs)
+        self.total = total  # bytes; None: unlimited
+        self.jobs = max(1, jobs)  # the build's tasks at once
 
     def charge(self, estimate: int | None) -> int:
         """What a compile is counted as: its estimate, or a fair share when nothing is known."""

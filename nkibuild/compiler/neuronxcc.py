@@ -105,7 +105,9 @@ def run_compiler(
         _check_outcome(unit, command, out_dir, outcome, timeout, attempt)
         if not output.exists() or output.stat().st_size == 0:
             raise failure(unit, command, out_dir, "neuronx-cc exited 0 but wrote no NEFF")
-        info = check_neff(unit, artifact, output, command, out_dir)
+        info, problem = checked_neff(unit, artifact, output)
+        if info is None or problem is not None:
+            raise failure(unit, command, out_dir, f"neuronx-cc wrote {problem}")
         os.replace(output, out_dir / NEFF_FILE)
         return CompilerRun(outcome, info)
     finally:
@@ -195,12 +197,3 @@ def failure(
         log_tail=tail(text) or "(the compiler wrote no log)",
         log_path=str(log) if log.exists() else None,
     )
-
-
-def check_neff(
-    unit: BuildUnit, artifact: HloArtifact, neff: Path, command: list[str], out_dir: Path
-) -> NeffInfo:
-    info, problem = checked_neff(unit, artifact, neff)
-    if info is None or problem is not None:
-        raise failure(unit, command, out_dir, f"neuronx-cc wrote {problem}")
-    return info

@@ -196,7 +196,8 @@ def _kill_after(
         return None
 
     def expire() -> None:
-        if not _running(pid):  # exited in time, not yet reaped by its thread
+        # Exited in time (a zombie, not yet reaped by its thread): nothing to stop.
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
             return
         expired.set()
         _kill_group(pid)
@@ -205,11 +206,6 @@ def _kill_after(
     timer.daemon = True
     timer.start()
     return timer
-
-
-def _running(pid: int) -> bool:
-    """Whether the child `pid` has not exited (an exited one stays a zombie, unreaped)."""
-    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
 
 
 def _kill_group(pid: int) -> None:

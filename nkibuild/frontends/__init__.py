@@ -124,6 +124,9 @@ def extract(
 ) -> HloArtifact:
     """Produce the HLO artifact for one kernel variant in `out_dir`; user code runs in
     one of the build's workers that serves this project (`root`) only."""
+    from nkibuild.formats.hlo import canonical_module
+    from nkibuild.frontends.relocation import normalized_hash
+
     out_dir.mkdir(parents=True, exist_ok=True)
     forget_artifact(out_dir)
     # Not durable (see the module docstring): a torn module is found before it is compiled.
@@ -131,13 +134,13 @@ def extract(
         versions, allowed = _produce_hlo(spec, root, tmp_hlo, toolchain, tracing)
         traced = tmp_hlo.read_bytes()
         module = _read(traced, spec)  # validates before anything else parses it
-        canonical = _canonical(traced, root)
+        # As every checkout and machine would trace it: no module id, and source paths
+        # relative to the project (nkipy records absolute ones).
+        canonical = canonical_module(traced, str(root.resolve()))
         data, sidecars = _relocated(canonical, out_dir, spec, allowed)
         tmp_hlo.write_bytes(data)
     _refuse_aliased_outputs(spec, module)
     inputs = _check_signature(spec, module)
-    from nkibuild.frontends.relocation import normalized_hash
-
     artifact = HloArtifact(
         directory=out_dir,
         frontend=spec.frontend,
@@ -169,14 +172,6 @@ def _relocated(
         raise BuildError(error.message, unit=spec.name, log_tail=error.log_tail) from None
 
 
-def _canonical(data: bytes, root: Path) -> bytes:
-    """The module as every checkout and machine would trace it: no module id, and
-    source paths relative to the project (nkipy records absolute ones)."""
-    from nkibuild.formats.hlo import canonical_module
-
-    return canonical_module(data, str(root.resolve()))
-
-
 def _read(data: bytes, spec: ExtractSpec) -> HloModuleInfo:
     from nkibuild.formats.hlo import HloFormatError, read_hlo
 
@@ -197,8 +192,8 @@ def load_artifact(directory: Path) -> HloArtifact:
         frontend=data["frontend"],
         content_hash=data["content_hash"],
         module_name=data["module_name"],
-        inputs=_specs(data["inputs"]),
-        outputs=_specs(data["outputs"]),
+        inputs=tuple(map(TensorSpec.from_json, data["inputs"])),
+        outputs=tuple(map(TensorSpec.from_json, data["outputs"])),
         toolchain=tuple((name, version) for name, version in data["toolchain"].items()),
         sidecars=tuple(data.get("sidecars", ())),
     )
@@ -360,7 +355,3 @@ def _to_json(artifact: HloArtifact) -> dict[str, object]:
         "toolchain": dict(artifact.toolchain),
         "sidecars": list(artifact.sidecars),
     }
-
-
-def _specs(items: list[dict]) -> tuple[TensorSpec, ...]:
-    return tuple(TensorSpec.from_json(item) for item in items)
