@@ -208,7 +208,11 @@ def project_of(config_settings: ConfigSettings) -> Project:
             f"unknown config setting(s) {', '.join(map(repr, unknown))}; "
             f"nkibuild.build knows {', '.join(known)}{_suggestions(unknown, known)}"
         )
-    last = {name: _setting(config_settings, name) or "" for name in config_settings or {}}
+    # A setting given twice arrives as a list; the last one wins, as on a command line.
+    last = {
+        name: (value[-1] if isinstance(value, list) else value) or ""
+        for name, value in (config_settings or {}).items()
+    }
     root = Path.cwd()
     return Project(
         root=root,
@@ -216,7 +220,7 @@ def project_of(config_settings: ConfigSettings) -> Project:
         build_dir=root / (last.get("build-dir") or "build"),
         dist_dir=root / "dist",  # as `nkibuild build`: the wheel is found there later too
         options=options_from_config(last),
-        jobs=_jobs(config_settings),
+        jobs=_jobs(last.get("jobs") or "1"),
     )
 
 
@@ -233,14 +237,7 @@ def _suggestions(unknown: list[str], known: tuple[str, ...]) -> str:
     return f"; did you mean {', '.join(close)}?" if close else ""
 
 
-def _setting(config_settings: ConfigSettings, name: str) -> str | None:
-    value = (config_settings or {}).get(name)
-    # A setting given twice arrives as a list; the last one wins, as on a command line.
-    return value[-1] if isinstance(value, list) else value
-
-
-def _jobs(config_settings: ConfigSettings) -> int:
-    text = _setting(config_settings, "jobs") or "1"
+def _jobs(text: str) -> int:
     try:
         return max(1, int(text))  # as -j: values below 1 mean 1
     except ValueError:

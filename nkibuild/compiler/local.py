@@ -36,7 +36,7 @@ class LocalExecutor:
         alone = False
         for attempt in range(1, options.retries + 2):
             with options.budget.reserve(estimate, alone=alone):
-                run = run_compiler(
+                outcome, neff = run_compiler(
                     unit,
                     job.artifact,
                     job.toolchain,
@@ -46,11 +46,10 @@ class LocalExecutor:
                     attempt=attempt,
                     last=attempt > options.retries,
                 )
-            outcome = run.outcome
-            if run.neff is not None:  # none only for a failure that may be retried
+            if neff is not None:  # none only for a failure that may be retried
                 # Its peak goes into result.json; an older attempt's would only mislead.
                 (out_dir / PEAK_FILE).unlink(missing_ok=True)
-                return Produced("compiled", outcome.seconds, outcome.peak_memory, run.neff)
+                return Produced("compiled", outcome.seconds, outcome.peak_memory, neff)
             _record_peak(out_dir, outcome.peak_memory, outcome.returncode)
             notices.append(_retry_notice(outcome, attempt))
             if outcome.killed:

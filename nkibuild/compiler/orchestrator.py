@@ -115,22 +115,17 @@ def compile_unit(
                 produced = _produce(job, options, notices)
             result = verified_result(unit, toolchain, out_dir, key.digest, produced)
             if produced.origin == "compiled" and cache is not None:
-                _publish(cache, key, unit, result, out_dir)
+                meta = {
+                    "unit": unit.name,
+                    "compile_seconds": result.compile_seconds,
+                    "peak_memory": result.peak_memory,
+                    "compiler_version": result.compiler_version,
+                }
+                neff, log = out_dir / NEFF_FILE, out_dir / LOG_FILE
+                cache.publish(key, neff, meta, log, result.sha256, vouched=True)
         result = replace(result, notices=(*notices, *(cache.notices if cache else ())))
         write_result(out_dir, result)
     return result
-
-
-def _publish(
-    cache: CacheChain, key: CacheKey, unit: BuildUnit, result: CompiledNeff, out_dir: Path
-) -> None:
-    meta = {
-        "unit": unit.name,
-        "compile_seconds": result.compile_seconds,
-        "peak_memory": result.peak_memory,
-        "compiler_version": result.compiler_version,
-    }
-    cache.publish(key, out_dir / NEFF_FILE, meta, out_dir / LOG_FILE, result.sha256, vouched=True)
 
 
 def _produce(job: CompileJob, options: CompileOptions, notices: list[str]) -> Produced:

@@ -107,7 +107,10 @@ def run_process(
                     preexec_fn=guard.preexec_fn,
                     env=env,
                 )
-            timer = _kill_after(process.pid, timeout, expired)
+            if timeout is not None:
+                timer = threading.Timer(timeout, _expire, (process.pid, expired))
+                timer.daemon = True
+                timer.start()
             registry.add(process.pid)
         # Wait without reaping: while the compiler is a zombie its process group id
         # cannot be reused, so killing the group cannot hit an unrelated process.
@@ -189,23 +192,12 @@ def _die_with_parent() -> Callable[[], None] | None:
     return arm
 
 
-def _kill_after(
-    pid: int, timeout: float | None, expired: threading.Event
-) -> threading.Timer | None:
-    if timeout is None:
-        return None
-
-    def expire() -> None:
-        # Exited in time (a zombie, not yet reaped by its thread): nothing to stop.
-        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            return
+def _expire(pid: int, expired: threading.Event) -> None:
+    """The timeout: stop the compiler's group, unless the compiler exited in time (and is
+    a zombie its thread has not reaped yet)."""
+    if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
         expired.set()
         _kill_group(pid)
-
-    timer = threading.Timer(timeout, expire)
-    timer.daemon = True
-    timer.start()
-    return timer
 
 
 def _kill_group(pid: int) -> None:
