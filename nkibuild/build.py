@@ -36,7 +36,7 @@ from nkibuild.text import printable
 if TYPE_CHECKING:
     from nkibuild.bundle import BundleProject
     from nkibuild.context import BuildContext
-    from nkibuild.manifest.model import Manifest, Package
+    from nkibuild.manifest.model import Manifest
     from nkibuild.settings import BuildOptions
 
 ConfigSettings = Mapping[str, str | list[str]] | None
@@ -162,6 +162,11 @@ def build_wheel(
 def build_sdist(sdist_directory: str, config_settings: ConfigSettings = None) -> str:
     """A reproducible source archive: the manifest, pyproject.toml, PKG-INFO and every
     file the manifest refers to (kernel sources, deps, references, prebuilt HLO)."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    from nkibuild.bundle.wheel import core_metadata, source_epoch
+    from nkibuild.confine import read_confined
     from nkibuild.fsutil import atomic_output
     from nkibuild.manifest import load_manifest
 
@@ -170,19 +175,18 @@ def build_sdist(sdist_directory: str, config_settings: ConfigSettings = None) ->
         # Not load_plan: an sdist must not leave a build directory behind.
         manifest = load_manifest(_shown(project.manifest, project.root))
         check_pyproject(project, manifest)
-        base = sdist_base_name(manifest.package)
+        package = manifest.package
+        # `<normalized_name>-<version>`, as PEP 625 spells sdist file names.
+        base = f"{canonicalize_name(package.name).replace('-', '_')}-{Version(package.version)}"
+        members = {
+            f"{base}/{path}": read_confined(project.root / path, (project.root,))
+            for path in sdist_files(project, manifest)
+        }
+        members[f"{base}/PKG-INFO"] = ("\n".join(core_metadata(package)) + "\n").encode()
         destination = Path(sdist_directory) / f"{base}.tar.gz"
         with atomic_output(destination) as tmp:
-            tmp.write_bytes(sdist_bytes(project, manifest, base))
+            tmp.write_bytes(_tar_gz(members, source_epoch()))
         return destination.name
-
-
-def sdist_base_name(package: Package) -> str:
-    """`<normalized_name>-<version>`, as PEP 625 spells sdist file names."""
-    from packaging.utils import canonicalize_name
-    from packaging.version import Version
-
-    return f"{canonicalize_name(package.name).replace('-', '_')}-{Version(package.version)}"
 
 
 @contextlib.contextmanager
@@ -380,18 +384,6 @@ def _inside(project: Project, path: Path) -> str:
             "distribution cannot carry it; move it into the project or build wheels only"
         )
     return normal.relative_to(project.root).as_posix()
-
-
-def sdist_bytes(project: Project, manifest: Manifest, base: str) -> bytes:
-    from nkibuild.bundle.wheel import core_metadata, source_epoch
-    from nkibuild.confine import read_confined
-
-    members = {
-        f"{base}/{path}": read_confined(project.root / path, (project.root,))
-        for path in sdist_files(project, manifest)
-    }
-    members[f"{base}/PKG-INFO"] = ("\n".join(core_metadata(manifest.package)) + "\n").encode()
-    return _tar_gz(members, source_epoch())
 
 
 def _tar_gz(members: dict[str, bytes], epoch: int) -> bytes:

@@ -152,8 +152,23 @@ class DeathGuard:
 
     @classmethod
     def fallback(cls) -> DeathGuard:
-        """The same signal set by a preexec_fn (where there is no setpriv)."""
-        return cls((), _die_with_parent())
+        """The same signal set by a preexec_fn (where there is no setpriv; none where there
+        is no prctl either). prctl is looked up before the fork: the child may only make
+        the call, not load libraries."""
+        if not sys.platform.startswith("linux"):
+            return cls((), None)
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            return cls((), None)
+        parent = os.getpid()
+
+        def arm() -> None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:  # the parent died before the call
+                os._exit(1)
+
+        return cls((), arm)
 
     def command(self, command: list[str], cwd: Path, env: dict[str, str] | None) -> list[str]:
         """`command` behind the prefix. A command that cannot be found raises here, as
@@ -167,29 +182,6 @@ class DeathGuard:
         if shutil.which(program, path=path) is None:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command[0])
         return [*self.prefix, *command]
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn: the compiler gets SIGKILL if this thread's process dies (Linux).
-
-    A build killed with SIGKILL runs no cleanup, and a compiler left running holds
-    gigabytes for nothing. prctl is looked up before the fork: the child may only
-    make the call, not load libraries.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def arm() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died before the call
-            os._exit(1)
-
-    return arm
 
 
 def _expire(pid: int, expired: threading.Event) -> None:

@@ -178,7 +178,7 @@ def load_artifact(directory: Path) -> HloArtifact:
         module_name=data["module_name"],
         inputs=tuple(map(TensorSpec.from_json, data["inputs"])),
         outputs=tuple(map(TensorSpec.from_json, data["outputs"])),
-        toolchain=tuple((name, version) for name, version in data["toolchain"].items()),
+        toolchain=tuple(data["toolchain"].items()),
         sidecars=tuple(data.get("sidecars", ())),
     )
 
