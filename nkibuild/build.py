@@ -36,7 +36,7 @@ from nkibuild.text import printable
 if TYPE_CHECKING:
     from nkibuild.bundle import BundleProject
     from nkibuild.context import BuildContext
-    from nkibuild.manifest.model import Manifest, Package
+    from nkibuild.manifest.model import Manifest
     from nkibuild.settings import BuildOptions
 
 ConfigSettings = Mapping[str, str | list[str]] | None
@@ -118,9 +118,7 @@ def _built_bundle(config_settings: ConfigSettings) -> BundleProject:
     """Build the project in its build dir; its bundle (bundle.json read, not _build.json)."""
     from nkibuild.bundle import load_bundle
 
-    project = project_of(config_settings)
-    context = _context(project)
-    _run(context, project.jobs)
+    context = _build(config_settings)
     return load_bundle(context.layout.bundle_dir(context.manifest), build_info=False)
 
 
@@ -155,9 +153,7 @@ def build_wheel(
     from nkibuild.fsutil import atomic_copy
 
     with _reported():
-        project = project_of(config_settings)
-        context = _context(project)
-        _run(context, project.jobs)
+        context = _build(config_settings)
         built = context.layout.dist_dir / wheel_file_name(context.manifest.package)
         atomic_copy(built, Path(wheel_directory) / built.name)
         return built.name
@@ -166,6 +162,11 @@ def build_wheel(
 def build_sdist(sdist_directory: str, config_settings: ConfigSettings = None) -> str:
     """A reproducible source archive: the manifest, pyproject.toml, PKG-INFO and every
     file the manifest refers to (kernel sources, deps, references, prebuilt HLO)."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    from nkibuild.bundle.wheel import core_metadata, source_epoch
+    from nkibuild.confine import read_confined
     from nkibuild.fsutil import atomic_output
     from nkibuild.manifest import load_manifest
 
@@ -174,19 +175,18 @@ def build_sdist(sdist_directory: str, config_settings: ConfigSettings = None) ->
         # Not load_plan: an sdist must not leave a build directory behind.
         manifest = load_manifest(_shown(project.manifest, project.root))
         check_pyproject(project, manifest)
-        base = sdist_base_name(manifest.package)
+        package = manifest.package
+        # `<normalized_name>-<version>`, as PEP 625 spells sdist file names.
+        base = f"{canonicalize_name(package.name).replace('-', '_')}-{Version(package.version)}"
+        members = {
+            f"{base}/{path}": read_confined(project.root / path, (project.root,))
+            for path in sdist_files(project, manifest)
+        }
+        members[f"{base}/PKG-INFO"] = ("\n".join(core_metadata(package)) + "\n").encode()
         destination = Path(sdist_directory) / f"{base}.tar.gz"
         with atomic_output(destination) as tmp:
-            tmp.write_bytes(sdist_bytes(project, manifest, base))
+            tmp.write_bytes(_tar_gz(members, source_epoch()))
         return destination.name
-
-
-def sdist_base_name(package: Package) -> str:
-    """`<normalized_name>-<version>`, as PEP 625 spells sdist file names."""
-    from packaging.utils import canonicalize_name
-    from packaging.version import Version
-
-    return f"{canonicalize_name(package.name).replace('-', '_')}-{Version(package.version)}"
 
 
 @contextlib.contextmanager
@@ -212,7 +212,11 @@ def project_of(config_settings: ConfigSettings) -> Project:
             f"unknown config setting(s) {', '.join(map(repr, unknown))}; "
             f"nkibuild.build knows {', '.join(known)}{_suggestions(unknown, known)}"
         )
-    last = {name: _setting(config_settings, name) or "" for name in config_settings or {}}
+    # A setting given twice arrives as a list; the last one wins, as on a command line.
+    last = {
+        name: (value[-1] if isinstance(value, list) else value) or ""
+        for name, value in (config_settings or {}).items()
+    }
     root = Path.cwd()
     return Project(
         root=root,
@@ -220,7 +224,7 @@ def project_of(config_settings: ConfigSettings) -> Project:
         build_dir=root / (last.get("build-dir") or "build"),
         dist_dir=root / "dist",  # as `nkibuild build`: the wheel is found there later too
         options=options_from_config(last),
-        jobs=_jobs(config_settings),
+        jobs=_jobs(last.get("jobs") or "1"),
     )
 
 
@@ -237,14 +241,7 @@ def _suggestions(unknown: list[str], known: tuple[str, ...]) -> str:
     return f"; did you mean {', '.join(close)}?" if close else ""
 
 
-def _setting(config_settings: ConfigSettings, name: str) -> str | None:
-    value = (config_settings or {}).get(name)
-    # A setting given twice arrives as a list; the last one wins, as on a command line.
-    return value[-1] if isinstance(value, list) else value
-
-
-def _jobs(config_settings: ConfigSettings) -> int:
-    text = _setting(config_settings, "jobs") or "1"
+def _jobs(text: str) -> int:
     try:
         return max(1, int(text))  # as -j: values below 1 mean 1
     except ValueError:
@@ -256,30 +253,29 @@ def _shown(path: Path, root: Path) -> str:
     return os.path.relpath(path, root) if path.is_relative_to(root) else str(path)
 
 
-def _context(project: Project) -> BuildContext:
+def _build(config_settings: ConfigSettings) -> BuildContext:
+    """Build the project as `nkibuild build` does; its context."""
+    from nkibuild.cli.display import PlainDisplay
     from nkibuild.context import Layout, load_context
+    from nkibuild.errors import BuildError
+    from nkibuild.graph.run import RunOptions, run_build
     from nkibuild.plan import load_plan
 
+    project = project_of(config_settings)
     # The [project] check comes before the toolchain is resolved: it is the likelier
     # mistake. load_plan caches the plan, so load_context below does not parse again.
     state_dir = Layout(project.build_dir, project.dist_dir).state_dir
     manifest, _ = load_plan(Path(_shown(project.manifest, project.root)), state_dir)
     check_pyproject(project, manifest)
-    return load_context(manifest.path, project.build_dir, project.dist_dir, project.options)
-
-
-def _run(context: BuildContext, jobs: int) -> None:
-    from nkibuild.cli.display import PlainDisplay
-    from nkibuild.errors import BuildError
-    from nkibuild.graph.run import RunOptions, run_build
-
+    context = load_context(manifest.path, project.build_dir, project.dist_dir, project.options)
     # Plain lines on stderr: stdout belongs to the frontend, and no live display.
-    summary = run_build(context, RunOptions(jobs=jobs), PlainDisplay(sys.stderr))
+    summary = run_build(context, RunOptions(jobs=project.jobs), PlainDisplay(sys.stderr))
     if not summary.ok:
         details = [f"{f.name} failed:\n{f.detail}" for f in summary.failures]
         raise BuildError(
             "the bundle could not be built:\n" + "\n".join(details + summary.runtime_errors)
         )
+    return context
 
 
 def check_pyproject(project: Project, manifest: Manifest) -> None:
@@ -388,18 +384,6 @@ def _inside(project: Project, path: Path) -> str:
             "distribution cannot carry it; move it into the project or build wheels only"
         )
     return normal.relative_to(project.root).as_posix()
-
-
-def sdist_bytes(project: Project, manifest: Manifest, base: str) -> bytes:
-    from nkibuild.bundle.wheel import core_metadata, source_epoch
-    from nkibuild.confine import read_confined
-
-    members = {
-        f"{base}/{path}": read_confined(project.root / path, (project.root,))
-        for path in sdist_files(project, manifest)
-    }
-    members[f"{base}/PKG-INFO"] = ("\n".join(core_metadata(manifest.package)) + "\n").encode()
-    return _tar_gz(members, source_epoch())
 
 
 def _tar_gz(members: dict[str, bytes], epoch: int) -> bytes:

@@ -16,7 +16,7 @@ from conftest import run_nkibuild
 from golden_data import NKIPY_MODULES, golden_path, nkipy_cases, nkipy_module
 from helpers import write_project
 
-from nkibuild.compiler.key import cache_key
+from nkibuild.compiler import cache_key
 from nkibuild.context import load_context
 from nkibuild.formats.hlo import HloModuleInfo, canonical_module, message_class, read_hlo
 from nkibuild.frontends.relocation import normalized_hash, relocate

@@ -6,9 +6,10 @@ checked against the unit before it is accepted, from wherever it came; the ones
 compiled here are published to the caches; `result.json` is written last and
 marks completion. `run(context, unit)` is the stage's entry point for a build.
 
-Modules: `record` (what a finished compile leaves), `key` (the cache key),
-`checks` (is a NEFF the unit's), `neuronxcc` (the compiler adapter), `local` and
-`ray_executor` (executors), `process` (one compiler process), `budget` (admission).
+Modules: `record` (what a finished compile leaves), `job` (an executor's input and
+answer, and the cache key), `checks` (is a NEFF the unit's), `neuronxcc` (the compiler
+adapter), `local` and `ray_executor` (executors), `process` (one compiler process),
+`budget` (admission).
 """
 
 from __future__ import annotations
@@ -17,20 +18,15 @@ from nkibuild.exports import lazy_exports
 
 # Each public name and the module that defines it (nkibuild.exports).
 _HOMES = {
-    "COMPILE_OUTPUTS": "record",
     "KEY_FILE": "record",
-    "LOG_FILE": "record",
-    "NEFF_FILE": "record",
     "RESULT_FILE": "record",
     "CompiledNeff": "record",
     "finished_result": "record",
     "load_result": "record",
     "CompileJob": "job",
-    "Produced": "job",
-    "cache_key": "key",
+    "cache_key": "job",
     "compiler_command": "neuronxcc",
     "CompileOptions": "orchestrator",
-    "Executor": "orchestrator",
     "compile_unit": "orchestrator",
     "run": "orchestrator",
 }

@@ -9,7 +9,6 @@ after an OOM kill can ask to run alone.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -19,18 +18,12 @@ from contextlib import contextmanager
 class MemoryBudget:
     def __init__(self, total: int | None = None, jobs: int = 1) -> None:
         self._condition = threading.Condition()
-        self._tickets = itertools.count()
-        self._queue: deque[int] = deque()
+        self._queue: deque[object] = deque()
         self._in_use = 0
         self._running = 0
         self._alone = False
-        self.configure(total, jobs)
-
-    def configure(self, total: int | None, jobs: int) -> None:
-        """Set the budget (bytes; None: unlimited) for a build running `jobs` tasks at once."""
-        with self._condition:
-            self.total = total
-            self.jobs = max(1, jobs)
+        self.total = total  # bytes; None: unlimited
+        self.jobs = max(1, jobs)  # the build's tasks at once
 
     def charge(self, estimate: int | None) -> int:
         """What a compile is counted as: its estimate, or a fair share when nothing is known."""
@@ -44,7 +37,7 @@ class MemoryBudget:
     def reserve(self, estimate: int | None, *, alone: bool = False) -> Iterator[None]:
         charge = self.charge(estimate)
         with self._condition:
-            ticket = next(self._tickets)
+            ticket = object()
             self._queue.append(ticket)
             try:
                 self._condition.wait_for(lambda: self._admits(ticket, charge, alone))
@@ -63,8 +56,8 @@ class MemoryBudget:
                 self._alone = False
                 self._condition.notify_all()
 
-    def _admits(self, ticket: int, charge: int, alone: bool) -> bool:
-        if self._queue[0] != ticket or self._alone:
+    def _admits(self, ticket: object, charge: int, alone: bool) -> bool:
+        if self._queue[0] is not ticket or self._alone:
             return False
         if self._running == 0:
             return True

@@ -52,19 +52,16 @@ def _signature_problems(
     problems = []
     pairs = (("inputs", artifact.inputs, inputs), ("outputs", artifact.outputs, outputs))
     for kind, expected, found in pairs:
-        if not _same_signature(expected, found):
+        same = len(expected) == len(found) and all(
+            want.shape == got.shape and compatible_in_neff(want.dtype, got.dtype)
+            for want, got in zip(expected, found, strict=True)
+        )
+        if not same:
             problems.append(
                 f"{kind} are {', '.join(map(str, found)) or 'none'}; "
                 f"expected {', '.join(map(str, expected)) or 'none'}"
             )
     return problems
-
-
-def _same_signature(expected: tuple[TensorSpec, ...], found: tuple[TensorSpec, ...]) -> bool:
-    return len(expected) == len(found) and all(
-        want.shape == got.shape and compatible_in_neff(want.dtype, got.dtype)
-        for want, got in zip(expected, found, strict=True)
-    )
 
 
 def verified_result(

@@ -1,4 +1,5 @@
-"""What an executor is given (a `CompileJob`) and what it answers (`Produced`)."""
+"""What an executor is given (a `CompileJob`, keyed by `cache_key`) and what it answers
+(`Produced`)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,16 @@ class Produced:
         """A NEFF taken from a cache entry: its compile's figures are in the entry."""
         seconds, peak = float(meta.get("compile_seconds", 0.0)), int(meta.get("peak_memory", 0))
         return cls(origin, seconds, peak, neff)
+
+
+def cache_key(unit: BuildUnit, hlo_hash: str, toolchain: Toolchain) -> CacheKey:
+    """Everything that determines the NEFF: the normalized HLO (with its sidecars) and how
+    it is compiled. Nothing about where or when enters."""
+    return CacheKey.of(
+        hlo=hlo_hash,
+        compile_args=unit.compile_args(),
+        compiler_version=toolchain.compiler_version,
+        target=unit.target,
+        lnc=unit.lnc,
+        neuron_cc_flags=toolchain.neuron_cc_flags,
+    )

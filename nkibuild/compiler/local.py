@@ -17,53 +17,44 @@ from nkibuild.quantities import format_size
 
 if TYPE_CHECKING:
     from nkibuild.compiler import CompileOptions
-    from nkibuild.formats.neff import NeffInfo
 
 
 class LocalExecutor:
     """Runs the compiler in this process's session (the default executor)."""
 
     def produce(self, job: CompileJob, options: CompileOptions, notices: list[str]) -> Produced:
-        timeout = job.unit.compile_timeout or options.timeout
-        outcome, neff = _compile(job, timeout, options, notices)
-        return Produced("compiled", outcome.seconds, outcome.peak_memory, neff)
-
-
-def _compile(
-    job: CompileJob, timeout: float | None, options: CompileOptions, notices: list[str]
-) -> tuple[ProcessOutcome, NeffInfo]:
-    """Compile within the memory budget. A compile the OOM killer took, or one that ended
-    with neuronx-cc's internal-error status, is retried (`options.retries` times; after an
-    OOM kill alone); deterministic failures never are."""
-    unit, out_dir = job.unit, job.out_dir
-    estimate = memory_estimate(unit, out_dir, job.last_peak)
-    if job.last_peak and job.last_peak > (_last_peak(out_dir) or 0):  # no second read
-        # The result.json that held it is gone until this compile finishes: one that does
-        # not (a failure, a kill, Ctrl-C) must not take the measured peak with it.
-        _record_peak(out_dir, job.last_peak, None)
-    alone = False
-    for attempt in range(1, options.retries + 2):
-        with options.budget.reserve(estimate, alone=alone):
-            run = run_compiler(
-                unit,
-                job.artifact,
-                job.toolchain,
-                out_dir,
-                timeout,
-                options.processes,
-                attempt=attempt,
-                last=attempt > options.retries,
-            )
-        outcome = run.outcome
-        if run.neff is not None:  # none only for a failure that may be retried
-            # Its peak goes into result.json; an older attempt's would only mislead.
-            (out_dir / PEAK_FILE).unlink(missing_ok=True)
-            return outcome, run.neff
-        _record_peak(out_dir, outcome.peak_memory, outcome.returncode)
-        notices.append(_retry_notice(outcome, attempt))
-        if outcome.killed:
-            estimate, alone = max(estimate or 0, outcome.peak_memory), True
-    raise AssertionError("run_compiler raises on its last attempt")  # pragma: no cover
+        """Compile within the memory budget. A compile the OOM killer took, or one that
+        ended with neuronx-cc's internal-error status, is retried (`options.retries` times;
+        after an OOM kill alone); deterministic failures never are."""
+        unit, out_dir = job.unit, job.out_dir
+        timeout = unit.compile_timeout or options.timeout
+        estimate = memory_estimate(unit, out_dir, job.last_peak)
+        if job.last_peak and job.last_peak > (_last_peak(out_dir) or 0):  # no second read
+            # The result.json that held it is gone until this compile finishes: one that
+            # does not (a failure, a kill, Ctrl-C) must not take the measured peak with it.
+            _record_peak(out_dir, job.last_peak, None)
+        alone = False
+        for attempt in range(1, options.retries + 2):
+            with options.budget.reserve(estimate, alone=alone):
+                outcome, neff = run_compiler(
+                    unit,
+                    job.artifact,
+                    job.toolchain,
+                    out_dir,
+                    timeout,
+                    options.processes,
+                    attempt=attempt,
+                    last=attempt > options.retries,
+                )
+            if neff is not None:  # none only for a failure that may be retried
+                # Its peak goes into result.json; an older attempt's would only mislead.
+                (out_dir / PEAK_FILE).unlink(missing_ok=True)
+                return Produced("compiled", outcome.seconds, outcome.peak_memory, neff)
+            _record_peak(out_dir, outcome.peak_memory, outcome.returncode)
+            notices.append(_retry_notice(outcome, attempt))
+            if outcome.killed:
+                estimate, alone = max(estimate or 0, outcome.peak_memory), True
+        raise AssertionError("run_compiler raises on its last attempt")  # pragma: no cover
 
 
 def _retry_notice(outcome: ProcessOutcome, attempt: int) -> str:

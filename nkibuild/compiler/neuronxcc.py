@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,12 +37,6 @@ class FailedCompile(BuildError):
     same way and the failure is worth recording under the key (see the orchestrator)."""
 
 
-@dataclass(frozen=True)
-class CompilerRun:
-    outcome: ProcessOutcome
-    neff: NeffInfo | None  # the checked NEFF now in out_dir; None: a failure to retry
-
-
 def compiler_command(
     unit: BuildUnit, toolchain: Toolchain, hlo: Path, output: Path, log: Path
 ) -> list[str]:
@@ -67,12 +60,12 @@ def run_compiler(
     *,
     attempt: int = 1,
     last: bool = True,
-) -> CompilerRun:
-    """One neuronx-cc run; a verified NEFF lands in out_dir or a BuildError is raised.
+) -> tuple[ProcessOutcome, NeffInfo | None]:
+    """One neuronx-cc run and the verified NEFF it put in out_dir, or a BuildError.
 
     A compile killed by SIGKILL or ending with neuronx-cc's internal-error status is
-    returned, not raised, unless this is the `last` try: the caller may retry it (alone
-    after SIGKILL, since the OOM killer may have picked it for its neighbours' memory).
+    returned with no NEFF, not raised, unless this is the `last` try: the caller may retry
+    it (alone after SIGKILL: the OOM killer may have picked it for its neighbours' memory).
     """
     _remove_stale_work_dirs(out_dir)
     # neuronx-cc has no work-dir flag: the cwd is its work dir, so each compile gets its own.
@@ -101,13 +94,15 @@ def run_compiler(
             ) from None
         _keep_log(work, out_dir)
         if retryable(outcome) and not last:
-            return CompilerRun(outcome, None)
+            return outcome, None
         _check_outcome(unit, command, out_dir, outcome, timeout, attempt)
         if not output.exists() or output.stat().st_size == 0:
             raise failure(unit, command, out_dir, "neuronx-cc exited 0 but wrote no NEFF")
-        info = check_neff(unit, artifact, output, command, out_dir)
+        info, problem = checked_neff(unit, artifact, output)
+        if info is None or problem is not None:
+            raise failure(unit, command, out_dir, f"neuronx-cc wrote {problem}")
         os.replace(output, out_dir / NEFF_FILE)
-        return CompilerRun(outcome, info)
+        return outcome, info
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -195,12 +190,3 @@ def failure(
         log_tail=tail(text) or "(the compiler wrote no log)",
         log_path=str(log) if log.exists() else None,
     )
-
-
-def check_neff(
-    unit: BuildUnit, artifact: HloArtifact, neff: Path, command: list[str], out_dir: Path
-) -> NeffInfo:
-    info, problem = checked_neff(unit, artifact, neff)
-    if info is None or problem is not None:
-        raise failure(unit, command, out_dir, f"neuronx-cc wrote {problem}")
-    return info

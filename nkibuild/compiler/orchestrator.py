@@ -11,8 +11,7 @@ from nkibuild.cache import CacheChain, CacheKey
 from nkibuild.cache.trust import MAX_LOG_TAIL
 from nkibuild.compiler.budget import KeyLocks, MemoryBudget
 from nkibuild.compiler.checks import checked_neff, verified_result
-from nkibuild.compiler.job import CompileJob, Produced
-from nkibuild.compiler.key import cache_key
+from nkibuild.compiler.job import CompileJob, Produced, cache_key
 from nkibuild.compiler.local import LocalExecutor
 from nkibuild.compiler.neuronxcc import FailedCompile
 from nkibuild.compiler.process import ProcessRegistry
@@ -59,17 +58,11 @@ class CompileOptions:
 
 def run(context: BuildContext, unit: BuildUnit) -> CompiledNeff:
     """The compile stage of a build: the unit's extracted artifact -> its NEFF."""
+    from nkibuild.cache import open_cache_chain
     from nkibuild.frontends import load_extracted
 
     layout = context.layout
     artifact = load_extracted(layout.extract_dir(unit.extract), unit.name)
-    out_dir = layout.compile_dir(unit)
-    return compile_unit(unit, artifact, context.toolchain, out_dir, compile_options(context))
-
-
-def compile_options(context: BuildContext) -> CompileOptions:
-    from nkibuild.cache import open_cache_chain
-
     settings, session = context.settings, context.session
     cache = settings.cache
     executor: Executor = LocalExecutor()
@@ -77,7 +70,7 @@ def compile_options(context: BuildContext) -> CompileOptions:
         from nkibuild.compiler.ray_executor import RayExecutor
 
         executor = RayExecutor(session.ray, cache, settings.ray_address)
-    return CompileOptions(
+    options = CompileOptions(
         cache=open_cache_chain(
             cache.local_dir, cache.remote_url, read_only=cache.read_only, stats=session.cache_stats
         ),
@@ -89,20 +82,10 @@ def compile_options(context: BuildContext) -> CompileOptions:
         key_locks=session.key_locks,
         processes=session.processes,
     )
+    return compile_unit(unit, artifact, context.toolchain, layout.compile_dir(unit), options)
 
 
 def compile_unit(
-    unit: BuildUnit,
-    artifact: HloArtifact,
-    toolchain: Toolchain,
-    out_dir: Path,
-    options: CompileOptions,
-) -> CompiledNeff:
-    with reported_at(out_dir):  # a failed write (disk full) names the unit's directory
-        return _compile_unit(unit, artifact, toolchain, out_dir, options)
-
-
-def _compile_unit(
     unit: BuildUnit,
     artifact: HloArtifact,
     toolchain: Toolchain,
@@ -113,40 +96,36 @@ def _compile_unit(
     previous = last_result(out_dir)
     if previous is not None and is_finished(previous, key.digest):
         return replace(previous, origin="build-dir")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / RESULT_FILE).unlink(missing_ok=True)
-    key_json = json.dumps(key.to_json(), sort_keys=True)  # one line: the C encoder
-    atomic_write_text(out_dir / KEY_FILE, key_json, durable=False)  # for `explain` only
-    cache = options.cache
-    notices: list[str] = []
-    # Units with equal keys (the same kernel in two projects of a release) compile once:
-    # the second waits here, then finds the first's NEFF in the cache.
-    with options.key_locks.lock(key.digest):
-        produced = _cache_hit(cache, key, unit, artifact, out_dir, notices)
-        if produced is None:
-            if cache is not None and not options.retry_failed:
-                _raise_known_failure(cache, key, unit.name)
-            last_peak = previous.peak_memory if previous is not None else 0
-            job = CompileJob(unit, artifact, toolchain, out_dir, key, last_peak)
-            produced = _produce(job, options, notices)
-        result = verified_result(unit, toolchain, out_dir, key.digest, produced)
-        if produced.origin == "compiled" and cache is not None:
-            _publish(cache, key, unit, result, out_dir)
-    result = replace(result, notices=(*notices, *(cache.notices if cache else ())))
-    write_result(out_dir, result)
+    with reported_at(out_dir):  # a failed write (disk full) names the unit's directory
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / RESULT_FILE).unlink(missing_ok=True)
+        key_json = json.dumps(key.to_json(), sort_keys=True)  # one line: the C encoder
+        atomic_write_text(out_dir / KEY_FILE, key_json, durable=False)  # for `explain` only
+        cache = options.cache
+        notices: list[str] = []
+        # Units with equal keys (the same kernel in two projects of a release) compile
+        # once: the second waits here, then finds the first's NEFF in the cache.
+        with options.key_locks.lock(key.digest):
+            produced = _cache_hit(cache, key, unit, artifact, out_dir, notices)
+            if produced is None:
+                if cache is not None and not options.retry_failed:
+                    _raise_known_failure(cache, key, unit.name)
+                last_peak = previous.peak_memory if previous is not None else 0
+                job = CompileJob(unit, artifact, toolchain, out_dir, key, last_peak)
+                produced = _produce(job, options, notices)
+            result = verified_result(unit, toolchain, out_dir, key.digest, produced)
+            if produced.origin == "compiled" and cache is not None:
+                meta = {
+                    "unit": unit.name,
+                    "compile_seconds": result.compile_seconds,
+                    "peak_memory": result.peak_memory,
+                    "compiler_version": result.compiler_version,
+                }
+                neff, log = out_dir / NEFF_FILE, out_dir / LOG_FILE
+                cache.publish(key, neff, meta, log, result.sha256, vouched=True)
+        result = replace(result, notices=(*notices, *(cache.notices if cache else ())))
+        write_result(out_dir, result)
     return result
-
-
-def _publish(
-    cache: CacheChain, key: CacheKey, unit: BuildUnit, result: CompiledNeff, out_dir: Path
-) -> None:
-    meta = {
-        "unit": unit.name,
-        "compile_seconds": result.compile_seconds,
-        "peak_memory": result.peak_memory,
-        "compiler_version": result.compiler_version,
-    }
-    cache.publish(key, out_dir / NEFF_FILE, meta, out_dir / LOG_FILE, result.sha256, vouched=True)
 
 
 def _produce(job: CompileJob, options: CompileOptions, notices: list[str]) -> Produced:

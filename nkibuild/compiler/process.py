@@ -107,7 +107,10 @@ def run_process(
                     preexec_fn=guard.preexec_fn,
                     env=env,
                 )
-            timer = _kill_after(process.pid, timeout, expired)
+            if timeout is not None:
+                timer = threading.Timer(timeout, _expire, (process.pid, expired))
+                timer.daemon = True
+                timer.start()
             registry.add(process.pid)
         # Wait without reaping: while the compiler is a zombie its process group id
         # cannot be reused, so killing the group cannot hit an unrelated process.
@@ -149,8 +152,23 @@ class DeathGuard:
 
     @classmethod
     def fallback(cls) -> DeathGuard:
-        """The same signal set by a preexec_fn (where there is no setpriv)."""
-        return cls((), _die_with_parent())
+        """The same signal set by a preexec_fn (where there is no setpriv; none where there
+        is no prctl either). prctl is looked up before the fork: the child may only make
+        the call, not load libraries."""
+        if not sys.platform.startswith("linux"):
+            return cls((), None)
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            return cls((), None)
+        parent = os.getpid()
+
+        def arm() -> None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:  # the parent died before the call
+                os._exit(1)
+
+        return cls((), arm)
 
     def command(self, command: list[str], cwd: Path, env: dict[str, str] | None) -> list[str]:
         """`command` behind the prefix. A command that cannot be found raises here, as
@@ -166,50 +184,12 @@ class DeathGuard:
         return [*self.prefix, *command]
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn: the compiler gets SIGKILL if this thread's process dies (Linux).
-
-    A build killed with SIGKILL runs no cleanup, and a compiler left running holds
-    gigabytes for nothing. prctl is looked up before the fork: the child may only
-    make the call, not load libraries.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def arm() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died before the call
-            os._exit(1)
-
-    return arm
-
-
-def _kill_after(
-    pid: int, timeout: float | None, expired: threading.Event
-) -> threading.Timer | None:
-    if timeout is None:
-        return None
-
-    def expire() -> None:
-        if not _running(pid):  # exited in time, not yet reaped by its thread
-            return
+def _expire(pid: int, expired: threading.Event) -> None:
+    """The timeout: stop the compiler's group, unless the compiler exited in time (and is
+    a zombie its thread has not reaped yet)."""
+    if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
         expired.set()
         _kill_group(pid)
-
-    timer = threading.Timer(timeout, expire)
-    timer.daemon = True
-    timer.start()
-    return timer
-
-
-def _running(pid: int) -> bool:
-    """Whether the child `pid` has not exited (an exited one stays a zombie, unreaped)."""
-    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
 
 
 def _kill_group(pid: int) -> None:

@@ -13,6 +13,7 @@ cache URL) as the driver.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,6 @@ from nkibuild.compiler.checks import checked_neff
 from nkibuild.compiler.job import CompileJob, Produced
 from nkibuild.compiler.record import NEFF_FILE
 from nkibuild.errors import BuildError
-from nkibuild.frontends import HloArtifact
 from nkibuild.plan import BuildUnit
 from nkibuild.settings import CacheConfig
 from nkibuild.toolchain import Toolchain
@@ -30,13 +30,13 @@ if TYPE_CHECKING:
     from nkibuild.session import RayConnection
 
 
+@dataclass(frozen=True)
 class RayExecutor:
     """Compiles on the cluster, then takes the NEFF from the cache the worker published to."""
 
-    def __init__(self, connection: RayConnection, cache: CacheConfig, address: str | None):
-        self.connection = connection
-        self.cache = cache
-        self.address = address
+    connection: RayConnection
+    cache: CacheConfig
+    address: str | None
 
     def produce(self, job: CompileJob, options: CompileOptions, notices: list[str]) -> Produced:
         unit, artifact, out_dir = job.unit, job.artifact, job.out_dir
@@ -45,19 +45,20 @@ class RayExecutor:
         artifact.compilable_hlo(unit.name)
         ray = self.connection.get(self.address)
         timeout = unit.compile_timeout or options.timeout
+        # The artifact's files by relative path: all a worker needs to compile it.
+        files = {
+            path.relative_to(artifact.directory).as_posix(): path.read_bytes()
+            for path in sorted(artifact.directory.rglob("*"))
+            if path.is_file()
+        }
         task = ray.remote(_compile_task).options(
             num_cpus=1, memory=unit.compile_memory or None, name=f"compile {unit.name}"
         )
         try:
-            ray.get(
-                task.remote(
-                    unit, _pack(artifact), job.toolchain, self.cache, timeout, options.retries
-                )
-            )
+            ray.get(task.remote(unit, files, job.toolchain, self.cache, timeout, options.retries))
         except ray.exceptions.RayTaskError as error:
-            cause = error.cause if isinstance(error.cause, BuildError) else None
-            if cause is not None:
-                raise cause from None
+            if isinstance(error.cause, BuildError):
+                raise error.cause from None
             raise BuildError(f"the Ray task compiling {unit.name} failed: {error}") from None
         hit = options.cache.fetch(job.key, out_dir / NEFF_FILE) if options.cache else None
         if hit is None:
@@ -70,15 +71,6 @@ class RayExecutor:
         if info is None or problem is not None:
             raise BuildError(f"the Ray worker's NEFF is {problem}", unit=unit.name)
         return Produced.from_cache("ray", hit.meta, info)
-
-
-def _pack(artifact: HloArtifact) -> dict[str, bytes]:
-    """The artifact's files by relative path: all a worker needs to compile it."""
-    return {
-        path.relative_to(artifact.directory).as_posix(): path.read_bytes()
-        for path in sorted(artifact.directory.rglob("*"))
-        if path.is_file()
-    }
 
 
 def _compile_task(

@@ -51,8 +51,6 @@ class CompiledNeff:
         data["neff_path"] = NEFF_FILE
         data["inputs"] = [t.to_json() for t in self.inputs]
         data["outputs"] = [t.to_json() for t in self.outputs]
-        data["notices"] = list(self.notices)
-        data["compile_args"] = list(self.compile_args)
         return data
 
 

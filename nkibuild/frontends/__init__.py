@@ -38,7 +38,6 @@ HLO_FILE = "model.hlo_module.pb"
 METADATA_FILE = "artifact.json"
 ARTIFACT_FILES = (HLO_FILE, METADATA_FILE)
 SIDECAR_DIR = "sidecars"  # files the module refers to (NKI's BIR), copied in
-WORKER_FRONTENDS = frozenset({"jax", "nkipy", "nki"})
 DEFAULT_TIMEOUT_S = 900.0
 
 
@@ -124,20 +123,33 @@ def extract(
 ) -> HloArtifact:
     """Produce the HLO artifact for one kernel variant in `out_dir`; user code runs in
     one of the build's workers that serves this project (`root`) only."""
+    from nkibuild.formats.hlo import HloFormatError, canonical_module, read_hlo
+    from nkibuild.frontends.relocation import normalized_hash, relocate
+
     out_dir.mkdir(parents=True, exist_ok=True)
     forget_artifact(out_dir)
     # Not durable (see the module docstring): a torn module is found before it is compiled.
     with atomic_output(out_dir / HLO_FILE, durable=False) as tmp_hlo:
         versions, allowed = _produce_hlo(spec, root, tmp_hlo, toolchain, tracing)
         traced = tmp_hlo.read_bytes()
-        module = _read(traced, spec)  # validates before anything else parses it
-        canonical = _canonical(traced, root)
-        data, sidecars = _relocated(canonical, out_dir, spec, allowed)
+        try:  # validates before anything else parses it
+            module = read_hlo(traced)
+        except HloFormatError as error:
+            problem = f"the HLO module is not valid: {printable(str(error))}"
+            raise BuildError(problem, unit=spec.name) from None
+        # As every checkout and machine would trace it: no module id, and source paths
+        # relative to the project (nkipy records absolute ones).
+        canonical = canonical_module(traced, str(root.resolve()))
+        # Files the module names by absolute path (NKI's BIR) are copied in, from
+        # `allowed` dirs only; no stale sidecars stay.
+        shutil.rmtree(out_dir / SIDECAR_DIR, ignore_errors=True)
+        try:
+            data, sidecars = relocate(canonical, out_dir, allowed)
+        except BuildError as error:
+            raise BuildError(error.message, unit=spec.name, log_tail=error.log_tail) from None
         tmp_hlo.write_bytes(data)
     _refuse_aliased_outputs(spec, module)
     inputs = _check_signature(spec, module)
-    from nkibuild.frontends.relocation import normalized_hash
-
     artifact = HloArtifact(
         directory=out_dir,
         frontend=spec.frontend,
@@ -155,39 +167,6 @@ def extract(
     return artifact
 
 
-def _relocated(
-    data: bytes, out_dir: Path, spec: ExtractSpec, allowed: tuple[Path, ...]
-) -> tuple[bytes, list[str]]:
-    """Copy files the module names by absolute path into the artifact (NKI's BIR files),
-    from `allowed` dirs only."""
-    from nkibuild.frontends.relocation import relocate
-
-    shutil.rmtree(out_dir / SIDECAR_DIR, ignore_errors=True)  # no stale sidecars
-    try:
-        return relocate(data, out_dir, allowed)
-    except BuildError as error:
-        raise BuildError(error.message, unit=spec.name, log_tail=error.log_tail) from None
-
-
-def _canonical(data: bytes, root: Path) -> bytes:
-    """The module as every checkout and machine would trace it: no module id, and
-    source paths relative to the project (nkipy records absolute ones)."""
-    from nkibuild.formats.hlo import canonical_module
-
-    return canonical_module(data, str(root.resolve()))
-
-
-def _read(data: bytes, spec: ExtractSpec) -> HloModuleInfo:
-    from nkibuild.formats.hlo import HloFormatError, read_hlo
-
-    try:
-        return read_hlo(data)
-    except HloFormatError as error:
-        raise BuildError(
-            f"the HLO module is not valid: {printable(str(error))}", unit=spec.name
-        ) from None
-
-
 def load_artifact(directory: Path) -> HloArtifact:
     """The artifact `directory` holds; OSError, ValueError, KeyError or TypeError if it
     holds none or a damaged one (see `load_extracted`)."""
@@ -197,9 +176,9 @@ def load_artifact(directory: Path) -> HloArtifact:
         frontend=data["frontend"],
         content_hash=data["content_hash"],
         module_name=data["module_name"],
-        inputs=_specs(data["inputs"]),
-        outputs=_specs(data["outputs"]),
-        toolchain=tuple((name, version) for name, version in data["toolchain"].items()),
+        inputs=tuple(map(TensorSpec.from_json, data["inputs"])),
+        outputs=tuple(map(TensorSpec.from_json, data["outputs"])),
+        toolchain=tuple(data["toolchain"].items()),
         sidecars=tuple(data.get("sidecars", ())),
     )
 
@@ -224,9 +203,7 @@ def frontend_versions(frontend: str) -> dict[str, str]:
         "jax": ("jax", "jaxlib"),
         "nki": ("nki", "torch-xla", "torch-neuronx", "nkipy"),
         "nkipy": ("nkipy",),
-    }.get(frontend, ())
-    if not packages:  # hlo: no package
-        return {}
+    }.get(frontend, ())  # hlo: no package
     from importlib import metadata
 
     versions = {}
@@ -245,10 +222,15 @@ def _produce_hlo(
     custom-calls may name files in: the project for a prebuilt module, and also the
     worker's own scratch dir (dump and temp dirs) for a traced one."""
     if spec.frontend == "hlo":
-        output.write_bytes(_project_file(root, spec))
+        from nkibuild.confine import OutsideProject, read_confined
+
+        # Read only if still a regular file inside the project: it may have been replaced
+        # by a symlink since the manifest was checked.
+        try:
+            output.write_bytes(read_confined(root / spec.source.path, (root,)))
+        except OutsideProject as refused:
+            raise BuildError(f"{spec.source.path}: {refused.reason}", unit=spec.name) from None
         return {}, (root,)
-    if spec.frontend not in WORKER_FRONTENDS:
-        raise BuildError(f"the {spec.frontend!r} frontend is not available yet", unit=spec.name)
     from nkibuild.toolchain.worker_pool import WorkerKey
 
     if spec.frontend == "nki" and toolchain.nki.route is None:
@@ -292,17 +274,6 @@ def _trace_failed(
                 unit=spec.name,
             )
     return BuildError(message, unit=spec.name, log_tail=tail(result["log"] + result["traceback"]))
-
-
-def _project_file(root: Path, spec: ExtractSpec) -> bytes:
-    """The source file's bytes, if it is still a regular file inside the project (it
-    may have been replaced by a symlink since the manifest was checked)."""
-    from nkibuild.confine import OutsideProject, read_confined
-
-    try:
-        return read_confined(root / spec.source.path, (root,))
-    except OutsideProject as refused:
-        raise BuildError(f"{spec.source.path}: {refused.reason}", unit=spec.name) from None
 
 
 def _refuse_aliased_outputs(spec: ExtractSpec, module: HloModuleInfo) -> None:
@@ -360,7 +331,3 @@ def _to_json(artifact: HloArtifact) -> dict[str, object]:
         "toolchain": dict(artifact.toolchain),
         "sidecars": list(artifact.sidecars),
     }
-
-
-def _specs(items: list[dict]) -> tuple[TensorSpec, ...]:
-    return tuple(TensorSpec.from_json(item) for item in items)

@@ -22,8 +22,6 @@ from nkibuild.formats.backend_config import rewrite_paths
 from nkibuild.frontends import SIDECAR_DIR
 from nkibuild.text import printable
 
-# The documented target, and the name some torch-neuronx releases reportedly use for
-# NKI kernels: both carry the same base64-JSON backend_config.
 MARKER = "nkibuild-artifact:"
 
 
@@ -53,7 +51,7 @@ def relocate(data: bytes, artifact_dir: Path, allowed: Sequence[Path]) -> tuple[
         sidecars.add(relative)
         return MARKER + relative
 
-    rewritten = rewrite_paths(data, lambda value: os.path.isabs(value), to_marker)
+    rewritten = rewrite_paths(data, os.path.isabs, to_marker)
     return rewritten, sorted(sidecars)
 
 
