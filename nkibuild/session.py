@@ -35,8 +35,6 @@ from nkibuild.errors import UsageError
 from nkibuild.fsutil import LEFTOVER_PATTERNS, atomic_write_text, leftovers
 
 if TYPE_CHECKING:
-    from filelock import BaseFileLock
-
     from nkibuild.cache.stats import CacheCounters
     from nkibuild.compiler.budget import KeyLocks, MemoryBudget
     from nkibuild.compiler.process import ProcessRegistry
@@ -205,25 +203,39 @@ def current_session() -> BuildSession | None:
     return _CURRENT.get(None)
 
 
-def acquire_build_lock(build_dir: Path, timeout: float = 0.0) -> BaseFileLock:
+class BuildLock:
+    """A held build lock (`acquire_build_lock`)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def acquire_build_lock(build_dir: Path, timeout: float = 0.0) -> BuildLock:
     """The build dir's lock: doit neither locks its state file nor saves it before the
-    end of a run, so two concurrent runs would both execute everything. The lock is
-    an fcntl lock: the kernel drops it when its holder dies, so none is ever stale."""
-    from filelock import FileLock, Timeout
+    end of a run, so two concurrent runs would both execute everything. An fcntl lock
+    (`nkibuild.locks`): the kernel drops it when its holder dies, so none is ever stale,
+    and two builds of one directory in one process exclude each other as two processes do."""
+    from nkibuild.locks import lock_descriptor
 
     state_dir = build_dir / "state"
-    state_dir.mkdir(parents=True, exist_ok=True)
-    # Not thread-local: two builds of one directory in one process must exclude each
-    # other as two processes do (filelock's default lock is reentrant per thread).
-    lock = FileLock(str(state_dir / LOCK_FILE), thread_local=False, is_singleton=False)
+    path = state_dir / LOCK_FILE
     try:
-        lock.acquire(timeout=timeout)
-    except Timeout:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as error:  # e.g. a symlink planted in its place
+        raise UsageError(f"cannot lock the build dir: {path}: {error.strerror}") from None
+    if not lock_descriptor(fd, timeout):
+        os.close(fd)
         raise UsageError(
             f"another nkibuild build is running in {build_dir} "
-            f"(lock {state_dir / LOCK_FILE}); wait for it or use another --build-dir"
-        ) from None
-    return lock
+            f"(lock {path}); wait for it or use another --build-dir"
+        )
+    return BuildLock(fd)
 
 
 def _recover(entry: SessionDirs) -> None:

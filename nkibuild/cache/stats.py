@@ -12,7 +12,6 @@ is untrusted: read and written without following symlinks, bounded in size.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import Any, Literal
 from nkibuild.cache import safefs
 from nkibuild.cache.store import CorruptEntry
 from nkibuild.formats.jsonlimits import JsonLimits, load_json
+from nkibuild.locks import lock_descriptor
 
 TIERS = ("local", "remote")
 LOG_DIR = "stats"
@@ -200,16 +200,7 @@ def record_build(
 
 def _lock(dir_fd: int) -> None:
     """An exclusive lock on the log's directory, held through the descriptor that checked
-    it, until it is closed. Not filelock's lock file: filelock opens it with O_TRUNC,
-    following a symlink, so a link planted in a cache others can write to would truncate
-    a file outside it. Each caller opens its own descriptor, so threads of one process
-    exclude each other."""
-    deadline = time.monotonic() + LOCK_TIMEOUT_S
-    while True:
-        try:
-            fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise TimeoutError from None
-            time.sleep(0.01)
+    it, until it is closed (`nkibuild.locks`). Each caller opens its own descriptor, so
+    threads of one process exclude each other."""
+    if not lock_descriptor(dir_fd, LOCK_TIMEOUT_S):
+        raise TimeoutError
