@@ -27,7 +27,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from nkibuild import __version__
-from nkibuild.bundle import BundleProject
+from nkibuild.bundle import BundleProject, load_bundle
 from nkibuild.errors import BuildError, UsageError
 from nkibuild.fsutil import atomic_output
 from nkibuild.manifest.model import Package
@@ -57,8 +57,6 @@ def wheel_file_name(package: Package) -> str:
 def run(context: BuildContext) -> list[Path]:
     """The wheel stage of a build: the bundle's wheel in dist/, then one per target
     part when the bundle's NEFFs are split out."""
-    from nkibuild.bundle import load_bundle
-
     project = load_bundle(context.layout.bundle_dir(context.manifest), build_info=False)
     return [build_wheel(each, context.layout.dist_dir) for each in (project, *project.parts)]
 

@@ -14,7 +14,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from nkibuild import __version__
+from nkibuild import __version__, bundle
+from nkibuild.bundle import wheel
+from nkibuild.bundle.provenance import material_files
 from nkibuild.compiler.record import COMPILE_OUTPUTS, NEFF_FILE, RESULT_FILE
 from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError, storage_error
@@ -211,8 +213,6 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
 
 @_guarded
 def run_bundle(context: BuildContext) -> dict[str, Any]:
-    from nkibuild import bundle
-
     # The stage knows each file's sha256 as it writes it (a NEFF's from its compile
     # record): the outputs record takes them instead of hashing the tree again.
     written = bundle.run(context)
@@ -221,9 +221,6 @@ def run_bundle(context: BuildContext) -> dict[str, Any]:
 
 
 def _bundle_task(context: BuildContext) -> dict[str, Any]:
-    from nkibuild.bundle import STAMP_FILE, generator_digest
-    from nkibuild.bundle.provenance import material_files
-
     manifest = context.manifest
     # The compile records, not the NEFFs: the bundle takes a NEFF as its record's sha256
     # names it (and copies only what its tree lacks), so a NEFF changed behind its record
@@ -241,14 +238,14 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
         "package": vars(manifest.package),
         "kernels": [kernel.config() for kernel in manifest.kernels],
         "nkibuild": __version__,
-        "generator": generator_digest(),
+        "generator": bundle.generator_digest(),
     }
     return {
         "basename": BUNDLE_TASK,
         "doc": f"generate the {manifest.package.name} package with its loaders",
         "actions": [run],
         "file_dep": [*compiled, *shipped],
-        "targets": [os.path.join(bundle_dir, STAMP_FILE)],
+        "targets": [os.path.join(bundle_dir, bundle.STAMP_FILE)],
         "uptodate": [ConfigChanged(config), intact, as_read],
         "clean": True,
     }
@@ -256,20 +253,16 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
 
 @_guarded
 def run_wheel(context: BuildContext) -> dict[str, Any]:
-    from nkibuild.bundle import wheel
-
     return {"wheels": [str(path) for path in wheel.run(context)]}
 
 
 def _wheel_task(context: BuildContext) -> dict[str, Any]:
-    from nkibuild.bundle import STAMP_FILE, distributions, generator_digest
-    from nkibuild.bundle.wheel import wheel_file_name
-
     manifest = context.manifest
     bundle_dir = context.layout.bundle_dir(manifest)
-    packages = distributions(manifest)
     dist_dir = context.layout.dist_dir
-    wheels = [os.path.abspath(dist_dir / wheel_file_name(p)) for p in packages]
+    wheels = [
+        os.path.abspath(dist_dir / wheel.wheel_file_name(p)) for p in bundle.distributions(manifest)
+    ]
     record, intact = outputs_checked(wheels)
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     checked: list[str] = []
@@ -281,13 +274,13 @@ def _wheel_task(context: BuildContext) -> dict[str, Any]:
         "basename": "wheel",
         "doc": f"pack {manifest.package.name} into a wheel in {dist_dir}",
         "actions": [(run_wheel, (context,)), record],
-        "file_dep": [os.path.abspath(bundle_dir / STAMP_FILE), *checked],
+        "file_dep": [os.path.abspath(bundle_dir / bundle.STAMP_FILE), *checked],
         "targets": wheels,
         # The members' timestamp: a new SOURCE_DATE_EPOCH writes the wheel again (and a
         # bad one fails it, naming the variable, as when it runs for another reason);
         # so does another wheel writer, whose bytes may differ for the same bundle.
         "uptodate": [
-            ConfigChanged({"source_date_epoch": epoch, "writer": generator_digest()}),
+            ConfigChanged({"source_date_epoch": epoch, "writer": bundle.generator_digest()}),
             intact,
         ],
         "clean": True,
