@@ -8,7 +8,6 @@ state dir, so a no-op build neither parses YAML nor runs the JSON Schema validat
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,24 +38,17 @@ class Layout:
         return self.build_dir / "state"
 
     def extract_dir(self, spec: ExtractSpec) -> Path:
-        return Path(self.extract_path(spec))
+        return self.build_dir / "extract" / spec.name
 
     def compile_dir(self, unit: BuildUnit) -> Path:
-        return Path(self.compile_path(unit))
+        return self.build_dir / "compile" / unit.name
 
-    # String forms for task dicts: a no-op build creates thousands of these. The build
-    # dir is absolute and normalised (a Path has no trailing separator), and names are
-    # relative, so concatenation spells each path as os.path.join would, at a fraction
-    # of its cost (and of pathlib's).
-    @functools.cached_property
-    def _build_root(self) -> str:
-        return os.fspath(self.build_dir).rstrip("/")  # "/" itself: no doubled separator
-
+    # String forms for task dicts, whose paths doit compares as strings.
     def extract_path(self, spec: ExtractSpec) -> str:
-        return f"{self._build_root}/extract/{spec.name}"
+        return os.fspath(self.extract_dir(spec))
 
     def compile_path(self, unit: BuildUnit) -> str:
-        return f"{self._build_root}/compile/{unit.name}"
+        return os.fspath(self.compile_dir(unit))
 
     def bundle_dir(self, manifest: Manifest) -> Path:
         return self.build_dir / "bundle" / manifest.package.name
@@ -87,7 +79,7 @@ def load_context(
     """The project's context, in `session` (a new one unless a release shares its own)."""
     from nkibuild.plan import load_plan
     from nkibuild.session import BuildSession
-    from nkibuild.settings import resolve_settings
+    from nkibuild.settings import resolve_settings, value_before_manifest
     from nkibuild.toolchain import cancel_unanswered, resolve_toolchain, start_version_query
     from nkibuild.toolchain.nki import check_manifest
 
@@ -96,7 +88,11 @@ def load_context(
     versions = session.compiler_versions
     try:
         # The compiler answers `--version` while the manifest loads (on another core).
-        start_version_query(*_likely_compiler(options), versions)
+        # Only a guess (see `start_version_query`): the command line's, the environment's
+        # or the last build's toolchain and compiler, else the defaults; the manifest can
+        # set both.
+        guess = [value_before_manifest(options, key) for key in ("toolchain", "compiler")]
+        start_version_query(*guess, versions)
         manifest, units = load_plan(manifest_path, layout.state_dir)
         settings = resolve_settings(options, manifest)
         toolchain = resolve_toolchain(settings.toolchain, settings.compiler, versions)
@@ -111,12 +107,3 @@ def load_context(
         settings=settings,
         session=session,
     )
-
-
-def _likely_compiler(options: BuildOptions) -> tuple[str, Path | None]:
-    """The toolchain and compiler the settings will most likely resolve to, known before
-    the manifest is: the command line's, the environment's or the last build's, else the
-    defaults (the manifest can set both). Only a guess: see `start_version_query`."""
-    from nkibuild.settings import value_before_manifest
-
-    return value_before_manifest(options, "toolchain"), value_before_manifest(options, "compiler")

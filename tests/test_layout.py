@@ -1,6 +1,6 @@
-"""Layout's string paths (context.py): joined by concatenation for speed, they must be
-spelled exactly as os.path.join spells them, since doit links a file_dep to the task
-whose targets produce it by exact string."""
+"""Layout's string paths (context.py): they must be spelled exactly as os.path.join
+spells them, since doit links a file_dep to the task whose targets produce it by
+exact string."""
 
 from __future__ import annotations
 

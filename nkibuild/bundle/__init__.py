@@ -14,7 +14,6 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,19 +65,6 @@ class BundleProject:
     requirements: tuple[str, ...] = ()  # runtime requirements (pip specifiers)
     targets: tuple[str, ...] = ()  # the targets whose NEFFs the distribution carries
 
-    @property
-    def package_dir(self) -> Path:
-        return self.directory / self.package.import_name
-
-
-@dataclass(frozen=True)
-class WrittenBundle:
-    """A bundle tree as written: its directory, and the sha256 of each of its files (by
-    POSIX path relative to the directory; `bundle.json` included)."""
-
-    directory: Path
-    sha256: dict[str, str]
-
 
 def target_package(package: Package, target: str) -> Package:
     """The distribution that carries one target's NEFFs of a split bundle."""
@@ -105,7 +91,7 @@ def distributions(manifest: Manifest) -> list[Package]:
     return [package, *(target_package(package, t) for t in split_targets(manifest))]
 
 
-def run(context: BuildContext) -> WrittenBundle:
+def run(context: BuildContext) -> dict[str, str]:
     """The bundle stage of a build: the generated project of the manifest and every
     unit's compile record (and its extraction's, for the provenance summary)."""
     from nkibuild.bundle.provenance import summarize
@@ -127,10 +113,11 @@ def generate_bundle(
     compiled: Sequence[CompiledNeff],
     out_dir: Path,
     provenance: ProvenanceInfo | None = None,
-) -> WrittenBundle:
+) -> dict[str, str]:
     """Bring `out_dir` to the bundle of `compiled` (nkibuild.bundle.tree), `bundle.json`
     last, listing every file with its sha256; a padding declaration is checked against
-    its kernel's NEFFs (BuildError)."""
+    its kernel's NEFFs (BuildError). Returns the sha256 of each file written, by POSIX
+    path relative to `out_dir` (`bundle.json` included)."""
     info = _build_info(manifest, compiled, provenance)
     files: dict[str, Content] = dict(_project_files(manifest, info))
     files.update(
@@ -142,7 +129,7 @@ def generate_bundle(
     digests = {name: digest(content) for name, content in files.items()}
     stamp = json.dumps(_stamp(manifest, info, digests), indent=2, sort_keys=True).encode()
     update_tree(out_dir, files, digests, _listed(out_dir), (STAMP_FILE, stamp))
-    return WrittenBundle(out_dir, {**digests, STAMP_FILE: digest(stamp)})
+    return {**digests, STAMP_FILE: digest(stamp)}
 
 
 def _listed(directory: Path) -> dict[str, str] | None:
@@ -163,7 +150,6 @@ def _listed(directory: Path) -> dict[str, str] | None:
 def _build_info(
     manifest: Manifest, compiled: Sequence[CompiledNeff], provenance: ProvenanceInfo | None
 ) -> BuildInfo:
-    """What `_build.json` says: the package, each kernel and its NEFFs, the provenance."""
     by_kernel: dict[str, dict[str, dict[str, NeffInfo]]] = {}
     for neff in compiled:
         neffs = by_kernel.setdefault(neff.kernel, {}).setdefault(neff.target, {})
@@ -248,30 +234,28 @@ def load_bundle(directory: Path, *, build_info: bool = True) -> BundleProject:
     """The generated project in `directory`, with its `_build.json` read and checked
     (`build_info=False`: not read; the wheel stage needs only bundle.json)."""
     stamp = json.loads((directory / STAMP_FILE).read_text())
-    info_file = directory / stamp["package"]["import_name"] / FILE_NAME
-    return _project(directory, stamp, read_build_info(info_file) if build_info else None)
-
-
-def _project(directory: Path, stamp: dict[str, Any], info: BuildInfo | None) -> BundleProject:
     package = Package(**stamp["package"])
-    parts = tuple(_load_part(directory, part) for part in stamp.get("parts", ()))
-    files = tuple(sorted(stamp["files"].items()))
-    requirements, targets = tuple(stamp["requirements"]), tuple(stamp["targets"])
+    info = read_build_info(directory / package.import_name / FILE_NAME) if build_info else None
     return BundleProject(
-        directory, package, files, info, parts, requirements=requirements, targets=targets
+        directory,
+        package,
+        tuple(sorted(stamp["files"].items())),
+        info,
+        tuple(_load_part(directory, part) for part in stamp.get("parts", ())),
+        requirements=tuple(stamp["requirements"]),
+        targets=tuple(stamp["targets"]),
     )
 
 
 def _load_part(directory: Path, part: dict) -> BundleProject:
+    files, target = tuple(sorted(part["files"].items())), part["target"]
     package = Package(**part["package"])
-    files = tuple(sorted(part["files"].items()))
-    target = part["target"]
-    root = directory / part["directory"]
-    return BundleProject(root, package, files, None, target=target, targets=(target,))
+    return BundleProject(
+        directory / part["directory"], package, files, None, target=target, targets=(target,)
+    )
 
 
 def _neff_home(manifest: Manifest, target: str) -> str:
-    """The import package a target's NEFFs live in."""
     package = manifest.package
     if target in split_targets(manifest):
         return target_package(package, target).import_name
@@ -373,7 +357,7 @@ def shipped_files(manifest: Manifest) -> list[str]:
 
 
 def _references(manifest: Manifest) -> list[SourceRef]:
-    return list(filter(None, map(attrgetter("reference"), manifest.kernels)))
+    return [kernel.reference for kernel in manifest.kernels if kernel.reference]
 
 
 def _shipped_sources(manifest: Manifest) -> list[SourceRef]:
@@ -388,22 +372,21 @@ def _modules(
     paths = {source.path: source for source in sources}
     if not paths:
         return {}
+    init = f'"""Shipped {subpackage.rpartition("/")[2]} modules."""\n'.encode()
+    files: dict[str, Content] = {f"{subpackage}/__init__.py": init}
     modules: dict[str, str] = {}
     for path, source in paths.items():
-        other = modules.setdefault(module_name(source), path)
+        name = module_name(source)
+        other = modules.setdefault(name, path)
         if other != path:
             raise BuildError(
                 f"files {other!r} and {path!r} would both become module "
-                f"{module_name(source)!r} in the bundle; rename one of them"
+                f"{name!r} in the bundle; rename one of them"
             )
-    name = subpackage.rpartition("/")[2]
-    init = f'"""Shipped {name} modules."""\n'.encode()
-    files: dict[str, Content] = {f"{subpackage}/__init__.py": init}
-    for source in paths.values():
-        code = _project_file(manifest.root, source.path)
+        code = _project_file(manifest.root, path)
         if alone:
-            importable_alone(manifest.root, source.path, code)
-        files[f"{subpackage}/{module_name(source)}.py"] = code
+            importable_alone(manifest.root, path, code)
+        files[f"{subpackage}/{name}.py"] = code
     return files
 
 

@@ -156,29 +156,25 @@ def _refuse_links(root: Path, names: Iterable[str]) -> None:
 
 
 def _staged(path: Path, content: Content) -> Path:
-    """`content` written at `path` (in the work dir): open() gives it the user's umask."""
+    """`content` written at `path` (in the work dir): open() gives it the user's umask.
+    A NEFF is copied (not hard-linked: one changed in place in its compile directory must
+    not change the tree behind its stamp), hashing the bytes copied: only the NEFF its
+    compile recorded passes."""
     if isinstance(content, bytes):
         path.write_bytes(content)
-    else:
-        _copy_checked(content, path)
-    return path
-
-
-def _copy_checked(copy: CompiledCopy, temp: Path) -> None:
-    """Copy a NEFF, hashing the bytes copied: only the NEFF its compile recorded passes.
-    A copy, not a hard link: a NEFF changed in place in its compile directory must not
-    change the tree behind its stamp."""
+        return path
     hashed = hashlib.sha256()
-    with open(copy.source, "rb") as source, open(temp, "wb") as target:
+    with open(content.source, "rb") as source, open(path, "wb") as target:
         while chunk := source.read(CHUNK):
             hashed.update(chunk)
             target.write(chunk)
-    if hashed.hexdigest() != copy.sha256:
+    if hashed.hexdigest() != content.sha256:
         raise BuildError(
-            f"{copy.source} changed after it was compiled (its sha256 differs from "
+            f"{content.source} changed after it was compiled (its sha256 differs from "
             "the compile record); run the build again to restore it",
-            unit=copy.unit,
+            unit=content.unit,
         )
+    return path
 
 
 def _remove_empty_dirs(root: Path, removed: list[str]) -> None:

@@ -27,7 +27,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from nkibuild import __version__
-from nkibuild.bundle import BundleProject
+from nkibuild.bundle import BundleProject, load_bundle
 from nkibuild.errors import BuildError, UsageError
 from nkibuild.fsutil import atomic_output
 from nkibuild.manifest.model import Package
@@ -57,22 +57,16 @@ def wheel_file_name(package: Package) -> str:
 def run(context: BuildContext) -> list[Path]:
     """The wheel stage of a build: the bundle's wheel in dist/, then one per target
     part when the bundle's NEFFs are split out."""
-    from nkibuild.bundle import load_bundle
-
     project = load_bundle(context.layout.bundle_dir(context.manifest), build_info=False)
     return [build_wheel(each, context.layout.dist_dir) for each in (project, *project.parts)]
 
 
 def build_wheel(project: BundleProject, dist_dir: Path) -> Path:
-    """Write the distribution's wheel into `dist_dir`, replacing any wheel of that name
-    only once the new one is complete and synced to disk."""
+    """Write the distribution's wheel into `dist_dir`."""
     dist_info, generated = dist_info_files(project)
     # A generator: one bundle file in memory at a time, however many NEFFs there are.
     members = itertools.chain(_bundle_members(project), _hashed(generated))
-    destination = dist_dir / wheel_file_name(project.package)
-    with atomic_output(destination) as tmp:
-        _write_zip(tmp, members, f"{dist_info}/RECORD")
-    return destination
+    return _write_wheel(dist_dir / wheel_file_name(project.package), members, dist_info)
 
 
 def build_editable_wheel(project: BundleProject, wheel_dir: Path) -> Path:
@@ -88,10 +82,7 @@ def build_editable_wheel(project: BundleProject, wheel_dir: Path) -> Path:
     finder, source, import_line = finder_module(project.package.import_name, directories)
     generated[finder] = source.encode()
     generated[f"__editable__.{dist_info.removesuffix('.dist-info')}.pth"] = import_line.encode()
-    destination = wheel_dir / wheel_file_name(project.package)
-    with atomic_output(destination) as tmp:
-        _write_zip(tmp, _hashed(generated), f"{dist_info}/RECORD")
-    return destination
+    return _write_wheel(wheel_dir / wheel_file_name(project.package), _hashed(generated), dist_info)
 
 
 # A member: its name, bytes and sha256 (hashed once: the check and RECORD share it).
@@ -109,7 +100,13 @@ def _bundle_members(project: BundleProject) -> Iterator[Member]:
     prefix = f"{project.package.import_name}/"
     for name, recorded in sorted(project.files):
         if name.startswith(prefix):
-            data = _bundle_file(project.directory, name)
+            try:
+                data = (project.directory / name).read_bytes()
+            except FileNotFoundError:
+                raise BuildError(
+                    f"{project.directory / name} was removed after the bundle was generated; "
+                    "build again to write it back"
+                ) from None
             digest = hashlib.sha256(data).digest()
             if digest.hex() != recorded:
                 raise BuildError(
@@ -120,27 +117,22 @@ def _bundle_members(project: BundleProject) -> Iterator[Member]:
             yield name, data, digest
 
 
-def _bundle_file(root: Path, name: str) -> bytes:
-    try:
-        return (root / name).read_bytes()
-    except FileNotFoundError:
-        raise BuildError(
-            f"{root / name} was removed after the bundle was generated; build again "
-            "to write it back"
-        ) from None
-
-
-def _write_zip(target: Path, members: Iterable[Member], record_name: str) -> None:
-    """The archive of `members` in the order given, then RECORD listing them all."""
+def _write_wheel(destination: Path, members: Iterable[Member], dist_info: str) -> Path:
+    """The wheel of `members` in the order given, then RECORD listing them all; it
+    replaces any file at `destination` only once complete and synced to disk."""
     date_time = time.gmtime(source_epoch())[:6]
     record = io.StringIO()
     rows = csv.writer(record, lineterminator="\n")
-    with zipfile.ZipFile(target, "w") as archive:
+    record_name = f"{dist_info}/RECORD"
+    with atomic_output(destination) as tmp, zipfile.ZipFile(tmp, "w") as archive:
         for name, data, digest in members:
             _add(archive, name, data, date_time)
-            rows.writerow([name, f"sha256={_record_hash(digest)}", len(data)])
+            # urlsafe base64 without padding (PEP 376/427)
+            encoded = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+            rows.writerow([name, f"sha256={encoded}", len(data)])
         rows.writerow([record_name, "", ""])
         _add(archive, record_name, record.getvalue().encode(), date_time)
+    return destination
 
 
 def _add(archive: zipfile.ZipFile, name: str, data: bytes, date_time: tuple[int, ...]) -> None:
@@ -151,11 +143,6 @@ def _add(archive: zipfile.ZipFile, name: str, data: bytes, date_time: tuple[int,
         archive.writestr(info, data, zipfile.ZIP_STORED)
     else:
         archive.writestr(info, data, zipfile.ZIP_DEFLATED, DEFLATE_LEVEL)
-
-
-def _record_hash(digest: bytes) -> str:
-    """A sha256 as RECORD writes it: urlsafe base64 without padding (PEP 376/427)."""
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def source_epoch() -> int:
@@ -190,10 +177,16 @@ def dist_info_files(
     dist_info = wheel_file_name(package).rsplit("-", 3)[0] + ".dist-info"
     generated = {
         f"{dist_info}/METADATA": metadata(project).encode(),
-        f"{dist_info}/WHEEL": _wheel_file().encode(),
+        f"{dist_info}/WHEEL": (
+            f"Wheel-Version: 1.0\nGenerator: nkibuild {__version__}\n"
+            f"Root-Is-Purelib: true\nTag: {TAG}\n"
+        ).encode(),
     }
     if project.target is None:  # tools discover bundles, not their NEFF parts
-        generated[f"{dist_info}/entry_points.txt"] = _entry_points(package.import_name).encode()
+        name = package.import_name
+        generated[f"{dist_info}/entry_points.txt"] = (
+            f"[{ENTRY_POINT_GROUP}]\n{name} = {name}\n".encode()
+        )
     return dist_info, generated
 
 
@@ -218,13 +211,11 @@ def metadata(project: BundleProject) -> str:
         *(f"Requires-Dist: {requirement}" for requirement in project.requirements),
     ]
     for part in project.parts:
-        target = part.target
         pin = f"{part.package.name}=={Version(part.package.version)}"
-        lines += [
-            f'Requires-Dist: {pin}; extra == "{target}"',
-            f'Requires-Dist: {pin}; extra == "all"',
-        ]
-    lines += [f"Provides-Extra: {extra}" for extra in _extras(project)]
+        lines += [f'Requires-Dist: {pin}; extra == "{extra}"' for extra in (part.target, "all")]
+    if project.parts:
+        extras = (*(part.target for part in project.parts), "all")
+        lines += [f"Provides-Extra: {extra}" for extra in extras]
     if package.neuron_sdk:
         lines.append(f"Requires-External: neuron-sdk ({specifier(package.neuron_sdk)})")
     targets = project.targets
@@ -233,11 +224,6 @@ def metadata(project: BundleProject) -> str:
         f"Platform: {', '.join(targets)}",
     ]
     return "\n".join(lines) + "\n"
-
-
-def _extras(project: BundleProject) -> list[str]:
-    targets = [part.target for part in project.parts if part.target]
-    return [*targets, "all"] if targets else []
 
 
 def _one_line(text: str) -> str:
@@ -256,16 +242,3 @@ def specifier(text: str) -> str:
         return str(SpecifierSet(text))
     except InvalidSpecifier:
         return _one_line(text)
-
-
-def _wheel_file() -> str:
-    return (
-        "Wheel-Version: 1.0\n"
-        f"Generator: nkibuild {__version__}\n"
-        "Root-Is-Purelib: true\n"
-        f"Tag: {TAG}\n"
-    )
-
-
-def _entry_points(import_name: str) -> str:
-    return f"[{ENTRY_POINT_GROUP}]\n{import_name} = {import_name}\n"

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from nkibuild.context import BuildContext
 
 __all__ = ["DEP_FILE", "NkibuildLoader", "doit_config", "doit_main", "to_tasks"]
-DEFAULT_TASKS = ["wheel"]
 
 
 def doit_config(state_dir: Path) -> dict[str, Any]:
@@ -34,7 +33,7 @@ def doit_config(state_dir: Path) -> dict[str, Any]:
     return {
         "dep_file": str(state_dir / DEP_FILE),
         "backend": BACKEND_NAME,
-        "default_tasks": DEFAULT_TASKS,
+        "default_tasks": ["wheel"],
     }
 
 
@@ -54,7 +53,7 @@ def to_tasks(dicts: list[dict[str, Any]], command_names: list[str]) -> list[Task
 
 
 class NkibuildLoader(TaskLoader2):
-    """Loads nkibuild.yaml from the current dir (or --manifest), or takes a ready context."""
+    """Loads nkibuild.yaml from the current dir (or --manifest), or takes ready task dicts."""
 
     cmd_options = (
         {"name": "nkibuild_manifest", "long": "manifest", "type": str, "default": "nkibuild.yaml",
@@ -65,18 +64,15 @@ class NkibuildLoader(TaskLoader2):
     )  # fmt: skip
 
     def __init__(
-        self,
-        context: BuildContext | None = None,
-        extra_config: dict[str, Any] | None = None,
-        tasks: list[dict[str, Any]] | None = None,
+        self, extra_config: dict[str, Any] | None = None, tasks: list[dict[str, Any]] | None = None
     ) -> None:
         super().__init__()
-        self.context = context
+        self.context: BuildContext | None = None
         self.extra_config = extra_config or {}
-        self.tasks = tasks  # task dicts the caller already built from `context`
+        self.tasks = tasks
 
     def setup(self, opt_values: dict[str, Any]) -> None:
-        if self.context is not None or self.tasks is not None:
+        if self.tasks is not None:
             return
         from nkibuild.context import load_context
         from nkibuild.settings import BuildOptions
@@ -97,12 +93,12 @@ class NkibuildLoader(TaskLoader2):
         return {**base, **self.extra_config}
 
     def load_tasks(self, cmd: Any, pos_args: list[str]) -> list[Task]:
-        if self.tasks is not None:
-            return to_tasks(self.tasks, self.cmd_names)
-        from nkibuild.graph.tasks import task_dicts
+        if self.tasks is None:
+            from nkibuild.graph.tasks import task_dicts
 
-        assert self.context is not None
-        return to_tasks(task_dicts(self.context), self.cmd_names)
+            assert self.context is not None
+            self.tasks = task_dicts(self.context)
+        return to_tasks(self.tasks, self.cmd_names)
 
 
 def doit_main(loader: NkibuildLoader) -> DoitMain:

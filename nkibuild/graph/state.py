@@ -2,9 +2,8 @@
 
 doit's own `json` backend rewrites its file in place (a build killed mid-write leaves
 a truncated file that fails every later run until it is deleted). This one keeps the
-same layout, one JSON object of task id -> entry, and implements doit's backend
-interface (`get`, `set`, `in_`, `remove`, `remove_all`, `dump`; see
-`doit.dependency.JsonDB`) with two differences:
+same layout, one JSON object of task id -> entry, and doit's backend interface (see
+`doit.dependency.JsonDB`), with two differences:
 
 - `dump` writes a temp file and renames it over the state file, and only when
   something changed (a no-op build writes nothing);

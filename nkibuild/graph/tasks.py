@@ -14,7 +14,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from nkibuild import __version__
+from nkibuild import __version__, bundle
+from nkibuild.bundle import wheel
+from nkibuild.bundle.provenance import material_files
 from nkibuild.compiler.record import COMPILE_OUTPUTS, NEFF_FILE, RESULT_FILE
 from nkibuild.context import BuildContext
 from nkibuild.errors import NkibuildError, storage_error
@@ -26,7 +28,6 @@ from nkibuild.graph.intact import (
     outputs_checked,
     outputs_record,
 )
-from nkibuild.manifest.model import Manifest
 from nkibuild.plan import BuildUnit, ExtractSpec, extract_specs
 from nkibuild.settings import BuildOptions
 from nkibuild.toolchain.worker_pool import user_variables
@@ -42,16 +43,12 @@ def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
         from nkibuild.verify.task import source_files, verify_task  # not for other builds
 
         verify = _inputs_as_read(verify_task(context), source_files(context.manifest))
-    from nkibuild.bundle import generator_digest
-
-    passed_env = user_variables()  # the environment is read once per build
-    generator = generator_digest()  # the bundle's and the wheel's writer: read once
     return [
-        *(_extract_task(context, spec, passed_env) for spec in extract_specs(context.units)),
+        *(_extract_task(context, spec) for spec in extract_specs(context.units)),
         *(_compile_task(context, unit) for unit in context.units),
-        _bundle_task(context, generator),
+        _bundle_task(context),
         *([verify] if verify else []),
-        _wheel_task(context, generator),
+        _wheel_task(context),
     ]
 
 
@@ -81,10 +78,6 @@ def doit_tasks(
     yield from task_dicts(context)
 
 
-def _path(path: Path | str) -> str:
-    return os.path.abspath(path)
-
-
 def _guarded(action: Callable[..., Any]) -> Callable[..., Any]:
     """Report nkibuild's own errors, and files the machine refused (disk full, read-only),
     as clean task failures; let real bugs keep their traceback."""
@@ -106,20 +99,14 @@ def _guarded(action: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _frontend_versions(context: BuildContext, frontend: str) -> dict[str, str]:
+def extract_config(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
+    """Everything besides files that decides an extraction's output (its doit `uptodate`)."""
+    from nkibuild.frontends import frontend_versions
+
+    # Kept in the context: the graph snapshot records the versions the build used.
     versions = context.frontend_versions
-    if frontend not in versions:
-        from nkibuild.frontends import frontend_versions
-
-        versions[frontend] = frontend_versions(frontend)
-    return versions[frontend]
-
-
-def extract_config(
-    context: BuildContext, spec: ExtractSpec, passed_env: dict[str, str | None] | None = None
-) -> dict[str, Any]:
-    """Everything besides files that decides an extraction's output (its doit `uptodate`);
-    `passed_env`: `user_variables()`, if the caller read them already."""
+    if spec.frontend not in versions:
+        versions[spec.frontend] = frontend_versions(spec.frontend)
     # Source positions are left out on purpose: moving a kernel within the
     # manifest must not re-extract it.
     return {
@@ -129,9 +116,9 @@ def extract_config(
         "constants": [[name, value] for name, value in spec.constants],
         "target": spec.target,
         "lnc": spec.lnc,
-        "versions": _frontend_versions(context, spec.frontend),
+        "versions": versions[spec.frontend],
         "toolchain": context.toolchain.name,  # the double's frontends trace differently
-        "passed_env": user_variables() if passed_env is None else passed_env,
+        "passed_env": user_variables(),
         "nkibuild": __version__,
     }
 
@@ -139,8 +126,7 @@ def extract_config(
 def extract_files(context: BuildContext, spec: ExtractSpec) -> list[str]:
     """The files an extraction reads (its doit `file_dep`), as absolute paths."""
     root = context.manifest.root
-    # os.path, not pathlib: once per kernel of a no-op build; abspath normalises either.
-    return [_path(os.path.join(root, spec.source.path)), *expand_deps(root, spec.deps)]
+    return [os.path.abspath(root / spec.source.path), *expand_deps(root, spec.deps)]
 
 
 def expand_deps(root: Path, patterns: Sequence[str]) -> list[str]:
@@ -150,7 +136,7 @@ def expand_deps(root: Path, patterns: Sequence[str]) -> list[str]:
     outside it through a symlink is refused, a symlink loop is not followed."""
     from nkibuild.confine import glob_files
 
-    found = {_path(match) for pattern in patterns for match in glob_files(root, pattern)}
+    found = {os.path.abspath(match) for pattern in patterns for match in glob_files(root, pattern)}
     return sorted(found)
 
 
@@ -166,12 +152,10 @@ def run_extract(
     return {"content_hash": artifact.content_hash}
 
 
-def _extract_task(
-    context: BuildContext, spec: ExtractSpec, passed_env: dict[str, str | None]
-) -> dict[str, Any]:
+def _extract_task(context: BuildContext, spec: ExtractSpec) -> dict[str, Any]:
     out_dir = context.layout.extract_path(spec)
-    config, files = extract_config(context, spec, passed_env), extract_files(context, spec)
-    targets = [f"{out_dir}/{name}" for name in ARTIFACT_FILES]  # see Layout.extract_path
+    config, files = extract_config(context, spec), extract_files(context, spec)
+    targets = [f"{out_dir}/{name}" for name in ARTIFACT_FILES]
     record, intact = outputs_checked(targets, [f"{out_dir}/{SIDECAR_DIR}"])
     name = f"{EXTRACT_TASK}:{spec.name}"
     extract, as_read = inputs_checked(run_extract, (context, spec, config, files), files, name)
@@ -214,7 +198,6 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
         "compiler_version": toolchain.compiler_version,
         "neuron_cc_flags": toolchain.neuron_cc_flags,
     }
-    # Plain joins: the layout's paths are absolute and normalised, the names plain.
     targets = [f"{out_dir}/{name}" for name in COMPILE_OUTPUTS]
     return {
         "basename": "compile",
@@ -230,70 +213,58 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
 
 @_guarded
 def run_bundle(context: BuildContext) -> dict[str, Any]:
-    from nkibuild import bundle
-
     # The stage knows each file's sha256 as it writes it (a NEFF's from its compile
     # record): the outputs record takes them instead of hashing the tree again.
     written = bundle.run(context)
-    root = _path(written.directory)
-    return outputs_record({os.path.join(root, name): sha for name, sha in written.sha256.items()})
+    root = os.path.abspath(context.layout.bundle_dir(context.manifest))
+    return outputs_record({os.path.join(root, name): sha for name, sha in written.items()})
 
 
-def _bundle_config(manifest: Manifest, generator: str) -> dict[str, Any]:
-    return {
-        "package": vars(manifest.package),
-        "kernels": [kernel.config() for kernel in manifest.kernels],
-        "nkibuild": __version__,
-        "generator": generator,
-    }
-
-
-def _bundle_task(context: BuildContext, generator: str) -> dict[str, Any]:
-    from nkibuild.bundle import STAMP_FILE
-
+def _bundle_task(context: BuildContext) -> dict[str, Any]:
     manifest = context.manifest
     # The compile records, not the NEFFs: the bundle takes a NEFF as its record's sha256
     # names it (and copies only what its tree lacks), so a NEFF changed behind its record
     # reruns its compile (the outputs check), which the bundle then follows. Half the
     # dependencies doit checks and records when the bundle runs.
     compiled = [f"{context.layout.compile_path(unit)}/{RESULT_FILE}" for unit in context.units]
-    from nkibuild.bundle.provenance import material_files
-
     # What the bundle ships (references, nki/nkipy sources) is among its materials, whose
     # digests it records (its provenance summary).
-    shipped = [_path(path) for path in (manifest.path, *material_files(manifest))]
-    bundle_dir = _path(context.layout.bundle_dir(manifest))
+    shipped = [os.path.abspath(path) for path in (manifest.path, *material_files(manifest))]
+    bundle_dir = os.path.abspath(context.layout.bundle_dir(manifest))
     intact = OutputsIntact((), [bundle_dir])
     # The project's files, read while it runs; the compile records are nkibuild's own.
     run, as_read = inputs_checked(run_bundle, (context,), shipped, BUNDLE_TASK)
+    config = {
+        "package": vars(manifest.package),
+        "kernels": [kernel.config() for kernel in manifest.kernels],
+        "nkibuild": __version__,
+        "generator": bundle.generator_digest(),
+    }
     return {
         "basename": BUNDLE_TASK,
         "doc": f"generate the {manifest.package.name} package with its loaders",
         "actions": [run],
         "file_dep": [*compiled, *shipped],
-        "targets": [os.path.join(bundle_dir, STAMP_FILE)],
-        "uptodate": [ConfigChanged(_bundle_config(manifest, generator)), intact, as_read],
+        "targets": [os.path.join(bundle_dir, bundle.STAMP_FILE)],
+        "uptodate": [ConfigChanged(config), intact, as_read],
         "clean": True,
     }
 
 
 @_guarded
 def run_wheel(context: BuildContext) -> dict[str, Any]:
-    from nkibuild.bundle import wheel
-
     return {"wheels": [str(path) for path in wheel.run(context)]}
 
 
-def _wheel_task(context: BuildContext, generator: str) -> dict[str, Any]:
-    from nkibuild.bundle import STAMP_FILE, distributions
-    from nkibuild.bundle.wheel import wheel_file_name
-
+def _wheel_task(context: BuildContext) -> dict[str, Any]:
     manifest = context.manifest
     bundle_dir = context.layout.bundle_dir(manifest)
-    packages = distributions(manifest)
     dist_dir = context.layout.dist_dir
-    wheels = [_path(dist_dir / wheel_file_name(p)) for p in packages]
+    wheels = [
+        os.path.abspath(dist_dir / wheel.wheel_file_name(p)) for p in bundle.distributions(manifest)
+    ]
     record, intact = outputs_checked(wheels)
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     checked: list[str] = []
     if manifest.verify:  # a failed verify withholds the wheel, also under --keep-going
         from nkibuild.verify.task import verify_outputs
@@ -303,18 +274,13 @@ def _wheel_task(context: BuildContext, generator: str) -> dict[str, Any]:
         "basename": "wheel",
         "doc": f"pack {manifest.package.name} into a wheel in {dist_dir}",
         "actions": [(run_wheel, (context,)), record],
-        "file_dep": [_path(bundle_dir / STAMP_FILE), *checked],
+        "file_dep": [os.path.abspath(bundle_dir / bundle.STAMP_FILE), *checked],
         "targets": wheels,
         # The members' timestamp: a new SOURCE_DATE_EPOCH writes the wheel again (and a
         # bad one fails it, naming the variable, as when it runs for another reason);
         # so does another wheel writer, whose bytes may differ for the same bundle.
         "uptodate": [
-            ConfigChanged(
-                {
-                    "source_date_epoch": os.environ.get("SOURCE_DATE_EPOCH", "").strip(),
-                    "writer": generator,
-                }
-            ),
+            ConfigChanged({"source_date_epoch": epoch, "writer": bundle.generator_digest()}),
             intact,
         ],
         "clean": True,
