@@ -105,14 +105,6 @@ def _outside(
     return f"is outside the project (allowed: {shown})"
 
 
-def checked_file(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike[str]]) -> Path:
-    """`path` if it may be read as a project file; OutsideProject saying why not."""
-    problem = file_problem(path, roots)
-    if problem is not None:
-        raise OutsideProject(path, problem.reason)
-    return Path(path)
-
-
 def read_confined(
     path: str | os.PathLike[str],
     roots: Sequence[str | os.PathLike[str]],
@@ -121,7 +113,9 @@ def read_confined(
     """The bytes of a regular file inside `roots`. The file is opened at its resolved
     path without following a symlink there, and checked again through the open
     descriptor, so one swapped in after the check is not read either."""
-    checked_file(path, roots)
+    problem = file_problem(path, roots)
+    if problem is not None:
+        raise OutsideProject(path, problem.reason)
     try:
         return read_regular(os.path.realpath(path), max_bytes, follow=False)
     except UnreadableFile as error:

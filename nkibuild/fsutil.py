@@ -88,10 +88,6 @@ def new_file_mode() -> int:
     return 0o666 & ~process_umask()
 
 
-def new_dir_mode() -> int:
-    return 0o777 & ~process_umask()
-
-
 @contextlib.contextmanager
 def atomic_output(path: Path, *, durable: bool = True) -> Iterator[Path]:
     """Yield a temp path beside `path`; rename it over `path` only if the block succeeds.

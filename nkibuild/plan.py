@@ -156,16 +156,13 @@ def _kernel_units(manifest: Manifest, kernel: Kernel) -> Iterable[BuildUnit]:
     targets = kernel.targets or manifest.default_targets
     # Later layers win wherever they set a value.
     layered = kernel.settings.over(manifest.defaults)
-    settings = {target: _override(kernel, target).over(layered) for target in targets}
+    overrides = dict(kernel.overrides)
+    settings = {t: overrides.get(t, CompileSettings()).over(layered) for t in targets}
     # Units that share an extraction share its object: the plan cache pickles it once.
     extracts: dict[ExtractSpec, ExtractSpec] = {}
     for variant in kernel.variants:
         for target in targets:
             yield _unit(kernel, variant, target, settings[target], extracts)
-
-
-def _override(kernel: Kernel, target: str) -> CompileSettings:
-    return dict(kernel.overrides).get(target, CompileSettings())
 
 
 def _unit(

@@ -9,15 +9,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nkibuild.errors import UsageError
+
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext, Layout
+    from nkibuild.graph.report import BuildSummary
     from nkibuild.graph.snapshot import Graph
     from nkibuild.manifest.model import Manifest
     from nkibuild.plan import BuildUnit
     from nkibuild.release import ReleaseResult
     from nkibuild.session import BuildSession
     from nkibuild.settings import BuildOptions
-    from nkibuild.toolchain import Toolchain
     from nkibuild.verify import BundleUnderTest, Check
 
 EXIT_OK, EXIT_BUILD_FAILED = 0, 1
@@ -105,8 +107,7 @@ def build(args: argparse.Namespace) -> int:
             summary = run_graph(graph, layout, session, options, record.display)
     finally:  # an interrupted build leaves no heartbeat thread or live display behind
         display.close()
-    for failure in summary.failures:
-        print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
+    _print_failures(summary)
     for error in summary.runtime_errors:
         print(error.rstrip(), file=sys.stderr)
     if args.json_summary:
@@ -130,6 +131,7 @@ def verify(args: argparse.Namespace) -> int:
     """Exit 0 when every check passed, 1 otherwise."""
     import tempfile
 
+    from nkibuild.toolchain import resolve_toolchain
     from nkibuild.verify import bundle_of_wheel
     from nkibuild.verify import verify as run_checks
 
@@ -141,13 +143,18 @@ def verify(args: argparse.Namespace) -> int:
             if bundle is None:
                 return EXIT_BUILD_FAILED
         bundle = _with_baseline(args, bundle)
-        double = _toolchain_double() if args.with_double else None
+        double = resolve_toolchain("fake") if args.with_double else None
         checks = run_checks(bundle, args.mode, double=double, update_baseline=args.update_baseline)
     if args.json:
         print(json.dumps([c.to_json() for c in checks], indent=2))
     else:
         _print_checks(checks, bundle.baseline)
     return EXIT_OK if all(c.ok for c in checks) else EXIT_BUILD_FAILED
+
+
+def _print_failures(summary: BuildSummary) -> None:
+    for failure in summary.failures:
+        print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
 
 
 def _with_baseline(args: argparse.Namespace, bundle: BundleUnderTest) -> BundleUnderTest:
@@ -168,13 +175,6 @@ def _with_baseline(args: argparse.Namespace, bundle: BundleUnderTest) -> BundleU
     return replace(bundle, baseline=baseline)
 
 
-def _toolchain_double() -> Toolchain:
-    """The toolchain double, resolved as a build resolves it (`--toolchain fake`)."""
-    from nkibuild.toolchain import resolve_toolchain
-
-    return resolve_toolchain("fake")
-
-
 def _built_bundle(args: argparse.Namespace) -> BundleUnderTest | None:
     """Bring the project's bundle up to date (an incremental build up to `bundle`)."""
     from nkibuild.cli.display import PlainDisplay
@@ -188,8 +188,7 @@ def _built_bundle(args: argparse.Namespace) -> BundleUnderTest | None:
         summary = run_build(context, RunOptions(selection=("bundle",)), display)
     finally:
         display.close()
-    for failure in summary.failures:
-        print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
+    _print_failures(summary)
     if not summary.ok:
         return None
     layout = context.layout
@@ -257,8 +256,7 @@ def release(args: argparse.Namespace) -> int:
         display.close()
     for notice in result.notices:
         print(f"warning: {notice}", file=sys.stderr)
-    for failure in result.summary.failures:
-        print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
+    _print_failures(result.summary)
     if options.shard:
         code = _shard_done(result, options.shard, args.json)
         return EXIT_BUILD_FAILED if record.report_failed else code
@@ -379,7 +377,6 @@ def _cache_action(args: argparse.Namespace) -> tuple[int, tuple[int, int]]:
     """Run the cache action; its exit code and the local cache's (entries, bytes) after it."""
     from nkibuild.cache import UNFINISHED_AFTER_S, LocalCache
     from nkibuild.cache.trust import trust_from_environment
-    from nkibuild.errors import UsageError
     from nkibuild.quantities import format_size, parse_size
     from nkibuild.settings import default_cache_dir
 
@@ -503,7 +500,6 @@ def _checked_plan(args: argparse.Namespace) -> tuple[Manifest, tuple[BuildUnit, 
 
 def _require_manifest(args: argparse.Namespace) -> None:
     """A missing manifest usually means "not in a project": say so and how to get into one."""
-    from nkibuild.errors import UsageError
 
     manifest = Path(args.manifest)
     if manifest.exists():

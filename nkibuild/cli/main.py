@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from nkibuild import __version__
 from nkibuild.errors import NkibuildError, UsageError, storage_error
-from nkibuild.quantities import parse_duration, parse_size
+from nkibuild.quantities import parse_duration, parse_retries, parse_size
 
 T = TypeVar("T")
 
@@ -310,15 +310,9 @@ def _checked(parse: Callable[[str], T]) -> Callable[[str], T]:
     return convert
 
 
-def _parse_retries(text: str) -> int:
-    from nkibuild.settings import parse_retries  # the manifest model: not for --help
-
-    return parse_retries(text)
-
-
 _size = _checked(parse_size)
 _duration = _checked(parse_duration)
-_retries = _checked(_parse_retries)
+_retries = _checked(parse_retries)
 
 
 def _days(text: str) -> float:
