@@ -81,7 +81,6 @@ def file_problem(
 def confined_stats(
     paths: Sequence[str | os.PathLike[str]], roots: Sequence[str | os.PathLike[str]]
 ) -> list[os.stat_result] | None:
-    """The stat of each of `paths` if every one passes `file_problem`, else None."""
     stats = []
     for path in paths:
         if file_problem(path, roots) is not None:
@@ -199,21 +198,15 @@ def _walk(
     directory: str, parts: list[str], real_root: str, chain: frozenset[str], found: set[str]
 ) -> None:
     head, rest = parts[0], parts[1:]
-    if head == "**":
-        if rest:
-            _walk(directory, rest, real_root, chain, found)  # `**` as zero directories
-        for name in _names(directory, "*"):
-            path = os.path.join(directory, name)
-            if not rest:
-                _take(path, real_root, found)
-            _enter(path, parts, real_root, chain, found)
-        return
-    for name in _names(directory, head):
+    any_depth = head == "**"
+    if any_depth and rest:
+        _walk(directory, rest, real_root, chain, found)  # `**` as zero directories
+    for name in _names(directory, "*" if any_depth else head):
         path = os.path.join(directory, name)
-        if rest:
-            _enter(path, rest, real_root, chain, found)
-        else:
+        if not rest:
             _take(path, real_root, found)
+        if any_depth or rest:  # `**` goes on below, with itself still first
+            _enter(path, parts if any_depth else rest, real_root, chain, found)
 
 
 def _names(directory: str, part: str) -> list[str]:

@@ -132,10 +132,6 @@ class CacheConfig:
     remote_url: str | None
     read_only: bool
 
-    @property
-    def enabled(self) -> bool:
-        return self.local_dir is not None or self.remote_url is not None
-
 
 NO_CACHE = CacheConfig(None, None, read_only=True)
 
@@ -178,7 +174,7 @@ def resolve_settings(
         executor=options.executor,
         ray_address=options.ray_address,
     )
-    if settings.executor == "ray" and (not settings.cache.enabled or settings.cache.read_only):
+    if settings.executor == "ray" and settings.cache.read_only:  # so is NO_CACHE
         raise UsageError("--executor ray needs a writable NEFF cache: results travel through it")
     return settings
 

@@ -128,7 +128,6 @@ def explain(args: argparse.Namespace) -> int:
 
 
 def verify(args: argparse.Namespace) -> int:
-    """Exit 0 when every check passed, 1 otherwise."""
     import tempfile
 
     from nkibuild.toolchain import resolve_toolchain
@@ -275,7 +274,6 @@ def release(args: argparse.Namespace) -> int:
 
 
 def verify_provenance(args: argparse.Namespace) -> int:
-    """Exit 0 when every wheel is one the statement vouches for, 1 otherwise."""
     from nkibuild.verify.provenance import check_wheel, statement_for
 
     checks = [check_wheel(wheel, args.statement or statement_for(wheel)) for wheel in args.wheels]
