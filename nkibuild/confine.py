@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
+import glob
 import os
 import stat
 from collections.abc import Iterator, Sequence
@@ -211,9 +213,6 @@ def _walk(
 
 def _names(directory: str, part: str) -> list[str]:
     """Entries of `directory` that one pattern segment matches (glob's rules)."""
-    import fnmatch
-    import glob
-
     if not glob.has_magic(part):
         return [part] if os.path.lexists(os.path.join(directory, part)) else []
     try:

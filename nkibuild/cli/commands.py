@@ -5,11 +5,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nkibuild.errors import UsageError
+from nkibuild.quantities import format_size
+from nkibuild.text import printable
 
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext, Layout
@@ -32,8 +37,6 @@ def _context(
     """The project's context (in `session`, if given); `reads_state`: for a command that
     reads the build dir's state, which then defaults to the options its last build used
     (its toolchain)."""
-    from dataclasses import replace
-
     from nkibuild.context import load_context
     from nkibuild.graph.run import recorded_options
 
@@ -161,8 +164,6 @@ def _with_baseline(args: argparse.Namespace, bundle: BundleUnderTest) -> BundleU
 
     Never next to a wheel: that is often a release folder, whose contents SHA256SUMS lists.
     """
-    from dataclasses import replace
-
     wheel_record = f"{args.wheel.name}.verify.json" if args.wheel is not None else None
     if args.out is not None:
         baseline = args.out / (wheel_record or bundle.baseline.name)
@@ -375,7 +376,6 @@ def _cache_action(args: argparse.Namespace) -> tuple[int, tuple[int, int]]:
     """Run the cache action; its exit code and the local cache's (entries, bytes) after it."""
     from nkibuild.cache import UNFINISHED_AFTER_S, LocalCache
     from nkibuild.cache.trust import trust_from_environment
-    from nkibuild.quantities import format_size, parse_size
     from nkibuild.settings import default_cache_dir
 
     store = LocalCache(args.cache_dir or default_cache_dir(), trust=trust_from_environment())
@@ -391,12 +391,8 @@ def _cache_action(args: argparse.Namespace) -> tuple[int, tuple[int, int]]:
     elif args.action == "clear":
         removed = store.clear()
     elif args.action == "prune":
-        try:
-            max_bytes = parse_size(args.max_size) if args.max_size is not None else None
-        except ValueError as error:
-            raise UsageError(f"--max-size: {error}") from None
         max_age = args.max_age * 86400 if args.max_age is not None else None
-        removed = store.prune(max_bytes=max_bytes, max_age_s=max_age)
+        removed = store.prune(max_bytes=args.max_size, max_age_s=max_age)
     if removed:
         print(f"removed {len(removed)} entries ({format_size(sum(e.size for e in removed))})")
     if args.action in ("verify", "prune", "clear"):
@@ -430,7 +426,6 @@ def inspect(args: argparse.Namespace) -> int:
         if info.placeholder
         else "compiled"
     )
-    from nkibuild.text import printable
 
     def _dims(shape: tuple[int, ...]) -> str:
         return ",".join(map(str, shape))
@@ -471,9 +466,6 @@ def init(args: argparse.Namespace) -> int:
 
 def _cd_into(directory: Path, invoked_in: Path) -> str:
     """`cd DIR && ` to get from where the user ran nkibuild (before -C) into `directory`."""
-    import os
-    import shlex
-
     target = directory.resolve()
     if target == invoked_in.resolve():
         return ""

@@ -243,7 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--remote-cache", metavar="URL",
         help="stats: also count the entries and bytes of this remote cache (lists its prefix)",
     )  # fmt: skip
-    cache.add_argument("--max-size", help="prune: keep at most this much, e.g. 20G, 500M")
+    cache.add_argument(
+        "--max-size", type=_size, help="prune: keep at most this much, e.g. 20G, 500M"
+    )
     cache.add_argument(
         "--max-age", type=_days, metavar="DAYS", help="prune: drop entries unused this long"
     )
