@@ -244,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="stats: also count the entries and bytes of this remote cache (lists its prefix)",
     )  # fmt: skip
     cache.add_argument(
-        "--max-size", type=_size, help="prune: keep at most this much, e.g. 20G, 500M"
-    )
+        "--max-size", type=_size, metavar="SIZE",
+        help="prune: keep at most this much, e.g. 20G, 500M",
+    )  # fmt: skip
     cache.add_argument(
         "--max-age", type=_days, metavar="DAYS", help="prune: drop entries unused this long"
     )
