@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from nkibuild import __version__
+from nkibuild.confine import UnreadableFile
 from nkibuild.errors import NkibuildError, UsageError, storage_error
 from nkibuild.quantities import parse_duration, parse_retries, parse_size
 
@@ -56,12 +57,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return error.exit_code
     except BrokenPipeError:
         return _output_closed()
+    except UnreadableFile as error:  # a FIFO, a device, an oversize file
+        print(UsageError(f"cannot read {error}").render(), file=sys.stderr)
+        return UsageError.exit_code
     except OSError as error:
-        from nkibuild.confine import UnreadableFile
-
-        if isinstance(error, UnreadableFile):  # a FIFO, a device, an oversize file
-            print(UsageError(f"cannot read {error}").render(), file=sys.stderr)
-            return UsageError.exit_code
         refused = storage_error(error)
         if refused is None:
             raise
