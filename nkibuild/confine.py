@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
+import glob
 import os
 import stat
 from collections.abc import Iterator, Sequence
@@ -81,7 +83,6 @@ def file_problem(
 def confined_stats(
     paths: Sequence[str | os.PathLike[str]], roots: Sequence[str | os.PathLike[str]]
 ) -> list[os.stat_result] | None:
-    """The stat of each of `paths` if every one passes `file_problem`, else None."""
     stats = []
     for path in paths:
         if file_problem(path, roots) is not None:
@@ -105,14 +106,6 @@ def _outside(
     return f"is outside the project (allowed: {shown})"
 
 
-def checked_file(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike[str]]) -> Path:
-    """`path` if it may be read as a project file; OutsideProject saying why not."""
-    problem = file_problem(path, roots)
-    if problem is not None:
-        raise OutsideProject(path, problem.reason)
-    return Path(path)
-
-
 def read_confined(
     path: str | os.PathLike[str],
     roots: Sequence[str | os.PathLike[str]],
@@ -121,7 +114,9 @@ def read_confined(
     """The bytes of a regular file inside `roots`. The file is opened at its resolved
     path without following a symlink there, and checked again through the open
     descriptor, so one swapped in after the check is not read either."""
-    checked_file(path, roots)
+    problem = file_problem(path, roots)
+    if problem is not None:
+        raise OutsideProject(path, problem.reason)
     try:
         return read_regular(os.path.realpath(path), max_bytes, follow=False)
     except UnreadableFile as error:
@@ -205,28 +200,19 @@ def _walk(
     directory: str, parts: list[str], real_root: str, chain: frozenset[str], found: set[str]
 ) -> None:
     head, rest = parts[0], parts[1:]
-    if head == "**":
-        if rest:
-            _walk(directory, rest, real_root, chain, found)  # `**` as zero directories
-        for name in _names(directory, "*"):
-            path = os.path.join(directory, name)
-            if not rest:
-                _take(path, real_root, found)
-            _enter(path, parts, real_root, chain, found)
-        return
-    for name in _names(directory, head):
+    any_depth = head == "**"
+    if any_depth and rest:
+        _walk(directory, rest, real_root, chain, found)  # `**` as zero directories
+    for name in _names(directory, "*" if any_depth else head):
         path = os.path.join(directory, name)
-        if rest:
-            _enter(path, rest, real_root, chain, found)
-        else:
+        if not rest:
             _take(path, real_root, found)
+        if any_depth or rest:  # `**` goes on below, with itself still first
+            _enter(path, parts if any_depth else rest, real_root, chain, found)
 
 
 def _names(directory: str, part: str) -> list[str]:
     """Entries of `directory` that one pattern segment matches (glob's rules)."""
-    import fnmatch
-    import glob
-
     if not glob.has_magic(part):
         return [part] if os.path.lexists(os.path.join(directory, part)) else []
     try:

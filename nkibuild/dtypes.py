@@ -69,10 +69,7 @@ def compatible_in_neff(declared: str, stored: str) -> bool:
 # well write: each is answered with a "did you mean" naming the manifest's spelling.
 OTHER_SPELLINGS: dict[str, str] = {
     "pred": "bool",
-    **{f"{prefix}8": "int8" for prefix in ("i", "s")},
-    **{f"{prefix}16": "int16" for prefix in ("i", "s")},
-    **{f"{prefix}32": "int32" for prefix in ("i", "s")},
-    **{f"{prefix}64": "int64" for prefix in ("i", "s")},
+    **{f"{prefix}{bits}": f"int{bits}" for prefix in ("i", "s") for bits in (8, 16, 32, 64)},
     "int": "int32",
     "long": "int64",
     **{f"u{bits}": f"uint{bits}" for bits in (8, 16, 32, 64)},

@@ -7,6 +7,8 @@ readable output and an exit code.
 from __future__ import annotations
 
 import errno
+import shlex
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -110,8 +112,6 @@ class BuildError(NkibuildError):
         super().__init__(self.render())
 
     def render(self) -> str:
-        import shlex
-
         message = printable_lines(self.message)
         lines = [f"{self.unit}: {message}" if self.unit else message]
         if self.command:
@@ -172,8 +172,6 @@ def describe_returncode(returncode: int) -> str:
     """Say what a subprocess return code means, naming signals."""
     if returncode >= 0:
         return str(returncode)
-    import signal
-
     try:
         name = signal.Signals(-returncode).name
     except ValueError:

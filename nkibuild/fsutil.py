@@ -31,7 +31,6 @@ def stamp_ctime_ns(stamp: str) -> int:
 
 
 def stat_stamp(path: str | os.PathLike[str]) -> str | None:
-    """`stamp_of` the file at `path`, or None if it cannot be stat'ed."""
     try:
         return stamp_of(os.stat(path))
     except (OSError, ValueError):  # ValueError: a NUL in the path (a damaged record's)
@@ -86,10 +85,6 @@ def process_umask() -> int:
 
 def new_file_mode() -> int:
     return 0o666 & ~process_umask()
-
-
-def new_dir_mode() -> int:
-    return 0o777 & ~process_umask()
 
 
 @contextlib.contextmanager

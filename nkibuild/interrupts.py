@@ -21,10 +21,10 @@ def deferred() -> Iterator[None]:
     """Hold back Ctrl-C (SIGINT) for the block, then raise it. Only in the main thread
     (the only one Python raises it in) and only over Python's own handler: a handler
     the embedding program installed is left to do what it does."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
     received: list[int] = []

@@ -3,7 +3,7 @@
 A build directory may come from elsewhere (a restored CI cache, an unpacked
 artifact), and unpickling calls whatever a crafted file names. A file of typed records
 (the plan cache's dataclasses) is read allowing exactly its classes
-(`load(..., classes=...)`): dataclasses, whose construction only sets fields; plain
+(`loads(..., classes=...)`): dataclasses, whose construction only sets fields; plain
 data (dicts, lists, tuples, strings, numbers...) names no class or function at all.
 """
 
@@ -35,12 +35,12 @@ def dumps(value: Any) -> bytes:
     return pickle.dumps(value, protocol=PROTOCOL)
 
 
-def load(stream: IO[bytes], classes: Collection[type] = ()) -> Any:
-    """The next value in `stream`; ValueError if it is not a whole pickle of plain data
-    and instances of `classes` (cut short, damaged, or naming anything else)."""
+def loads(data: bytes, classes: Collection[type] = ()) -> Any:
+    """The value `data` holds; ValueError if it is not a whole pickle of plain data and
+    instances of `classes` (cut short, damaged, or naming anything else)."""
     try:
         with _no_collections():
-            return PlainUnpickler(stream, classes).load()
+            return PlainUnpickler(io.BytesIO(data), classes).load()
     except Exception as error:  # damaged bytes make the unpickler raise many kinds
         raise ValueError(f"not a pickle of plain data: {error}") from error
 
@@ -60,7 +60,3 @@ def _no_collections() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-def loads(data: bytes, classes: Collection[type] = ()) -> Any:
-    return load(io.BytesIO(data), classes)

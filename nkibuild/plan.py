@@ -13,13 +13,14 @@ import os
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from nkibuild import __version__, plaindata
-from nkibuild.confine import MAX_PROJECT_FILE_BYTES, read_regular
+from nkibuild import __version__, errors, plaindata
+from nkibuild.confine import MAX_PROJECT_FILE_BYTES, confined_stats, read_regular
 from nkibuild.fsutil import atomic_write_bytes, stamp_ctime_ns, stamp_of
+from nkibuild.manifest import model
 from nkibuild.manifest.model import (
     CompileSettings,
     Constant,
@@ -156,16 +157,13 @@ def _kernel_units(manifest: Manifest, kernel: Kernel) -> Iterable[BuildUnit]:
     targets = kernel.targets or manifest.default_targets
     # Later layers win wherever they set a value.
     layered = kernel.settings.over(manifest.defaults)
-    settings = {target: _override(kernel, target).over(layered) for target in targets}
+    overrides = dict(kernel.overrides)
+    settings = {t: overrides.get(t, CompileSettings()).over(layered) for t in targets}
     # Units that share an extraction share its object: the plan cache pickles it once.
     extracts: dict[ExtractSpec, ExtractSpec] = {}
     for variant in kernel.variants:
         for target in targets:
             yield _unit(kernel, variant, target, settings[target], extracts)
-
-
-def _override(kernel: Kernel, target: str) -> CompileSettings:
-    return dict(kernel.overrides).get(target, CompileSettings())
 
 
 def _unit(
@@ -313,8 +311,6 @@ def _python_stamps(manifest: Manifest, files: tuple[str, ...], validating: int) 
 
 
 def _confined_stats(root: Path, files: tuple[str, ...]) -> dict[str, str] | None:
-    from nkibuild.confine import confined_stats
-
     stats = confined_stats([root / name for name in files], (root,))
     if stats is None:
         return None
@@ -325,19 +321,12 @@ def _confined_stats(root: Path, files: tuple[str, ...]) -> dict[str, str] | None
 def _cached_classes() -> frozenset[type]:
     """What a cached plan is made of: the manifest model's, the plan's and the errors'
     dataclasses (positions), and this platform's paths."""
-    import dataclasses
-
-    from nkibuild import errors
-    from nkibuild.manifest import model
-
     modules = (model, errors, sys.modules[__name__])
     found = {
         value
         for module in modules
         for value in vars(module).values()
-        if isinstance(value, type)
-        and dataclasses.is_dataclass(value)
-        and value.__module__ == module.__name__
+        if isinstance(value, type) and is_dataclass(value) and value.__module__ == module.__name__
     }
     return frozenset({*found, type(Path())})
 

@@ -1,4 +1,4 @@
-"""Sizes and durations as people write them (`16G`, `512MiB`, `90s`, `2h`)."""
+"""Sizes, durations and counts as people write them (`16G`, `512MiB`, `90s`, `2h`, `3`)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,14 @@ DURATION_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*$"
 # overflow somewhere later (an int too large for a C long, a wait of 1e300 seconds).
 MAX_SIZE = 1 << 60  # 1 EiB
 MAX_DURATION_S = 366 * 86400.0  # a year
+MAX_COMPILE_RETRIES = 10
 
 
 def parse_size(text: str | int) -> int:
     """Bytes in `20G`, `500M`, `1.5TiB`, `64GB` or a plain byte count (powers of 1024)."""
     if isinstance(text, int) and not isinstance(text, bool):
         return _bounded_size(text, _shown(text))
-    if not isinstance(text, str):
-        raise ValueError(f"{_shown(text)} is not a size such as 16G, 512M, 1.5TiB or 1000000")
-    match = re.match(SIZE_PATTERN, text, re.IGNORECASE)
+    match = re.match(SIZE_PATTERN, text, re.IGNORECASE) if isinstance(text, str) else None
     if match is None:
         raise ValueError(f"{_shown(text)} is not a size such as 16G, 512M, 1.5TiB or 1000000")
     number, unit = _number(match[1]), SIZE_UNITS[match[2].upper()]
@@ -43,9 +42,7 @@ def parse_duration(text: str | float) -> float:
     """Seconds in `90`, `90s`, `30m`, `2h` or `1d`."""
     if isinstance(text, int | float) and not isinstance(text, bool):
         return _bounded_duration(_float(text), _shown(text))
-    if not isinstance(text, str):
-        raise ValueError(f"{_shown(text)} is not a duration such as 90s, 30m or 2h")
-    match = re.match(DURATION_PATTERN, text)
+    match = re.match(DURATION_PATTERN, text) if isinstance(text, str) else None
     if match is None:
         raise ValueError(f"{_shown(text)} is not a duration such as 90s, 30m or 2h")
     return _bounded_duration(_number(match[1]) * DURATION_UNITS[match[2]], _shown(text))
@@ -74,6 +71,17 @@ def _float(value: float) -> float:
 def _number(digits: str) -> float:
     """The pattern's `123.45` as a float; inf for one too long to be one (never raises)."""
     return float(digits) if len(digits) <= 300 else math.inf
+
+
+def parse_retries(text: str) -> int:
+    """A retry count: a whole number from 0 to MAX_COMPILE_RETRIES."""
+    try:
+        count = int(text.strip())
+    except ValueError:
+        raise ValueError(f"expected a whole number of retries, not {text!r}") from None
+    if not 0 <= count <= MAX_COMPILE_RETRIES:
+        raise ValueError(f"expected 0 to {MAX_COMPILE_RETRIES} retries, not {count}")
+    return count
 
 
 def _shown(value: object) -> str:

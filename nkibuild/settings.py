@@ -11,15 +11,16 @@ values from `resolve_settings`.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nkibuild.errors import UsageError
 from nkibuild.manifest.model import Manifest
-from nkibuild.quantities import parse_duration, parse_size
+from nkibuild.quantities import parse_duration, parse_retries, parse_size
 
 ENV_TOOLCHAIN = "NKIBUILD_TOOLCHAIN"
 ENV_COMPILER = "NKIBUILD_NEURONX_CC"
@@ -30,7 +31,6 @@ ENV_MAX_COMPILE_MEMORY = "NKIBUILD_MAX_COMPILE_MEMORY"
 ENV_COMPILE_TIMEOUT = "NKIBUILD_COMPILE_TIMEOUT"
 ENV_COMPILE_RETRIES = "NKIBUILD_COMPILE_RETRIES"
 ENV_RETRY_FAILED = "NKIBUILD_RETRY_FAILED"
-MAX_COMPILE_RETRIES = 10
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"", "0", "false", "no", "off"})
 
@@ -65,25 +65,14 @@ def parse_flag(text: str) -> bool:
     return word in TRUE_WORDS
 
 
-def parse_retries(text: str) -> int:
-    """A retry count: a whole number from 0 to MAX_COMPILE_RETRIES."""
-    try:
-        count = int(text.strip())
-    except ValueError:
-        raise ValueError(f"expected a whole number of retries, not {text!r}") from None
-    if not 0 <= count <= MAX_COMPILE_RETRIES:
-        raise ValueError(f"expected 0 to {MAX_COMPILE_RETRIES} retries, not {count}")
-    return count
-
-
 @dataclass(frozen=True)
 class Option:
     """One option and every place it can come from, in precedence order after the
     command line (which fills `BuildOptions` itself)."""
 
     field: str  # of BuildOptions
-    setting: str | None  # PEP 517 config setting: `pip wheel . -C <setting>=<value>`
-    env: str | None  # environment variable
+    setting: str  # PEP 517 config setting: `pip wheel . -C <setting>=<value>`
+    env: str  # environment variable
     parse: Callable[[str], Any]  # the text of a config setting or variable -> value
     manifest: Callable[[Manifest], Any] | None = None  # the manifest's value, None: unset
     default: Any = None
@@ -112,7 +101,7 @@ _BY_FIELD = {option.field: option for option in OPTIONS}
 
 def config_settings() -> tuple[str, ...]:
     """The PEP 517 config settings that set build options."""
-    return tuple(option.setting for option in OPTIONS if option.setting)
+    return tuple(option.setting for option in OPTIONS)
 
 
 def options_from_config(settings: Mapping[str, str]) -> BuildOptions:
@@ -120,7 +109,7 @@ def options_from_config(settings: Mapping[str, str]) -> BuildOptions:
     checked; values are text, as on a command line)."""
     values: dict[str, Any] = {}
     for option in OPTIONS:
-        text = settings.get(option.setting or "")
+        text = settings.get(option.setting)
         if text is None:
             continue
         try:
@@ -129,7 +118,7 @@ def options_from_config(settings: Mapping[str, str]) -> BuildOptions:
             raise UsageError(f"config setting {option.setting}={text!r}: {error}") from None
     # A config setting given as the empty string or `false` is "not given", as an
     # absent command-line option is: the environment and the manifest still count.
-    return replace(BuildOptions(), **{k: v for k, v in values.items() if _given(v)})
+    return BuildOptions(**{k: v for k, v in values.items() if _given(v)})
 
 
 def _given(value: object) -> bool:
@@ -142,10 +131,6 @@ class CacheConfig:
     local_dir: Path | None  # None: no local tier
     remote_url: str | None
     read_only: bool
-
-    @property
-    def enabled(self) -> bool:
-        return self.local_dir is not None or self.remote_url is not None
 
 
 NO_CACHE = CacheConfig(None, None, read_only=True)
@@ -168,7 +153,7 @@ def resolve_settings(
     options: BuildOptions, manifest: Manifest, environ: Mapping[str, str] = os.environ
 ) -> BuildSettings:
     """Every option's final value: the first source that gives it wins."""
-    value = _Resolver(options, manifest, environ).value
+    value = functools.partial(_value, options, manifest, environ)
     cache = (
         CacheConfig(
             value("cache_dir") or default_cache_dir(environ),
@@ -189,7 +174,7 @@ def resolve_settings(
         executor=options.executor,
         ray_address=options.ray_address,
     )
-    if settings.executor == "ray" and (not settings.cache.enabled or settings.cache.read_only):
+    if settings.executor == "ray" and settings.cache.read_only:  # so is NO_CACHE
         raise UsageError("--executor ray needs a writable NEFF cache: results travel through it")
     return settings
 
@@ -199,31 +184,27 @@ def value_before_manifest(
 ) -> Any:
     """An option's value as `resolve_settings` gives it unless the manifest sets it:
     what can be known before the manifest is read (to start work early on a guess)."""
-    return _Resolver(options, None, environ).value(name)
+    return _value(options, None, environ, name)
 
 
-@dataclass(frozen=True)
-class _Resolver:
-    options: BuildOptions
-    manifest: Manifest | None  # None: not read yet (see value_before_manifest)
-    environ: Mapping[str, str]
-
-    def value(self, name: str) -> Any:
-        option = _BY_FIELD[name]
-        given = getattr(self.options, name)
-        if _given(given):
-            return given
-        text = self.environ.get(option.env) if option.env else None
-        if text:  # an empty variable is unset, as in most tools
-            try:
-                return option.parse(text)
-            except ValueError as error:
-                raise UsageError(f"{option.env}: {error}") from None
-        manifest = self.manifest
-        from_manifest = option.manifest(manifest) if option.manifest and manifest else None
-        if from_manifest is not None:
-            return from_manifest
-        return self.options.recorded.get(name, option.default)
+def _value(
+    options: BuildOptions, manifest: Manifest | None, environ: Mapping[str, str], name: str
+) -> Any:
+    """One option's value; `manifest` None: not read yet (see value_before_manifest)."""
+    option = _BY_FIELD[name]
+    given = getattr(options, name)
+    if _given(given):
+        return given
+    text = environ.get(option.env)
+    if text:  # an empty variable is unset, as in most tools
+        try:
+            return option.parse(text)
+        except ValueError as error:
+            raise UsageError(f"{option.env}: {error}") from None
+    from_manifest = option.manifest(manifest) if option.manifest and manifest else None
+    if from_manifest is not None:
+        return from_manifest
+    return options.recorded.get(name, option.default)
 
 
 def default_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:

@@ -14,32 +14,17 @@ import unicodedata
 # Not printable on a terminal: control characters (C0, DEL, C1), format characters
 # (bidi overrides and isolates, zero-width joiners), line and paragraph separators,
 # surrogates and unassigned/private code points.
-_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escaped(char: str) -> str:
-    if char in _NAMED:
-        return _NAMED[char]
-    code = ord(char)
-    return (
-        f"\\x{code:02x}"
-        if code <= 0xFF
-        else f"\\u{code:04x}"
-        if code <= 0xFFFF
-        else f"\\U{code:08x}"
-    )
-
-
-def _unsafe(char: str) -> bool:
-    return unicodedata.category(char) in _UNSAFE_CATEGORIES
+_UNSAFE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
 def printable(text: str) -> str:
     """`text` on one line, every unsafe character escaped Python-style (`\\x1b`, `\\n`)."""
     if text.isprintable():  # the common case: nothing to do
         return text
-    return "".join(_escaped(char) if _unsafe(char) else char for char in text)
+    return "".join(
+        char.encode("unicode_escape").decode() if unicodedata.category(char) in _UNSAFE else char
+        for char in text
+    )
 
 
 def printable_lines(text: str) -> str:

@@ -5,19 +5,26 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nkibuild.errors import UsageError
+from nkibuild.quantities import format_size
+from nkibuild.text import printable
+
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext, Layout
+    from nkibuild.graph.report import BuildSummary
     from nkibuild.graph.snapshot import Graph
     from nkibuild.manifest.model import Manifest
     from nkibuild.plan import BuildUnit
     from nkibuild.release import ReleaseResult
     from nkibuild.session import BuildSession
     from nkibuild.settings import BuildOptions
-    from nkibuild.toolchain import Toolchain
     from nkibuild.verify import BundleUnderTest, Check
 
 EXIT_OK, EXIT_BUILD_FAILED = 0, 1
@@ -30,8 +37,6 @@ def _context(
     """The project's context (in `session`, if given); `reads_state`: for a command that
     reads the build dir's state, which then defaults to the options its last build used
     (its toolchain)."""
-    from dataclasses import replace
-
     from nkibuild.context import load_context
     from nkibuild.graph.run import recorded_options
 
@@ -105,8 +110,7 @@ def build(args: argparse.Namespace) -> int:
             summary = run_graph(graph, layout, session, options, record.display)
     finally:  # an interrupted build leaves no heartbeat thread or live display behind
         display.close()
-    for failure in summary.failures:
-        print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
+    _print_failures(summary)
     for error in summary.runtime_errors:
         print(error.rstrip(), file=sys.stderr)
     if args.json_summary:
@@ -127,9 +131,9 @@ def explain(args: argparse.Namespace) -> int:
 
 
 def verify(args: argparse.Namespace) -> int:
-    """Exit 0 when every check passed, 1 otherwise."""
     import tempfile
 
+    from nkibuild.toolchain import resolve_toolchain
     from nkibuild.verify import bundle_of_wheel
     from nkibuild.verify import verify as run_checks
 
@@ -141,7 +145,7 @@ def verify(args: argparse.Namespace) -> int:
             if bundle is None:
                 return EXIT_BUILD_FAILED
         bundle = _with_baseline(args, bundle)
-        double = _toolchain_double() if args.with_double else None
+        double = resolve_toolchain("fake") if args.with_double else None
         checks = run_checks(bundle, args.mode, double=double, update_baseline=args.update_baseline)
     if args.json:
         print(json.dumps([c.to_json() for c in checks], indent=2))
@@ -150,13 +154,16 @@ def verify(args: argparse.Namespace) -> int:
     return EXIT_OK if all(c.ok for c in checks) else EXIT_BUILD_FAILED
 
 
+def _print_failures(summary: BuildSummary) -> None:
+    for failure in summary.failures:
+        print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
+
+
 def _with_baseline(args: argparse.Namespace, bundle: BundleUnderTest) -> BundleUnderTest:
     """The bundle with its baseline where --out says, else in the project's build dir.
 
     Never next to a wheel: that is often a release folder, whose contents SHA256SUMS lists.
     """
-    from dataclasses import replace
-
     wheel_record = f"{args.wheel.name}.verify.json" if args.wheel is not None else None
     if args.out is not None:
         baseline = args.out / (wheel_record or bundle.baseline.name)
@@ -166,13 +173,6 @@ def _with_baseline(args: argparse.Namespace, bundle: BundleUnderTest) -> BundleU
         return bundle  # the project's own: build/state/verify-baseline.json
     baseline.parent.mkdir(parents=True, exist_ok=True)
     return replace(bundle, baseline=baseline)
-
-
-def _toolchain_double() -> Toolchain:
-    """The toolchain double, resolved as a build resolves it (`--toolchain fake`)."""
-    from nkibuild.toolchain import resolve_toolchain
-
-    return resolve_toolchain("fake")
 
 
 def _built_bundle(args: argparse.Namespace) -> BundleUnderTest | None:
@@ -188,8 +188,7 @@ def _built_bundle(args: argparse.Namespace) -> BundleUnderTest | None:
         summary = run_build(context, RunOptions(selection=("bundle",)), display)
     finally:
         display.close()
-    for failure in summary.failures:
-        print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
+    _print_failures(summary)
     if not summary.ok:
         return None
     layout = context.layout
@@ -257,8 +256,7 @@ def release(args: argparse.Namespace) -> int:
         display.close()
     for notice in result.notices:
         print(f"warning: {notice}", file=sys.stderr)
-    for failure in result.summary.failures:
-        print(f"\n{failure.name} failed:\n{failure.detail}", file=sys.stderr)
+    _print_failures(result.summary)
     if options.shard:
         code = _shard_done(result, options.shard, args.json)
         return EXIT_BUILD_FAILED if record.report_failed else code
@@ -277,7 +275,6 @@ def release(args: argparse.Namespace) -> int:
 
 
 def verify_provenance(args: argparse.Namespace) -> int:
-    """Exit 0 when every wheel is one the statement vouches for, 1 otherwise."""
     from nkibuild.verify.provenance import check_wheel, statement_for
 
     checks = [check_wheel(wheel, args.statement or statement_for(wheel)) for wheel in args.wheels]
@@ -379,8 +376,6 @@ def _cache_action(args: argparse.Namespace) -> tuple[int, tuple[int, int]]:
     """Run the cache action; its exit code and the local cache's (entries, bytes) after it."""
     from nkibuild.cache import UNFINISHED_AFTER_S, LocalCache
     from nkibuild.cache.trust import trust_from_environment
-    from nkibuild.errors import UsageError
-    from nkibuild.quantities import format_size, parse_size
     from nkibuild.settings import default_cache_dir
 
     store = LocalCache(args.cache_dir or default_cache_dir(), trust=trust_from_environment())
@@ -396,12 +391,8 @@ def _cache_action(args: argparse.Namespace) -> tuple[int, tuple[int, int]]:
     elif args.action == "clear":
         removed = store.clear()
     elif args.action == "prune":
-        try:
-            max_bytes = parse_size(args.max_size) if args.max_size is not None else None
-        except ValueError as error:
-            raise UsageError(f"--max-size: {error}") from None
         max_age = args.max_age * 86400 if args.max_age is not None else None
-        removed = store.prune(max_bytes=max_bytes, max_age_s=max_age)
+        removed = store.prune(max_bytes=args.max_size, max_age_s=max_age)
     if removed:
         print(f"removed {len(removed)} entries ({format_size(sum(e.size for e in removed))})")
     if args.action in ("verify", "prune", "clear"):
@@ -435,7 +426,6 @@ def inspect(args: argparse.Namespace) -> int:
         if info.placeholder
         else "compiled"
     )
-    from nkibuild.text import printable
 
     def _dims(shape: tuple[int, ...]) -> str:
         return ",".join(map(str, shape))
@@ -476,9 +466,6 @@ def init(args: argparse.Namespace) -> int:
 
 def _cd_into(directory: Path, invoked_in: Path) -> str:
     """`cd DIR && ` to get from where the user ran nkibuild (before -C) into `directory`."""
-    import os
-    import shlex
-
     target = directory.resolve()
     if target == invoked_in.resolve():
         return ""
@@ -503,7 +490,6 @@ def _checked_plan(args: argparse.Namespace) -> tuple[Manifest, tuple[BuildUnit, 
 
 def _require_manifest(args: argparse.Namespace) -> None:
     """A missing manifest usually means "not in a project": say so and how to get into one."""
-    from nkibuild.errors import UsageError
 
     manifest = Path(args.manifest)
     if manifest.exists():

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from nkibuild import __version__
+from nkibuild.confine import UnreadableFile
 from nkibuild.errors import NkibuildError, UsageError, storage_error
-from nkibuild.quantities import parse_duration, parse_size
+from nkibuild.quantities import parse_duration, parse_retries, parse_size
 
 T = TypeVar("T")
 
@@ -56,12 +57,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return error.exit_code
     except BrokenPipeError:
         return _output_closed()
+    except UnreadableFile as error:  # a FIFO, a device, an oversize file
+        print(UsageError(f"cannot read {error}").render(), file=sys.stderr)
+        return UsageError.exit_code
     except OSError as error:
-        from nkibuild.confine import UnreadableFile
-
-        if isinstance(error, UnreadableFile):  # a FIFO, a device, an oversize file
-            print(UsageError(f"cannot read {error}").render(), file=sys.stderr)
-            return UsageError.exit_code
         refused = storage_error(error)
         if refused is None:
             raise
@@ -243,7 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--remote-cache", metavar="URL",
         help="stats: also count the entries and bytes of this remote cache (lists its prefix)",
     )  # fmt: skip
-    cache.add_argument("--max-size", help="prune: keep at most this much, e.g. 20G, 500M")
+    cache.add_argument(
+        "--max-size", type=_size, metavar="SIZE",
+        help="prune: keep at most this much, e.g. 20G, 500M",
+    )  # fmt: skip
     cache.add_argument(
         "--max-age", type=_days, metavar="DAYS", help="prune: drop entries unused this long"
     )
@@ -310,15 +312,9 @@ def _checked(parse: Callable[[str], T]) -> Callable[[str], T]:
     return convert
 
 
-def _parse_retries(text: str) -> int:
-    from nkibuild.settings import parse_retries  # the manifest model: not for --help
-
-    return parse_retries(text)
-
-
 _size = _checked(parse_size)
 _duration = _checked(parse_duration)
-_retries = _checked(_parse_retries)
+_retries = _checked(parse_retries)
 
 
 def _days(text: str) -> float:
