@@ -32,3 +32,27 @@ def test_lock_is_released_after_a_build(tmp_path: Path) -> None:
         acquire_build_lock(tmp_path / "build")
     lock.release()
     acquire_build_lock(tmp_path / "build").release()
+
+
+def test_a_lock_file_planted_as_a_symlink_is_refused_and_its_target_untouched(
+    tmp_path: Path,
+) -> None:
+    """The lock is opened without following a symlink (and never truncated): a link
+    planted at build/state/build.lock cannot reach a file outside."""
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me")
+    state = tmp_path / "build" / "state"
+    state.mkdir(parents=True)
+    (state / "build.lock").symlink_to(outside)
+    with pytest.raises(UsageError, match="cannot lock the build dir"):
+        acquire_build_lock(tmp_path / "build")
+    assert outside.read_text() == "keep me"
+
+
+def test_two_locks_in_one_process_exclude_each_other_until_released(tmp_path: Path) -> None:
+    first = acquire_build_lock(tmp_path / "build")
+    with pytest.raises(UsageError, match="another nkibuild build is running"):
+        acquire_build_lock(tmp_path / "build", timeout=0.05)
+    first.release()
+    first.release()  # a second release is harmless
+    acquire_build_lock(tmp_path / "build", timeout=0.05).release()
