@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from nkibuild.errors import UsageError
+from nkibuild.errors import UsageError, storage_error
 from nkibuild.fsutil import LEFTOVER_PATTERNS, atomic_write_text, leftovers
 
 if TYPE_CHECKING:
@@ -227,7 +227,11 @@ def acquire_build_lock(build_dir: Path, timeout: float = 0.0) -> BuildLock:
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    except OSError as error:  # e.g. a symlink planted in its place
+    except OSError as error:
+        refused = storage_error(error)  # a read-only or full disk: as any write that fails
+        if refused is not None:
+            raise refused from None
+        # e.g. a symlink planted in its place
         raise UsageError(f"cannot lock the build dir: {path}: {error.strerror}") from None
     if not lock_descriptor(fd, timeout):
         os.close(fd)

@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nkibuild"
 
 # Bottom first; names in one tuple are one layer and may not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("text", "plaindata", "exports"),  # escaping of file-derived text; pickles read without code
+    ("text", "plaindata", "exports", "locks"),  # escaping of file-derived text; pickles read
+    # without code; fcntl locks
     ("errors", "quantities", "dtypes", "interrupts"),
     ("fsutil", "confine"),
     ("formats",),

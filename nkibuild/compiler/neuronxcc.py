@@ -27,6 +27,9 @@ HLO_INPUT = "model.hlo_module.pb"
 # neuronx-cc's exit status for internal errors; seen intermittently on large parallel
 # cold compiles (aws-neuron-sdk#1369) as well as for deterministic internal errors.
 INTERNAL_ERROR_EXIT = 70
+# Free space below which a failed compile is blamed on the disk, not remembered as the
+# kernel's (a compiler removes its temp files as it fails: some space comes back).
+FULL_DISK_BYTES = 64 << 20
 STDOUT_FILE = "stdout.log"
 WORK_PREFIX = ".work-"
 
@@ -136,6 +139,9 @@ def _check_outcome(
         message = "neuronx-cc failed"
         if outcome.returncode == INTERNAL_ERROR_EXIT:
             message += f" with an internal error (exit {outcome.returncode}){tries}"
+        if shutil.disk_usage(out_dir).free < FULL_DISK_BYTES:  # not the kernel's failure
+            message += " while its disk was full (not recorded as a known failure)"
+            raise failure(unit, command, out_dir, message, outcome.returncode)
         raise failure(unit, command, out_dir, message, outcome.returncode, FailedCompile)
     else:
         return
