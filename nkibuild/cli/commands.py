@@ -83,7 +83,11 @@ def _prepared_graph(args: argparse.Namespace) -> tuple[Graph, Layout, BuildSessi
     layout = Layout(Path(args.build_dir).resolve(), Path(args.dist_dir).resolve())
     options = {name: repr(value) for name, value in _given_options(args).items()}
     request = GraphRequest(
-        Path(args.manifest), layout.state_dir, options, lambda: _context(args, session=session)
+        Path(args.manifest),
+        layout.state_dir,
+        options,
+        lambda: _context(args, session=session),
+        session.compiler_versions,
     )
     return prepared(request), layout, session
 

@@ -34,7 +34,7 @@ from nkibuild.fsutil import atomic_write_text, stamp_ctime_ns, stamp_of
 
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext
-    from nkibuild.toolchain import Toolchain
+    from nkibuild.toolchain import Toolchain, VersionMemo
 
 SNAPSHOT_FILE = "graph.json"  # in the build's state dir
 FORMAT = 2
@@ -55,6 +55,8 @@ class GraphRequest:
     state_dir: Path
     options: Mapping[str, str]
     load: Callable[[], BuildContext]
+    # The session's `--version` answers: the project's load, if a task runs, asks no more.
+    versions: VersionMemo
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,8 @@ def _still_valid(snapshot: dict[str, Any], request: GraphRequest, path: Path) ->
         return None
     settings = snapshot["settings"]
     try:
-        toolchain = resolve_toolchain(settings["toolchain"], _path(settings["compiler"]))
+        compiler = _path(settings["compiler"])
+        toolchain = resolve_toolchain(settings["toolchain"], compiler, request.versions)
     except NkibuildError:
         return None  # the slow way reports it
     if _toolchain_json(toolchain) != snapshot["toolchain"]:
