@@ -17,7 +17,7 @@ from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from nkibuild import __version__, errors, plaindata
+from nkibuild import __version__, code_digest, errors, plaindata
 from nkibuild.confine import MAX_PROJECT_FILE_BYTES, confined_stats, read_regular
 from nkibuild.fsutil import atomic_write_bytes, stamp_ctime_ns, stamp_of
 from nkibuild.manifest import model
@@ -215,19 +215,6 @@ def _required(value: T | None) -> T:
 
 PLAN_CACHE_FILE = "plan.pickle"
 
-# The code a cached plan depends on: the resolver, the manifest package (the model,
-# the schema generated from it, the converter, the checks) and the modules the model
-# takes its dtype names and size/duration syntax from.
-_PLAN_CODE = (
-    Path(__file__),
-    *sorted((Path(__file__).parent / "manifest").glob("*.py")),
-    Path(__file__).parent / "dtypes.py",
-    Path(__file__).parent / "quantities.py",
-    Path(__file__).parent / "confine.py",
-    Path(__file__).parent / "errors.py",
-    Path(__file__).parent / "text.py",
-)
-
 
 def load_plan(manifest_path: Path, state_dir: Path) -> tuple[Manifest, tuple[BuildUnit, ...]]:
     """The validated manifest and its build units, from the plan cache when still valid.
@@ -267,10 +254,7 @@ def _plan_key(path: Path) -> str | None:
     except OSError:
         return None  # let the manifest loader report it
     # A `~` in a setting (the compiler's path) is expanded against the home directory.
-    digest.update(f"{path}\0{__version__}\0{os.path.expanduser('~')}".encode())
-    for code in _PLAN_CODE:
-        info = code.stat()
-        digest.update(f"{code}\0{info.st_mtime_ns}\0{info.st_size}".encode())
+    digest.update(f"{path}\0{__version__}\0{code_digest()}\0{os.path.expanduser('~')}".encode())
     return digest.hexdigest()
 
 

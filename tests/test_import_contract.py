@@ -42,6 +42,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("build",),  # the PEP 517 backend reports through the CLI's plain display
     ("__main__",),
 )
+# What nkibuild/__init__.py defines itself: every layer may use it.
+PACKAGE_ROOT_NAMES = {"__version__", "code_digest"}
 RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
 # The double's stand-ins for other people's packages run in frontend workers and
 # bundles, never inside nkibuild: they are not part of nkibuild's import graph.
@@ -106,7 +108,7 @@ def test_imports_go_down_the_layers() -> None:
             continue
         for line, module in imports(path):
             imported = part_of(module)
-            if imported is None or imported == "__version__" or imported == importer:
+            if imported is None or imported in PACKAGE_ROOT_NAMES or imported == importer:
                 continue
             if RANK[imported] >= RANK[importer]:
                 upward.append(f"nkibuild/{relative}:{line} imports {module}")

@@ -197,5 +197,5 @@ def test_another_bundle_or_wheel_writer_writes_both_again(
     built: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An upgraded nkibuild may write other bytes for the same bundle.json."""
-    monkeypatch.setattr("nkibuild.bundle.generator_digest", lambda: "another writer")
+    monkeypatch.setattr("nkibuild.code_digest", lambda: "another writer")
     assert build(built).executed == ["bundle", "wheel"]

@@ -8,8 +8,6 @@ its sha256 and is what the wheel stage reads.
 from __future__ import annotations
 
 import ast
-import functools
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -335,20 +333,6 @@ def _module_info(package: str, source: SourceRef | None) -> FunctionRef | None:
 
 def _shipped_source(kernel: Kernel) -> SourceRef | None:
     return kernel.source if kernel.frontend in SHIPPED_FRONTENDS else None
-
-
-@functools.cache
-def generator_digest() -> str:
-    """Hash of the code that writes bundles: a bundle is stale when it changes, even
-    within one nkibuild version (a development checkout, a patched install). Besides
-    this package: the model whose values the generated code spells (padding, tensor
-    specs) and the padding checks run on the compiled outputs."""
-    hashed = hashlib.sha256()
-    manifest = Path(__file__).parent.parent / "manifest"
-    sources = [*Path(__file__).parent.glob("*.py"), manifest / "model.py", manifest / "buckets.py"]
-    for source in sorted(sources):
-        hashed.update(source.name.encode() + b"\0" + source.read_bytes())
-    return hashed.hexdigest()
 
 
 def shipped_files(manifest: Manifest) -> list[str]:

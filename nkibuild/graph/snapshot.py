@@ -279,27 +279,13 @@ def _inputs(request: GraphRequest) -> dict[str, Any]:
     except OSError:
         manifest_sha = None
     return {
-        "nkibuild": [nkibuild.__version__, _code_stamps()],
+        "nkibuild": [nkibuild.__version__, nkibuild.code_digest()],
         "python": sys.executable,  # what is installed for it: the toolchain, resolved again
         "environment": dict(sorted(environment.items())),
         "options": dict(request.options),
         "manifest": [str(manifest), manifest_sha],
         "cwd": os.getcwd(),
     }
-
-
-def _code_stamps() -> str:
-    """The stats of nkibuild's own files, hashed: a changed writer or check is a new graph."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for directory, dirs, names in os.walk(os.path.dirname(nkibuild.__file__)):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(names):
-            if name.endswith(".py"):
-                info = os.stat(os.path.join(directory, name))
-                digest.update(f"{directory}/{name}\0{info.st_mtime_ns}\0{info.st_size}\0".encode())
-    return digest.hexdigest()
 
 
 def _parsed_files(context: BuildContext) -> set[str]:

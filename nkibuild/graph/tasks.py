@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import nkibuild
 from nkibuild import __version__, bundle
 from nkibuild.bundle import wheel
 from nkibuild.bundle.provenance import material_files
@@ -238,7 +239,7 @@ def _bundle_task(context: BuildContext) -> dict[str, Any]:
         "package": vars(manifest.package),
         "kernels": [kernel.config() for kernel in manifest.kernels],
         "nkibuild": __version__,
-        "generator": bundle.generator_digest(),
+        "generator": nkibuild.code_digest(),
     }
     return {
         "basename": BUNDLE_TASK,
@@ -280,7 +281,7 @@ def _wheel_task(context: BuildContext) -> dict[str, Any]:
         # bad one fails it, naming the variable, as when it runs for another reason);
         # so does another wheel writer, whose bytes may differ for the same bundle.
         "uptodate": [
-            ConfigChanged({"source_date_epoch": epoch, "writer": bundle.generator_digest()}),
+            ConfigChanged({"source_date_epoch": epoch, "writer": nkibuild.code_digest()}),
             intact,
         ],
         "clean": True,
