@@ -8,7 +8,6 @@ state dir, so a no-op build neither parses YAML nor runs the JSON Schema validat
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,18 +36,19 @@ class Layout:
     def state_dir(self) -> Path:
         return self.build_dir / "state"
 
-    def extract_dir(self, spec: ExtractSpec) -> Path:
-        return self.build_dir / "extract" / spec.name
-
-    def compile_dir(self, unit: BuildUnit) -> Path:
-        return self.build_dir / "compile" / unit.name
-
-    # String forms for task dicts, whose paths doit compares as strings.
+    # String forms for task dicts, whose paths doit compares as strings (made as strings:
+    # a graph of 1,000 units asks for thousands).
     def extract_path(self, spec: ExtractSpec) -> str:
-        return os.fspath(self.extract_dir(spec))
+        return f"{self.build_dir}/extract/{spec.name}"
 
     def compile_path(self, unit: BuildUnit) -> str:
-        return os.fspath(self.compile_dir(unit))
+        return f"{self.build_dir}/compile/{unit.name}"
+
+    def extract_dir(self, spec: ExtractSpec) -> Path:
+        return Path(self.extract_path(spec))
+
+    def compile_dir(self, unit: BuildUnit) -> Path:
+        return Path(self.compile_path(unit))
 
     def bundle_dir(self, manifest: Manifest) -> Path:
         return self.build_dir / "bundle" / manifest.package.name

@@ -74,15 +74,12 @@ class Stages:
     runs (or given, when the build loaded it already)."""
 
     def __init__(
-        self,
-        load: Callable[[], list[dict[str, Any]]],
-        snapshot: dict[str, Any],
-        path: Path | None = None,
+        self, load: Callable[[], BuildContext], snapshot: dict[str, Any], path: Path | None = None
     ) -> None:
         self._load = load
         self._path = path  # the snapshot's file, forgotten if it proves stale
         self._snapshot = {task_name(task): task for task in snapshot["tasks"]}
-        self._tasks: dict[str, dict[str, Any]] | None = None
+        self._context: BuildContext | None = None
         self._guard = threading.Lock()
 
     def run(self, name: str) -> Any:
@@ -106,10 +103,12 @@ class Stages:
         return values
 
     def _real(self, name: str) -> dict[str, Any]:
+        from nkibuild.graph.tasks import task_dict
+
         with self._guard:  # doit's threads (-j N) ask at once
-            if self._tasks is None:
-                self._tasks = {task_name(task): task for task in self._load()}
-        task = self._tasks.get(name)
+            if self._context is None:
+                self._context = self._load()
+        task = task_dict(self._context, name)
         # As read back from JSON (a tuple is a list there).
         if task is None or json.loads(json.dumps(_encoded(task))) != self._snapshot[name]:
             if self._path is not None:  # the next build loads the project
@@ -156,7 +155,7 @@ def _still_valid(snapshot: dict[str, Any], request: GraphRequest, path: Path) ->
         return None
     if _frontend_versions(snapshot) != snapshot["frontend_versions"]:
         return None
-    stages = Stages(lambda: _task_dicts(request.load()), snapshot, path)
+    stages = Stages(request.load, snapshot, path)
     return _graph(snapshot, toolchain, stages)
 
 
@@ -172,13 +171,7 @@ def of_context(
     snapshot = _snapshot(context, dicts, inputs or {}, globs)
     if inputs is not None and started is not None and _settled(snapshot, started):
         _write(context.layout.state_dir / SNAPSHOT_FILE, snapshot)
-    return _graph(snapshot, context.toolchain, Stages(lambda: dicts, snapshot))
-
-
-def _task_dicts(context: BuildContext) -> list[dict[str, Any]]:
-    from nkibuild.graph.tasks import task_dicts
-
-    return task_dicts(context)
+    return _graph(snapshot, context.toolchain, Stages(lambda: context, snapshot))
 
 
 def _graph(snapshot: dict[str, Any], toolchain: Toolchain, stages: Stages) -> Graph:

@@ -35,22 +35,39 @@ from nkibuild.toolchain.worker_pool import user_variables
 
 BUNDLE_TASK = "bundle"
 EXTRACT_TASK = "extract"  # the basename of every extraction's task
+COMPILE_TASK = "compile"
 
 
 def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
     """All tasks of a build as doit task dicts (each with `basename` and, for subtasks, `name`)."""
-    verify = None
-    if context.manifest.verify:  # opt-in; listed before the wheel
-        from nkibuild.verify.task import source_files, verify_task  # not for other builds
-
-        verify = _inputs_as_read(verify_task(context), source_files(context.manifest))
     return [
         *(_extract_task(context, spec) for spec in extract_specs(context.units)),
         *(_compile_task(context, unit) for unit in context.units),
-        _bundle_task(context),
-        *([verify] if verify else []),
-        _wheel_task(context),
+        *_package_tasks(context),
     ]
+
+
+def task_dict(context: BuildContext, name: str) -> dict[str, Any] | None:
+    """The task of `task_dicts(context)` doit names `name` (None: there is none), made
+    alone: a task that runs after an edit needs its own dict, not 1,500."""
+    basename, _, unit = name.partition(":")
+    if basename == EXTRACT_TASK:
+        specs = (spec for spec in extract_specs(context.units) if spec.name == unit)
+        return next((_extract_task(context, spec) for spec in specs), None)
+    if basename == COMPILE_TASK:
+        units = (each for each in context.units if each.name == unit)
+        return next((_compile_task(context, each) for each in units), None)
+    return next((task for task in _package_tasks(context) if task["basename"] == name), None)
+
+
+def _package_tasks(context: BuildContext) -> list[dict[str, Any]]:
+    """The bundle, the opt-in verify step and the wheel, in this order."""
+    verify = []
+    if context.manifest.verify:  # a failed verify withholds the wheel
+        from nkibuild.verify.task import source_files, verify_task  # not for other builds
+
+        verify = [_inputs_as_read(verify_task(context), source_files(context.manifest))]
+    return [_bundle_task(context), *verify, _wheel_task(context)]
 
 
 def _inputs_as_read(task: dict[str, Any], inputs: Sequence[str]) -> dict[str, Any]:
@@ -201,7 +218,7 @@ def _compile_task(context: BuildContext, unit: BuildUnit) -> dict[str, Any]:
     }
     targets = [f"{out_dir}/{name}" for name in COMPILE_OUTPUTS]
     return {
-        "basename": "compile",
+        "basename": COMPILE_TASK,
         "name": unit.name,
         "doc": f"compile {unit.name} with neuronx-cc",
         "actions": [(run_compile, (context, unit))],  # which records its outputs too
