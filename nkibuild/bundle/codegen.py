@@ -167,11 +167,7 @@ def _docstring(kernel: Kernel) -> str:
 
 
 def _py(text: str) -> str:
-    """A double-quoted Python string literal (as ruff format writes them).
-
-    JSON string syntax is a subset of Python's: quotes, backslashes and non-ASCII
-    characters all come out escaped.
-    """
+    """A double-quoted Python literal, as ruff writes them: JSON strings are Python strings."""
     return json.dumps(text)
 
 
