@@ -113,14 +113,10 @@ def _literal(value: Any, column: int, indent: int) -> str:
     if not isinstance(value, list | dict) or (flat and column + len(json.dumps(value)) < 100):
         return json.dumps(value)
     inner = " " * (indent + 4)
-    if isinstance(value, dict):
-        items = [
-            f"{_py(k)}: {_literal(v, len(inner + _py(k)) + 2, len(inner))}"
-            for k, v in value.items()
-        ]
-    else:
-        items = [_literal(item, len(inner), len(inner)) for item in value]
-    opening, closing = "{}" if isinstance(value, dict) else "[]"
+    is_dict = isinstance(value, dict)
+    pairs = [(f"{_py(k)}: ", v) for k, v in value.items()] if is_dict else [("", v) for v in value]
+    items = [key + _literal(v, len(inner + key), len(inner)) for key, v in pairs]
+    opening, closing = "{}" if is_dict else "[]"
     return opening + "".join(f"\n{inner}{item}," for item in items) + f"\n{' ' * indent}{closing}"
 
 
@@ -167,11 +163,7 @@ def _docstring(kernel: Kernel) -> str:
 
 
 def _py(text: str) -> str:
-    """A double-quoted Python string literal (as ruff format writes them).
-
-    JSON string syntax is a subset of Python's: quotes, backslashes and non-ASCII
-    characters all come out escaped.
-    """
+    """A double-quoted Python literal, as ruff writes them: JSON strings are Python strings."""
     return json.dumps(text)
 
 

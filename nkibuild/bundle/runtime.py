@@ -22,6 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache, cached_property
+from importlib import resources
 from typing import Any, NamedTuple
 
 MODES = ("auto", "neuron", "simulate", "reference")
@@ -68,8 +69,6 @@ def build_info(package: str) -> dict[str, Any]:
 
 @cache
 def _document(package: str) -> dict[str, Any]:
-    from importlib import resources
-
     return json.loads(resources.files(package).joinpath("_build.json").read_text("utf-8"))
 
 
@@ -320,16 +319,15 @@ class Kernel:
         """The variant for the arrays, and the arrays it runs on: `arrays` itself, or
         padded copies when the kernel pads and no variant matches exactly."""
         shapes = tuple(a.shape for a in arrays)
-        variant, padded = self._select_variant([a.dtype.name for a in arrays], shapes)
-        if not padded or self._padding is None:
+        variant, bucket = self._select_variant([a.dtype.name for a in arrays], shapes)
+        if bucket is None or self._padding is None:
             return variant, arrays
-        bucket = next(s for v, s in self._shapes_by_variant if v == variant)
         return variant, self._padding.pad(arrays, bucket)
 
     def _select_variant(
         self, dtypes: Sequence[str], shapes: tuple[tuple[int, ...], ...]
-    ) -> tuple[str, bool]:
-        """The variant for a call's dtypes and shapes, and whether it must be padded."""
+    ) -> tuple[str, tuple[tuple[int, ...], ...] | None]:
+        """The variant for a call's dtypes and shapes, and the shapes to pad to (None: exact)."""
         if list(dtypes) != self._dtypes:
             raise KernelError(
                 f"{self.name}() expects dtypes ({', '.join(self._dtypes)}), "
@@ -337,11 +335,11 @@ class Kernel:
             )
         for variant, variant_shapes in self._shapes_by_variant:
             if variant_shapes == shapes:
-                return variant, False
+                return variant, None
         if self._padding is not None:
             for variant, variant_shapes in self._buckets:
                 if self._padding.fits(shapes, variant_shapes):
-                    return variant, True
+                    return variant, variant_shapes
         raise KernelError(
             f"{self.name}() has no variant for shapes {_shapes(shapes)}"
             f"{self._padding_rule()}; {self._listing()}"
@@ -362,10 +360,10 @@ class Kernel:
     ) -> list[tuple[str, tuple[int, ...]]]:
         """(dtype, shape) of each output of a call with these inputs, from the NEFFs of
         the variant it selects (cut back if the call is padded); KernelError if none fits."""
-        variant, padded = self._select_variant(dtypes, shapes)
+        variant, bucket = self._select_variant(dtypes, shapes)
         outputs = self._neff(self._signature_target(), variant)["outputs"]
         found = [tuple(t["shape"]) for t in outputs]
-        if padded and self._padding is not None:
+        if bucket is not None and self._padding is not None:
             found = self._padding.cut_shapes(found, shapes)
         return [(t["dtype"], shape) for t, shape in zip(outputs, found, strict=True)]
 
@@ -652,8 +650,6 @@ def _load_model(package: str, kernel: str, target: str, variant: str) -> Any:
     _check_sdk(what, info.get("neuron_sdk"), binding)
     if missing := _missing_part(package, target, neff):
         raise KernelError(f"{what}: {missing}")
-    from importlib import resources
-
     home = neff.get("package", package)
     with resources.as_file(resources.files(home).joinpath(neff["path"])) as path:
         return binding.api("Model").load_from_neff(str(path))
