@@ -126,9 +126,6 @@ class NeffInfo:
         return json.loads(json.dumps(asdict(self)))  # its tuples as lists
 
 
-# --- reading ---------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class NeffLimits:
     """What the reader accepts before calling a file "not a valid NEFF": every bound an
