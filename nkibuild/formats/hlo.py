@@ -33,8 +33,6 @@ class HloFormatError(NkibuildError):
 
 @dataclass(frozen=True)
 class HloShape:
-    """An array shape (element type + dimensions) or a tuple of shapes."""
-
     element_type: int
     dims: tuple[int, ...]
     tuple_shapes: tuple[HloShape, ...] = ()
@@ -97,7 +95,6 @@ class HloModuleInfo:
     aliases: tuple[HloAlias, ...] = ()
 
     def outputs(self) -> tuple[HloShape, ...]:
-        """The module's outputs: the leaves of the (possibly tuple) result."""
         return self.result.leaves()
 
 
@@ -236,8 +233,6 @@ def _parsed(data: bytes) -> Any:
 
 
 def _read(data: bytes, origin: str) -> HloModuleInfo:
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"read_hlo expects bytes, not {type(data).__name__}")
     if not data:
         raise HloFormatError(f"{origin}: empty file, expected a serialized HloModuleProto")
     if len(data) > MAX_MODULE_BYTES:
@@ -260,6 +255,7 @@ def _module_info(module: Any) -> HloModuleInfo:
         raise HloFormatError("the module has no computations (not an HloModuleProto?)")
     entry = _entry_computation(module)
     parameter_instructions = _parameter_instructions(entry)
+    root = next((i for i in entry.instructions if i.id == entry.root_id), None)
     if module.HasField("host_program_shape"):
         program = module.host_program_shape
         shapes = [_shape(p) for p in program.parameters]
@@ -270,9 +266,13 @@ def _module_info(module: Any) -> HloModuleInfo:
             )
         result = _shape(program.result)
         declared_names: Sequence[str] = program.parameter_names
+    elif root is None:
+        raise HloFormatError(
+            f"entry computation {entry.name!r} has no root instruction (id {entry.root_id})"
+        )
     else:
         shapes = [_shape(p.shape) for p in parameter_instructions]
-        result = _shape(_root_instruction(entry).shape)
+        result = _shape(root.shape)
         declared_names = ()
     names = _parameter_names(declared_names, parameter_instructions)
     return HloModuleInfo(
@@ -287,7 +287,7 @@ def _module_info(module: Any) -> HloModuleInfo:
             for c, i in _instructions(module)
             if i.custom_call_target
         ),
-        output_names=_output_names(entry),
+        output_names=_output_names(root),
         aliases=tuple(
             HloAlias(tuple(int(i) for i in entry.output_shape_index), int(entry.parameter_number))
             for entry in module.input_output_alias.entries
@@ -328,15 +328,6 @@ def _parameter_instructions(computation: Any) -> list[Any]:
     return parameters
 
 
-def _root_instruction(computation: Any) -> Any:
-    for instruction in computation.instructions:
-        if instruction.id == computation.root_id:
-            return instruction
-    raise HloFormatError(
-        f"entry computation {computation.name!r} has no root instruction (id {computation.root_id})"
-    )
-
-
 def _parameter_names(declared: Sequence[str], instructions: Sequence[Any]) -> list[str]:
     """Per parameter: the NEFF input name the tracer chose (nkipy's `neff_input_names`
     attribute), else the declared name, else the instruction's name, else `input{i}`.
@@ -360,8 +351,7 @@ def _attribute(instruction: Any, key: str) -> str:
     return ""
 
 
-def _output_names(entry: Any) -> tuple[str, ...]:
-    root = next((i for i in entry.instructions if i.id == entry.root_id), None)
+def _output_names(root: Any) -> tuple[str, ...]:
     names = _attribute(root, "neff_output_names") if root is not None else ""
     return tuple(names.split(",")) if names else ()
 

@@ -55,15 +55,11 @@ def check_depth(value: Any, max_depth: int) -> None:
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > max_depth:
-            raise JsonLimitError(f"nested more than {max_depth} levels deep")
-        stack.extend((child, depth + 1) for child in children)
+        if isinstance(item, (dict, list)):
+            if depth > max_depth:
+                raise JsonLimitError(f"nested more than {max_depth} levels deep")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
 
 
 def _int(max_digits: int, text: str) -> int:

@@ -54,6 +54,7 @@ import struct
 import tarfile
 import uuid
 import zlib
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -72,8 +73,6 @@ PLACEHOLDER_MEMBER = "PLACEHOLDER.txt"
 _INFO, _NEFF, _KELF = "info.json", "neff.json", "kelf-0.json"
 # `sgLnk/` is accepted before a subgraph directory; the subgraph keeps its `sgNN` name.
 _TENSOR_MAP = re.compile(r"(?:sgLnk/)?(sg\d+)/tensor_map\.json")
-_INPUT_NAME = re.compile(r"input([0-9]+)")
-_OUTPUT_NAME = re.compile(r"output([0-9]+)")
 _SUBGRAPH_PREFIX = "sgLnk/"
 
 # Header fields in file order; see the module docstring for offsets.
@@ -125,9 +124,6 @@ class NeffInfo:
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))  # its tuples as lists
-
-
-# --- reading ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -196,9 +192,7 @@ def _parse(stream: IO[bytes], size: int, verify_checksum: bool, limits: NeffLimi
     if not maps:
         raise NeffFormatError("payload has no member sg00/tensor_map.json (no tensor map)")
     first_map = _json_object(members, maps.get(subgraphs[0]) or maps[min(maps)], limits)
-    inputs, fallback = _inputs(members.get(_NEFF), first_map, limits)
-    if fallback:
-        warnings = (*warnings, fallback)
+    inputs, input_warnings = _inputs(members.get(_NEFF), first_map, limits)
     return NeffInfo(
         packaging_version=header.packaging_version,
         format_version=(header.format_major, header.format_minor),
@@ -209,7 +203,7 @@ def _parse(stream: IO[bytes], size: int, verify_checksum: bool, limits: NeffLimi
         compiler_version=str(info.get("tool_version", "")),
         subgraphs=subgraphs,
         inputs=inputs,
-        outputs=_io_tensors(first_map, "output", _OUTPUT_NAME),
+        outputs=_io_tensors(first_map, "output"),
         placeholder=(
             info.get("nkibuild_placeholder") is True
             or PLACEHOLDER_MEMBER in names
@@ -217,7 +211,7 @@ def _parse(stream: IO[bytes], size: int, verify_checksum: bool, limits: NeffLimi
         ),
         checksum_ok=checksum != "mismatch",
         checksum=checksum,
-        warnings=warnings,
+        warnings=(*warnings, *input_warnings),
         payload_size=header.payload_size,
     )
 
@@ -236,10 +230,9 @@ def _read_header(data: bytes, size: int) -> _Header:
     return header
 
 
-def payload_md5_field(payload: bytes | IO[bytes]) -> bytes:
-    """The header's MD5 of `payload` (bytes, or a stream read to its end): the big-endian
-    digest re-packed as little-endian u32s."""
-    stream = io.BytesIO(payload) if isinstance(payload, bytes) else payload
+def payload_md5_field(stream: IO[bytes]) -> bytes:
+    """The header's MD5 of the payload `stream` (read to its end): the big-endian digest
+    re-packed as little-endian u32s."""
     digest = hashlib.md5(usedforsecurity=False)
     for block in iter(lambda: stream.read(_CHUNK), b""):
         digest.update(block)
@@ -274,22 +267,30 @@ def _read_members(stream: IO[bytes], limits: NeffLimits) -> tuple[dict[str, byte
     """
     members: dict[str, bytes] = {}
     names: set[str] = set()
-    budget = _Budget(_decompressed(stream, limits), limits.payload_bytes)
-    # The TarInfo class that applies `limits`.
+    budget = _Budget(_decompressed(stream), limits.payload_bytes)
     tarinfo = type("BoundedTarInfo", (_BoundedTarInfo,), {"limits": limits})
-    counts = {"members": 0, "names": 0, "metadata": 0}
+    counts: Counter[str] = Counter()
     try:
         with tarfile.open(fileobj=budget, mode="r|", tarinfo=tarinfo) as tar:
             while (member := tar.next()) is not None:
                 tar.members.clear()
                 name = member.name.removeprefix("./")
-                _count(counts, "members", 1, limits.members, "members")
-                _count(counts, "names", len(name), limits.names_bytes, "bytes of member names")
+                _count(counts, "members", 1, limits.members)
+                _count(counts, "bytes of member names", len(name), limits.names_bytes)
                 names.add(name)
-                if member.isfile() and (
+                if not member.isfile() or not (
                     name in (_INFO, _NEFF, _KELF) or _TENSOR_MAP.fullmatch(name)
                 ):
-                    members[name] = _member_data(tar, member, name, counts, limits)
+                    continue
+                if member.size > limits.member_bytes:
+                    raise NeffFormatError(
+                        f"member {name} is {member.size} bytes (at most {limits.member_bytes})"
+                    )
+                _count(counts, "bytes of metadata members", member.size, limits.metadata_bytes)
+                extracted = tar.extractfile(member)
+                # The member's declared size (checked above), not the limit: a read of the
+                # limit allocates a buffer of the limit's size (64 MiB) for every member first.
+                members[name] = extracted.read(member.size) if extracted else b""
     except _READ_ERRORS as exc:
         raise NeffFormatError(f"payload is not a readable (gzip) tar archive: {exc}") from None
     return members, frozenset(names)
@@ -300,7 +301,7 @@ _READ_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError,
 _XZ_MEMORY = 96 << 20  # xz declares its dictionary size: cap what a header can demand
 
 
-def _decompressed(stream: IO[bytes], limits: NeffLimits) -> Any:
+def _decompressed(stream: IO[bytes]) -> Any:
     """The payload's tar stream: gunzipped, unxz'd, bunzipped, or as is (fast-loading
     NEFFs, `--enable-fast-loading-neuron-binaries`, are uncompressed)."""
     start = stream.tell()
@@ -341,13 +342,13 @@ class _BoundedTarInfo(tarfile.TarInfo):
     limits: NeffLimits = DEFAULT_LIMITS
 
     def _proc_member(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise NeffFormatError(f"member {self.name!r} is a sparse file")
         if self.type in _EXTENDED_TYPES and self.size > self.limits.extended_header_bytes:
             raise NeffFormatError(
                 f"an extended tar header of {self.size} bytes "
                 f"(at most {self.limits.extended_header_bytes})"
             )
-        if self.type == tarfile.GNUTYPE_SPARSE:
-            raise NeffFormatError(f"member {self.name!r} is a sparse file")
         return super()._proc_member(tar)  # type: ignore[misc]
 
     def _proc_gnusparse_00(self, *args: Any) -> None:
@@ -356,39 +357,14 @@ class _BoundedTarInfo(tarfile.TarInfo):
     _proc_gnusparse_01 = _proc_gnusparse_10 = _proc_gnusparse_00
 
 
-_EXTENDED_TYPES = frozenset(
-    {
-        tarfile.XHDTYPE,
-        tarfile.XGLTYPE,
-        tarfile.SOLARIS_XHDTYPE,
-        tarfile.GNUTYPE_LONGNAME,
-        tarfile.GNUTYPE_LONGLINK,
-    }
-)
+# pax headers, and GNU long names (GNU_TYPES also holds sparse, refused before).
+_EXTENDED_TYPES = {tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, *tarfile.GNU_TYPES}
 
 
-def _count(counts: dict[str, int], what: str, amount: int, limit: int, unit: str) -> None:
-    counts[what] += amount
-    if counts[what] > limit:
+def _count(counts: Counter[str], unit: str, amount: int, limit: int) -> None:
+    counts[unit] += amount
+    if counts[unit] > limit:
         raise NeffFormatError(f"payload has more than {limit} {unit}")
-
-
-def _member_data(
-    tar: tarfile.TarFile,
-    member: tarfile.TarInfo,
-    name: str,
-    counts: dict[str, int],
-    limits: NeffLimits,
-) -> bytes:
-    if member.size > limits.member_bytes:
-        raise NeffFormatError(
-            f"member {name} is {member.size} bytes (at most {limits.member_bytes})"
-        )
-    _count(counts, "metadata", member.size, limits.metadata_bytes, "bytes of metadata members")
-    extracted = tar.extractfile(member)
-    # The member's declared size (checked above), not the limit: a read of the limit
-    # allocates a buffer of the limit's size (64 MiB) for every member first.
-    return extracted.read(member.size) if extracted else b""
 
 
 def _json_object(members: Mapping[str, bytes], name: str, limits: NeffLimits) -> dict[str, Any]:
@@ -405,12 +381,8 @@ def _json_object(members: Mapping[str, bytes], name: str, limits: NeffLimits) ->
 
 def _tensor_maps(names: Iterable[str]) -> dict[str, str]:
     """Subgraph name -> its tensor map member (plain `sgNN/` before `sgLnk/sgNN/`)."""
-    found: dict[str, str] = {}
-    for name in sorted(names, key=lambda n: n.startswith(_SUBGRAPH_PREFIX)):
-        match = _TENSOR_MAP.fullmatch(name)
-        if match:
-            found.setdefault(match.group(1), name)
-    return found
+    last_wins = sorted(names, key=lambda n: not n.startswith(_SUBGRAPH_PREFIX))
+    return {m.group(1): name for name in last_wins if (m := _TENSOR_MAP.fullmatch(name))}
 
 
 def _subgraph_names(kelf: Mapping[str, Any], maps: Mapping[str, str]) -> tuple[str, ...]:
@@ -433,7 +405,7 @@ def _subgraph_names(kelf: Mapping[str, Any], maps: Mapping[str, str]) -> tuple[s
 
 def _inputs(
     neff_json: bytes | None, tensor_map: Mapping[str, Any], limits: NeffLimits
-) -> tuple[tuple[NeffTensor, ...], str | None]:
+) -> tuple[tuple[NeffTensor, ...], tuple[str, ...]]:
     """The inputs from neff.json's signature, else from the tensor map (with a warning)."""
     entries = None
     if neff_json is not None:
@@ -442,34 +414,32 @@ def _inputs(
             entries = neff["metadata"]["signatures"]["default"]["inputs"]
     if entries is None:
         why = "has no" if neff_json is not None else "is missing, so no"
-        return _io_tensors(tensor_map, "input", _INPUT_NAME), (
+        return _io_tensors(tensor_map, "input"), (
             f"{_NEFF} {why} metadata.signatures.default.inputs: inputs taken from the "
-            "tensor map, ordered input0, input1, ... then map order"
+            "tensor map, ordered input0, input1, ... then map order",
         )
     if not isinstance(entries, Mapping):
         raise NeffFormatError(f"{_NEFF}: metadata.signatures.default.inputs is not an object")
     where = f"{_NEFF} input"
     ids = {name: _field(entry, "id", int, f"{where} {name!r}") for name, entry in entries.items()}
     ordered = sorted(ids, key=ids.__getitem__)
-    return tuple(_tensor(name, entries[name], "shape", where) for name in ordered), None
+    return tuple(_tensor(name, entries[name], "shape", where) for name in ordered), ()
 
 
-def _io_tensors(
-    tensor_map: Mapping[str, Any], kind: str, numbered: re.Pattern[str]
-) -> tuple[NeffTensor, ...]:
+def _io_tensors(tensor_map: Mapping[str, Any], kind: str) -> tuple[NeffTensor, ...]:
     names = [
         name
         for name, entry in tensor_map.items()
         if isinstance(entry, Mapping) and entry.get("kind") == kind and not entry.get("is_const")
     ]
-    ordered = sorted(names, key=partial(_numbered_first, numbered))
+    ordered = sorted(names, key=partial(_numbered_first, kind))
     return tuple(_tensor(n, tensor_map[n], "tf_shape", f"tensor_map {kind}") for n in ordered)
 
 
-def _numbered_first(numbered: re.Pattern[str], name: str) -> tuple[int, int, str]:
+def _numbered_first(kind: str, name: str) -> tuple[int, int, str]:
     """Sort key: output0, output1, ..., output10 numerically; other names after, in map
     order (the sort is stable)."""
-    match = numbered.fullmatch(name)
+    match = re.fullmatch(f"{kind}([0-9]+)", name)
     if not match:
         return (1, 0, "")
     # Compared as digit strings (shorter is smaller), never through int(): a name of

@@ -19,19 +19,16 @@ FAKE_NKIPY_DIR = HERE / "fake_nkipy"
 FAKE_RUNTIME_DIR = HERE / "fake_runtime"  # nrtpy and spike, for running bundles
 COMPILER_COMMAND = (sys.executable, "-m", "nkibuild.toolchain_double.fake_neuronxcc")
 LABEL = " (nkibuild toolchain double: placeholder NEFFs)"
-NKI_VERSION_ENV = "NKIBUILD_FAKE_NKI_VERSION"
 
 
 def fake_nki_version() -> str:
-    """The NKI release the double's nki imitates: NKI_VERSION_ENV, else the newest it knows
-    (the default fakes/nki/__init__.py has too)."""
-    return os.environ.get(NKI_VERSION_ENV) or "0.7.0"
-
-
-VERSION_ENV = "NKIBUILD_FAKE_CC_VERSION"  # another version stands for an upgraded compiler
+    """The NKI release the double's nki imitates: NKIBUILD_FAKE_NKI_VERSION, else the
+    newest it knows (the default fakes/nki/__init__.py has too)."""
+    return os.environ.get("NKIBUILD_FAKE_NKI_VERSION") or "0.7.0"
 
 
 def compiler_version() -> str:
     """What the double's `--version` answers now, and its NEFFs record: a build asks
-    this in-process (the compiler is this package), not through a process of its own."""
-    return os.environ.get(VERSION_ENV) or "2.23.0.0+nkibuild.fake"
+    this in-process (the compiler is this package), not through a process of its own.
+    NKIBUILD_FAKE_CC_VERSION stands for an upgraded compiler."""
+    return os.environ.get("NKIBUILD_FAKE_CC_VERSION") or "2.23.0.0+nkibuild.fake"

@@ -22,6 +22,7 @@ import shlex
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import TextIO
 
 from nkibuild.toolchain_double import compiler_version
@@ -77,11 +78,9 @@ def main(argv: list[str] | None = None) -> int:
 def _process_start_time() -> float:
     """When this process started (epoch seconds), from /proc; now where /proc is absent."""
     try:
-        with open("/proc/self/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         ticks = int(fields[19])  # field 22 of stat: start time, clock ticks after boot
-        with open("/proc/uptime") as handle:
-            uptime = float(handle.read().split()[0])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return time.time()
     # Age from two clocks that both count from boot (btime is only whole seconds).
@@ -240,9 +239,13 @@ def _fault(args: argparse.Namespace) -> str | None:
 
 def _inject(fault: str, args: argparse.Namespace, log: _Log) -> int:
     log.info(f"NKIBUILD_FAKE_CC_FAULT={fault}: failing on purpose")
-    if fault in ("exit1", "exit70"):
+    if fault == "hugelog":
+        filler = "fake tensorizer pass: nothing to see here, padding the log on purpose"
+        for _ in range(HUGE_LOG_BYTES // len(filler)):
+            log.info(filler)
+    if fault in ("exit1", "exit70", "hugelog"):
         log.error(f"injected fault {fault}")
-        return int(fault[4:])
+        return EXIT_HLO_ERROR if fault == "exit70" else 1
     if fault == "kill9":
         log.close()
         os.kill(os.getpid(), signal.SIGKILL)
@@ -250,12 +253,6 @@ def _inject(fault: str, args: argparse.Namespace, log: _Log) -> int:
         log.close()
         while True:
             time.sleep(3600)
-    if fault == "hugelog":
-        filler = "fake tensorizer pass: nothing to see here, padding the log on purpose"
-        for _ in range(HUGE_LOG_BYTES // len(filler)):
-            log.info(filler)
-        log.error("injected fault hugelog")
-        return 1
     # garbage: deterministic noise, long enough to look like a NEFF header but not parse as one
     noise = (hashlib.sha256(b"nkibuild fake garbage %d" % i).digest() for i in range(128))
     with open(args.output, "wb") as f:
@@ -273,14 +270,11 @@ def _content_identity(path: str) -> str:
     """
     from nkibuild.formats.backend_config import rewrite_paths
 
-    with open(path, "rb") as f:
-        data = f.read()
-
     def file_digest(reference: str) -> str:
-        with open(reference, "rb") as referenced:
-            return "sha256:" + hashlib.sha256(referenced.read()).hexdigest()
+        return "sha256:" + hashlib.sha256(Path(reference).read_bytes()).hexdigest()
 
-    return hashlib.sha256(rewrite_paths(data, os.path.isfile, file_digest)).hexdigest()
+    data = rewrite_paths(Path(path).read_bytes(), os.path.isfile, file_digest)
+    return hashlib.sha256(data).hexdigest()
 
 
 def _portable(argv: list[str], args: argparse.Namespace) -> list[str]:

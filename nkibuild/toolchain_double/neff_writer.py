@@ -3,8 +3,7 @@
 Not a compiler: the NEFFs it writes have a real container (the header, MD5 and gzip tar
 payload that `nkibuild.formats.neff` reads, laid out like a NEFF from neuronx-cc 2.23:
 packaging version 2, format 2.0) and the kernel's signature, but no executable code.
-Placeholders are marked three ways (header build string, `info.json`, a
-`PLACEHOLDER.txt` member) so no single rewrite can make one pass for a real kernel.
+Placeholders carry all three marks that `nkibuild.formats.neff` looks for.
 
 Dtypes are stored as neuronx-cc stores them: fp8 as `int8`, bool as `uint8`
 (`nkibuild.dtypes.neff_storage_dtype`). Output is byte-deterministic for equal
@@ -83,7 +82,7 @@ def write_neff(
         *FORMAT_VERSION,
         _fixed_field(build, 128, "build"),
         num_tpb,
-        payload_md5_field(payload),
+        payload_md5_field(io.BytesIO(payload)),
         bytes(16),
         uuid.uuid5(_UUID_NAMESPACE, hashlib.sha256(payload).hexdigest()).bytes,
         _fixed_field(name, 256, "name"),
@@ -114,11 +113,9 @@ def _metadata_members(
     num_tpb: int,
     placeholder: bool,
 ) -> dict[str, bytes]:
-    seen: set[str] = set()
-    for tensor in [*inputs, *outputs]:
-        if not tensor.name or tensor.name in seen:
-            raise ValueError(f"NEFF tensor names must be unique and non-empty: {tensor.name!r}")
-        seen.add(tensor.name)
+    names = [t.name for t in (*inputs, *outputs)]
+    if "" in names or len(set(names)) < len(names):
+        raise ValueError(f"NEFF tensor names must be unique and non-empty: {names}")
     info: dict[str, Any] = {"tool_version": compiler_version, "num_tpb": num_tpb}
     if placeholder:
         info["nkibuild_placeholder"] = True
@@ -164,8 +161,7 @@ def _payload(members: Mapping[str, bytes], compress: bool) -> bytes:
     """A tar (gzip unless told otherwise) whose bytes depend only on the members."""
     tar_buffer = io.BytesIO()
     with tarfile.open(fileobj=tar_buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for member_name in sorted(members):
-            data = members[member_name]
+        for member_name, data in sorted(members.items()):
             info = tarfile.TarInfo(member_name)  # mtime 0, mode 0o644, root, no user names
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

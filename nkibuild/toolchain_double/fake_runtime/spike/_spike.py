@@ -8,8 +8,7 @@ is host memory and `execute` fills every output with zeros.
 It is labelled (`IS_TOOLCHAIN_DOUBLE = True`): a bundle loads placeholder NEFFs only into
 this core. Every load, execute and refused execute is appended to `CALLS` and, as one
 JSON line, to the file named by NKIBUILD_FAKE_SPIKE_LOG, so a test running a bundle in
-another process sees exactly what the runtime received. Standard library and NumPy only;
-it must not import nkibuild (it runs where only a bundle is installed).
+another process sees exactly what the runtime received.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import math
 import os
 import time
 from collections.abc import Mapping
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -73,11 +73,6 @@ def _made_by_the_runtime(self: object) -> None:
     raise TypeError(f"{type(self).__name__} objects are handed out by Spike; none is made here")
 
 
-def _reader(attribute: str) -> property:
-    """A read-only property over a private attribute (the native objects' getters)."""
-    return property(lambda self: getattr(self, attribute))
-
-
 def _made(cls: type, **attributes: Any) -> Any:
     made = object.__new__(cls)
     for name, value in attributes.items():
@@ -105,13 +100,11 @@ class SystemTraceSession:
 
     def fetch_events_json(self) -> str:
         """The events recorded since the last fetch or drain, as JSON; "" if none."""
-        events, self._events = self._checked_events("fetch"), []
+        events = self._taken_events("fetch")
         return json.dumps({"events": events}) if events else ""
 
     def drain_events(self) -> None:
-        """Forget the events recorded so far."""
-        self._checked_events("drain")
-        self._events = []
+        self._taken_events("drain")
 
     def __enter__(self) -> SystemTraceSession:
         return self
@@ -119,10 +112,11 @@ class SystemTraceSession:
     def __exit__(self, *args) -> None:
         self.stop()
 
-    def _checked_events(self, action: str) -> list[dict[str, Any]]:
+    def _taken_events(self, action: str) -> list[dict[str, Any]]:
         if self not in _TRACES:
             raise _spike_error(f"cannot {action} the events of a stopped trace session")
-        return self._events
+        events, self._events = self._events, []
+        return events
 
     def _record(self, core_id: int, start_ns: int, stop_ns: int) -> None:
         if self._core_id not in (None, core_id):
@@ -141,8 +135,8 @@ class SystemTraceSession:
 
 class TensorMetadata:
     __init__ = _made_by_the_runtime
-    size = _reader("_size")  # bytes
-    dtype = _reader("_dtype")  # the runtime's name, or "unknown"
+    size = property(attrgetter("_size"))  # bytes
+    dtype = property(attrgetter("_dtype"))  # the runtime's name, or "unknown"
     shape = property(lambda self: list(self._shape))
 
 
@@ -164,9 +158,9 @@ class ModelTensorInfo:
 
 class NrtTensor:
     __init__ = _made_by_the_runtime
-    core_id = _reader("_core_id")
-    size = _reader("_size")  # bytes
-    name = _reader("_name")
+    core_id = property(attrgetter("_core_id"))
+    size = property(attrgetter("_size"))  # bytes
+    name = property(attrgetter("_name"))
 
     @property
     def va(self) -> int:
@@ -182,7 +176,6 @@ class NrtTensor:
             raise _spike_error(f"tensor {self._name!r} was freed (or its runtime closed)")
 
     def _bytes(self) -> memoryview:
-        assert self._memory is not None
         return memoryview(self._memory)[self._offset : self._offset + self._size]
 
 
@@ -204,11 +197,11 @@ def _tensor(
 
 class NrtModel:
     __init__ = _made_by_the_runtime
-    neff_path = _reader("_neff_path")
-    core_id = _reader("_core_id")
-    rank_id = _reader("_rank_id")
-    world_size = _reader("_world_size")
-    is_collective = _reader("_is_collective")
+    neff_path = property(attrgetter("_neff_path"))
+    core_id = property(attrgetter("_core_id"))
+    rank_id = property(attrgetter("_rank_id"))
+    world_size = property(attrgetter("_world_size"))
+    is_collective = property(attrgetter("_is_collective"))
 
     def __repr__(self) -> str:
         return f"<NrtModel of {self._neff_path} on core {self._core_id}: {_DOUBLE}>"
@@ -226,7 +219,6 @@ class Spike:
     _closed = False  # then its models and tensors are unusable
 
     def __init__(self, verbose_level: int = 0) -> None:
-        """The runtime; only one may exist at a time."""
         if Spike._alive:
             raise _spike_error("a Spike runtime already exists in this process; close it first")
         Spike._alive = True
@@ -256,7 +248,6 @@ class Spike:
         rank_id: int = 0,
         world_size: int = 1,
     ) -> NrtModel:
-        """Read a NEFF and "load" it on `core_id`."""
         self._check_open()
         path = str(neff_file)
         contents = _load_neff(path)
@@ -307,7 +298,6 @@ class Spike:
         _record({"event": "call"} | call | outputs_called)
 
     def allocate_tensor(self, size: int, core_id: int = 0, name: str | None = None) -> NrtTensor:
-        """`size` zeroed bytes on `core_id`."""
         self._check_open()
         if size < 0:  # the binding takes a size_t
             raise OverflowError(f"a tensor size cannot be negative ({size})")
@@ -324,13 +314,12 @@ class Spike:
                 f"a slice of {size} bytes at offset {offset} does not fit in "
                 f"{source.name!r} ({source.size} bytes)"
             )
-        assert source._memory is not None
         return _tensor(
             source._runtime, source._memory, source._offset + offset, size, source.core_id, name
         )
 
     def free_tensor(self, tensor: NrtTensor) -> None:
-        """Release a tensor's memory (slices of it become unusable too)."""
+        """Release a tensor's memory (a slice of it keeps the bytes it views)."""
         if tensor._owner:
             tensor._memory = None
 
@@ -418,7 +407,6 @@ def _tensor_set(tensors: object) -> dict[str, NrtTensor]:
 
 def _check_tensor_sets(model: NrtModel, sets: dict[str, dict[str, NrtTensor]]) -> None:
     """Refuse an execute the runtime would refuse: it knows names, sizes and cores."""
-    assert model._contents is not None
     for kind, given in sets.items():
         expected = {t.name: t for t in model._contents.tensors if t.kind == kind}
         unknown, missing = sorted(set(given) - set(expected)), sorted(set(expected) - set(given))

@@ -64,7 +64,6 @@ class SpikeModel:
         return cls(ref, path.stem if name is None else name, path)
 
     def allocate_output_tensors(self) -> list[SpikeTensor]:
-        """Zeroed tensors of the NEFF's outputs, on the model's core."""
         tensors = []
         for name, info in self.output_tensors_info.items():
             # spike makes np.dtype(info.dtype): the runtime's "unknown" is a TypeError.

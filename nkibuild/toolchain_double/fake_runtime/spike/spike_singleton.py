@@ -55,7 +55,6 @@ def reset() -> None:
 
 
 def get_spike_singleton() -> Spike:
-    """The process's runtime, made on first use (thread-safe)."""
     global _runtime
     with _lock:
         if _runtime is None:

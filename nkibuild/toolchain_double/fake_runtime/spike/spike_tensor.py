@@ -35,7 +35,6 @@ class SpikeTensor:
         return cls(tensor_ref=ref, shape=array.shape, dtype=array.dtype, name=name)
 
     def numpy(self) -> np.ndarray:
-        """A new array with the tensor's current contents."""
         array = np.empty(self.shape, dtype=self.dtype)
         get_spike_singleton().tensor_read_to_pybuffer(self.tensor_ref, array)
         return array

@@ -68,7 +68,11 @@ class NKIPyKernel:
         )
         from .nki_op import recording  # relative: also loaded under nkibuild.toolchain_double
 
-        samples = {name: _sample(array) for name, array in arrays.items()}
+        # Nonzero values of each array's dtype and shape, so that a write into it shows.
+        samples = {
+            n: np.random.default_rng(0).uniform(1, 100, a.shape).astype(a.dtype)
+            for n, a in arrays.items()
+        }
         bound.arguments.update({name: sample.copy() for name, sample in samples.items()})
         with recording() as nki_calls:  # an NKI kernel's custom-call becomes the root
             result = self.fn(*bound.args, **bound.kwargs)
@@ -111,12 +115,6 @@ def _traced(name: str, array: np.ndarray) -> np.ndarray:
     return array.astype(narrowed)
 
 
-def _sample(array: np.ndarray) -> np.ndarray:
-    """Nonzero values of the array's dtype and shape, so that a write into it shows."""
-    values = np.random.default_rng(0).uniform(1, 100, array.shape)
-    return values.astype(array.dtype)
-
-
 def code_digest(fn: Callable[..., Any]) -> str:
     """sha256 of the code `fn` runs: its own and that of the user functions it calls by
     global name, recursively. Library code (the standard library, site-packages) is the
@@ -136,16 +134,13 @@ def _user_code(fn: Callable[..., Any]) -> Iterator[types.CodeType]:
             continue
         seen.add(id(function))
         yield function.__code__
+        names = [name for code in _nested(function.__code__) for name in code.co_names]
         pending += [
             called
-            for called in _called_by_name(function)
-            if isinstance(called, types.FunctionType) and not _is_library(called.__code__)
+            for called in map(function.__globals__.get, names)
+            if isinstance(called, types.FunctionType)
+            and not os.path.realpath(called.__code__.co_filename).startswith(_library_dirs())
         ]
-
-
-def _called_by_name(function: types.FunctionType) -> list[Any]:
-    names = [name for code in _nested(function.__code__) for name in code.co_names]
-    return [function.__globals__[name] for name in names if name in function.__globals__]
 
 
 def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
@@ -178,10 +173,6 @@ def _library_dirs() -> tuple[str, ...]:
         os.path.join(os.path.realpath(paths[key]), "")
         for key in ("stdlib", "platstdlib", "purelib", "platlib")
     )
-
-
-def _is_library(code: types.CodeType) -> bool:
-    return os.path.realpath(code.co_filename).startswith(_library_dirs())
 
 
 def _as_json(value: Any) -> str:

@@ -79,12 +79,8 @@ def mark_step() -> None:
 
 
 def _dump(cache: Path, module: bytes, identity: str | None, flags: str) -> None:
-    graph_hash = _digest(identity.encode() if identity else module)[:20]
-    directory = cache / f"MODULE_{graph_hash}+{_digest(flags.encode())[:8]}"
+    graph_hash = hashlib.sha256(identity.encode() if identity else module).hexdigest()[:20]
+    directory = cache / f"MODULE_{graph_hash}+{hashlib.sha256(flags.encode()).hexdigest()[:8]}"
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "model.hlo_module.pb").write_bytes(module)
     (directory / "compile_flags.json").write_text(flags)
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
