@@ -204,15 +204,12 @@ def _sums(out: Path) -> dict[str, str]:
     return {name: digest for digest, _, name in (line.partition("  ") for line in lines)}
 
 
-def release(
-    options: ReleaseOptions, display: Display, session: BuildSession | None = None
-) -> ReleaseResult:
+def release(options: ReleaseOptions, display: Display, session: BuildSession) -> ReleaseResult:
     from nkibuild.release import provenance
     from nkibuild.release.report import write_reports
     from nkibuild.release.shard import assign, shard_units
 
     began = provenance.start(options.root)  # the revision the build starts from
-    session = session if session is not None else BuildSession()
     projects = load_projects(options, session)
     preflight(projects, options)
     identity = provenance.signing_identity() if options.sign and not options.shard else None

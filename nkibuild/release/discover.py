@@ -23,7 +23,8 @@ def discover(root: Path) -> list[Path]:
         subdirs[:] = sorted(d for d in subdirs if _descend(here / d))
         if MANIFEST in files:
             found.append(here / MANIFEST)
-    return [path for path in found if path not in _git_ignored(root, found)]
+    ignored = _git_ignored(root, found) if found else set()
+    return [path for path in found if path not in ignored]
 
 
 def _descend(directory: Path) -> bool:
@@ -34,8 +35,6 @@ def _descend(directory: Path) -> bool:
 
 
 def _git_ignored(root: Path, paths: list[Path]) -> set[Path]:
-    if not paths:
-        return set()
     try:
         proc = subprocess.run(
             # -z: NUL-separated both ways; otherwise git quotes and escapes non-ASCII

@@ -123,7 +123,6 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str] | str:
 def statement(
     result: ReleaseResult, options: ReleaseOptions, began: ReleaseStart
 ) -> dict[str, Any]:
-    """The statement for the wheels `result` published."""
     from nkibuild.release import staged_wheels
 
     subjects, dependencies = [], []
@@ -241,7 +240,6 @@ def write_statement(result: ReleaseResult, options: ReleaseOptions, began: Relea
 
 
 def _keep_earlier(path: Path, uncovered: set[str]) -> None:
-    """Keep the statement at `path` if it vouches for one of the `uncovered` wheels."""
     try:
         earlier = digests_of(read_statement(path))
     except (UsageError, ValueError):

@@ -15,12 +15,11 @@ if TYPE_CHECKING:
     from nkibuild.release import ReleaseResult
 
 
-def write_reports(result: ReleaseResult, out: Path) -> dict[str, Any]:
+def write_reports(result: ReleaseResult, out: Path) -> None:
     report = build_report(result)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "release-report.json", json.dumps(report, indent=2) + "\n")
     atomic_write_text(out / "release-report.md", render_markdown(report))
-    return report
 
 
 def build_report(result: ReleaseResult) -> dict[str, Any]:

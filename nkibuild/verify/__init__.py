@@ -35,8 +35,11 @@ if TYPE_CHECKING:
     from nkibuild.verify.sources import ProjectSources
 
 RUNNER = Path(__file__).with_name("runner.py")
-ERROR_GROWTH = 2.0  # an error this many times the baseline's is a regression
-SLOWDOWN = 1.10  # and so is a benchmark this much slower
+# A figure past `growth` times its baseline value, plus `slack`, is a regression.
+REGRESSIONS = (  # (figure, growth, slack, problem)
+    ("max_abs_error", 2.0, 1e-12, "the error grew from {then:.3g} to {now:.3g}"),
+    ("benchmark_mean_ms", 1.10, 0.0, "spike benchmark {now:.3f} ms, baseline {then:.3f} ms"),
+)
 VERIFY_TIMEOUT_S = 1800
 ENV_TIMEOUT = "NKIBUILD_VERIFY_TIMEOUT"
 MAX_ANSWER_BYTES = 256 << 20  # runner.py's answer: a few hundred bytes per variant
@@ -109,14 +112,11 @@ def bundle_of_wheel(wheel: Path, scratch: Path) -> BundleUnderTest:
     """Unpack a wheel (bundles are pure Python) to import it without installing it."""
     from nkibuild.verify.provenance import wheel_build_info
 
-    info = wheel_build_info(wheel)  # UsageError for a wheel that is not readable
+    info = wheel_build_info(wheel)
     if info is None:
         raise UsageError(f"{wheel}: not an nkibuild bundle (no package with {BUILD_INFO})")
-    try:
-        with opened_wheel(wheel) as archive:
-            archive.extractall(scratch)
-    except UNREADABLE_WHEEL as error:
-        raise UsageError(f"{wheel}: not a readable wheel ({error})") from None
+    with opened_wheel(wheel) as archive:
+        archive.extractall(scratch)
     (package,) = (found.parent.name for found in scratch.glob(f"*/{BUILD_INFO}"))
     return BundleUnderTest(package, (scratch,), info, wheel.with_suffix(".verify.json"))
 
@@ -126,14 +126,17 @@ def opened_wheel(wheel: Path) -> Iterator[zipfile.ZipFile]:
     """A wheel someone handed over, as an archive: opened by the bounded reader (a FIFO
     or a device is refused, not waited on) and refused when its members declare more
     than MAX_UNPACKED_BYTES (zipfile never unpacks a member past its declared size).
-    Raises what UNREADABLE_WHEEL lists."""
-    with open_regular(wheel, MAX_WHEEL_BYTES) as handle, zipfile.ZipFile(handle) as archive:
-        declared = sum(member.file_size for member in archive.infolist())
-        if declared > MAX_UNPACKED_BYTES:
-            raise zipfile.BadZipFile(
-                f"its members unpack to {declared} bytes, more than {MAX_UNPACKED_BYTES}"
-            )
-        yield archive
+    UsageError when it, or what the caller reads of it, is not readable."""
+    try:
+        with open_regular(wheel, MAX_WHEEL_BYTES) as handle, zipfile.ZipFile(handle) as archive:
+            declared = sum(member.file_size for member in archive.infolist())
+            if declared > MAX_UNPACKED_BYTES:
+                raise zipfile.BadZipFile(
+                    f"its members unpack to {declared} bytes, more than {MAX_UNPACKED_BYTES}"
+                )
+            yield archive
+    except UNREADABLE_WHEEL as error:
+        raise UsageError(f"{wheel}: not a readable wheel ({error})") from None
 
 
 def verify(
@@ -151,17 +154,16 @@ def verify(
 
     frontends = [Path(p) for p in double.worker_path] if double and mode == "simulate" else []
     label = " (toolchain double's nki)" if frontends else ""
-    checks = _run(bundle, mode, label, extra_path=frontends)
+    checks = bundle_checks(bundle, mode, label, extra_path=frontends)
     if double is not None:
         runtime = [Path(p) for p in double.runtime_path]
         for target in bundle.info.targets():
-            env = {"NKIBUILD_TARGET": target}
             label = f" (toolchain double, {target})"
-            checks += _run(bundle, "neuron", label, env, extra_path=runtime, target=target)
+            checks += bundle_checks(bundle, "neuron", label, runtime, target)
     # Each kernel's own source against its reference (a wheel has none: skipped); the
     # double's nki.simulate really executes NKI kernels (on NumPy).
     if bundle.sources is None:
-        checks += wheel_source_checks(bundle.info)
+        checks += wheel_source_checks(bundle.info.to_json())
     elif double is None:
         checks += source_checks(bundle.sources)
     else:
@@ -175,39 +177,32 @@ def verify(
     return checks
 
 
-def bundle_checks(bundle: BundleUnderTest, mode: str) -> list[Check]:
-    """The bundle run in one mode against its reference, without baselines (build step)."""
-    return _run(bundle, mode)
-
-
 def _record_baseline(
     path: Path, baseline: dict[str, Any], checks: list[Check], *, replace: bool
 ) -> None:
     """Keep the first figures of every check as its baseline, unless asked to replace them."""
-    merged = dict(baseline)
-    for check in checks:
-        if replace or _key(check) not in merged:
-            merged[_key(check)] = check.figures
+    fresh = {_key(check): check.figures for check in checks}
+    merged = {**baseline, **fresh} if replace else {**fresh, **baseline}
     if merged != baseline:
         atomic_write_text(path, json.dumps(merged, indent=2, sort_keys=True))
 
 
-def _run(
+def bundle_checks(
     bundle: BundleUnderTest,
     mode: str,
     label: str = "",
-    env: dict[str, str] | None = None,
     extra_path: Sequence[Path] = (),
     target: str | None = None,
 ) -> list[Check]:
-    """The checks of the bundle's kernels (those with NEFFs for `target`, if given) run in
-    `mode`, labelled `label`."""
+    """The bundle's kernels (with `target`: those with NEFFs for it, run as that target) in
+    `mode` against their reference, labelled `label`; no baselines (the build step's)."""
     kernels = bundle.info.kernels.items()
     tolerances = {n: k.tolerance.to_json() for n, k in kernels if target in (None, *k.neffs)}
     request = {"package": bundle.package, "mode": mode, "tolerances": tolerances}
     # -I: no user site, no PYTHONPATH, no cwd on sys.path; the bootstrap adds the paths.
     python = [sys.executable, "-I"]
-    environment = {**os.environ, **(env or {}), "NKIBUILD_MODE": ""}
+    chosen = {"NKIBUILD_TARGET": target} if target else {}
+    environment = {**os.environ, **chosen, "NKIBUILD_MODE": ""}
     paths = (*bundle.paths, *extra_path)
     run = run_runner(python, paths, request, f"verifying {bundle.package}", None, environment)
     checks = []
@@ -360,14 +355,7 @@ def _compare_with_baseline(checks: list[Check], baseline: dict[str, Any]) -> Non
         before = baseline.get(_key(check))
         if not before or not check.ok:
             continue
-        error, error_before = check.figures.get("max_abs_error"), before.get("max_abs_error")
-        grew = error is not None and error_before is not None
-        if grew and error > ERROR_GROWTH * error_before + 1e-12:
-            check.problems.append(
-                f"regression: the error grew from {error_before:.3g} to {error:.3g}"
-            )
-        mean, mean_before = check.figures.get("benchmark_mean_ms"), before.get("benchmark_mean_ms")
-        if mean is not None and mean_before is not None and mean > SLOWDOWN * mean_before:
-            check.problems.append(
-                f"regression: spike benchmark {mean:.3f} ms, baseline {mean_before:.3f} ms"
-            )
+        for figure, growth, slack, problem in REGRESSIONS:
+            now, then = check.figures.get(figure), before.get(figure)
+            if now is not None and then is not None and now > growth * then + slack:
+                check.problems.append("regression: " + problem.format(now=now, then=then))

@@ -22,12 +22,7 @@ from nkibuild.cache.key import file_sha256
 from nkibuild.confine import read_regular
 from nkibuild.errors import UsageError
 from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, load_json
-from nkibuild.verify import (
-    MAX_BUILD_INFO_BYTES,
-    MAX_WHEEL_BYTES,
-    UNREADABLE_WHEEL,
-    opened_wheel,
-)
+from nkibuild.verify import MAX_BUILD_INFO_BYTES, MAX_WHEEL_BYTES, opened_wheel
 
 STATEMENT_FILE = "provenance.intoto.json"
 # Earlier releases' statements, which a later release into the same folder keeps.
@@ -89,19 +84,16 @@ def project_dependencies(info: BuildInfo, directory: str) -> list[dict[str, Any]
 def wheel_build_info(wheel: Path) -> BuildInfo | None:
     """The `_build.json` of a bundle wheel; None for a wheel without one (a split
     bundle's per-target NEFF part). UsageError if it is not a readable wheel."""
-    try:
-        with opened_wheel(wheel) as archive:
-            members = [n for n in archive.namelist() if n.count("/") == 1]
-            records = [n for n in members if n.endswith(f"/{FILE_NAME}")]
-            if not records:
-                return None
-            if len(records) > 1:
-                raise UsageError(f"{wheel}: more than one package with {FILE_NAME}")
-            if archive.getinfo(records[0]).file_size > MAX_BUILD_INFO_BYTES:
-                raise zipfile.BadZipFile(f"{records[0]} is larger than {MAX_BUILD_INFO_BYTES}")
-            text = archive.read(records[0]).decode("utf-8", errors="replace")
-    except UNREADABLE_WHEEL as error:
-        raise UsageError(f"{wheel}: not a readable wheel ({error})") from None
+    with opened_wheel(wheel) as archive:
+        members = [n for n in archive.namelist() if n.count("/") == 1]
+        records = [n for n in members if n.endswith(f"/{FILE_NAME}")]
+        if not records:
+            return None
+        if len(records) > 1:
+            raise UsageError(f"{wheel}: more than one package with {FILE_NAME}")
+        if archive.getinfo(records[0]).file_size > MAX_BUILD_INFO_BYTES:
+            raise zipfile.BadZipFile(f"{records[0]} is larger than {MAX_BUILD_INFO_BYTES}")
+        text = archive.read(records[0]).decode("utf-8", errors="replace")
     try:
         return BuildInfo.from_text(text)
     except BuildInfoError as error:
@@ -176,7 +168,6 @@ def _require_digest_sets(subjects: list[dict[str, Any]], path: Path) -> None:
 
 
 def check_wheel(wheel: Path, statement_path: Path) -> ProvenanceCheck:
-    """Check one wheel against the statement; every disagreement is a problem."""
     digest = _wheel_sha256(wheel)
     try:
         statement = read_statement(statement_path)
@@ -189,19 +180,18 @@ def check_wheel(wheel: Path, statement_path: Path) -> ProvenanceCheck:
     info = wheel_build_info(wheel)
     if info is None:
         notes.append(f"no {FILE_NAME} (a per-target NEFF part): its digest is all there is")
-        return ProvenanceCheck(wheel, statement_path, (), tuple(notes))
-    if info.provenance is None:
-        problem = (
+    elif info.provenance is None:
+        problems.append(
             f"its {FILE_NAME} has no provenance summary (built by nkibuild "
             f"{info.nkibuild_version}, which did not record one)"
         )
-        return ProvenanceCheck(wheel, statement_path, (problem,), tuple(notes))
-    recorded = _entries(project_dependencies(info, ""), info.package)
-    listed = statement["predicate"]["buildDefinition"]["resolvedDependencies"]
-    problems = _summary_problems(info.package, recorded, _entries(listed, info.package))
-    if not problems:
-        tools = sum(role == "tool" for role, _ in recorded)
-        notes.append(f"{len(recorded) - tools} materials and {tools} tools agree")
+    else:
+        recorded = _entries(project_dependencies(info, ""), info.package)
+        listed = statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+        problems = _summary_problems(info.package, recorded, _entries(listed, info.package))
+        if not problems:
+            tools = sum(role == "tool" for role, _ in recorded)
+            notes.append(f"{len(recorded) - tools} materials and {tools} tools agree")
     return ProvenanceCheck(wheel, statement_path, tuple(problems), tuple(notes))
 
 
@@ -239,7 +229,6 @@ def _sha256(descriptor: dict[str, Any]) -> str | None:
 def _summary_problems(
     project: str, recorded: dict[tuple[str, str], str], stated: dict[tuple[str, str], str]
 ) -> list[str]:
-    """Differences between the wheel's summary and the statement's entries for its project."""
     if not stated:
         return [f"the statement lists no materials of project {project!r}"]
     problems = []

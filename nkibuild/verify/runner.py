@@ -6,11 +6,8 @@ and variant: the reference's outputs' signature, the error of the requested mode
 against the reference, and timings.
 
 A request that names a project's `kernels` (not a `package`) instead runs them from their
-own source on the CPU (JAX under jax.jit, nkipy as the NumPy functions they are, NKI
-under nki.simulate where it is installed) on the same sample inputs, and compares
-each with its reference. It is started in a fresh interpreter per project (the
-frontends', which has nkibuild: kernel files are imported as its frontend workers import
-them), with the project root first on sys.path.
+own source on the CPU (`sources.py`), on the same sample inputs, in the frontends'
+interpreter (which has nkibuild: kernel files are imported as its workers import them).
 
 Both write their answer to the request's `output` file, never to stdout (whatever
 user code prints cannot garble it): one JSON object per line, flushed as it is
@@ -59,7 +56,6 @@ def signature(arrays: tuple[np.ndarray, ...]) -> list[dict[str, Any]]:
 
 
 def errors(result: tuple[np.ndarray, ...], expected: tuple[np.ndarray, ...]) -> dict[str, float]:
-    """Largest absolute and relative differences over all outputs (`output_errors`)."""
     pairs = [output_errors(got, want) for got, want in zip(result, expected, strict=True)]
     return {
         "max_abs_error": max((abs_error for abs_error, _ in pairs), default=0.0),
@@ -70,12 +66,8 @@ def errors(result: tuple[np.ndarray, ...], expected: tuple[np.ndarray, ...]) -> 
 def _tolerance(expected: np.ndarray, given: dict[str, float | None]) -> dict[str, float]:
     """The manifest's tolerance, else a default by dtype (as documented in the schema)."""
     low_precision = expected.dtype.name in ("bfloat16", "float16")
-    rtol = given.get("rtol")
-    atol = given.get("atol")
-    return {
-        "rtol": rtol if rtol is not None else (1e-2 if low_precision else 1e-5),
-        "atol": atol if atol is not None else (1e-2 if low_precision else 1e-6),
-    }
+    defaults = {"rtol": 1e-2, "atol": 1e-2} if low_precision else {"rtol": 1e-5, "atol": 1e-6}
+    return {**defaults, **{key: value for key, value in given.items() if value is not None}}
 
 
 def timed(call: Any) -> tuple[Any, float]:
@@ -163,10 +155,6 @@ def bundle_records(request: dict[str, Any], announce: Announce) -> Iterator[dict
                 record = {"kernel": name, "variant": variant, "error": _failure(error)}
             yield record
 
-
-# ---------------------------------------------------------------------------
-# A project's kernels run from their own source on the CPU.
-# ---------------------------------------------------------------------------
 
 # What user code may raise and still fail only its own kernel (sys.exit included).
 USER_ERRORS = (Exception, SystemExit)

@@ -45,8 +45,6 @@ SHIPPED_NOT_RUN = (
 
 @dataclass(frozen=True)
 class ProjectSources:
-    """What the source check needs of a project."""
-
     root: Path  # the manifest's directory: kernel paths are relative to it
     kernels: tuple[Kernel, ...]
     python: str  # the interpreter the frontends run in (it has jax)
@@ -77,14 +75,12 @@ def source_checks(sources: ProjectSources, nki_label: str = "") -> list[Check]:
     return checks
 
 
-def wheel_source_checks(info: Any) -> list[Check]:
-    """For a bare wheel: every kernel and variant, skipped, saying why."""
+def wheel_source_checks(build_info: dict[str, Any]) -> list[Check]:
+    """For a bare wheel, from its `_build.json`: every kernel and variant, skipped, saying why."""
     from nkibuild.bundle import SHIPPED_FRONTENDS
 
-    # `_build.json` as a typed BuildInfo or as its parsed JSON: the same keys either way.
-    document = info.to_json() if hasattr(info, "to_json") else info
     checks = []
-    for name, kernel in sorted(document["kernels"].items()):
+    for name, kernel in sorted(build_info["kernels"].items()):
         for variant in kernel["variants"]:
             check = Check(name, variant, MODES.get(kernel["frontend"], "kernel on the CPU"))
             shipped = kernel["frontend"] in SHIPPED_FRONTENDS

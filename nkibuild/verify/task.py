@@ -60,9 +60,8 @@ def verify_task(context: BuildContext) -> dict[str, Any] | None:
 
 
 def verify_outputs(context: BuildContext) -> list[str]:
-    """What the wheel task should list in its `file_dep`, so that a failed verify withholds
-    the wheel (also under --keep-going, where doit reports it blocked): the report's path
-    when the manifest sets `verify: true`, else nothing."""
+    """The wheel task's extra `file_dep` (see above; under --keep-going doit reports the
+    wheel blocked): the report, when the manifest sets `verify: true`."""
     if not context.manifest.verify:
         return []
     return [str(context.layout.build_dir / REPORT)]
