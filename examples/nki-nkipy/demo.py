@@ -4,8 +4,8 @@ import numpy as np
 from acme_nki_kernels import matmul_tiled, rmsnorm
 
 rng = np.random.default_rng(0)
-lhsT = rng.standard_normal((2048, 512), dtype=np.float32)
-rhs = rng.standard_normal((2048, 1024), dtype=np.float32)
+lhsT = rng.standard_normal((512, 512), dtype=np.float32)
+rhs = rng.standard_normal((512, 1024), dtype=np.float32)
 np.testing.assert_allclose(matmul_tiled(lhsT, rhs), lhsT.T @ rhs, rtol=1e-4, atol=1e-3)
 print("matmul_tiled (variant narrow): lhsT.T @ rhs, ok")
 
