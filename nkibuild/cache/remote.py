@@ -85,7 +85,11 @@ class RemoteCache:
         return posixpath.join(self.root, *entry_parts(digest))
 
     def contains(self, key: CacheKey) -> bool:
-        return self._exists(posixpath.join(self.entry_dir(key), ENTRY_FILE))
+        path = posixpath.join(self.entry_dir(key), ENTRY_FILE)
+        # fsspec filesystems answer `exists` from cached listings, which would
+        # hide what other machines published since.
+        self.fs.invalidate_cache(posixpath.dirname(path))
+        return bool(self.fs.exists(path))
 
     def fetch(self, key: CacheKey, destination: Path | None) -> dict[str, Any] | None:
         try:
@@ -104,9 +108,10 @@ class RemoteCache:
     def _read_record(self, digest: str) -> bytes:
         """entry.json's bytes, at most MAX_RECORD_BYTES of them; FileNotFoundError: a miss."""
         if self._local:
-            parts = entry_parts(digest)
             try:
-                return safefs.read_small(self.root, parts, ENTRY_FILE, MAX_RECORD_BYTES)
+                return safefs.read_small(
+                    self.root, entry_parts(digest), ENTRY_FILE, MAX_RECORD_BYTES
+                )
             except (FileNotFoundError, CorruptEntry):
                 raise
             except OSError as error:
@@ -129,9 +134,9 @@ class RemoteCache:
     ) -> None:
         if self.read_only:
             return
-        entry = self.entry_dir(key)
-        if self._exists(posixpath.join(entry, ENTRY_FILE)):
+        if self.contains(key):
             return
+        entry = self.entry_dir(key)
         record = entry_record(key, meta, neff, sha256)
         objects: dict[str, Path] = {}
         if neff is not None:  # content-addressed: two publishers never write into each other's
@@ -210,16 +215,9 @@ class RemoteCache:
         with self.fs.open(source, "rb") as remote:
             return safefs.copy_hashed(remote.read, copy, MAX_NEFF_BYTES)
 
-    def _exists(self, path: str) -> bool:
-        # fsspec filesystems answer `exists` from cached listings, which would
-        # hide what other machines published since.
-        self.fs.invalidate_cache(posixpath.dirname(path))
-        return bool(self.fs.exists(path))
-
     def _corrupt(self, key: CacheKey, why: str) -> None:
         self.notices.append(corrupt_notice(self.location, key, why, discarded=not self.read_only))
-        if not self.read_only:
-            self._discard(key.digest)
+        self.discard(key)
 
     def _discard(self, digest: str) -> None:
         """entry.json first, so readers stop seeing the entry before its objects go;
