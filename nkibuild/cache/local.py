@@ -104,7 +104,10 @@ class LocalCache:
         except FileNotFoundError:
             return None
         except CorruptEntry as error:
-            self._corrupt(key, str(error))
+            self.notices.append(corrupt_notice(self.location, key, str(error), not self.read_only))
+            self.discard(key)
+            self.notices += self.failures  # a removal the filesystem refused is news here too
+            self.failures.clear()
             return None
         return caller_meta(record)
 
@@ -222,10 +225,9 @@ class LocalCache:
             f"{self.root / stray}: not an entry (not followed, left in place)" for stray in strays
         ]
         for entry in entries:
-            digest = entry.directory.name
             try:
                 with tempfile.TemporaryDirectory(prefix="nkibuild-verify-") as scratch:
-                    self._checked_copy(digest, Path(scratch) / NEFF_FILE)
+                    self._checked_copy(entry.directory.name, Path(scratch) / NEFF_FILE)
             except CorruptEntry as error:
                 problems.append(f"{entry.directory}: {error}")
                 self._discard(entry.directory)
@@ -286,12 +288,6 @@ class LocalCache:
                 f"could not remove {self.root / 'neff' / shard / name}: {error.strerror or error}"
             )
         return 0
-
-    def _corrupt(self, key: CacheKey, why: str) -> None:
-        self.notices.append(corrupt_notice(self.location, key, why, not self.read_only))
-        self._discard(self.entry_dir(key))
-        self.notices += self.failures  # a removal the filesystem refused is news here too
-        self.failures.clear()
 
     def _discard(self, entry: Path) -> bool:
         """Remove an entry directory of nkibuild's layout holding only nkibuild's files.

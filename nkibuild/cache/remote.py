@@ -101,7 +101,8 @@ class RemoteCache:
         except FileNotFoundError:
             return None
         except CorruptEntry as error:
-            self._corrupt(key, str(error))
+            self.notices.append(corrupt_notice(self.location, key, str(error), not self.read_only))
+            self.discard(key)
             return None
         return caller_meta(record)
 
@@ -164,8 +165,32 @@ class RemoteCache:
             self.notices.append(f"not publishing to {self.location}: {error}")
 
     def discard(self, key: CacheKey) -> None:
-        if not self.read_only:
-            self._discard(key.digest)
+        """entry.json first, so readers stop seeing the entry before its objects go;
+        then only the objects nkibuild names (never another writer's foreign files)."""
+        if self.read_only:
+            return
+        if not self._local:
+            entry = self.entry_dir(key)
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(posixpath.join(entry, ENTRY_FILE))
+            with contextlib.suppress(FileNotFoundError):
+                for path in self.fs.ls(entry, detail=False):
+                    if _OWN_NAME.fullmatch(posixpath.basename(path.rstrip("/"))):
+                        with contextlib.suppress(FileNotFoundError):
+                            self.fs.rm_file(path)
+            return
+        try:
+            with safefs.opened_dir(self.root, entry_parts(key.digest)[:-1]) as shard_fd:
+                with (
+                    contextlib.suppress(FileNotFoundError),
+                    safefs.opened_dir(shard_fd, (key.digest,)) as entry_fd,
+                ):
+                    os.unlink(ENTRY_FILE, dir_fd=entry_fd)
+                safefs.remove_owned_dir(shard_fd, key.digest, _OWN_NAME.fullmatch)
+        except FileNotFoundError:
+            return
+        except CorruptEntry as error:
+            self.notices.append(f"{self.entry_dir(key)}: {error}; not removed, left in place")
 
     def entries(self) -> list[str]:
         """Digests of the complete entries (those with an entry.json)."""
@@ -214,36 +239,6 @@ class RemoteCache:
         check_size(size, record)
         with self.fs.open(source, "rb") as remote:
             return safefs.copy_hashed(remote.read, copy, MAX_NEFF_BYTES)
-
-    def _corrupt(self, key: CacheKey, why: str) -> None:
-        self.notices.append(corrupt_notice(self.location, key, why, discarded=not self.read_only))
-        self.discard(key)
-
-    def _discard(self, digest: str) -> None:
-        """entry.json first, so readers stop seeing the entry before its objects go;
-        then only the objects nkibuild names (never another writer's foreign files)."""
-        if not self._local:
-            entry = self.entry_dir(digest)
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm_file(posixpath.join(entry, ENTRY_FILE))
-            with contextlib.suppress(FileNotFoundError):
-                for path in self.fs.ls(entry, detail=False):
-                    if _OWN_NAME.fullmatch(posixpath.basename(path.rstrip("/"))):
-                        with contextlib.suppress(FileNotFoundError):
-                            self.fs.rm_file(path)
-            return
-        try:
-            with safefs.opened_dir(self.root, entry_parts(digest)[:-1]) as shard_fd:
-                with (
-                    contextlib.suppress(FileNotFoundError),
-                    safefs.opened_dir(shard_fd, (digest,)) as entry_fd,
-                ):
-                    os.unlink(ENTRY_FILE, dir_fd=entry_fd)
-                safefs.remove_owned_dir(shard_fd, digest, _OWN_NAME.fullmatch)
-        except FileNotFoundError:
-            return
-        except CorruptEntry as error:
-            self.notices.append(f"{self.entry_dir(digest)}: {error}; not removed, left in place")
 
 
 def _check_object_names(record: dict[str, Any]) -> None:

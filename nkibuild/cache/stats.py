@@ -56,7 +56,6 @@ class TierCounts:
 
     @property
     def hit_rate(self) -> float | None:
-        """Hits per lookup; None when nothing was looked up."""
         return self.hits / self.lookups if self.lookups else None
 
     def __add__(self, other: TierCounts) -> TierCounts:
@@ -107,8 +106,6 @@ class CacheCounters:
 
 @dataclass(frozen=True)
 class BuildRecord:
-    """One build's line in the log."""
-
     finished: float  # seconds since the epoch
     tiers: Mapping[str, TierCounts]
 
