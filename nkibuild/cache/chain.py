@@ -48,7 +48,6 @@ class CacheChain:
 
     def fetch(self, key: CacheKey, destination: Path) -> CacheHit | None:
         for index, tier in enumerate(self.tiers):
-            # Counted: a hit, a miss (also a corrupt entry), or an error.
             meta, failed = self._attempt(tier, "read from", partial(tier.fetch, key, destination))
             outcome: Event = "hits" if meta is not None else "errors" if failed else "misses"
             self.stats.count(tier.kind, outcome)
@@ -61,7 +60,7 @@ class CacheChain:
         holding one, copied into the earlier tiers as a NEFF is, and counted as that
         tier's `failures`. Asked only after `fetch` missed: a NEFF anywhere wins."""
         for index, tier in enumerate(self.tiers):
-            meta = self._guard(tier, "read from", partial(tier.fetch, key.failure, None))
+            meta = self._attempt(tier, "read from", partial(tier.fetch, key.failure, None))[0]
             if meta is not None:
                 self.stats.count(tier.kind, "failures")
                 return self._hit(index, key.failure, None, meta)
@@ -78,7 +77,9 @@ class CacheChain:
 
     def locate(self, key: CacheKey) -> str | None:
         """The first tier holding an entry for `key`, without fetching it."""
-        found = (t for t in self.tiers if self._guard(t, "read from", partial(t.contains, key)))
+        found = (
+            t for t in self.tiers if self._attempt(t, "read from", partial(t.contains, key))[0]
+        )
         return next((tier.location for tier in found), None)
 
     def discard(self, key: CacheKey, location: str) -> None:
@@ -86,7 +87,7 @@ class CacheChain:
         for tier in self.tiers:
             if tier.location == location:
                 self.stats.rejected_hit(tier.kind)
-                self._guard(tier, "discard from", partial(tier.discard, key))
+                self._attempt(tier, "discard from", partial(tier.discard, key))
 
     def publish(
         self,
@@ -98,17 +99,13 @@ class CacheChain:
         *,
         vouched: bool,
     ) -> None:
-        """To every tier (see `NeffStore.publish`). `sha256`: the NEFF's, where the caller
-        has just computed it (not hashed again)."""
+        """To every tier (see `NeffStore.publish`)."""
         self._publish_to(self.tiers, key, neff, meta, log, sha256, vouched=vouched)
 
     def _publish_to(self, tiers: Sequence[NeffStore], *args: Any, vouched: bool) -> None:
         for tier in tiers:
             if self._attempt(tier, "publish to", partial(tier.publish, *args, vouched=vouched))[1]:
                 self.stats.count(tier.kind, "write_errors")
-
-    def _guard(self, tier: NeffStore, doing: str, call: Any) -> Any:
-        return self._attempt(tier, doing, call)[0]
 
     def _attempt(self, tier: NeffStore, doing: str, call: Any) -> tuple[Any, bool]:
         """(what `call` returned, False), or (None, True) with a notice when it raised."""

@@ -23,7 +23,6 @@ import secrets
 import stat
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -105,7 +104,10 @@ class LocalCache:
         except FileNotFoundError:
             return None
         except CorruptEntry as error:
-            self._corrupt(key, str(error))
+            self.notices.append(corrupt_notice(self.location, key, str(error), not self.read_only))
+            self.discard(key)
+            self.notices += self.failures  # a removal the filesystem refused is news here too
+            self.failures.clear()
             return None
         return caller_meta(record)
 
@@ -118,9 +120,25 @@ class LocalCache:
         FileNotFoundError: no entry. CorruptEntry: an entry that proves nothing (or
         cannot be read). Other OSErrors are `destination`'s (the build dir's disk)."""
         with contextlib.ExitStack() as stack:
-            entry_fd, record, read = self._open_entry(stack, digest)
-            if read is not None:
-                assert destination is not None  # only a failure record has no NEFF
+            try:
+                entry_fd = stack.enter_context(safefs.opened_dir(self.root, entry_parts(digest)))
+                raw = safefs.read_small(entry_fd, (), ENTRY_FILE, MAX_RECORD_BYTES)
+            except FileNotFoundError:
+                raise
+            except OSError as error:
+                raise CorruptEntry(f"unreadable {ENTRY_FILE} ({error.strerror or error})") from None
+            record = parse_record(raw, digest, self.trust)
+            if "failure" not in record:  # a failed compile's record has no NEFF
+                assert destination is not None
+                try:
+                    read, size = stack.enter_context(
+                        safefs.opened_file(entry_fd, NEFF_FILE, MAX_NEFF_BYTES)
+                    )
+                except OSError as error:
+                    raise CorruptEntry(
+                        f"unreadable {NEFF_FILE} ({error.strerror or error})"
+                    ) from None
+                check_size(size, record)
                 # What the build uses is exactly what was hashed; not fsync'd: the build
                 # checks it again before use.
                 with atomic_output(destination, durable=False) as copy:
@@ -129,30 +147,6 @@ class LocalCache:
                 with contextlib.suppress(OSError):
                     os.utime(ENTRY_FILE, dir_fd=entry_fd, follow_symlinks=False)
         return record
-
-    def _open_entry(
-        self, stack: contextlib.ExitStack, digest: str
-    ) -> tuple[int, dict[str, Any], Callable[[int], bytes] | None]:
-        """The entry directory's descriptor, its validated record and a reader of its
-        NEFF, open (None for a failure record, which has none)."""
-        try:
-            entry_fd = stack.enter_context(safefs.opened_dir(self.root, entry_parts(digest)))
-            raw = safefs.read_small(entry_fd, (), ENTRY_FILE, MAX_RECORD_BYTES)
-        except FileNotFoundError:
-            raise
-        except OSError as error:
-            raise CorruptEntry(f"unreadable {ENTRY_FILE} ({error.strerror or error})") from None
-        record = parse_record(raw, digest, self.trust)
-        if "failure" in record:
-            return entry_fd, record, None
-        try:
-            read, size = stack.enter_context(
-                safefs.opened_file(entry_fd, NEFF_FILE, MAX_NEFF_BYTES)
-            )
-        except OSError as error:
-            raise CorruptEntry(f"unreadable {NEFF_FILE} ({error.strerror or error})") from None
-        check_size(size, record)
-        return entry_fd, record, read
 
     def publish(
         self,
@@ -231,10 +225,9 @@ class LocalCache:
             f"{self.root / stray}: not an entry (not followed, left in place)" for stray in strays
         ]
         for entry in entries:
-            digest = entry.directory.name
             try:
                 with tempfile.TemporaryDirectory(prefix="nkibuild-verify-") as scratch:
-                    self._checked_copy(digest, Path(scratch) / NEFF_FILE)
+                    self._checked_copy(entry.directory.name, Path(scratch) / NEFF_FILE)
             except CorruptEntry as error:
                 problems.append(f"{entry.directory}: {error}")
                 self._discard(entry.directory)
@@ -296,12 +289,6 @@ class LocalCache:
             )
         return 0
 
-    def _corrupt(self, key: CacheKey, why: str) -> None:
-        self.notices.append(corrupt_notice(self.location, key, why, not self.read_only))
-        self._discard(self.entry_dir(key))
-        self.notices += self.failures  # a removal the filesystem refused is news here too
-        self.failures.clear()
-
     def _discard(self, entry: Path) -> bool:
         """Remove an entry directory of nkibuild's layout holding only nkibuild's files.
 
@@ -339,8 +326,12 @@ def _assemble(
     try:
         with safefs.opened_dir(shard_fd, (stage,)) as stage_fd:
             for name, source in files.items():
-                if source is not None:
-                    _link_or_copy(source, stage_fd, name)
+                if source is None:
+                    continue
+                try:  # a hard link: the build replaces its files, never writes into them
+                    os.link(source, name, dst_dir_fd=stage_fd, follow_symlinks=False)
+                except OSError:  # another filesystem (EXDEV), or one without hard links
+                    safefs.replace_file(stage_fd, name, source)
             # One line (json's C encoder): entries are read by nkibuild, and fetched often.
             safefs.replace_file(stage_fd, ENTRY_FILE, json.dumps(record, sort_keys=True).encode())
         os.rename(stage, digest, src_dir_fd=shard_fd, dst_dir_fd=shard_fd)
@@ -353,12 +344,3 @@ def _assemble(
 
 def _is_entry(shard: str, name: str) -> bool:
     return _DIGEST.fullmatch(name) is not None and name[:2] == shard
-
-
-def _link_or_copy(source: Path, dir_fd: int, name: str) -> None:
-    """The build's file as `name` in `dir_fd`: a hard link (the build replaces its files,
-    never writes into them), else a copy; never through a name planted there."""
-    try:
-        os.link(source, name, dst_dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:  # another filesystem (EXDEV), or one without hard links
-        safefs.replace_file(dir_fd, name, source)

@@ -85,7 +85,11 @@ class RemoteCache:
         return posixpath.join(self.root, *entry_parts(digest))
 
     def contains(self, key: CacheKey) -> bool:
-        return self._exists(posixpath.join(self.entry_dir(key), ENTRY_FILE))
+        path = posixpath.join(self.entry_dir(key), ENTRY_FILE)
+        # fsspec filesystems answer `exists` from cached listings, which would
+        # hide what other machines published since.
+        self.fs.invalidate_cache(posixpath.dirname(path))
+        return bool(self.fs.exists(path))
 
     def fetch(self, key: CacheKey, destination: Path | None) -> dict[str, Any] | None:
         try:
@@ -97,16 +101,18 @@ class RemoteCache:
         except FileNotFoundError:
             return None
         except CorruptEntry as error:
-            self._corrupt(key, str(error))
+            self.notices.append(corrupt_notice(self.location, key, str(error), not self.read_only))
+            self.discard(key)
             return None
         return caller_meta(record)
 
     def _read_record(self, digest: str) -> bytes:
         """entry.json's bytes, at most MAX_RECORD_BYTES of them; FileNotFoundError: a miss."""
         if self._local:
-            parts = entry_parts(digest)
             try:
-                return safefs.read_small(self.root, parts, ENTRY_FILE, MAX_RECORD_BYTES)
+                return safefs.read_small(
+                    self.root, entry_parts(digest), ENTRY_FILE, MAX_RECORD_BYTES
+                )
             except (FileNotFoundError, CorruptEntry):
                 raise
             except OSError as error:
@@ -129,9 +135,9 @@ class RemoteCache:
     ) -> None:
         if self.read_only:
             return
-        entry = self.entry_dir(key)
-        if self._exists(posixpath.join(entry, ENTRY_FILE)):
+        if self.contains(key):
             return
+        entry = self.entry_dir(key)
         record = entry_record(key, meta, neff, sha256)
         objects: dict[str, Path] = {}
         if neff is not None:  # content-addressed: two publishers never write into each other's
@@ -159,8 +165,32 @@ class RemoteCache:
             self.notices.append(f"not publishing to {self.location}: {error}")
 
     def discard(self, key: CacheKey) -> None:
-        if not self.read_only:
-            self._discard(key.digest)
+        """entry.json first, so readers stop seeing the entry before its objects go;
+        then only the objects nkibuild names (never another writer's foreign files)."""
+        if self.read_only:
+            return
+        if not self._local:
+            entry = self.entry_dir(key)
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(posixpath.join(entry, ENTRY_FILE))
+            with contextlib.suppress(FileNotFoundError):
+                for path in self.fs.ls(entry, detail=False):
+                    if _OWN_NAME.fullmatch(posixpath.basename(path.rstrip("/"))):
+                        with contextlib.suppress(FileNotFoundError):
+                            self.fs.rm_file(path)
+            return
+        try:
+            with safefs.opened_dir(self.root, entry_parts(key.digest)[:-1]) as shard_fd:
+                with (
+                    contextlib.suppress(FileNotFoundError),
+                    safefs.opened_dir(shard_fd, (key.digest,)) as entry_fd,
+                ):
+                    os.unlink(ENTRY_FILE, dir_fd=entry_fd)
+                safefs.remove_owned_dir(shard_fd, key.digest, _OWN_NAME.fullmatch)
+        except FileNotFoundError:
+            return
+        except CorruptEntry as error:
+            self.notices.append(f"{self.entry_dir(key)}: {error}; not removed, left in place")
 
     def entries(self) -> list[str]:
         """Digests of the complete entries (those with an entry.json)."""
@@ -209,43 +239,6 @@ class RemoteCache:
         check_size(size, record)
         with self.fs.open(source, "rb") as remote:
             return safefs.copy_hashed(remote.read, copy, MAX_NEFF_BYTES)
-
-    def _exists(self, path: str) -> bool:
-        # fsspec filesystems answer `exists` from cached listings, which would
-        # hide what other machines published since.
-        self.fs.invalidate_cache(posixpath.dirname(path))
-        return bool(self.fs.exists(path))
-
-    def _corrupt(self, key: CacheKey, why: str) -> None:
-        self.notices.append(corrupt_notice(self.location, key, why, discarded=not self.read_only))
-        if not self.read_only:
-            self._discard(key.digest)
-
-    def _discard(self, digest: str) -> None:
-        """entry.json first, so readers stop seeing the entry before its objects go;
-        then only the objects nkibuild names (never another writer's foreign files)."""
-        if not self._local:
-            entry = self.entry_dir(digest)
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm_file(posixpath.join(entry, ENTRY_FILE))
-            with contextlib.suppress(FileNotFoundError):
-                for path in self.fs.ls(entry, detail=False):
-                    if _OWN_NAME.fullmatch(posixpath.basename(path.rstrip("/"))):
-                        with contextlib.suppress(FileNotFoundError):
-                            self.fs.rm_file(path)
-            return
-        try:
-            with safefs.opened_dir(self.root, entry_parts(digest)[:-1]) as shard_fd:
-                with (
-                    contextlib.suppress(FileNotFoundError),
-                    safefs.opened_dir(shard_fd, (digest,)) as entry_fd,
-                ):
-                    os.unlink(ENTRY_FILE, dir_fd=entry_fd)
-                safefs.remove_owned_dir(shard_fd, digest, _OWN_NAME.fullmatch)
-        except FileNotFoundError:
-            return
-        except CorruptEntry as error:
-            self.notices.append(f"{self.entry_dir(digest)}: {error}; not removed, left in place")
 
 
 def _check_object_names(record: dict[str, Any]) -> None:

@@ -56,7 +56,6 @@ class TierCounts:
 
     @property
     def hit_rate(self) -> float | None:
-        """Hits per lookup; None when nothing was looked up."""
         return self.hits / self.lookups if self.lookups else None
 
     def __add__(self, other: TierCounts) -> TierCounts:
@@ -107,8 +106,6 @@ class CacheCounters:
 
 @dataclass(frozen=True)
 class BuildRecord:
-    """One build's line in the log."""
-
     finished: float  # seconds since the epoch
     tiers: Mapping[str, TierCounts]
 
@@ -184,7 +181,10 @@ def record_build(
     record = BuildRecord(time.time() if finished is None else finished, dict(tiers))
     try:
         with safefs.opened_dir(cache_dir, (LOG_DIR,), make=True) as stats_dir:
-            _lock(stats_dir)
+            # Held through the descriptor that checked the directory, until it is closed;
+            # each caller opens its own, so threads of one process exclude each other too.
+            if not lock_descriptor(stats_dir, LOCK_TIMEOUT_S):
+                raise TimeoutError
             log = read_log(cache_dir)
             builds = (*log.builds, record)[-MAX_BUILDS:]
             document = {"format": LOG_FORMAT, "builds": [b.to_json() for b in builds]}
@@ -196,11 +196,3 @@ def record_build(
     except OSError as error:
         return [f"could not record this build's cache counts in {path}: {error.strerror}"]
     return [f"{notice}; a new one was started" for notice in log.notices]
-
-
-def _lock(dir_fd: int) -> None:
-    """An exclusive lock on the log's directory, held through the descriptor that checked
-    it, until it is closed (`nkibuild.locks`). Each caller opens its own descriptor, so
-    threads of one process exclude each other."""
-    if not lock_descriptor(dir_fd, LOCK_TIMEOUT_S):
-        raise TimeoutError

@@ -22,6 +22,7 @@ from typing import Any
 
 from nkibuild.cache.key import FAILURE_INPUT, CacheKey
 from nkibuild.cache.store import ENTRY_FILE, CorruptEntry
+from nkibuild.confine import read_regular
 from nkibuild.errors import UsageError
 from nkibuild.formats.jsonlimits import JsonLimitError, JsonLimits, load_json
 
@@ -197,7 +198,14 @@ def trust_from_environment(environ: Mapping[str, str] | None = None) -> CacheTru
     if text is not None and path is not None:
         raise CacheConfigError(f"set one of {ENV_KEY} and {ENV_KEY_FILE}, not both")
     raw = os.fsencode(text) if text is not None else None
-    raw = _read_key_file(Path(path).expanduser()) if path is not None else raw
+    if path is not None:  # a bounded regular file (secret mounts are often symlinks: followed)
+        expanded = Path(path).expanduser()
+        try:
+            raw = read_regular(expanded, MAX_KEY_FILE_BYTES)
+        except OSError as error:
+            raise CacheConfigError(
+                f"{ENV_KEY_FILE} ({expanded}): {error.strerror or error}"
+            ) from None
     # One normalisation for both sources: surrounding whitespace (a file's newline, a
     # variable set from one) is not part of the key, so both sign and verify alike.
     secret = raw.strip() if raw is not None else None
@@ -217,14 +225,3 @@ def trust_from_environment(environ: Mapping[str, str] | None = None) -> CacheTru
             f"but no key is set: set {ENV_KEY} or {ENV_KEY_FILE} (--cache-key-file)"
         )
     return CacheTrust(secret, required)
-
-
-def _read_key_file(path: Path) -> bytes:
-    """The secret in `path`: a bounded regular file (secret mounts are often symlinks:
-    followed), read through the one bounded reader, so a FIFO cannot block."""
-    from nkibuild.confine import read_regular
-
-    try:
-        return read_regular(path, MAX_KEY_FILE_BYTES)
-    except OSError as error:
-        raise CacheConfigError(f"{ENV_KEY_FILE} ({path}): {error.strerror or error}") from None

@@ -74,8 +74,7 @@ class _Converter:
         hint = without_none(hint)
         if get_origin(hint) is tuple:
             return self._tuple(get_args(hint)[0], raw, path)
-        cls_info = mapping_info(hint)
-        if cls_info is not None:
+        if mapping_info(hint) is not None:
             return self.mapping(hint, raw, path, {})
         from_yaml = getattr(hint, "from_yaml", None)
         if from_yaml is not None:  # a class written as a scalar (a source reference)

@@ -56,7 +56,8 @@ def render(schema: Mapping[str, Any], example: str) -> str:
     parts += [_entry(entry, shared) for entry in _entries(schema, "", shared)]
     for name in shared:
         definition = schema["$defs"][name]
-        parts.append(f"## {_title(definition)}\n\n{definition['description']}\n")
+        title = str(definition.get("title", ""))
+        parts.append(f"## {title[:1].upper()}{title[1:]}\n\n{definition['description']}\n")
         parts += [_entry(entry, shared) for entry in _entries(definition, "", shared)]
     return "\n".join(parts)
 
@@ -151,11 +152,6 @@ def _type_name(schema: Mapping[str, Any]) -> str:
     if "anyOf" in schema:
         return " or ".join(_type_name(inline_ref(branch)) for branch in schema["anyOf"])
     return " or ".join(_TYPE_NAMES.get(t, t) for t in types_of(schema)) or "any"
-
-
-def _title(definition: Mapping[str, Any]) -> str:
-    title = str(definition.get("title", ""))
-    return title[:1].upper() + title[1:]
 
 
 def _code(text: str) -> str:

@@ -36,7 +36,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     example = EXAMPLE_FILE.read_text(encoding="utf-8")
     generated = {SCHEMA_FILE: schema_text(), DOCS_FILE: docgen.render(manifest_schema(), example)}
-    stale = {path: text for path, text in generated.items() if _read(path) != text}
+    stale = {
+        path: text
+        for path, text in generated.items()
+        if not path.is_file() or path.read_text(encoding="utf-8") != text
+    }
     for path, text in stale.items():
         if args.check:
             print(f"{path.relative_to(REPO)} is stale: run python -m nkibuild.manifest.generate")
@@ -44,13 +48,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             path.write_text(text, encoding="utf-8")
             print(f"wrote {path.relative_to(REPO)}", file=sys.stderr)
     return 1 if stale and args.check else 0
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError:
-        return None
 
 
 if __name__ == "__main__":

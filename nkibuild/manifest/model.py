@@ -199,10 +199,6 @@ class TensorSpec:
         return cls(str(data["name"]), tuple(int(d) for d in data["shape"]), str(data["dtype"]))
 
 
-def _lnc(value: int | str) -> int | None:
-    return None if value == "auto" else int(value)
-
-
 @mapping(
     "compile settings",
     "neuronx-cc settings. A kernel's settings override the defaults; a kernel's "
@@ -245,7 +241,7 @@ class CompileSettings:
         default=None,
         documented="auto",
         schema={"type": ["string", "integer"], "enum": ["auto", 1, 2]},
-        parse=_lnc,
+        parse=lambda value: None if value == "auto" else int(value),
     )
     fast_loading: bool | None = key(
         "fast-loading",
@@ -462,13 +458,6 @@ class Padding:
         }
 
 
-_OVERRIDE_SETTINGS = {
-    "title": "target settings",
-    "description": "Compile settings of the kernel for this target.",
-    "unevaluatedProperties": False,
-}
-
-
 @mapping(
     "kernel",
     "One kernel: where its code is, its inputs and how to compile it. Kernel-level compile "
@@ -543,7 +532,11 @@ class Kernel:
         "settings and the defaults. Every key must be one of the kernel's targets.",
         default=(),
         names=_names("target", "target"),
-        values=_OVERRIDE_SETTINGS,
+        values={
+            "title": "target settings",
+            "description": "Compile settings of the kernel for this target.",
+            "unevaluatedProperties": False,
+        },
     )
     reference: SourceRef | None = key(
         "reference",

@@ -56,6 +56,12 @@ class SchemaProblem:
     rank: int | None = None  # None: not about a value (missing or unknown keys)
 
 
+def _problem(
+    doc: YamlDocument, message: str, path: JsonPath, rank: int | None = None, **details: Any
+) -> SchemaProblem:
+    return SchemaProblem(doc.at(message, path, **details), path, rank)
+
+
 def _unique_sorted(found: Iterable[SchemaProblem]) -> list[SchemaProblem]:
     best: dict[tuple[str | None, str | None], SchemaProblem] = {}
     for item in found:
@@ -77,11 +83,8 @@ def _missing(error: ValidationError, doc: YamlDocument) -> list[SchemaProblem]:
     path = tuple(error.absolute_path)
     properties = properties_of(error.schema)
     return [
-        SchemaProblem(
-            doc.at(
-                f"missing required key {name!r}", path, expected=describe(properties.get(name, {}))
-            ),
-            path,
+        _problem(
+            doc, f"missing required key {name!r}", path, expected=describe(properties.get(name, {}))
         )
         for name in error.validator_value
         if name not in error.instance
@@ -92,15 +95,13 @@ def _unknown_keys(error: ValidationError, doc: YamlDocument) -> list[SchemaProbl
     path = tuple(error.absolute_path)
     allowed = list(properties_of(error.schema))
     return [
-        SchemaProblem(
-            doc.at(
-                f"unknown key {show(key)}",
-                (*path, key),
-                key=True,
-                expected="one of " + ", ".join(allowed) if allowed else "no keys",
-                hint=did_you_mean(key, allowed),
-            ),
+        _problem(
+            doc,
+            f"unknown key {show(key)}",
             (*path, key),
+            key=True,
+            expected="one of " + ", ".join(allowed) if allowed else "no keys",
+            hint=did_you_mean(key, allowed),
         )
         for key in error.instance
         if key not in allowed
@@ -124,15 +125,13 @@ def _bad_name(error: ValidationError, doc: YamlDocument) -> SchemaProblem:
     key = error.instance
     path = (*error.absolute_path, key)
     choices = error.schema.get("enum") if isinstance(error.schema, dict) else None
-    return SchemaProblem(
-        doc.at(
-            f"invalid name {show(key)}",
-            path,
-            key=True,
-            expected=describe(error.schema),
-            hint=did_you_mean(key, [str(c) for c in choices]) if choices else None,
-        ),
+    return _problem(
+        doc,
+        f"invalid name {show(key)}",
         path,
+        key=True,
+        expected=describe(error.schema),
+        hint=did_you_mean(key, [str(c) for c in choices]) if choices else None,
     )
 
 
@@ -140,15 +139,13 @@ def _value_found(validator: str, error: ValidationError, doc: YamlDocument) -> S
     path = tuple(error.absolute_path)
     instance = error.instance
     message = _VALUE_MESSAGES.get(validator, lambda _value, e: e.message)(instance, error)
-    return SchemaProblem(
-        doc.at(
-            message,
-            path,
-            expected=describe(error.schema),
-            hint=_value_hint(validator, instance, error.schema),
-        ),
+    return _problem(
+        doc,
+        message,
         path,
         rank={"enum": 0, "const": 0, "type": 1}.get(validator, 2),
+        expected=describe(error.schema),
+        hint=_value_hint(validator, instance, error.schema),
     )
 
 

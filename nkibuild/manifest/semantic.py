@@ -308,9 +308,7 @@ class _Checks:
             "constants": "an HloModuleProto has its constants built in",
             "variants": "an HloModuleProto has fixed shapes; declare one kernel per shape",
         }
-        for kernel in self.manifest.kernels:
-            if kernel.frontend != "hlo":
-                continue
+        for kernel in (k for k in self.manifest.kernels if k.frontend == "hlo"):
             for section, reason in reasons.items():
                 path = (*_base(kernel), section)
                 if self.written(path) is not _ABSENT:  # even empty: the key is wrong here
@@ -321,9 +319,7 @@ class _Checks:
     def nkipy_narrowed_inputs(self) -> Iterator[Diagnostic]:
         """nkipy traces 64-bit inputs as 32-bit: the NEFF would take another dtype than
         the one declared, which the bundle would then refuse at every call."""
-        for kernel in self.manifest.kernels:
-            if kernel.frontend != "nkipy":
-                continue
+        for kernel in (k for k in self.manifest.kernels if k.frontend == "nkipy"):
             for spec in kernel.inputs:
                 narrowed = NKIPY_NARROWED.get(spec.dtype)
                 if narrowed:

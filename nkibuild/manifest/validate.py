@@ -110,17 +110,12 @@ class _Salvage:
                 return True  # already removed with an ancestor
         if isinstance(parent, dict):
             parent.pop(path[-1], None)
-            if path[0] == "kernels" and path[2:] == ("frontend",):
-                _stand_in_frontend(parent)
+            # A kernel whose frontend is invalid (reported) gets one that takes its source's
+            # form, instead of being set aside whole: its other problems are still found.
+            source = parent.get("source")
+            if path[0] == "kernels" and path[2:] == ("frontend",) and isinstance(source, str):
+                parent["frontend"] = "jax" if ":" in source else "hlo"
         return True
-
-
-def _stand_in_frontend(kernel: dict[str, Any]) -> None:
-    """A kernel whose frontend is invalid (reported) gets one that takes its source's
-    form, instead of being set aside whole: its other problems are still found."""
-    source = kernel.get("source")
-    if isinstance(source, str):
-        kernel["frontend"] = "jax" if ":" in source else "hlo"
 
 
 def _whole_value(path: JsonPath) -> JsonPath:

@@ -292,20 +292,16 @@ class _Converter:
             return self.loader.yaml_constructors[node.tag](self.loader, node)
         except (ValueError, yaml.YAMLError):
             # e.g. an integer with more digits than Python converts
-            self.diagnostics.append(
-                Diagnostic(f"cannot read {node.value[:40]!r}", where, json_path(path))
-            )
+            self._problem(f"cannot read {node.value[:40]!r}", where, path)
             return node.value
 
     def _refuse_tag(self, tag: str, path: JsonPath, where: Location) -> None:
-        self.diagnostics.append(
-            Diagnostic(
-                f"YAML tag {tag!r} is not allowed",
-                where,
-                json_path(path),
-                expected="plain YAML: strings, numbers, booleans, null, lists and mappings",
-                hint="remove the tag (the '!...' before the value)",
-            )
+        self._problem(
+            f"YAML tag {tag!r} is not allowed",
+            where,
+            path,
+            expected="plain YAML: strings, numbers, booleans, null, lists and mappings",
+            hint="remove the tag (the '!...' before the value)",
         )
 
     def _mapping(self, node: MappingNode, path: JsonPath) -> dict[str, Any]:
@@ -322,14 +318,11 @@ class _Converter:
             key_where = self._where(key_node)
             if key in first_seen:
                 first = first_seen[key]
-                self.diagnostics.append(
-                    Diagnostic(
-                        f"duplicate key {key!r} (first at line {first.line}, "
-                        f"column {first.column})",
-                        key_where,
-                        json_path((*path, key)),
-                        hint="each key may appear once in a mapping; remove or rename one of them",
-                    )
+                self._problem(
+                    f"duplicate key {key!r} (first at line {first.line}, column {first.column})",
+                    key_where,
+                    (*path, key),
+                    hint="each key may appear once in a mapping; remove or rename one of them",
                 )
                 continue
             first_seen[key] = key_where
@@ -344,13 +337,11 @@ class _Converter:
         # YAML merge keys (<<: *base): explicit keys win, earlier merges win over later ones.
         where = self._where(source)
         if not isinstance(source, MappingNode):
-            self.diagnostics.append(
-                Diagnostic(
-                    "a merge key (<<) must refer to a mapping",
-                    where,
-                    json_path(path),
-                    expected="a mapping or a list of mappings",
-                )
+            self._problem(
+                "a merge key (<<) must refer to a mapping",
+                where,
+                path,
+                expected="a mapping or a list of mappings",
             )
             return
         for key, value in self._value(source, path, where).items():
@@ -362,16 +353,17 @@ class _Converter:
         if isinstance(node, ScalarNode) and node.tag == _TAG + "str":
             return node.value
         shown = repr(node.value[:40]) if isinstance(node, ScalarNode) else "a collection"
-        self.diagnostics.append(
-            Diagnostic(
-                f"mapping keys must be plain strings, not {shown}",
-                where,
-                json_path(path),
-                expected="a string key",
-                hint="quote it (YAML reads unquoted numbers, booleans and null as such)",
-            )
+        self._problem(
+            f"mapping keys must be plain strings, not {shown}",
+            where,
+            path,
+            expected="a string key",
+            hint="quote it (YAML reads unquoted numbers, booleans and null as such)",
         )
         return None
+
+    def _problem(self, message: str, where: Location, path: JsonPath, **details: Any) -> None:
+        self.diagnostics.append(Diagnostic(message, where, json_path(path), **details))
 
 
 def json_path(path: JsonPath) -> str:
