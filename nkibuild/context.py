@@ -8,6 +8,7 @@ state dir, so a no-op build neither parses YAML nor runs the JSON Schema validat
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,10 +40,10 @@ class Layout:
     # String forms for task dicts, whose paths doit compares as strings (made as strings:
     # a graph of 1,000 units asks for thousands).
     def extract_path(self, spec: ExtractSpec) -> str:
-        return f"{self.build_dir}/extract/{spec.name}"
+        return os.path.join(self.build_dir, "extract", spec.name)
 
     def compile_path(self, unit: BuildUnit) -> str:
-        return f"{self.build_dir}/compile/{unit.name}"
+        return os.path.join(self.build_dir, "compile", unit.name)
 
     def extract_dir(self, spec: ExtractSpec) -> Path:
         return Path(self.extract_path(spec))
