@@ -46,7 +46,10 @@ def python(project: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     interpreter = env_dir / "bin" / "python"
     pip = [sys.executable, "-m", "pip", "--python", str(interpreter), "install", "-q"]
     # torch 2.13.0 comes from the machine's local wheel (pip's configured find-links).
-    subprocess.run([*pip, *RUNTIME_PACKAGES], check=True, capture_output=True, timeout=900)
+    # --no-compile: pip's bytecode pass over torch's files was half the fixture's time;
+    # the few modules the tests import are compiled as they load.
+    installing = [*pip, "--no-compile", *RUNTIME_PACKAGES]
+    subprocess.run(installing, check=True, capture_output=True, timeout=900)
     wheel = project / "dist" / WHEEL
     subprocess.run([*pip, "--no-deps", "--no-index", str(wheel)], check=True, timeout=300)
     return interpreter
