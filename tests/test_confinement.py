@@ -179,6 +179,22 @@ def test_a_cached_plan_does_not_skip_the_file_checks(tmp_path: Path, swap: str) 
     assert files_containing(project / "build", SECRET) == []
 
 
+@pytest.mark.parametrize("swap", sorted(SWAPS))
+def test_a_graph_snapshot_does_not_skip_the_file_checks(tmp_path: Path, swap: str) -> None:
+    """A build's graph snapshot trusts a named file whose stat is unchanged; one swapped
+    since (a symlink out, a parent directory symlinked out, a FIFO) is checked again."""
+    project = softmax_project(tmp_path / "p", softmax_manifest(reference=True))
+    first = run_nkibuild(["build", "--toolchain", "fake"], project, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert (project / "build" / "state" / "graph.json").is_file()
+    change, message = SWAPS[swap]
+    change(project, secret_file(tmp_path))
+    result = run_nkibuild(["build", "--toolchain", "fake"], project, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert files_containing(project / "build", SECRET) == []
+
+
 def deps_project(root: Path, deps: str) -> Path:
     manifest = softmax_manifest(reference=True) + f"    deps: [{deps}]\n"
     return softmax_project(root, manifest, {"kernels/helpers/tiles.py": "TILE = 128\n"})

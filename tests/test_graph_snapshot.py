@@ -11,6 +11,7 @@ import pytest
 from helpers import softmax_manifest, softmax_project
 
 from nkibuild.cli.main import main
+from nkibuild.graph.snapshot import FORMAT
 
 SNAPSHOT = Path("build/state/graph.json")
 
@@ -151,7 +152,7 @@ def test_a_damaged_snapshot_is_no_snapshot(
     (built / SNAPSHOT).write_bytes(damage)
     summary = build(built, capsys=capsys)
     assert summary["executed"] == []
-    assert json.loads(snapshot_bytes(built))["format"] == 2  # written anew
+    assert json.loads(snapshot_bytes(built))["format"] == FORMAT  # written anew
 
 
 def test_a_snapshot_whose_tasks_were_tampered_with_is_not_run(

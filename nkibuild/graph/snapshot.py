@@ -30,14 +30,14 @@ from doit.exceptions import BaseFail, TaskFailed
 
 import nkibuild
 from nkibuild.errors import NkibuildError, storage_error
-from nkibuild.fsutil import atomic_write_text, stamp_ctime_ns, stamp_of
+from nkibuild.fsutil import atomic_write_text, stamp_ctime_ns, stamp_of, stat_stamp
 
 if TYPE_CHECKING:
     from nkibuild.context import BuildContext
     from nkibuild.toolchain import Toolchain, VersionMemo
 
 SNAPSHOT_FILE = "graph.json"  # in the build's state dir
-FORMAT = 2
+FORMAT = 3
 MAX_SNAPSHOT_BYTES = 1 << 28
 # Read by the settings, the toolchain, the workers' environment or the wheel's timestamps.
 ENV_PREFIXES = ("NKIBUILD_", "NEURON_", "XDG_")
@@ -250,7 +250,9 @@ def _settled(snapshot: dict[str, Any], started: int) -> bool:
     stamps = snapshot["named"]
     if stamps is None or any(task["basename"] == "verify" for task in snapshot["tasks"]):
         return False
-    return all(stamp_ctime_ns(stamp) < started - RECENT_NS for stamp in stamps.values() if stamp)
+    return all(
+        stamp_ctime_ns(stamp) < started - RECENT_NS for stamp, parsed in stamps.values() if parsed
+    )
 
 
 def _inputs(request: GraphRequest) -> dict[str, Any]:
@@ -292,20 +294,18 @@ def _named_files(context: BuildContext) -> list[str]:
     return sorted({ref.path for ref in refs if ref})
 
 
-def _named_stamps(root: Path, files: Sequence[str], parsed: Set[str]) -> dict[str, str] | None:
-    """The stamp of each named file validation parses (a Python file, for the functions
-    the manifest names; "" for the others, which are the tasks' `file_dep`), or None if
-    one is no longer a regular file in the project: the plan cache's rule, whose
-    refusal the slow way reports."""
+def _named_stamps(
+    root: Path, files: Sequence[str], parsed: Set[str]
+) -> dict[str, tuple[str, bool]] | None:
+    """Each named file's stamp and whether validation parses it (a Python file, for the
+    functions the manifest names), or None if one is no longer a regular file in the
+    project: the plan cache's rule, whose refusal the slow way reports."""
     from nkibuild.confine import confined_stats
 
     stats = confined_stats([root / name for name in files], (root,))
     if stats is None:
         return None
-    return {
-        name: stamp_of(info) if name in parsed else ""
-        for name, info in zip(files, stats, strict=True)
-    }
+    return {name: (stamp_of(info), name in parsed) for name, info in zip(files, stats, strict=True)}
 
 
 def _patterns(context: BuildContext) -> list[str]:
@@ -319,12 +319,19 @@ def _glob_results(root: Path, patterns: Sequence[str]) -> dict[str, list[str]]:
 
 
 def _files_hold(snapshot: dict[str, Any]) -> bool:
+    """Whether the named files and `deps` matches are as the graph was made from. A file
+    whose stamp is unchanged is the one checked then (one replaced, or reached through a
+    directory swapped for a symlink, has another inode or ctime); a changed one must
+    still be a regular file in the project, and a parsed one reloads the project (its
+    content is validation's; another's is its tasks' `file_dep`)."""
+    from nkibuild.confine import file_problem
+
     root = Path(snapshot["root"])
-    named = snapshot["named"]
-    parsed = {name for name, stamp in named.items() if stamp}
-    return _named_stamps(root, list(named), parsed) == named and (
-        _glob_results(root, list(snapshot["globs"])) == snapshot["globs"]
-    )
+    for name, (stamp, parsed) in snapshot["named"].items():
+        path = root / name
+        if stat_stamp(path) != stamp and (parsed or file_problem(path, (root,)) is not None):
+            return False
+    return _glob_results(root, list(snapshot["globs"])) == snapshot["globs"]
 
 
 def _toolchain_json(toolchain: Toolchain) -> dict[str, Any]:
