@@ -79,7 +79,7 @@ class Stages:
         self._load = load
         self._path = path  # the snapshot's file, forgotten if it proves stale
         self._snapshot = {task_name(task): task for task in snapshot["tasks"]}
-        self._context: BuildContext | None = None
+        self._makers: dict[str, Callable[[], dict[str, Any]]] | None = None
         self._guard = threading.Lock()
 
     def run(self, name: str) -> Any:
@@ -103,12 +103,13 @@ class Stages:
         return values
 
     def _real(self, name: str) -> dict[str, Any]:
-        from nkibuild.graph.tasks import task_dict
+        from nkibuild.graph.tasks import task_makers
 
         with self._guard:  # doit's threads (-j N) ask at once
-            if self._context is None:
-                self._context = self._load()
-        task = task_dict(self._context, name)
+            if self._makers is None:
+                self._makers = task_makers(self._load())
+        make = self._makers.get(name)
+        task = None if make is None else make()
         # As read back from JSON (a tuple is a list there).
         if task is None or json.loads(json.dumps(_encoded(task))) != self._snapshot[name]:
             if self._path is not None:  # the next build loads the project

@@ -47,17 +47,23 @@ def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
     ]
 
 
-def task_dict(context: BuildContext, name: str) -> dict[str, Any] | None:
-    """The task of `task_dicts(context)` doit names `name` (None: there is none), made
-    alone: a task that runs after an edit needs its own dict, not 1,500."""
-    basename, _, unit = name.partition(":")
-    if basename == EXTRACT_TASK:
-        specs = (spec for spec in extract_specs(context.units) if spec.name == unit)
-        return next((_extract_task(context, spec) for spec in specs), None)
-    if basename == COMPILE_TASK:
-        units = (each for each in context.units if each.name == unit)
-        return next((_compile_task(context, each) for each in units), None)
-    return next((task for task in _package_tasks(context) if task["basename"] == name), None)
+def task_makers(context: BuildContext) -> dict[str, Callable[[], dict[str, Any]]]:
+    """What makes each task of `task_dicts(context)`, by the name doit gives it: a task
+    that runs after an edit makes its own dict, not the graph's 1,500."""
+    makers: dict[str, Callable[[], dict[str, Any]]] = {
+        f"{EXTRACT_TASK}:{spec.name}": functools.partial(_extract_task, context, spec)
+        for spec in extract_specs(context.units)
+    }
+    for unit in context.units:
+        makers[f"{COMPILE_TASK}:{unit.name}"] = functools.partial(_compile_task, context, unit)
+    packaging = [BUNDLE_TASK, *(["verify"] if context.manifest.verify else []), "wheel"]
+    for index, name in enumerate(packaging):
+        makers[name] = functools.partial(_package_task, context, index)
+    return makers
+
+
+def _package_task(context: BuildContext, index: int) -> dict[str, Any]:
+    return _package_tasks(context)[index]
 
 
 def _package_tasks(context: BuildContext) -> list[dict[str, Any]]:
