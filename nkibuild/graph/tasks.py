@@ -36,44 +36,35 @@ from nkibuild.toolchain.worker_pool import user_variables
 BUNDLE_TASK = "bundle"
 EXTRACT_TASK = "extract"  # the basename of every extraction's task
 COMPILE_TASK = "compile"
+VERIFY_TASK = "verify"
+WHEEL_TASK = "wheel"
 
 
 def task_dicts(context: BuildContext) -> list[dict[str, Any]]:
     """All tasks of a build as doit task dicts (each with `basename` and, for subtasks, `name`)."""
-    return [
-        *(_extract_task(context, spec) for spec in extract_specs(context.units)),
-        *(_compile_task(context, unit) for unit in context.units),
-        *_package_tasks(context),
-    ]
+    return [make() for make in task_makers(context).values()]
 
 
 def task_makers(context: BuildContext) -> dict[str, Callable[[], dict[str, Any]]]:
-    """What makes each task of `task_dicts(context)`, by the name doit gives it: a task
-    that runs after an edit makes its own dict, not the graph's 1,500."""
+    """What makes each task of the build, by the name doit gives it, in the graph's
+    order: a task that runs after an edit makes its own dict, not the graph's 1,500."""
     makers: dict[str, Callable[[], dict[str, Any]]] = {
         f"{EXTRACT_TASK}:{spec.name}": functools.partial(_extract_task, context, spec)
         for spec in extract_specs(context.units)
     }
     for unit in context.units:
         makers[f"{COMPILE_TASK}:{unit.name}"] = functools.partial(_compile_task, context, unit)
-    packaging = [BUNDLE_TASK, *(["verify"] if context.manifest.verify else []), "wheel"]
-    for index, name in enumerate(packaging):
-        makers[name] = functools.partial(_package_task, context, index)
+    makers[BUNDLE_TASK] = functools.partial(_bundle_task, context)
+    if context.manifest.verify:  # opt-in; a failed verify withholds the wheel
+        makers[VERIFY_TASK] = functools.partial(_verify_task, context)
+    makers[WHEEL_TASK] = functools.partial(_wheel_task, context)
     return makers
 
 
-def _package_task(context: BuildContext, index: int) -> dict[str, Any]:
-    return _package_tasks(context)[index]
+def _verify_task(context: BuildContext) -> dict[str, Any]:
+    from nkibuild.verify.task import source_files, verify_task  # not for other builds
 
-
-def _package_tasks(context: BuildContext) -> list[dict[str, Any]]:
-    """The bundle, the opt-in verify step and the wheel, in this order."""
-    verify = []
-    if context.manifest.verify:  # a failed verify withholds the wheel
-        from nkibuild.verify.task import source_files, verify_task  # not for other builds
-
-        verify = [_inputs_as_read(verify_task(context), source_files(context.manifest))]
-    return [_bundle_task(context), *verify, _wheel_task(context)]
+    return _inputs_as_read(verify_task(context), source_files(context.manifest))
 
 
 def _inputs_as_read(task: dict[str, Any], inputs: Sequence[str]) -> dict[str, Any]:
@@ -295,7 +286,7 @@ def _wheel_task(context: BuildContext) -> dict[str, Any]:
 
         checked = verify_outputs(context)
     return {
-        "basename": "wheel",
+        "basename": WHEEL_TASK,
         "doc": f"pack {manifest.package.name} into a wheel in {dist_dir}",
         "actions": [(run_wheel, (context,)), record],
         "file_dep": [os.path.abspath(bundle_dir / bundle.STAMP_FILE), *checked],
